@@ -1,0 +1,95 @@
+// Causal self-attention with grouped-query heads, one (batch, head) at a time through BLAS.
+// Heads are strided views into q[B,T,NH,HD] and k,v[B,T,NKV,HD]: no transposes, no K/V copies.
+// The T×T score matrix is computed whole and the upper triangle masked: simple, and the CPU
+// reference is about being right; the CUDA backend does the causal-only work.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cpu/blas.h"
+#include "ops.h"
+
+namespace grass::ops {
+
+template <typename T>
+void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, int B, int T_, int NH,
+                       int NKV, int HD) {
+  const int group = NH / NKV;  // query heads per kv head
+  const T scale = T(1.0 / std::sqrt(double(HD)));
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      const int g = h / group;
+      const T* qh = q + (size_t(b) * T_ * NH + h) * HD;   // [T,HD], row stride NH*HD
+      const T* kg = k + (size_t(b) * T_ * NKV + g) * HD;  // [T,HD], row stride NKV*HD
+      const T* vg = v + (size_t(b) * T_ * NKV + g) * HD;
+      T* p = probs + (size_t(b) * NH + h) * T_ * T_;      // [T,T]
+      T* oh = out + (size_t(b) * T_ * NH + h) * HD;
+      // p = scale · q kᵀ
+      cpu::gemm(false, true, T_, T_, HD, scale, qh, NH * HD, kg, NKV * HD, T(0), p, T_);
+      for (int t = 0; t < T_; t++) {  // causal softmax of row t over keys 0..t
+        T* row = p + size_t(t) * T_;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int s = 0; s <= t; s++) mx = row[s] > mx ? row[s] : mx;
+        T sum = 0;
+        for (int s = 0; s <= t; s++) sum += (row[s] = std::exp(row[s] - mx));
+        const T inv = T(1) / sum;
+        for (int s = 0; s <= t; s++) row[s] *= inv;
+        for (int s = t + 1; s < T_; s++) row[s] = 0;
+      }
+      // out = p · v
+      cpu::gemm(false, false, T_, HD, T_, T(1), p, T_, vg, NKV * HD, T(0), oh, NH * HD);
+    }
+}
+
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T* q, const T* k,
+                        const T* v, const T* probs, int B, int T_, int NH, int NKV, int HD) {
+  const int group = NH / NKV;
+  const T scale = T(1.0 / std::sqrt(double(HD)));
+  // One task per (batch, kv head): the query heads of a group all add into the same dk, dv.
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < B; b++)
+    for (int g = 0; g < NKV; g++) {
+      const T* kg = k + (size_t(b) * T_ * NKV + g) * HD;
+      const T* vg = v + (size_t(b) * T_ * NKV + g) * HD;
+      T* dkg = dk + (size_t(b) * T_ * NKV + g) * HD;
+      T* dvg = dv + (size_t(b) * T_ * NKV + g) * HD;
+      for (int t = 0; t < T_; t++) {
+        std::memset(dkg + size_t(t) * NKV * HD, 0, HD * sizeof(T));
+        std::memset(dvg + size_t(t) * NKV * HD, 0, HD * sizeof(T));
+      }
+      for (int h = g * group; h < (g + 1) * group; h++) {
+        const T* qh = q + (size_t(b) * T_ * NH + h) * HD;
+        const T* doh = dout + (size_t(b) * T_ * NH + h) * HD;
+        const T* p = probs + (size_t(b) * NH + h) * T_ * T_;
+        T* dp = scratch + (size_t(b) * NH + h) * T_ * T_;
+        T* dqh = dq + (size_t(b) * T_ * NH + h) * HD;
+        // dv += pᵀ · dout ;  dp = dout · vᵀ
+        cpu::gemm(true, false, T_, HD, T_, T(1), p, T_, doh, NH * HD, T(1), dvg, NKV * HD);
+        cpu::gemm(false, true, T_, T_, HD, T(1), doh, NH * HD, vg, NKV * HD, T(0), dp, T_);
+        // softmax backward, row by row: ds = p ⊙ (dp - Σ p·dp), then the 1/sqrt(HD) of the scores
+        for (int t = 0; t < T_; t++) {
+          const T* prow = p + size_t(t) * T_;
+          T* row = dp + size_t(t) * T_;
+          T dot = 0;
+          for (int s = 0; s <= t; s++) dot += prow[s] * row[s];
+          for (int s = 0; s <= t; s++) row[s] = prow[s] * (row[s] - dot) * scale;
+          for (int s = t + 1; s < T_; s++) row[s] = 0;
+        }
+        // dq = ds · k ;  dk += dsᵀ · q
+        cpu::gemm(false, false, T_, HD, T_, T(1), dp, T_, kg, NKV * HD, T(0), dqh, NH * HD);
+        cpu::gemm(true, false, T_, HD, T_, T(1), dp, T_, qh, NH * HD, T(1), dkg, NKV * HD);
+      }
+    }
+}
+
+#define INSTANTIATE(T)                                                                          \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int, \
+                                     int);                                                      \
+  template void attention_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*,  \
+                                      const T*, int, int, int, int, int);
+INSTANTIATE(float)
+INSTANTIATE(double)
+
+}  // namespace grass::ops

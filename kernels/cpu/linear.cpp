@@ -1,0 +1,34 @@
+// Linear layer y = x·wᵀ: the GEMMs that carry nearly all of the model's FLOPs.
+#include <climits>
+
+#include "cpu/blas.h"
+#include "core/error.h"
+#include "ops.h"
+
+namespace grass::ops {
+
+template <typename T>
+void linear_forward(T* y, const T* x, const T* w, int64_t N, int in, int out) {
+  GRASS_CHECK(N <= INT_MAX, "linear_forward: too many rows for one BLAS call");
+  // y[N,out] = x[N,in] · w[out,in]ᵀ
+  cpu::gemm(false, true, int(N), out, in, T(1), x, in, w, in, T(0), y, out);
+}
+
+template <typename T>
+void linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t N, int in, int out,
+                     bool accumulate_dx) {
+  GRASS_CHECK(N <= INT_MAX, "linear_backward: too many rows for one BLAS call");
+  // dx[N,in] = dy[N,out] · w[out,in]
+  if (dx) cpu::gemm(false, false, int(N), in, out, T(1), dy, out, w, in, T(accumulate_dx), dx, in);
+  // dw[out,in] += dy[N,out]ᵀ · x[N,in]
+  if (dw) cpu::gemm(true, false, out, in, int(N), T(1), dy, out, x, in, T(1), dw, in);
+}
+
+#define INSTANTIATE(T)                                                                     \
+  template void linear_forward<T>(T*, const T*, const T*, int64_t, int, int);              \
+  template void linear_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int, int, \
+                                   bool);
+INSTANTIATE(float)
+INSTANTIATE(double)
+
+}  // namespace grass::ops

@@ -1,0 +1,106 @@
+// The ops: the one boundary between the math and the hardware.
+//
+// Plain functions with explicit shapes, in forward/backward pairs as in llm.c. The model and the
+// optimizers call only these. Today every op has one implementation, the CPU reference in
+// kernels/cpu (OpenMP + BLAS); each is instantiated for float (the engine) and double (the
+// finite-difference tests). The CUDA backend implements the same signatures with the same meaning.
+//
+// Conventions
+//   N = rows (tokens, B*T), C = hidden, F = ffn width, V = vocab,
+//   NH = query heads, NKV = key/value heads, HD = head dim.
+//   Row-major everywhere; a weight W of a linear layer is [out, in] (the HF *_proj.weight layout).
+//   Parameter gradients (dw, dtable, ...) always ACCUMULATE (+=): that is how micro-batches sum.
+//   Activation gradients are overwritten unless the argument says otherwise.
+#pragma once
+#include <cstdint>
+
+namespace grass::ops {
+
+// ---- linear (kernels/cpu/linear.cpp) ---------------------------------------------------------
+// y[N,out] = x[N,in] · w[out,in]ᵀ
+template <typename T>
+void linear_forward(T* y, const T* x, const T* w, int64_t N, int in, int out);
+// dx[N,in] = dy·w (or += when accumulate_dx);  dw[out,in] += dyᵀ·x (skipped when dw is null)
+template <typename T>
+void linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t N, int in, int out,
+                     bool accumulate_dx);
+
+// ---- embedding (kernels/cpu/embedding.cpp) ---------------------------------------------------
+// out[N,C] = table[tokens[n], :]
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int C);
+// dtable[tokens[n], :] += dout[n, :]
+template <typename T>
+void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int C);
+
+// ---- RMSNorm (kernels/cpu/rmsnorm.cpp) -------------------------------------------------------
+// out[N,C] = w[C] * x * rstd,  rstd[N] = 1/sqrt(mean(x²) + eps)   (HF LlamaRMSNorm)
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t N, int C, double eps);
+// dx[N,C] += ∂/∂x;  dw[C] += ∂/∂w.  dx accumulates because RMSNorm sits on the residual stream.
+template <typename T>
+void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int64_t N,
+                      int C);
+
+// ---- RoPE (kernels/cpu/rope.cpp) -------------------------------------------------------------
+// HF rotate-half layout on x[B,T,H,HD], position = t:  out = x·cos + rotate_half(x)·sin,
+// rotate_half(x) = [-x[HD/2:], x[:HD/2]],  angle(t, i) = t / theta^(2i/HD).  out may alias x.
+template <typename T>
+void rope_forward(T* out, const T* x, int B, int T_, int H, int HD, double theta);
+// dx = the transpose rotation of dout (dx may alias dout)
+template <typename T>
+void rope_backward(T* dx, const T* dout, int B, int T_, int H, int HD, double theta);
+
+// ---- causal attention with GQA (kernels/cpu/attention.cpp) -----------------------------------
+// q[B,T,NH,HD], k,v[B,T,NKV,HD]; query head h reads kv head h / (NH/NKV) by indexing (no copies).
+// probs[B,NH,T,T] = softmax(q·kᵀ/sqrt(HD) + causal mask) (upper triangle stored as 0)
+// out[B,T,NH,HD] = probs·v
+template <typename T>
+void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, int B, int T_, int NH,
+                       int NKV, int HD);
+// dq[B,T,NH,HD], dk,dv[B,T,NKV,HD] overwritten.  scratch: [B, NH, T, T]
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T* q, const T* k,
+                        const T* v, const T* probs, int B, int T_, int NH, int NKV, int HD);
+
+// ---- SwiGLU (kernels/cpu/swiglu.cpp) ---------------------------------------------------------
+// out[N,F] = silu(gate) * up
+template <typename T>
+void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
+// dgate, dup overwritten
+template <typename T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
+
+// ---- residual (kernels/cpu/residual.cpp) -----------------------------------------------------
+// out = a + b   (out may alias a). The backward of a residual add is the identity on both sides.
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n);
+
+// ---- cross-entropy (kernels/cpu/cross_entropy.cpp) -------------------------------------------
+// logits[N,V], targets[N] (a negative target is ignored).
+// Returns the SUM of -log softmax(logits)[target] over valid rows; lse[N] keeps logsumexp per row;
+// *valid gets the number of valid rows. The caller divides by what it averages over.
+template <typename T>
+double cross_entropy_forward(T* lse, int64_t* valid, const T* logits, const int32_t* targets,
+                             int64_t N, int V);
+// dlogits[N,V] = (softmax(logits) - onehot(target)) * dloss_scale; zero on ignored rows.
+// dlogits may alias logits (the logits are dead after this).
+template <typename T>
+void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets,
+                            int64_t N, int V, double dloss_scale);
+
+// ---- optimizer math (kernels/cpu/adamw.cpp, kernels/cpu/reduce.cpp) -------------------------
+// One decoupled-AdamW step, torch.optim.AdamW's formula:
+//   p -= lr·wd·p;  m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;
+//   p -= (lr / (1-b1^t)) · m / (sqrt(v) / sqrt(1-b2^t) + eps)        (t = step, from 1)
+template <typename T>
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
+                  double eps, double weight_decay, int64_t step);
+// Σ x² in double (deterministic: fixed chunking, independent of the thread count)
+template <typename T>
+double sum_squares(const T* x, int64_t n);
+// x *= s
+template <typename T>
+void scale_inplace(T* x, int64_t n, double s);
+
+}  // namespace grass::ops

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# CPU training throughput of grass against the PyTorch reference (tools/reference/bench_torch.py)
+# on the same model, batch and sequence length, run alternately on this machine.
+#
+#   scripts/bench_cpu.sh [model ...]      default: tiny 60m; needs /usr/bin/python3 with torch
+#                                         (apt-get install python3-torch)
+# Env: BATCH (4), SEQ_LEN (256), STEPS (8: the first is warm-up for both), ROUNDS (2).
+# Each engine's figure is the median tokens/s of its steps after the first; the table reports the
+# best round of each, and the ratio of those.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+batch=${BATCH:-4}; seq_len=${SEQ_LEN:-256}; steps=${STEPS:-8}; rounds=${ROUNDS:-2}
+models=("$@"); [ ${#models[@]} -eq 0 ] && models=(tiny 60m)
+threads=$(nproc)
+scripts/build.sh >/dev/null
+
+best() { sort -g | tail -1; }
+echo "| model | batch x seq | grass tok/s | PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') tok/s | ratio |"
+echo "|---|---|---|---|---|"
+for m in "${models[@]}"; do
+  cfg=configs/models/llama_$m.json
+  vocab=$(/usr/bin/python3 -c "import json; print(json.load(open('$cfg'))['vocab_size'])")
+  shard=data/synthetic/bench_v$vocab.bin
+  [ -f "$shard" ] || build/make_synthetic_shard --out "$shard" --vocab "$vocab" --tokens 2000000 >/dev/null
+  g=(); t=()
+  for ((r = 0; r < rounds; r++)); do
+    g+=("$(build/grass train configs/runs/bench_tiny.json --set model="$cfg" --set data.train="$shard" \
+          --set micro_batch_size="$batch" --set total_batch_size="$batch" --set seq_len="$seq_len" \
+          --set steps="$steps" --set out_dir=runs/bench_$m \
+        | sed -n 's/.*median \([0-9.]*\) tok\/s.*/\1/p')")
+    t+=("$(/usr/bin/python3 tools/reference/bench_torch.py --model "$cfg" --batch "$batch" \
+          --seq-len "$seq_len" --steps "$steps" --warmup 1 --threads "$threads" \
+        | sed -n 's/^torch_tok_per_s \([0-9.]*\)/\1/p')")
+  done
+  gb=$(printf '%s\n' "${g[@]}" | best); tb=$(printf '%s\n' "${t[@]}" | best)
+  printf '| %s | %d x %d | %.1f | %.1f | %.2fx |\n' "$m" "$batch" "$seq_len" "$gb" "$tb" \
+    "$(echo "$gb / $tb" | bc -l)"
+  echo "  rounds: grass ${g[*]}; torch ${t[*]}" >&2
+done

@@ -1,0 +1,394 @@
+#include "config/config.h"
+
+#include <algorithm>
+#include <climits>
+#include <filesystem>
+
+#include "config/json_check.h"
+#include "core/error.h"
+
+namespace grass {
+
+using json_check::brief;
+using json_check::describe;
+using json_check::format_number;
+using json_check::Location;
+using json_check::ObjectReader;
+using nlohmann::json;
+
+namespace {
+
+// ---- model config -------------------------------------------------------------------------
+
+// Keys read into ModelConfig ("max_sequence_length" is GaLore's name for the positions limit).
+const std::vector<std::string> kModelKeys = {
+    "hidden_size",       "intermediate_size", "num_attention_heads",     "num_key_value_heads",
+    "num_hidden_layers", "vocab_size",        "max_position_embeddings", "max_sequence_length",
+    "rms_norm_eps",      "rope_theta",        "tie_word_embeddings",     "initializer_range",
+    "head_dim"};
+
+// Hugging Face and GaLore bookkeeping that does not change the model grass builds.
+const std::vector<std::string> kIgnoredModelKeys = {
+    "architectures",  "model_type",        "torch_dtype",  "transformers_version",
+    "use_cache",      "bos_token_id",      "eos_token_id", "pad_token_id",
+    "pretraining_tp", "attention_dropout", "_name_or_path"};
+
+// Keys that select architecture variants: accepted only with the value grass implements.
+struct FixedModelKey {
+  std::string key;
+  json supported;
+  std::string meaning;
+};
+const std::vector<FixedModelKey> kFixedModelKeys = {
+    {"hidden_act", "silu", "the SwiGLU MLP of LLaMA"},
+    {"attention_bias", false, "attention projections without bias"},
+    {"mlp_bias", false, "MLP projections without bias"},
+    {"rope_scaling", nullptr, "plain RoPE without scaling"},
+};
+
+std::vector<std::string> accepted_model_keys() {
+  std::vector<std::string> keys = kModelKeys;
+  keys.insert(keys.end(), kIgnoredModelKeys.begin(), kIgnoredModelKeys.end());
+  for (const FixedModelKey& fixed : kFixedModelKeys) keys.push_back(fixed.key);
+  return keys;
+}
+
+// Number checks share one wording: "<key>: must be <rule>, got <value>".
+void require(bool ok, const Location& at, const std::string& rule, double value) {
+  if (!ok) at.fail("must be " + rule + ", got " + format_number(value));
+}
+
+int positive_int(const ObjectReader& obj, const std::string& key) {
+  return int(json_check::to_integer(obj.required(key), obj.at(key), 1, INT_MAX));
+}
+
+void check_fixed_keys(const ObjectReader& obj) {
+  for (const FixedModelKey& fixed : kFixedModelKeys) {
+    const json* value = obj.find(fixed.key);
+    if (value && *value != fixed.supported)
+      obj.at(fixed.key).fail(brief(*value) + " is not supported; grass implements " +
+                             fixed.supported.dump() + " (" + fixed.meaning + ")");
+  }
+}
+
+int read_max_positions(const ObjectReader& obj, int fallback) {
+  const auto hf = obj.integer("max_position_embeddings", 1, INT_MAX);
+  const auto galore = obj.integer("max_sequence_length", 1, INT_MAX);
+  if (hf && galore && *hf != *galore)
+    obj.at("max_sequence_length")
+        .fail(std::to_string(*galore) + " conflicts with max_position_embeddings " +
+              std::to_string(*hf) + " (two names for one setting: keep one)");
+  return int(hf ? *hf : galore.value_or(fallback));
+}
+
+void check_model_shape(const ObjectReader& obj, const ModelConfig& m) {
+  const std::string d = std::to_string(m.hidden_size), h = std::to_string(m.num_attention_heads);
+  if (m.hidden_size % m.num_attention_heads != 0)
+    obj.at("hidden_size").fail(d + " is not a multiple of num_attention_heads (" + h + ")");
+  if (m.num_attention_heads % m.num_key_value_heads != 0)
+    obj.at("num_key_value_heads")
+        .fail(std::to_string(m.num_key_value_heads) + " does not divide num_attention_heads (" + h +
+              "): each key/value head serves a whole group of query heads");
+  if (m.head_dim() % 2 != 0)
+    obj.at("num_attention_heads")
+        .fail("head_dim = hidden_size / num_attention_heads = " + d + " / " + h + " = " +
+              std::to_string(m.head_dim()) + " is odd; RoPE rotates pairs, so it must be even");
+  if (const auto head_dim = obj.integer("head_dim", 1, INT_MAX);
+      head_dim && *head_dim != m.head_dim())
+    obj.at("head_dim")
+        .fail(std::to_string(*head_dim) +
+              " is not supported; grass uses hidden_size / num_attention_heads = " +
+              std::to_string(m.head_dim()));
+  require(m.rms_norm_eps > 0, obj.at("rms_norm_eps"), "positive", m.rms_norm_eps);
+  require(m.rope_theta > 0, obj.at("rope_theta"), "positive", m.rope_theta);
+  require(m.initializer_range >= 0, obj.at("initializer_range"), "non-negative",
+          m.initializer_range);
+}
+
+ModelConfig parse_model(const json& j, const Location& where) {
+  const ObjectReader obj(j, where);
+  obj.reject_unknown_keys(accepted_model_keys());
+  check_fixed_keys(obj);
+  ModelConfig m;
+  m.hidden_size = positive_int(obj, "hidden_size");
+  m.intermediate_size = positive_int(obj, "intermediate_size");
+  m.num_attention_heads = positive_int(obj, "num_attention_heads");
+  m.num_hidden_layers = positive_int(obj, "num_hidden_layers");
+  m.vocab_size = positive_int(obj, "vocab_size");
+  m.num_key_value_heads =
+      int(obj.integer("num_key_value_heads", 1, INT_MAX).value_or(m.num_attention_heads));
+  m.max_position_embeddings = read_max_positions(obj, m.max_position_embeddings);
+  m.rms_norm_eps = obj.number("rms_norm_eps").value_or(m.rms_norm_eps);
+  m.rope_theta = obj.number("rope_theta").value_or(m.rope_theta);
+  m.tie_word_embeddings = obj.boolean("tie_word_embeddings").value_or(m.tie_word_embeddings);
+  m.initializer_range = obj.number("initializer_range").value_or(m.initializer_range);
+  check_model_shape(obj, m);
+  return m;
+}
+
+// ---- run config ---------------------------------------------------------------------------
+
+const std::vector<std::string> kRunKeys = {
+    "model",
+    "data",
+    "optimizer",
+    "schedule",
+    "grad_clip",
+    "micro_batch_size",
+    "total_batch_size",
+    "seq_len",
+    "steps",
+    "precision",
+    "seed",
+    "out_dir",
+    "log_every",
+};
+const std::vector<std::string> kOptimizers = {"adamw"};
+const std::vector<std::string> kSchedules = {"cosine", "constant"};
+const std::vector<std::string> kPrecisions = {"fp32"};
+
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "\"" : ", \"") + name + "\"";
+  return text;
+}
+
+// A string that must be one of `supported`, e.g. optimizer.name.
+std::string read_choice(const ObjectReader& obj, const std::string& key, const std::string& what,
+                        const std::vector<std::string>& supported, const std::string& fallback) {
+  std::string value = obj.string(key).value_or(fallback);
+  if (std::find(supported.begin(), supported.end(), value) == supported.end())
+    obj.at(key).fail("unknown " + what + " \"" + value +
+                     "\" (supported: " + quoted_list(supported) + ")");
+  return value;
+}
+
+void read_model(const ObjectReader& run, RunConfig& c) {
+  const json& model = run.required("model");
+  const Location at = run.at("model");
+  if (model.is_object()) {
+    c.model = parse_model(model, at);
+    return;
+  }
+  if (!model.is_string() || model.get<std::string>().empty())
+    at.fail("expected a model config path (string) or an inline model config (object), got " +
+            describe(model));
+  c.model_path = model.get<std::string>();
+  std::error_code ec;
+  if (!std::filesystem::exists(c.model_path, ec)) at.fail("file not found: " + c.model_path);
+  c.model = load_model_config(c.model_path);
+}
+
+void read_data(const ObjectReader& run, RunConfig& c) {
+  const json no_data = json::object();  // so a missing "data" reports "data.train" as missing
+  const json* data_json = run.find("data");
+  const ObjectReader data(data_json ? *data_json : no_data, run.at("data"));
+  data.reject_unknown_keys({"train"});
+  const json& train = data.required("train");
+  const Location at = data.at("train");
+  const auto read_path = [](const json& value, const Location& where) {
+    std::string path = json_check::to_string(value, where);
+    if (path.empty()) where.fail("expected a path, got an empty string");
+    return path;
+  };
+  if (train.is_string()) {
+    c.train_files = {read_path(train, at)};
+  } else if (train.is_array() && !train.empty()) {
+    c.train_files.clear();
+    for (size_t i = 0; i < train.size(); ++i)
+      c.train_files.push_back(read_path(train[i], at.element(i)));
+  } else {
+    at.fail("expected a token shard path or a non-empty array of paths, got " + describe(train));
+  }
+}
+
+void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
+  obj.reject_unknown_keys({"name", "lr", "betas", "eps", "weight_decay"});
+  o.name = read_choice(obj, "name", "optimizer", kOptimizers, o.name);
+  o.lr = obj.number("lr").value_or(o.lr);
+  require(o.lr > 0, obj.at("lr"), "positive", o.lr);
+  if (const json* betas = obj.find("betas")) {
+    const Location at = obj.at("betas");
+    if (!betas->is_array() || betas->size() != 2)
+      at.fail("expected an array of two numbers [beta1, beta2], got " + describe(*betas));
+    o.beta1 = json_check::to_number((*betas)[0], at.element(0));
+    o.beta2 = json_check::to_number((*betas)[1], at.element(1));
+    require(o.beta1 >= 0 && o.beta1 < 1, at.element(0), "in [0, 1)", o.beta1);
+    require(o.beta2 >= 0 && o.beta2 < 1, at.element(1), "in [0, 1)", o.beta2);
+  }
+  o.eps = obj.number("eps").value_or(o.eps);
+  require(o.eps > 0, obj.at("eps"), "positive", o.eps);
+  o.weight_decay = obj.number("weight_decay").value_or(o.weight_decay);
+  require(o.weight_decay >= 0, obj.at("weight_decay"), "non-negative", o.weight_decay);
+}
+
+void read_schedule(const ObjectReader& obj, ScheduleConfig& s) {
+  obj.reject_unknown_keys({"name", "warmup_steps", "min_lr_ratio"});
+  s.name = read_choice(obj, "name", "schedule", kSchedules, s.name);
+  s.warmup_steps = obj.integer("warmup_steps", 0, INT64_MAX).value_or(s.warmup_steps);
+  s.min_lr_ratio = obj.number("min_lr_ratio").value_or(s.min_lr_ratio);
+  require(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1, obj.at("min_lr_ratio"), "in [0, 1]",
+          s.min_lr_ratio);
+}
+
+void read_batch(const ObjectReader& run, RunConfig& c) {
+  c.micro_batch_size =
+      int(run.integer("micro_batch_size", 1, INT_MAX).value_or(c.micro_batch_size));
+  // Without total_batch_size a step is one micro-batch: no gradient accumulation.
+  c.total_batch_size =
+      int(run.integer("total_batch_size", 1, INT_MAX).value_or(c.micro_batch_size));
+  const int64_t micro = c.micro_batch_size, total = c.total_batch_size;
+  if (total % micro != 0) {
+    const int64_t nearest = std::max<int64_t>(1, (total + micro / 2) / micro) * micro;
+    run.at("total_batch_size")
+        .fail(std::to_string(total) + " is not a multiple of micro_batch_size (" +
+              std::to_string(micro) + "); nearest valid value: " + std::to_string(nearest));
+  }
+}
+
+void read_precision(const ObjectReader& run, RunConfig& c) {
+  c.precision = run.string("precision").value_or(c.precision);
+  if (std::find(kPrecisions.begin(), kPrecisions.end(), c.precision) == kPrecisions.end())
+    run.at("precision")
+        .fail("\"" + c.precision + "\" is not supported: the CPU backend computes in fp32, and " +
+              "bf16 precisions arrive with the CUDA backend (supported: " +
+              quoted_list(kPrecisions) + ")");
+}
+
+}  // namespace
+
+int64_t ModelConfig::num_parameters() const {
+  const int64_t d = hidden_size, f = intermediate_size, v = vocab_size;
+  const int64_t q_width = int64_t(num_attention_heads) * head_dim();
+  const int64_t kv_width = int64_t(num_key_value_heads) * head_dim();
+  const int64_t attention = d * q_width + 2 * d * kv_width + q_width * d;  // q, k, v, o
+  const int64_t mlp = 3 * d * f;                                           // gate, up, down
+  const int64_t layer = attention + mlp + 2 * d;                           // + two RMSNorm gains
+  const int64_t embeddings = v * d, lm_head = tie_word_embeddings ? 0 : v * d;
+  return embeddings + num_hidden_layers * layer + d + lm_head;
+}
+
+ModelConfig parse_model_config(const json& j, const std::string& where) {
+  return parse_model(j, Location{where, ""});
+}
+
+ModelConfig load_model_config(const std::string& path) {
+  return parse_model_config(json_check::read_json_file(path), path);
+}
+
+RunConfig parse_run_config(const json& j, const std::string& where) {
+  const ObjectReader run(j, Location{where, ""});
+  run.reject_unknown_keys(kRunKeys);
+  RunConfig c;
+  c.source = where;
+  read_model(run, c);
+  read_data(run, c);
+  if (const json* optimizer = run.find("optimizer"))
+    read_optimizer(ObjectReader(*optimizer, run.at("optimizer")), c.optimizer);
+  if (const json* schedule = run.find("schedule"))
+    read_schedule(ObjectReader(*schedule, run.at("schedule")), c.schedule);
+  c.grad_clip = run.number("grad_clip").value_or(c.grad_clip);
+  require(c.grad_clip >= 0, run.at("grad_clip"), "non-negative (0 turns clipping off)",
+          c.grad_clip);
+  read_batch(run, c);
+  c.seq_len = int(run.integer("seq_len", 1, INT_MAX).value_or(c.seq_len));
+  if (c.seq_len > c.model.max_position_embeddings)
+    run.at("seq_len").fail(std::to_string(c.seq_len) +
+                           " exceeds the model's max_position_embeddings (" +
+                           std::to_string(c.model.max_position_embeddings) + ")");
+  c.steps = run.integer("steps", 1, INT64_MAX).value_or(c.steps);
+  read_precision(run, c);
+  c.seed = uint64_t(run.integer("seed", 0, INT64_MAX).value_or(int64_t(c.seed)));
+  c.out_dir = run.string("out_dir").value_or(c.out_dir);
+  if (c.out_dir.empty()) run.at("out_dir").fail("must not be empty");
+  c.log_every = int(run.integer("log_every", 1, INT_MAX).value_or(c.log_every));
+  return c;
+}
+
+void apply_overrides(json& run, const std::vector<std::string>& overrides) {
+  for (const std::string& override_text : overrides) {
+    const auto fail = [&](const std::string& problem) {
+      throw UserError("--set \"" + override_text + "\": " + problem);
+    };
+    const size_t equals = override_text.find('=');
+    const std::string key = override_text.substr(0, equals);
+    if (equals == std::string::npos || key.empty() || key.front() == '.' || key.back() == '.' ||
+        key.find("..") != std::string::npos)
+      fail("expected key=value with a dotted key, e.g. --set optimizer.lr=3e-4");
+    // "3e-4", "true", "[0.9,0.95]" are JSON; anything else (a path) is taken as a string.
+    const std::string text = override_text.substr(equals + 1);
+    json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) value = text;
+
+    json* node = &run;
+    for (size_t start = 0;;) {
+      if (!node->is_object())
+        fail((start ? key.substr(0, start - 1) : "the run config") + " is " + describe(*node) +
+             ", not an object");
+      const size_t dot = key.find('.', start);
+      if (dot == std::string::npos) {
+        (*node)[key.substr(start)] = std::move(value);
+        break;
+      }
+      node = &(*node)[key.substr(start, dot - start)];
+      if (node->is_null()) *node = json::object();
+      start = dot + 1;
+    }
+  }
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  json run = json_check::read_json_file(path);
+  apply_overrides(run, overrides);
+  return parse_run_config(run, path);
+}
+
+json to_json(const ModelConfig& m) {
+  return {
+      {"architectures", json::array({"LlamaForCausalLM"})},
+      {"model_type", "llama"},
+      {"hidden_act", "silu"},
+      {"hidden_size", m.hidden_size},
+      {"intermediate_size", m.intermediate_size},
+      {"num_attention_heads", m.num_attention_heads},
+      {"num_key_value_heads", m.num_key_value_heads},
+      {"num_hidden_layers", m.num_hidden_layers},
+      {"vocab_size", m.vocab_size},
+      {"max_position_embeddings", m.max_position_embeddings},
+      {"rms_norm_eps", m.rms_norm_eps},
+      {"rope_theta", m.rope_theta},
+      {"tie_word_embeddings", m.tie_word_embeddings},
+      {"initializer_range", m.initializer_range},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"rope_scaling", nullptr},
+  };
+}
+
+json to_json(const RunConfig& c) {
+  const OptimizerConfig& o = c.optimizer;
+  const ScheduleConfig& s = c.schedule;
+  return {
+      {"model", to_json(c.model)},
+      {"data", {{"train", c.train_files}}},
+      {"optimizer",
+       {{"name", o.name},
+        {"lr", o.lr},
+        {"betas", json::array({o.beta1, o.beta2})},
+        {"eps", o.eps},
+        {"weight_decay", o.weight_decay}}},
+      {"schedule",
+       {{"name", s.name}, {"warmup_steps", s.warmup_steps}, {"min_lr_ratio", s.min_lr_ratio}}},
+      {"grad_clip", c.grad_clip},
+      {"micro_batch_size", c.micro_batch_size},
+      {"total_batch_size", c.total_batch_size},
+      {"seq_len", c.seq_len},
+      {"steps", c.steps},
+      {"precision", c.precision},
+      {"seed", c.seed},
+      {"out_dir", c.out_dir},
+      {"log_every", c.log_every},
+  };
+}
+
+}  // namespace grass

@@ -1,0 +1,92 @@
+// Model and run configuration: parsed from JSON, validated with one clear line per problem.
+//
+// Model configs use Hugging Face LlamaConfig keys, so GaLore's and HF's config.json files load
+// unchanged. Run configs (configs/runs/*.json) describe one training run; docs/configs.md lists
+// every key with its default.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace grass {
+
+struct ModelConfig {
+  int hidden_size = 0;              // d
+  int intermediate_size = 0;        // ffn width (need not be a multiple of 8: 5461 must work)
+  int num_attention_heads = 0;      // query heads
+  int num_key_value_heads = 0;      // GQA: defaults to num_attention_heads
+  int num_hidden_layers = 0;
+  int vocab_size = 0;
+  int max_position_embeddings = 2048;  // also read from GaLore's "max_sequence_length"
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  double initializer_range = 0.02;
+
+  int head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t num_parameters() const;   // every trainable element, embeddings and norms included
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";       // "adamw" (GRASS arrives with its own issue)
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;  // JSON: "betas": [b1, b2]
+  double eps = 1e-8;
+  double weight_decay = 0.0;        // decoupled; never applied to RMSNorm gains
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+struct ScheduleConfig {
+  std::string name = "cosine";      // "cosine" (warmup + cosine to min_lr_ratio) | "constant"
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.1;        // cosine only: final lr = lr * min_lr_ratio
+  bool operator==(const ScheduleConfig&) const = default;
+};
+
+struct RunConfig {
+  std::string source;               // the file this came from (for messages); "" if inline
+  ModelConfig model;
+  std::string model_path;           // "" when the model was given inline
+  std::vector<std::string> train_files;  // data.train: a path or a list of paths (token shards)
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  double grad_clip = 1.0;           // global L2 norm; 0 disables clipping
+  int micro_batch_size = 1;         // sequences per forward/backward
+  int total_batch_size = 1;         // sequences per optimizer step (multiple of micro_batch_size;
+                                    // JSON without it means micro_batch_size: no accumulation)
+  int seq_len = 256;
+  int64_t steps = 100;
+  std::string precision = "fp32";   // the CPU backend computes in fp32
+  uint64_t seed = 42;
+  std::string out_dir = "runs/default";
+  int log_every = 1;                // print a step line every N steps (metrics.jsonl gets all)
+
+  int grad_accum_steps() const { return total_batch_size / micro_batch_size; }
+  int64_t tokens_per_step() const { return int64_t(total_batch_size) * seq_len; }
+  bool operator==(const RunConfig&) const = default;
+};
+
+// Parse and validate a model config (HF LlamaConfig JSON). `where` names the file in messages.
+// Throws UserError with one line: "<where>: <key>: <problem>".
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& where);
+ModelConfig load_model_config(const std::string& path);
+
+// Load a run config file, apply "--set key=value" overrides (dotted keys, value parsed as JSON
+// when it is valid JSON, else taken as a string), then validate. Relative paths inside (model,
+// data.train) are resolved against the current directory.
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+RunConfig parse_run_config(const nlohmann::json& j, const std::string& where);
+
+// Applies "key=value" overrides to a run config's JSON before it is parsed: the dotted key is
+// created where absent (parse_run_config then rejects unknown keys). Throws UserError naming a
+// malformed override, or one whose path runs through a value that is not an object.
+void apply_overrides(nlohmann::json& run, const std::vector<std::string>& overrides);
+
+// The run config as JSON (all keys, defaults filled in): written to <out_dir>/config.json.
+nlohmann::json to_json(const RunConfig& c);
+nlohmann::json to_json(const ModelConfig& m);
+
+}  // namespace grass

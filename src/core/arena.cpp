@@ -1,0 +1,77 @@
+#include "core/arena.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace grass {
+
+const char* mem_category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::Weights: return "weights";
+    case MemCategory::Gradients: return "gradients";
+    case MemCategory::Optimizer: return "optimizer";
+    case MemCategory::Activations: return "activations";
+    case MemCategory::Workspace: return "workspace";
+  }
+  return "?";
+}
+
+Arena::~Arena() {
+  for (auto& b : blocks_) std::free(b.ptr);
+}
+
+void* Arena::alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes) {
+  GRASS_CHECK(bytes >= 0, "negative allocation for " + name);
+  const size_t rounded = (size_t(bytes) + 63) / 64 * 64;
+  void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+  if (rounded && !p)
+    throw UserError("out of host memory allocating " + name + " (" + format_bytes(bytes) +
+                    ") with " + format_bytes(total_) + " already held: reduce micro_batch_size " +
+                    "or seq_len");
+  if (p) std::memset(p, 0, rounded);
+  blocks_.push_back({p, bytes, cat, name});
+  live_[int(cat)] += bytes;
+  total_ += bytes;
+  if (total_ > peak_) peak_ = total_;
+  return p;
+}
+
+void Arena::free(void* ptr) {
+  for (size_t i = 0; i < blocks_.size(); i++)
+    if (blocks_[i].ptr == ptr) {
+      live_[int(blocks_[i].cat)] -= blocks_[i].bytes;
+      total_ -= blocks_[i].bytes;
+      std::free(ptr);
+      blocks_.erase(blocks_.begin() + i);
+      return;
+    }
+  GRASS_CHECK(false, "Arena::free of a pointer it does not own");
+}
+
+std::string Arena::report() const {
+  std::string out;
+  char line[128];
+  for (int c = 0; c < kMemCategories; c++) {
+    std::snprintf(line, sizeof line, "  %-12s %12s\n", mem_category_name(MemCategory(c)),
+                  format_bytes(live_[c]).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-12s %12s\n", "total", format_bytes(total_).c_str());
+  out += line;
+  return out;
+}
+
+std::string format_bytes(int64_t bytes) {
+  char buf[32];
+  const double b = double(bytes);
+  if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
+  else if (b >= 1024.0) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else std::snprintf(buf, sizeof buf, "%lld B", (long long)bytes);
+  return buf;
+}
+
+}  // namespace grass

@@ -1,0 +1,50 @@
+// Every byte the engine holds comes from here, tagged with what it is for. The arena is the memory
+// report (`mem` on the step line, the table at start-up), and later the cap and the planner's truth.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace grass {
+
+enum class MemCategory { Weights, Gradients, Optimizer, Activations, Workspace };
+constexpr int kMemCategories = 5;
+const char* mem_category_name(MemCategory c);
+
+class Arena {
+ public:
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena();
+
+  // Zero-filled, 64-byte aligned. `name` shows up in reports and out-of-memory messages.
+  void* alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes);
+  template <typename T>
+  T* alloc(MemCategory cat, const std::string& name, int64_t count) {
+    return static_cast<T*>(alloc_bytes(cat, name, count * int64_t(sizeof(T))));
+  }
+  void free(void* ptr);
+
+  int64_t bytes(MemCategory cat) const { return live_[int(cat)]; }
+  int64_t total_bytes() const { return total_; }
+  int64_t peak_bytes() const { return peak_; }
+  // One line per category with bytes, and the total and peak: for the start-up table.
+  std::string report() const;
+
+ private:
+  struct Block {
+    void* ptr;
+    int64_t bytes;
+    MemCategory cat;
+    std::string name;
+  };
+  std::vector<Block> blocks_;
+  std::array<int64_t, kMemCategories> live_{};
+  int64_t total_ = 0, peak_ = 0;
+};
+
+std::string format_bytes(int64_t bytes);  // "1.25 GiB", "310.0 MiB", "12.0 KiB", "512 B"
+
+}  // namespace grass

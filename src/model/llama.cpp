@@ -1,0 +1,231 @@
+#include "model/llama.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "ops.h"
+
+namespace grass {
+
+namespace {
+// The per-layer tensors in buffer order; layer_view() relies on this order.
+const char* const kLayerTensorNames[] = {
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+}  // namespace
+
+void LlamaModel::add_tensor(const std::string& name, std::vector<int64_t> shape, bool is_norm) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  tensors_.push_back({name, std::move(shape), num_params_, numel, is_norm});
+  num_params_ += numel;
+}
+
+LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len)
+    : cfg_(cfg), max_B_(max_batch), T_(seq_len) {
+  const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
+  const int64_t HD = cfg.head_dim(), QD = cfg.num_attention_heads * HD,
+                KVD = cfg.num_key_value_heads * HD;
+  const int L = cfg.num_hidden_layers;
+
+  off_embed_ = num_params_;
+  add_tensor("model.embed_tokens.weight", {V, C}, false);
+  for (int l = 0; l < L; l++) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    off_layer_.push_back(num_params_);
+    add_tensor(p + kLayerTensorNames[0], {C}, true);
+    add_tensor(p + kLayerTensorNames[1], {QD, C}, false);
+    add_tensor(p + kLayerTensorNames[2], {KVD, C}, false);
+    add_tensor(p + kLayerTensorNames[3], {KVD, C}, false);
+    add_tensor(p + kLayerTensorNames[4], {C, QD}, false);
+    add_tensor(p + kLayerTensorNames[5], {C}, true);
+    add_tensor(p + kLayerTensorNames[6], {F, C}, false);
+    add_tensor(p + kLayerTensorNames[7], {F, C}, false);
+    add_tensor(p + kLayerTensorNames[8], {C, F}, false);
+  }
+  off_norm_ = num_params_;
+  add_tensor("model.norm.weight", {C}, true);
+  off_lm_head_ = off_embed_;  // tied: lm_head reads (and trains) the embedding table
+  if (!cfg.tie_word_embeddings) {
+    off_lm_head_ = num_params_;
+    add_tensor("lm_head.weight", {V, C}, false);
+  }
+  GRASS_CHECK(num_params_ == cfg.num_parameters(), "parameter layout disagrees with the config");
+
+  params_ = arena.alloc<float>(MemCategory::Weights, "parameters", num_params_);
+  grads_ = arena.alloc<float>(MemCategory::Gradients, "gradients", num_params_);
+
+  const int64_t N = int64_t(max_batch) * seq_len, NH = cfg.num_attention_heads;
+  const int64_t att_scores = int64_t(max_batch) * NH * seq_len * seq_len;
+  auto act = [&](const std::string& name, int64_t count) {
+    return arena.alloc<float>(MemCategory::Activations, name, count);
+  };
+  acts_.resize(L);
+  for (int l = 0; l < L; l++) {
+    LayerActs& a = acts_[l];
+    const std::string p = "layer" + std::to_string(l) + ".";
+    a.x_in = act(p + "x_in", N * C);
+    a.rstd1 = act(p + "rstd1", N);
+    a.n1 = act(p + "n1", N * C);
+    a.q = act(p + "q", N * QD);
+    a.k = act(p + "k", N * KVD);
+    a.v = act(p + "v", N * KVD);
+    a.probs = act(p + "probs", att_scores);
+    a.att = act(p + "att", N * QD);
+    a.h = act(p + "h", N * C);
+    a.rstd2 = act(p + "rstd2", N);
+    a.n2 = act(p + "n2", N * C);
+    a.gate = act(p + "gate", N * F);
+    a.up = act(p + "up", N * F);
+    a.act = act(p + "act", N * F);
+  }
+  inputs_ = arena.alloc<int32_t>(MemCategory::Activations, "inputs", N);
+  targets_ = arena.alloc<int32_t>(MemCategory::Activations, "targets", N);
+  x_out_ = act("x_out", N * C);
+  rstdf_ = act("rstd_final", N);
+  nf_ = act("norm_final", N * C);
+  logits_ = act("logits", N * V);
+  lse_ = act("logsumexp", N);
+
+  auto wsp = [&](const std::string& name, int64_t count) {
+    return arena.alloc<float>(MemCategory::Workspace, name, count);
+  };
+  ws_.proj = wsp("proj", N * C);
+  ws_.dres = wsp("dres", N * C);
+  ws_.dnorm = wsp("dnorm", N * C);
+  ws_.datt = wsp("datt", N * QD);
+  ws_.dq = wsp("dq", N * QD);
+  ws_.dk = wsp("dk", N * KVD);
+  ws_.dv = wsp("dv", N * KVD);
+  ws_.scores = wsp("dscores", att_scores);
+  ws_.dact = wsp("dact", N * F);
+  ws_.dgate = wsp("dgate", N * F);
+  ws_.dup = wsp("dup", N * F);
+}
+
+const ParamTensor& LlamaModel::tensor(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return t;
+  throw InternalError("no parameter named " + name);
+}
+
+LlamaModel::LayerWeights LlamaModel::layer_view(float* base, int l) const {
+  float* p[9];
+  int64_t off = off_layer_[l];
+  for (int i = 0; i < 9; i++) {
+    p[i] = base + off;
+    off += tensors_[1 + size_t(l) * 9 + i].numel;  // tensors_[0] is the embedding
+  }
+  return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]};
+}
+
+void LlamaModel::init_weights(uint64_t seed) {
+  for (size_t i = 0; i < tensors_.size(); i++) {
+    const ParamTensor& t = tensors_[i];
+    float* p = params_ + t.offset;
+    if (t.is_norm) {
+      for (int64_t j = 0; j < t.numel; j++) p[j] = 1.0f;
+      continue;
+    }
+    const uint64_t stream = derive_seed(seed, i);
+    const double stddev = cfg_.initializer_range;
+#pragma omp parallel for
+    for (int64_t j = 0; j < t.numel; j++) p[j] = float(stddev * normal(stream, uint64_t(j)));
+  }
+}
+
+void LlamaModel::zero_grads() { std::memset(grads_, 0, size_t(num_params_) * sizeof(float)); }
+
+double LlamaModel::flops_per_token() const {
+  // Matmul weights: everything but the norms, and the embedding table unless it is also lm_head.
+  int64_t matmul_params = 0;
+  for (const auto& t : tensors_)
+    if (!t.is_norm && (t.offset != off_embed_ || cfg_.tie_word_embeddings)) matmul_params += t.numel;
+  const double attention = 12.0 * cfg_.num_hidden_layers * cfg_.hidden_size * T_;
+  return 6.0 * double(matmul_params) + attention;
+}
+
+double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B) {
+  GRASS_CHECK(B >= 1 && B <= max_B_, "micro-batch larger than the activations allocated");
+  B_ = B;
+  const int T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
+  const int64_t N = int64_t(B) * T;
+  const double eps = cfg_.rms_norm_eps, theta = cfg_.rope_theta;
+  std::memcpy(inputs_, inputs, N * sizeof(int32_t));
+  std::memcpy(targets_, targets, N * sizeof(int32_t));
+
+  float* x = acts_.empty() ? x_out_ : acts_[0].x_in;
+  ops::embedding_forward(x, inputs_, params_ + off_embed_, N, C);
+  for (int l = 0; l < cfg_.num_hidden_layers; l++) {
+    const LayerWeights w = layer_view(params_, l);
+    LayerActs& a = acts_[l];
+    float* x_next = l + 1 < cfg_.num_hidden_layers ? acts_[l + 1].x_in : x_out_;
+    // attention block: h = x + o_proj(attn(rope(q), rope(k), v)) on n1 = rmsnorm(x)
+    ops::rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
+    ops::linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
+    ops::linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
+    ops::linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
+    ops::rope_forward(a.q, a.q, B, T, NH, HD, theta);
+    ops::rope_forward(a.k, a.k, B, T, NKV, HD, theta);
+    ops::attention_forward(a.att, a.probs, a.q, a.k, a.v, B, T, NH, NKV, HD);
+    ops::linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
+    ops::residual_forward(a.h, a.x_in, ws_.proj, N * C);
+    // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h)
+    ops::rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
+    ops::linear_forward(a.gate, a.n2, w.wgate, N, C, F);
+    ops::linear_forward(a.up, a.n2, w.wup, N, C, F);
+    ops::swiglu_forward(a.act, a.gate, a.up, N * F);
+    ops::linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
+    ops::residual_forward(x_next, a.h, ws_.proj, N * C);
+  }
+  ops::rmsnorm_forward(nf_, rstdf_, x_out_, params_ + off_norm_, N, C, eps);
+  ops::linear_forward(logits_, nf_, params_ + off_lm_head_, N, C, V);
+  const double loss_sum = ops::cross_entropy_forward(lse_, &valid_, logits_, targets_, N, V);
+  return valid_ > 0 ? loss_sum / double(valid_) : 0.0;
+}
+
+void LlamaModel::backward(double loss_scale) {
+  GRASS_CHECK(B_ > 0, "backward() without a forward()");
+  const int B = B_, T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
+  const int64_t N = int64_t(B) * T;
+  const double theta = cfg_.rope_theta;
+  if (valid_ == 0) return;  // every target ignored: the loss is a constant
+
+  // logits -> dlogits in place, then through lm_head and the final norm into the residual stream
+  ops::cross_entropy_backward(logits_, logits_, lse_, targets_, N, V, loss_scale / double(valid_));
+  ops::linear_backward(ws_.dnorm, grads_ + off_lm_head_, logits_, nf_, params_ + off_lm_head_, N,
+                       C, V, false);
+  std::memset(ws_.dres, 0, size_t(N) * C * sizeof(float));
+  ops::rmsnorm_backward(ws_.dres, grads_ + off_norm_, ws_.dnorm, x_out_, params_ + off_norm_,
+                        rstdf_, N, C);
+
+  for (int l = cfg_.num_hidden_layers - 1; l >= 0; l--) {
+    const LayerWeights w = layer_view(params_, l);
+    const LayerWeights g = layer_view(grads_, l);
+    const LayerActs& a = acts_[l];
+    // MLP block; dres holds d(x_next) and becomes d(h)
+    ops::linear_backward(ws_.dact, g.wdown, ws_.dres, a.act, w.wdown, N, F, C, false);
+    ops::swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gate, a.up, N * F);
+    ops::linear_backward(ws_.dnorm, g.wgate, ws_.dgate, a.n2, w.wgate, N, C, F, false);
+    ops::linear_backward(ws_.dnorm, g.wup, ws_.dup, a.n2, w.wup, N, C, F, true);
+    ops::rmsnorm_backward(ws_.dres, g.mlp_norm, ws_.dnorm, a.h, w.mlp_norm, a.rstd2, N, C);
+    // attention block; dres becomes d(x_in)
+    ops::linear_backward(ws_.datt, g.wo, ws_.dres, a.att, w.wo, N, NH * HD, C, false);
+    ops::attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.scores, ws_.datt, a.q, a.k, a.v, a.probs,
+                            B, T, NH, NKV, HD);
+    ops::rope_backward(ws_.dq, ws_.dq, B, T, NH, HD, theta);
+    ops::rope_backward(ws_.dk, ws_.dk, B, T, NKV, HD, theta);
+    ops::linear_backward(ws_.dnorm, g.wq, ws_.dq, a.n1, w.wq, N, C, NH * HD, false);
+    ops::linear_backward(ws_.dnorm, g.wk, ws_.dk, a.n1, w.wk, N, C, NKV * HD, true);
+    ops::linear_backward(ws_.dnorm, g.wv, ws_.dv, a.n1, w.wv, N, C, NKV * HD, true);
+    ops::rmsnorm_backward(ws_.dres, g.attn_norm, ws_.dnorm, a.x_in, w.attn_norm, a.rstd1, N, C);
+  }
+  ops::embedding_backward(grads_ + off_embed_, ws_.dres, inputs_, N, C);
+  B_ = 0;  // the logits now hold their gradient: a second backward() needs a new forward()
+}
+
+}  // namespace grass

@@ -1,0 +1,111 @@
+// LLaMA, written out by hand: the forward keeps what the backward needs, the backward walks the
+// layers in reverse and accumulates every parameter gradient. fp32 on the CPU reference backend.
+//
+// Shapes: B micro-batch, T seq_len, N = B*T tokens, C hidden, F ffn, V vocab,
+//         NH query heads, NKV kv heads, HD head dim.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/arena.h"
+
+namespace grass {
+
+// One named parameter tensor inside the flat parameter buffer (and, at the same offset, inside
+// the gradient and optimizer buffers). Names are Hugging Face's, so weights load and export as is.
+struct ParamTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // in elements, into params()/grads()
+  int64_t numel = 0;
+  bool is_norm = false;  // RMSNorm gains: no weight decay
+};
+
+class LlamaModel {
+ public:
+  // Allocates weights and gradients, and activations for micro-batches of up to max_batch x seq_len.
+  LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len);
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  const ParamTensor& tensor(const std::string& name) const;
+  int64_t num_params() const { return num_params_; }
+  float* params() { return params_; }
+  float* grads() { return grads_; }
+  int seq_len() const { return T_; }
+
+  // HF-style initialisation: normal(0, initializer_range) for embeddings and projections, norm
+  // gains 1. Each tensor draws its own counter-based stream, so the result is reproducible.
+  void init_weights(uint64_t seed);
+  void zero_grads();
+
+  // inputs, targets: [B, T] (a negative target is ignored). Returns the mean cross-entropy over
+  // the valid targets; keeps the activations for backward(). logits() is valid until backward().
+  double forward(const int32_t* inputs, const int32_t* targets, int B);
+  // Adds d(loss_scale * mean loss)/dθ to grads(), for the batch of the last forward().
+  void backward(double loss_scale);
+  const float* logits() const { return logits_; }  // [B, T, V]
+  int64_t valid_targets() const { return valid_; }
+
+  // FLOPs of one forward+backward per token, counted as the engine does them: 6 per weight
+  // element of every matmul, plus attention's 2·(2·T·C) per layer forward, times 3.
+  double flops_per_token() const;
+
+ private:
+  struct LayerWeights {  // views into the flat parameter (or gradient) buffer
+    float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown;
+  };
+  struct LayerActs {
+    float* x_in;     // [N, C] residual stream entering the layer
+    float* rstd1;    // [N]
+    float* n1;       // [N, C] input_layernorm output
+    float* q;        // [N, NH*HD] after RoPE
+    float* k;        // [N, NKV*HD] after RoPE
+    float* v;        // [N, NKV*HD]
+    float* probs;    // [B, NH, T, T]
+    float* att;      // [N, NH*HD] attention output, input of o_proj
+    float* h;        // [N, C] residual stream after attention
+    float* rstd2;    // [N]
+    float* n2;       // [N, C] post_attention_layernorm output
+    float* gate;     // [N, F]
+    float* up;       // [N, F]
+    float* act;      // [N, F] silu(gate) * up, input of down_proj
+  };
+  LayerWeights layer_view(float* base, int l) const;
+  void add_tensor(const std::string& name, std::vector<int64_t> shape, bool is_norm);
+
+  ModelConfig cfg_;
+  int max_B_, T_;
+  int B_ = 0;  // batch of the last forward
+  std::vector<ParamTensor> tensors_;
+  int64_t num_params_ = 0;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  // offsets of the tensors that are not per layer
+  int64_t off_embed_ = 0, off_norm_ = 0, off_lm_head_ = 0;
+  std::vector<int64_t> off_layer_;  // offset of each layer's first tensor
+
+  std::vector<LayerActs> acts_;
+  int32_t* inputs_ = nullptr;   // [N]
+  int32_t* targets_ = nullptr;  // [N]
+  float* x_out_ = nullptr;      // [N, C] residual stream after the last layer
+  float* rstdf_ = nullptr;      // [N]
+  float* nf_ = nullptr;         // [N, C] final norm output
+  float* logits_ = nullptr;     // [N, V]; holds dlogits after backward()
+  float* lse_ = nullptr;        // [N]
+  int64_t valid_ = 0;
+
+  struct Workspace {  // backward scratch, reused by every layer
+    float *proj;      // [N, C] o_proj / down_proj output before the residual add
+    float *dres;      // [N, C] gradient of the residual stream
+    float *dnorm;     // [N, C] gradient of a norm's output
+    float *datt;      // [N, NH*HD]
+    float *dq, *dk, *dv;
+    float *scores;    // [B, NH, T, T]
+    float *dact, *dgate, *dup;  // [N, F]
+  } ws_{};
+};
+
+}  // namespace grass

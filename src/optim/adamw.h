@@ -1,0 +1,27 @@
+// Dense AdamW over the model's flat parameter buffer, tensor by tensor so that RMSNorm gains
+// skip weight decay. Moments are fp32, in the arena's optimizer category.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "config/config.h"
+#include "core/arena.h"
+#include "model/llama.h"
+
+namespace grass {
+
+class AdamW {
+ public:
+  AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& tensors, int64_t num_params,
+        Arena& arena);
+  // One update of params from grads at learning rate lr; step counts from 1.
+  void step(float* params, const float* grads, double lr, int64_t step);
+
+ private:
+  OptimizerConfig cfg_;
+  std::vector<ParamTensor> tensors_;
+  float* m_ = nullptr;  // first moment  [num_params]
+  float* v_ = nullptr;  // second moment [num_params]
+};
+
+}  // namespace grass

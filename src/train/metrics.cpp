@@ -1,0 +1,48 @@
+#include "train/metrics.h"
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "core/arena.h"
+#include "core/error.h"
+
+namespace grass {
+
+namespace {
+std::string human_rate(double per_s) {  // 158.9k, 1.23M
+  char buf[32];
+  if (per_s >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", per_s / 1e6);
+  else if (per_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f", per_s);
+  return buf;
+}
+}  // namespace
+
+std::string format_step_line(const StepMetrics& m) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "step %lld/%lld | loss %.4f | lr %.1e | gnorm %.2f | %.0f ms | %s tok/s | "
+                "%.1f GFLOP/s | mem %s",
+                (long long)m.step, (long long)m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms,
+                human_rate(m.tokens_per_s).c_str(), m.gflops_per_s,
+                format_bytes(m.mem_bytes).c_str());
+  return buf;
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+  if (!out_) throw UserError(path + ": cannot open for writing");
+}
+
+void MetricsWriter::write(const StepMetrics& m) {
+  nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
+                      {"lr", m.lr},               {"grad_norm", m.grad_norm},
+                      {"step_ms", m.step_ms},     {"tokens_per_s", m.tokens_per_s},
+                      {"gflops_per_s", m.gflops_per_s}, {"tokens", m.tokens_seen},
+                      {"mem_bytes", m.mem_bytes}};
+  out_ << j.dump() << '\n';
+  out_.flush();
+  if (!out_) throw UserError(path_ + ": write failed (disk full?)");
+}
+
+}  // namespace grass

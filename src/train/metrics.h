@@ -1,0 +1,35 @@
+// The step log: one human line on stdout and one JSON object per step in <out_dir>/metrics.jsonl.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace grass {
+
+struct StepMetrics {
+  int64_t step = 0;         // 1-based
+  int64_t total_steps = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;     // before clipping
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double gflops_per_s = 0;  // achieved, from the model's FLOPs per token
+  int64_t tokens_seen = 0;  // cumulative
+  int64_t mem_bytes = 0;    // arena bytes held
+};
+
+// "step 120/10000 | loss 4.8123 | lr 6.0e-04 | gnorm 0.91 | 412 ms | 158.9k tok/s | ..."
+std::string format_step_line(const StepMetrics& m);
+
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);  // truncates: a fresh run starts a fresh log
+  void write(const StepMetrics& m);                  // one line, flushed
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace grass

@@ -1,0 +1,147 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <omp.h>
+
+#include "core/arena.h"
+#include "core/error.h"
+#include "data/loader.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/schedule.h"
+#include "train/metrics.h"
+#ifdef GRASS_HAVE_CUDA
+#include "cuda/device.h"
+#endif
+
+namespace grass {
+
+namespace {
+
+std::string device_line() {
+  std::string line = "cpu, " + std::to_string(omp_get_max_threads()) + " threads (fp32, OpenMP + OpenBLAS)";
+#ifdef GRASS_HAVE_CUDA
+  const cuda::DeviceProbe gpu = cuda::probe_device();
+  line += gpu.usable ? "; GPU " + gpu.description + " found, but the CUDA backend is not built yet"
+                     : "; " + gpu.description;
+#else
+  line += "; built without CUDA";
+#endif
+  return line;
+}
+
+void print_run_table(const RunConfig& cfg, const LlamaModel& model, const TokenLoader& loader,
+                     const Arena& arena) {
+  const ModelConfig& m = cfg.model;
+  std::printf("grass train %s\n", cfg.source.c_str());
+  std::printf("  device        %s\n", device_line().c_str());
+  std::printf("  model         %s: d %d, ffn %d, heads %d (kv %d), layers %d, vocab %d%s\n",
+              cfg.model_path.empty() ? "inline" : cfg.model_path.c_str(), m.hidden_size,
+              m.intermediate_size, m.num_attention_heads, m.num_key_value_heads,
+              m.num_hidden_layers, m.vocab_size, m.tie_word_embeddings ? ", tied" : "");
+  std::printf("  parameters    %.2f M\n", double(model.num_params()) / 1e6);
+  std::printf("  data          %zu shard(s), %.2f M tokens\n", loader.shards().size(),
+              double(loader.total_tokens()) / 1e6);
+  std::printf("  batch         %d x %d micro-batches of %d x %d tokens = %lld tokens per step\n",
+              cfg.grad_accum_steps(), cfg.micro_batch_size, cfg.micro_batch_size, cfg.seq_len,
+              (long long)cfg.tokens_per_step());
+  std::printf("  optimizer     %s lr %.1e betas (%.3g, %.3g) eps %.0e wd %.3g, clip %.3g\n",
+              cfg.optimizer.name.c_str(), cfg.optimizer.lr, cfg.optimizer.beta1,
+              cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay, cfg.grad_clip);
+  std::printf("  schedule      %s, warmup %lld, min_lr_ratio %.3g, %lld steps\n",
+              cfg.schedule.name.c_str(), (long long)cfg.schedule.warmup_steps,
+              cfg.schedule.min_lr_ratio, (long long)cfg.steps);
+  std::printf("  precision     %s, seed %llu\n", cfg.precision.c_str(),
+              (unsigned long long)cfg.seed);
+  std::printf("  FLOPs/token   %.3g (6 x matmul params + 12 x layers x d x seq_len)\n",
+              model.flops_per_token());
+  std::printf("  memory\n%s", arena.report().c_str());
+  std::printf("  out_dir       %s\n", cfg.out_dir.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+TrainResult train(const RunConfig& cfg) {
+  // Everything that can fail on user input happens before out_dir is touched.
+  TokenLoader loader(cfg.train_files, cfg.micro_batch_size, cfg.seq_len);
+  loader.check_vocab(cfg.model.vocab_size);
+
+  Arena arena;
+  LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len);
+  model.init_weights(cfg.seed);
+  AdamW optimizer(cfg.optimizer, model.tensors(), model.num_params(), arena);
+  const int64_t N = int64_t(cfg.micro_batch_size) * cfg.seq_len;
+  std::vector<int32_t> inputs(N), targets(N);
+
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.out_dir, ec);
+  if (ec) throw UserError(cfg.out_dir + ": cannot create out_dir: " + ec.message());
+  {
+    const std::string path = cfg.out_dir + "/config.json";
+    std::ofstream out(path);
+    out << to_json(cfg).dump(2) << '\n';
+    if (!out) throw UserError(path + ": cannot write");
+  }
+  MetricsWriter metrics(cfg.out_dir + "/metrics.jsonl");
+  print_run_table(cfg, model, loader, arena);
+
+  TrainResult result;
+  std::vector<double> rates;
+  const int accum = cfg.grad_accum_steps();
+  for (int64_t step = 0; step < cfg.steps; step++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double lr = schedule_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.steps);
+    model.zero_grads();
+    double loss = 0;
+    for (int micro = 0; micro < accum; micro++) {
+      loader.next_batch(inputs.data(), targets.data());
+      loss += model.forward(inputs.data(), targets.data(), cfg.micro_batch_size) / accum;
+      model.backward(1.0 / accum);  // the step's loss is the mean over its micro-batches
+    }
+    if (!std::isfinite(loss))
+      throw UserError("step " + std::to_string(step + 1) + ": loss is " + std::to_string(loss) +
+                      " (diverged): lower optimizer.lr or set grad_clip");
+    const double gnorm = clip_grad_norm(model.grads(), model.num_params(), cfg.grad_clip);
+    optimizer.step(model.params(), model.grads(), lr, step + 1);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    StepMetrics m;
+    m.step = step + 1;
+    m.total_steps = cfg.steps;
+    m.loss = loss;
+    m.lr = lr;
+    m.grad_norm = gnorm;
+    m.step_ms = seconds * 1e3;
+    m.tokens_per_s = double(cfg.tokens_per_step()) / seconds;
+    m.gflops_per_s = m.tokens_per_s * model.flops_per_token() / 1e9;
+    m.tokens_seen = (step + 1) * cfg.tokens_per_step();
+    m.mem_bytes = arena.peak_bytes();
+    metrics.write(m);
+    if ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps) {
+      std::printf("%s\n", format_step_line(m).c_str());
+      std::fflush(stdout);
+    }
+    result.losses.push_back(loss);
+    if (step > 0) rates.push_back(m.tokens_per_s);  // the first step warms caches and pages
+  }
+  if (!rates.empty()) {
+    std::sort(rates.begin(), rates.end());
+    result.tokens_per_second = rates[rates.size() / 2];
+  }
+  std::printf("done: %lld steps, loss %.4f -> %.4f, median %.1f tok/s; metrics in %s/metrics.jsonl\n",
+              (long long)cfg.steps, result.losses.front(), result.losses.back(),
+              result.tokens_per_second, cfg.out_dir.c_str());
+  return result;
+}
+
+}  // namespace grass

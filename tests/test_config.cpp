@@ -1,0 +1,454 @@
+// Config parsing: shipped configs load, parameter counts match the published models, and every
+// documented error message (docs/configs.md) appears as one line naming the file and key.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "config/config.h"
+#include "config/json_check.h"
+#include "core/error.h"
+
+using Catch::Matchers::Contains;
+using nlohmann::json;
+
+namespace {
+
+const std::string kSource = GRASS_SOURCE_DIR;
+
+// The UserError message `action` throws; fails the test when it throws none or spans lines.
+template <class Action>
+std::string user_error(Action&& action) {
+  try {
+    action();
+  } catch (const grass::UserError& e) {
+    const std::string message = e.what();
+    CHECK(message.find('\n') == std::string::npos);
+    return message;
+  }
+  FAIL("expected a grass::UserError");
+  return {};
+}
+
+// Runs with the working directory set to `dir`, as `grass` runs from the repository root.
+struct InDirectory {
+  std::filesystem::path previous = std::filesystem::current_path();
+  explicit InDirectory(const std::filesystem::path& dir) { std::filesystem::current_path(dir); }
+  ~InDirectory() { std::filesystem::current_path(previous); }
+};
+
+std::string write_temp_file(const std::string& name, const std::string& text) {
+  const std::filesystem::path dir = std::filesystem::path(GRASS_BINARY_DIR) / "test_config_tmp";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+json tiny_model() {
+  return {{"hidden_size", 64},
+          {"intermediate_size", 172},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"num_hidden_layers", 2},
+          {"vocab_size", 512},
+          {"max_position_embeddings", 256}};
+}
+
+json tiny_run() {
+  return {{"model", tiny_model()},
+          {"data", {{"train", "data/synthetic/train.bin"}}},
+          {"micro_batch_size", 4},
+          {"total_batch_size", 8},
+          {"seq_len", 64}};
+}
+
+std::string model_error(const json& model) {
+  return user_error([&] { grass::parse_model_config(model, "m.json"); });
+}
+
+std::string run_error(const json& run) {
+  return user_error([&] { grass::parse_run_config(run, "run.json"); });
+}
+
+// Written out independently of ModelConfig::num_parameters, from the LLaMA layer list.
+int64_t llama_parameters(int64_t d, int64_t ffn, int64_t layers, int64_t vocab) {
+  const int64_t q_k_v_o = 4 * d * d, gate_up_down = 3 * d * ffn, norms = 2 * d;
+  return vocab * d + layers * (q_k_v_o + gate_up_down + norms) + d + vocab * d;
+}
+
+}  // namespace
+
+TEST_CASE("every shipped model config parses", "[config]") {
+  for (const char* name : {"llama_tiny", "llama_60m", "llama_130m", "llama_350m", "llama_1b",
+                           "llama_7b", "llama_13b"}) {
+    INFO(name);
+    const grass::ModelConfig m =
+        grass::load_model_config(kSource + "/configs/models/" + name + ".json");
+    CHECK(m.vocab_size > 0);
+    CHECK(m.head_dim() % 2 == 0);
+  }
+  const grass::ModelConfig tiny =
+      grass::load_model_config(kSource + "/configs/models/llama_tiny.json");
+  CHECK(tiny.num_key_value_heads == 2);
+  CHECK(tiny.max_position_embeddings == 256);
+}
+
+TEST_CASE("every shipped run config parses from the repository root", "[config]") {
+  const InDirectory root(kSource);
+  for (const char* name : {"quickstart", "bench_tiny", "bench_60m", "llama_60m_c4"}) {
+    INFO(name);
+    const grass::RunConfig run =
+        grass::load_run_config(std::string("configs/runs/") + name + ".json");
+    CHECK(!run.model_path.empty());
+    CHECK(run.train_files.size() == 1);
+  }
+  const grass::RunConfig quick = grass::load_run_config("configs/runs/quickstart.json");
+  CHECK(quick.source == "configs/runs/quickstart.json");
+  CHECK(quick.model_path == "configs/models/llama_tiny.json");
+  CHECK(quick.model.hidden_size == 64);
+  CHECK(quick.train_files[0] == "data/synthetic/train.bin");
+  CHECK(quick.optimizer.lr == 3e-3);
+  CHECK(quick.optimizer.beta2 == 0.95);
+  CHECK(quick.schedule.warmup_steps == 20);
+  CHECK(quick.grad_accum_steps() == 2);
+  CHECK(quick.tokens_per_step() == 16 * 64);
+  CHECK(quick.steps == 200);
+  CHECK(quick.log_every == 10);
+}
+
+TEST_CASE("parameter counts match the published model sizes", "[config]") {
+  const auto params = [](const char* name) {
+    return grass::load_model_config(kSource + "/configs/models/" + name + ".json").num_parameters();
+  };
+  CHECK(params("llama_60m") == llama_parameters(512, 1376, 8, 32000));
+  CHECK(params("llama_60m") == 58'073'600);
+  CHECK(params("llama_130m") == llama_parameters(768, 2048, 12, 32000));
+  CHECK(params("llama_130m") == 134'105'856);
+  CHECK(params("llama_350m") == llama_parameters(1024, 2736, 24, 32000));
+  CHECK(params("llama_350m") == 367'969'280);
+  // GaLore's 1B: 32 heads of 64 over 24 layers (24 heads would not divide 2048).
+  CHECK(params("llama_1b") == llama_parameters(2048, 5461, 24, 32000));
+  CHECK(params("llama_1b") == 1'339'082'752);
+  CHECK(params("llama_7b") == 6'738'415'616);
+  CHECK(params("llama_13b") == 13'015'864'320);
+
+  SECTION("tied embeddings drop the lm_head, GQA shrinks k and v") {
+    grass::ModelConfig m = grass::parse_model_config(tiny_model(), "");
+    const int64_t untied = m.num_parameters();
+    m.tie_word_embeddings = true;
+    CHECK(m.num_parameters() == untied - 512 * 64);
+    // 2 of 4 heads for k and v: each of those two projections is half of d x d.
+    CHECK(untied == llama_parameters(64, 172, 2, 512) - 2 * 2 * (64 * 64 / 2));
+  }
+}
+
+TEST_CASE("unknown keys name the dotted path and suggest the closest key", "[config]") {
+  json model = tiny_model();
+  model["hiden_size"] = 64;
+  CHECK(model_error(model) == "m.json: hiden_size: unknown key (did you mean \"hidden_size\"?)");
+
+  json run = tiny_run();
+  run["optimizer"] = {{"weigth_decay", 0.1}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.weigth_decay: unknown key (did you mean \"weight_decay\"?)");
+
+  run = tiny_run();
+  run["schedule"] = {{"warmup", 10}};
+  CHECK_THAT(run_error(run),
+             Contains("schedule.warmup: unknown key (did you mean \"warmup_steps\"?)"));
+
+  run = tiny_run();
+  run["model"]["num_layers_total"] = 2;
+  CHECK(run_error(run) ==
+        "run.json: model.num_layers_total: unknown key "
+        "(docs/configs.md lists the accepted keys)");
+
+  run = tiny_run();
+  run["banana"] = 1;
+  CHECK_THAT(run_error(run), !Contains("did you mean"));
+
+  // Hugging Face and GaLore bookkeeping keys are accepted and ignored.
+  model = tiny_model();
+  model.update({{"architectures", {"LLaMAForCausalLM"}},
+                {"model_type", "llama"},
+                {"torch_dtype", "float32"},
+                {"transformers_version", "4.28.1"},
+                {"use_cache", true},
+                {"bos_token_id", 0},
+                {"eos_token_id", 1},
+                {"pad_token_id", -1},
+                {"pretraining_tp", 1},
+                {"attention_dropout", 0.0},
+                {"_name_or_path", "x"}});
+  CHECK(grass::parse_model_config(model, "m.json") == grass::parse_model_config(tiny_model(), ""));
+}
+
+TEST_CASE("closest_match suggests only reasonably close keys", "[config]") {
+  using grass::json_check::closest_match;
+  using grass::json_check::edit_distance;
+  CHECK(edit_distance("weigth", "weight") == 1);  // a transposition is one slip
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  const std::vector<std::string> keys = {"lr", "eps", "betas", "weight_decay", "name"};
+  CHECK(closest_match("Weight_Decay", keys) == "weight_decay");
+  CHECK(closest_match("weight", keys) == "weight_decay");
+  CHECK(closest_match("beta", keys) == "betas");
+  CHECK(closest_match("momentum", keys).empty());
+  CHECK(closest_match("xyz", keys).empty());
+}
+
+TEST_CASE("wrong types name the path and the expected type and what was found", "[config]") {
+  json run = tiny_run();
+  run["optimizer"] = {{"lr", "fast"}};
+  CHECK(run_error(run) == "run.json: optimizer.lr: expected a number, got string \"fast\"");
+
+  run = tiny_run();
+  run["steps"] = 2.5;
+  CHECK(run_error(run) == "run.json: steps: expected an integer, got number 2.5");
+
+  run = tiny_run();
+  run["steps"] = 1e3;  // an integral number written as a float is an integer
+  CHECK(grass::parse_run_config(run, "").steps == 1000);
+
+  run = tiny_run();
+  run["seed"] = -1;
+  CHECK(run_error(run) == "run.json: seed: must be non-negative, got -1");
+
+  run = tiny_run();
+  run["model"]["hidden_size"] = "64";
+  CHECK(run_error(run) == "run.json: model.hidden_size: expected an integer, got string \"64\"");
+
+  run = tiny_run();
+  run["model"]["tie_word_embeddings"] = "yes";
+  CHECK_THAT(run_error(run), Contains("model.tie_word_embeddings: expected a boolean"));
+
+  run = tiny_run();
+  run["optimizer"] = {{"betas", 0.9}};
+  CHECK(
+      run_error(run) ==
+      "run.json: optimizer.betas: expected an array of two numbers [beta1, beta2], got number 0.9");
+
+  run = tiny_run();
+  run["data"]["train"] = {"a.bin", 3};
+  CHECK(run_error(run) == "run.json: data.train[1]: expected a string, got number 3");
+
+  run = tiny_run();
+  run["optimizer"] = "adamw";
+  CHECK(run_error(run) == "run.json: optimizer: expected an object, got string \"adamw\"");
+
+  CHECK(user_error([] { grass::parse_run_config(json::array(), ""); }) ==
+        "expected an object, got array []");
+}
+
+TEST_CASE("value ranges and choices are checked", "[config]") {
+  json run = tiny_run();
+  run["optimizer"] = {{"betas", {0.9, 1.0}}};
+  CHECK(run_error(run) == "run.json: optimizer.betas[1]: must be in [0, 1), got 1");
+
+  run = tiny_run();
+  run["optimizer"] = {{"eps", 0}};
+  CHECK(run_error(run) == "run.json: optimizer.eps: must be positive, got 0");
+
+  run = tiny_run();
+  run["optimizer"] = {{"name", "adam"}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.name: unknown optimizer \"adam\" (supported: \"adamw\")");
+
+  run = tiny_run();
+  run["schedule"] = {{"name", "linear"}};
+  CHECK(
+      run_error(run) ==
+      "run.json: schedule.name: unknown schedule \"linear\" (supported: \"cosine\", \"constant\")");
+
+  run = tiny_run();
+  run["schedule"] = {{"min_lr_ratio", 1.5}};
+  CHECK(run_error(run) == "run.json: schedule.min_lr_ratio: must be in [0, 1], got 1.5");
+
+  run = tiny_run();
+  run["micro_batch_size"] = 0;
+  CHECK(run_error(run) == "run.json: micro_batch_size: must be positive, got 0");
+
+  run = tiny_run();
+  run["precision"] = "bf16";
+  const std::string precision = run_error(run);
+  CHECK_THAT(precision, Contains("run.json: precision: \"bf16\" is not supported"));
+  CHECK_THAT(precision, Contains("the CPU backend computes in fp32"));
+  CHECK_THAT(precision, Contains("bf16 precisions arrive with the CUDA backend"));
+}
+
+TEST_CASE("missing required keys are named", "[config]") {
+  json run = tiny_run();
+  run.erase("model");
+  CHECK(run_error(run) == "run.json: model: required key is missing");
+
+  run = tiny_run();
+  run.erase("data");
+  CHECK(run_error(run) == "run.json: data.train: required key is missing");
+
+  json model = tiny_model();
+  model.erase("vocab_size");
+  CHECK(model_error(model) == "m.json: vocab_size: required key is missing");
+}
+
+TEST_CASE("model shapes: hidden by heads and heads by kv heads and even head_dim", "[config]") {
+  json model = tiny_model();
+  model["hidden_size"] = 66;
+  CHECK(model_error(model) ==
+        "m.json: hidden_size: 66 is not a multiple of num_attention_heads (4)");
+
+  model = tiny_model();
+  model["num_key_value_heads"] = 3;
+  CHECK_THAT(model_error(model),
+             Contains("m.json: num_key_value_heads: 3 does not divide num_attention_heads (4)"));
+
+  model = tiny_model();
+  model["hidden_size"] = 68;  // 68 / 4 = 17
+  CHECK_THAT(model_error(model), Contains("m.json: num_attention_heads: head_dim = hidden_size / "
+                                          "num_attention_heads = 68 / 4 = 17 is odd"));
+
+  model = tiny_model();
+  model["head_dim"] = 32;
+  CHECK(model_error(model) ==
+        "m.json: head_dim: 32 is not supported; grass uses hidden_size / num_attention_heads = 16");
+  model["head_dim"] = 16;
+  CHECK(grass::parse_model_config(model, "").head_dim() == 16);
+
+  model = tiny_model();
+  model["rms_norm_eps"] = 0;
+  CHECK(model_error(model) == "m.json: rms_norm_eps: must be positive, got 0");
+
+  model = tiny_model();
+  model["num_hidden_layers"] = 0;
+  CHECK(model_error(model) == "m.json: num_hidden_layers: must be positive, got 0");
+  model["num_hidden_layers"] = 3000000000LL;
+  CHECK(model_error(model) ==
+        "m.json: num_hidden_layers: must be at most 2147483647, got 3000000000");
+}
+
+TEST_CASE("architecture variants are accepted only as implemented", "[config]") {
+  json model = tiny_model();
+  model["hidden_act"] = "gelu";
+  CHECK(model_error(model) ==
+        "m.json: hidden_act: \"gelu\" is not supported; grass implements "
+        "\"silu\" (the SwiGLU MLP of LLaMA)");
+
+  model = tiny_model();
+  model["attention_bias"] = true;
+  CHECK_THAT(model_error(model), Contains("attention_bias: true is not supported"));
+
+  model = tiny_model();
+  model["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  CHECK_THAT(model_error(model),
+             Contains("rope_scaling: {\"factor\":2.0,\"type\":\"linear\"} is not supported"));
+
+  model = tiny_model();
+  model.update({{"hidden_act", "silu"},
+                {"attention_bias", false},
+                {"mlp_bias", false},
+                {"rope_scaling", nullptr}});
+  CHECK(grass::parse_model_config(model, "") == grass::parse_model_config(tiny_model(), ""));
+}
+
+TEST_CASE("GaLore max_sequence_length is max_position_embeddings", "[config]") {
+  json model = tiny_model();
+  model.erase("max_position_embeddings");
+  model["max_sequence_length"] = 1024;
+  CHECK(grass::parse_model_config(model, "").max_position_embeddings == 1024);
+
+  model["max_position_embeddings"] = 1024;
+  CHECK(grass::parse_model_config(model, "").max_position_embeddings == 1024);
+
+  model["max_position_embeddings"] = 2048;
+  CHECK_THAT(
+      model_error(model),
+      Contains("m.json: max_sequence_length: 1024 conflicts with max_position_embeddings 2048"));
+}
+
+TEST_CASE("run config checks batch sizes and sequence length", "[config]") {
+  json run = tiny_run();
+  run["micro_batch_size"] = 16;
+  run["total_batch_size"] = 100;
+  CHECK(run_error(run) ==
+        "run.json: total_batch_size: 100 is not a multiple of "
+        "micro_batch_size (16); nearest valid value: 96");
+
+  run["total_batch_size"] = 8;
+  CHECK_THAT(run_error(run), Contains("nearest valid value: 16"));
+
+  run.erase("total_batch_size");  // absent: one micro-batch per step
+  CHECK(grass::parse_run_config(run, "").total_batch_size == 16);
+
+  run = tiny_run();
+  run["seq_len"] = 512;
+  CHECK(run_error(run) ==
+        "run.json: seq_len: 512 exceeds the model's max_position_embeddings (256)");
+}
+
+TEST_CASE("overrides (set key=value) apply before validation", "[config]") {
+  const std::string model_path = kSource + "/configs/models/llama_tiny.json";
+  json base = tiny_run();
+  base["model"] = model_path;
+  const std::string path = write_temp_file("overrides.json", base.dump());
+
+  const grass::RunConfig run = grass::load_run_config(
+      path, {"optimizer.lr=3e-4", "steps=10", "data.train=shards/a.bin", "out_dir=runs/x",
+             "optimizer.betas=[0.8,0.9]", "model=" + model_path});
+  CHECK(run.optimizer.lr == 3e-4);
+  CHECK(run.optimizer.beta1 == 0.8);
+  CHECK(run.steps == 10);
+  CHECK(run.train_files == std::vector<std::string>{"shards/a.bin"});
+  CHECK(run.out_dir == "runs/x");
+
+  CHECK(user_error([&] { grass::load_run_config(path, {"steps10"}); }) ==
+        "--set \"steps10\": expected key=value with a dotted key, e.g. --set optimizer.lr=3e-4");
+  CHECK_THAT(user_error([&] { grass::load_run_config(path, {"optimizer..lr=1"}); }),
+             Contains("expected key=value"));
+  CHECK(user_error([&] { grass::load_run_config(path, {"optimizer.weigth_decay=0.1"}); }) ==
+        path + ": optimizer.weigth_decay: unknown key (did you mean \"weight_decay\"?)");
+  CHECK(user_error([&] { grass::load_run_config(path, {"steps=fast"}); }) ==
+        path + ": steps: expected an integer, got string \"fast\"");
+  CHECK_THAT(user_error([&] { grass::load_run_config(path, {"model.hidden_size=32"}); }),
+             Contains("--set \"model.hidden_size=32\": model is string"));
+  CHECK_THAT(user_error([&] { grass::load_run_config(path, {"model.hidden_size=32"}); }),
+             Contains("not an object"));
+}
+
+TEST_CASE("file errors name the file", "[config]") {
+  const std::string broken = write_temp_file("broken.json", "{\n  \"steps\": 10,\n}\n");
+  const std::string syntax = user_error([&] { grass::load_run_config(broken); });
+  CHECK_THAT(syntax, Contains(broken + ": invalid JSON: parse error at line 3, column 1"));
+
+  const std::string missing = user_error([] { grass::load_run_config("no/such/run.json"); });
+  CHECK(missing == "no/such/run.json: file not found");
+
+  json run = tiny_run();
+  run["model"] = "no/such/model.json";
+  CHECK(run_error(run) == "run.json: model: file not found: no/such/model.json");
+
+  // A problem inside the model file names the model file, with keys relative to it.
+  json model = tiny_model();
+  model["hidden_act"] = "relu";
+  run["model"] = write_temp_file("relu_model.json", model.dump());
+  CHECK_THAT(run_error(run), Contains(run["model"].get<std::string>() + ": hidden_act: \"relu\""));
+}
+
+TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
+  const InDirectory root(kSource);
+  grass::RunConfig original = grass::load_run_config(
+      "configs/runs/quickstart.json", {"data.train=[\"a.bin\",\"b.bin\"]", "seed=7",
+                                       "schedule.min_lr_ratio=0.05", "optimizer.weight_decay=0.1"});
+  original.model.tie_word_embeddings = true;
+  original.model.rope_theta = 500000.0;
+
+  const json written = grass::to_json(original);
+  CHECK(written["model"]["hidden_size"] == 64);  // the model is inline: config.json stands alone
+  const std::string path = write_temp_file("config.json", written.dump(2));
+  grass::RunConfig reloaded = grass::load_run_config(path);
+
+  CHECK(reloaded.source == path);
+  CHECK(reloaded.model_path.empty());
+  reloaded.source = original.source;
+  reloaded.model_path = original.model_path;
+  CHECK(reloaded == original);
+  CHECK(grass::to_json(reloaded) == written);
+}

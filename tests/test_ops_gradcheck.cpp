@@ -1,0 +1,257 @@
+// Every op's backward against central finite differences, in double, on random shapes and inputs.
+//
+// For an op y = f(x1, x2, ...) the test takes the scalar L = Σ y·R with a fixed random R, runs the
+// backward with dout = R, and compares each input gradient to (L(x+h) - L(x-h)) / 2h. Outputs are
+// poisoned with NaN first, so an element a kernel forgets to write fails the test. Each op's float
+// instantiation is also compared with its double one on the same inputs (fp32 tolerance).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops.h"
+
+using namespace grass;
+using Vec = std::vector<double>;
+
+namespace {
+
+uint64_t g_seed = 1000;  // every call to randn draws fresh numbers
+
+Vec randn(size_t n, double scale = 1.0) {
+  const uint64_t s = g_seed++;
+  Vec v(n);
+  for (size_t i = 0; i < n; i++) v[i] = scale * normal(s, i);
+  return v;
+}
+
+Vec poisoned(size_t n) { return Vec(n, std::numeric_limits<double>::quiet_NaN()); }
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+  return s;
+}
+
+// ‖a - b‖ / ‖b‖; NaN anywhere makes it NaN, which fails every `<` comparison.
+double rel_err(const Vec& a, const Vec& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::sqrt(den);
+}
+
+// Central differences of loss() with respect to every element of x.
+Vec numeric_grad(const std::function<double()>& loss, Vec& x, double h = 1e-5) {
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); i++) {
+    const double saved = x[i];
+    x[i] = saved + h;
+    const double up = loss();
+    x[i] = saved - h;
+    const double down = loss();
+    x[i] = saved;
+    g[i] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+std::vector<float> to_f32(const Vec& v) { return std::vector<float>(v.begin(), v.end()); }
+Vec to_f64(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+constexpr double kGradTol = 1e-6;  // double-precision finite differences
+constexpr double kF32Tol = 1e-5;   // float kernel against the double kernel
+
+}  // namespace
+
+TEST_CASE("linear backward matches finite differences", "[ops][gradcheck]") {
+  const int N = 7, in = 5, out = 6;
+  Vec x = randn(N * in), w = randn(out * in), R = randn(N * out);
+  auto loss = [&] {
+    Vec y = poisoned(N * out);
+    ops::linear_forward(y.data(), x.data(), w.data(), N, in, out);
+    return dot(y, R);
+  };
+  // dx starts random to check accumulate_dx; dw starts random because it always accumulates.
+  Vec dx0 = randn(N * in), dw0 = randn(out * in);
+  Vec dx = dx0, dw = dw0;
+  ops::linear_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), N, in, out, true);
+  for (size_t i = 0; i < dx.size(); i++) dx[i] -= dx0[i];
+  for (size_t i = 0; i < dw.size(); i++) dw[i] -= dw0[i];
+  CHECK(rel_err(dx, numeric_grad(loss, x)) < kGradTol);
+  CHECK(rel_err(dw, numeric_grad(loss, w)) < kGradTol);
+  // overwrite mode writes every element of dx
+  Vec dx_over = poisoned(N * in);
+  ops::linear_backward(dx_over.data(), (double*)nullptr, R.data(), x.data(), w.data(), N, in, out,
+                       false);
+  CHECK(rel_err(dx_over, dx) < 1e-12);
+}
+
+TEST_CASE("embedding backward matches finite differences", "[ops][gradcheck]") {
+  const int N = 9, C = 4, V = 5;
+  std::vector<int32_t> tokens = {3, 1, 3, 0, 4, 4, 3, 2, 1};  // repeats must add up
+  Vec table = randn(V * C), R = randn(N * C);
+  auto loss = [&] {
+    Vec y = poisoned(N * C);
+    ops::embedding_forward(y.data(), tokens.data(), table.data(), N, C);
+    return dot(y, R);
+  };
+  Vec d0 = randn(V * C), d = d0;
+  ops::embedding_backward(d.data(), R.data(), tokens.data(), N, C);
+  for (size_t i = 0; i < d.size(); i++) d[i] -= d0[i];
+  CHECK(rel_err(d, numeric_grad(loss, table)) < kGradTol);
+}
+
+TEST_CASE("rmsnorm backward matches finite differences", "[ops][gradcheck]") {
+  const int N = 6, C = 11;
+  const double eps = 1e-5;
+  Vec x = randn(N * C), w = randn(C), R = randn(N * C);
+  for (auto& wi : w) wi += 1.0;
+  Vec rstd = poisoned(N);
+  auto loss = [&] {
+    Vec y = poisoned(N * C);
+    ops::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    return dot(y, R);
+  };
+  loss();  // fills rstd for the backward
+  Vec dx0 = randn(N * C), dw0 = randn(C), dx = dx0, dw = dw0;
+  ops::rmsnorm_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+  for (size_t i = 0; i < dx.size(); i++) dx[i] -= dx0[i];
+  for (size_t i = 0; i < dw.size(); i++) dw[i] -= dw0[i];
+  CHECK(rel_err(dx, numeric_grad(loss, x)) < kGradTol);
+  CHECK(rel_err(dw, numeric_grad(loss, w)) < kGradTol);
+
+  SECTION("float matches double") {
+    auto xf = to_f32(x), wf = to_f32(w);
+    std::vector<float> yf(N * C), rf(N);
+    Vec y(N * C);
+    ops::rmsnorm_forward(yf.data(), rf.data(), xf.data(), wf.data(), N, C, eps);
+    ops::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    CHECK(rel_err(to_f64(yf), y) < kF32Tol);
+  }
+}
+
+TEST_CASE("rope backward matches finite differences and is a rotation", "[ops][gradcheck]") {
+  const int B = 2, T = 5, H = 3, HD = 8;
+  const double theta = 10000.0;
+  const size_t n = size_t(B) * T * H * HD;
+  Vec x = randn(n), R = randn(n);
+  auto loss = [&] {
+    Vec y = poisoned(n);
+    ops::rope_forward(y.data(), x.data(), B, T, H, HD, theta);
+    return dot(y, R);
+  };
+  Vec dx = poisoned(n);
+  ops::rope_backward(dx.data(), R.data(), B, T, H, HD, theta);
+  CHECK(rel_err(dx, numeric_grad(loss, x)) < kGradTol);
+
+  // Position 0 is the identity; norms are preserved at every position.
+  Vec y(n);
+  ops::rope_forward(y.data(), x.data(), B, T, H, HD, theta);
+  for (int i = 0; i < H * HD; i++) CHECK(y[i] == Approx(x[i]).margin(1e-15));
+  CHECK(std::sqrt(dot(y, y)) == Approx(std::sqrt(dot(x, x))).epsilon(1e-12));
+
+  SECTION("HF rotate-half layout: pair (i, i+HD/2) rotates by t/theta^(2i/HD)") {
+    Vec one(n, 0.0), out(n);
+    const int t = 3, i = 1;
+    const size_t base = size_t(t) * H * HD;  // b=0, head 0
+    one[base + i] = 1.0;                      // x1 = 1, x2 = 0
+    ops::rope_forward(out.data(), one.data(), B, T, H, HD, theta);
+    const double angle = t / std::pow(theta, 2.0 * i / HD);
+    CHECK(out[base + i] == Approx(std::cos(angle)));
+    CHECK(out[base + HD / 2 + i] == Approx(std::sin(angle)));
+  }
+}
+
+TEST_CASE("attention backward matches finite differences (GQA, causal)", "[ops][gradcheck]") {
+  const int B = 2, T = 5, NH = 4, NKV = 2, HD = 4;
+  const size_t nq = size_t(B) * T * NH * HD, nkv = size_t(B) * T * NKV * HD;
+  Vec q = randn(nq), k = randn(nkv), v = randn(nkv), R = randn(nq);
+  Vec probs = poisoned(size_t(B) * NH * T * T);
+  auto loss = [&] {
+    Vec y = poisoned(nq);
+    ops::attention_forward(y.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+    return dot(y, R);
+  };
+  loss();
+  // causal: nothing of a later key leaks into an earlier query
+  for (int bh = 0; bh < B * NH; bh++)
+    for (int t = 0; t < T; t++) {
+      double row = 0;
+      for (int s = 0; s < T; s++) {
+        const double p = probs[(size_t(bh) * T + t) * T + s];
+        if (s > t) CHECK(p == 0.0);
+        row += p;
+      }
+      CHECK(row == Approx(1.0));
+    }
+  Vec dq = poisoned(nq), dk = poisoned(nkv), dv = poisoned(nkv);
+  Vec scratch = poisoned(size_t(B) * NH * T * T);
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), R.data(), q.data(),
+                          k.data(), v.data(), probs.data(), B, T, NH, NKV, HD);
+  CHECK(rel_err(dq, numeric_grad(loss, q)) < kGradTol);
+  CHECK(rel_err(dk, numeric_grad(loss, k)) < kGradTol);
+  CHECK(rel_err(dv, numeric_grad(loss, v)) < kGradTol);
+
+  SECTION("float matches double") {
+    auto qf = to_f32(q), kf = to_f32(k), vf = to_f32(v);
+    std::vector<float> yf(nq), pf(probs.size());
+    Vec y(nq);
+    ops::attention_forward(yf.data(), pf.data(), qf.data(), kf.data(), vf.data(), B, T, NH, NKV, HD);
+    ops::attention_forward(y.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+    CHECK(rel_err(to_f64(yf), y) < kF32Tol);
+  }
+}
+
+TEST_CASE("swiglu backward matches finite differences", "[ops][gradcheck]") {
+  const int n = 37;
+  Vec gate = randn(n, 2.0), up = randn(n), R = randn(n);
+  auto loss = [&] {
+    Vec y = poisoned(n);
+    ops::swiglu_forward(y.data(), gate.data(), up.data(), n);
+    return dot(y, R);
+  };
+  Vec dg = poisoned(n), du = poisoned(n);
+  ops::swiglu_backward(dg.data(), du.data(), R.data(), gate.data(), up.data(), n);
+  CHECK(rel_err(dg, numeric_grad(loss, gate)) < kGradTol);
+  CHECK(rel_err(du, numeric_grad(loss, up)) < kGradTol);
+}
+
+TEST_CASE("cross-entropy backward matches finite differences, ignored rows", "[ops][gradcheck]") {
+  const int N = 6, V = 9;
+  Vec logits = randn(N * V, 3.0);
+  std::vector<int32_t> targets = {2, -100, 8, 0, -1, 5};
+  Vec lse = poisoned(N);
+  int64_t valid = -1;
+  auto loss = [&] {
+    return ops::cross_entropy_forward(lse.data(), &valid, logits.data(), targets.data(), N, V);
+  };
+  const double sum = loss();
+  CHECK(valid == 4);
+  // direct formula for one row
+  double z = 0;
+  for (int i = 0; i < V; i++) z += std::exp(logits[i]);
+  CHECK(lse[0] == Approx(std::log(z)).epsilon(1e-12));
+  CHECK(sum > 0);
+  const double scale = 0.37;
+  Vec d = poisoned(N * V);
+  ops::cross_entropy_backward(d.data(), logits.data(), lse.data(), targets.data(), N, V, scale);
+  Vec num = numeric_grad(loss, logits);
+  for (auto& g : num) g *= scale;
+  CHECK(rel_err(d, num) < kGradTol);
+  for (int i = 0; i < V; i++) CHECK(d[1 * V + i] == 0.0);  // ignored row
+
+  SECTION("in place: dlogits may alias logits") {
+    loss();  // numeric_grad left lse from a perturbed input
+    Vec inplace = logits;
+    ops::cross_entropy_backward(inplace.data(), inplace.data(), lse.data(), targets.data(), N, V,
+                                scale);
+    CHECK(rel_err(inplace, d) < 1e-14);
+  }
+}
