@@ -101,6 +101,9 @@ ShardWriter::ShardWriter(std::string path, const ShardSpec& spec)
       spec_(spec),
       token_bytes_(shard_token_bytes(spec.vocab_size)) {
   GRASS_CHECK(spec.vocab_size > 0, "ShardWriter needs a positive vocab_size");
+  GRASS_CHECK(spec.bos_id < static_cast<int64_t>(spec.vocab_size) &&
+                  spec.eos_id < static_cast<int64_t>(spec.vocab_size),
+              "ShardWriter: bos_id and eos_id must be below vocab_size");
   file_ = std::fopen(tmp_path_.c_str(), "wb");
   if (!file_) throw UserError(tmp_path_ + ": cannot create: " + errno_text());
   // A zero placeholder (no magic) until finish() knows the count: an unfinished file is
@@ -318,6 +321,7 @@ void ShardReader::read(uint64_t offset, uint64_t n, uint32_t* out) const {
   // Written as n <= count - offset so that offset + n cannot overflow.
   GRASS_CHECK(offset <= info_.token_count && n <= info_.token_count - offset,
               "ShardReader::read range out of bounds");
+  if (n == 0) return;  // out may be null for an empty read
   if (info_.token_bytes == 4) {
     std::memcpy(out, tokens_ + offset * 4, n * 4);
     return;

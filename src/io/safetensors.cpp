@@ -326,8 +326,10 @@ void SafetensorsWriter::write(const std::string& path,
   if (!file) throw UserError(tmp_path + ": cannot create: " + errno_text());
   bool written = std::fwrite(&header_bytes, 8, 1, file) == 1 &&
                  std::fwrite(header_text.data(), 1, header_text.size(), file) == header_text.size();
-  for (auto it = tensors_.begin(); written && it != tensors_.end(); ++it)
-    written = std::fwrite(it->second.data, 1, it->second.bytes, file) == it->second.bytes;
+  for (auto it = tensors_.begin(); written && it != tensors_.end(); ++it) {
+    const Pending& tensor = it->second;  // empty tensors may have a null data pointer
+    written = tensor.bytes == 0 || std::fwrite(tensor.data, 1, tensor.bytes, file) == tensor.bytes;
+  }
   // fsync before the rename: after a crash the final name holds the old file or the new one.
   written = written && std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
   const std::string write_error = written ? "" : errno_text();
