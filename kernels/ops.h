@@ -90,17 +90,15 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
                             int64_t N, int V, double dloss_scale);
 
 // ---- optimizer math (kernels/cpu/adamw.cpp, kernels/cpu/reduce.cpp) -------------------------
-// One decoupled-AdamW step, torch.optim.AdamW's formula:
+// One decoupled-AdamW step, torch.optim.AdamW's formula, on the gradient g·grad_scale (the
+// clipping coefficient, applied here so clipping costs no extra pass over the gradients):
 //   p -= lr·wd·p;  m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;
 //   p -= (lr / (1-b1^t)) · m / (sqrt(v) / sqrt(1-b2^t) + eps)        (t = step, from 1)
 template <typename T>
-void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
-                  double eps, double weight_decay, int64_t step);
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double grad_scale, double lr,
+                  double beta1, double beta2, double eps, double weight_decay, int64_t step);
 // Σ x² in double (deterministic: fixed chunking, independent of the thread count)
 template <typename T>
 double sum_squares(const T* x, int64_t n);
-// x *= s
-template <typename T>
-void scale_inplace(T* x, int64_t n, double s);
 
 }  // namespace grass::ops

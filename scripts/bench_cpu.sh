@@ -4,19 +4,24 @@
 #
 #   scripts/bench_cpu.sh [model ...]      default: tiny 60m; needs /usr/bin/python3 with torch
 #                                         (apt-get install python3-torch)
-# Env: BATCH (4), SEQ_LEN (256), STEPS (8: the first is warm-up for both), ROUNDS (2).
-# Each engine's figure is the median tokens/s of its steps after the first; the table reports the
-# best round of each, and the ratio of those.
+# Env: BATCH (4), SEQ_LEN (256), STEPS (8: the first is warm-up for both), ROUNDS (3).
+# Each engine's figure per round is the median tokens/s of its steps after the first. The rounds
+# alternate grass and PyTorch so drifts in machine speed hit both; the table gives the median
+# round of each and their ratio, and the best round of each and their ratio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-batch=${BATCH:-4}; seq_len=${SEQ_LEN:-256}; steps=${STEPS:-8}; rounds=${ROUNDS:-2}
+batch=${BATCH:-4}; seq_len=${SEQ_LEN:-256}; steps=${STEPS:-8}; rounds=${ROUNDS:-3}
 models=("$@"); [ ${#models[@]} -eq 0 ] && models=(tiny 60m)
 threads=$(nproc)
 scripts/build.sh >/dev/null
 
 best() { sort -g | tail -1; }
-echo "| model | batch x seq | grass tok/s | PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') tok/s | ratio |"
-echo "|---|---|---|---|---|"
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+echo "fp32 GEMM ceiling of this machine (build/bench_gemm):" >&2
+build/bench_gemm >&2
+torch_version=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)')
+echo "| model | batch x seq | grass tok/s (median) | PyTorch $torch_version tok/s (median) | ratio | ratio of best rounds |"
+echo "|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
   cfg=configs/models/llama_$m.json
   vocab=$(/usr/bin/python3 -c "import json; print(json.load(open('$cfg'))['vocab_size'])")
@@ -32,8 +37,9 @@ for m in "${models[@]}"; do
           --seq-len "$seq_len" --steps "$steps" --warmup 1 --threads "$threads" \
         | sed -n 's/^torch_tok_per_s \([0-9.]*\)/\1/p')")
   done
+  gm=$(printf '%s\n' "${g[@]}" | median); tm=$(printf '%s\n' "${t[@]}" | median)
   gb=$(printf '%s\n' "${g[@]}" | best); tb=$(printf '%s\n' "${t[@]}" | best)
-  printf '| %s | %d x %d | %.1f | %.1f | %.2fx |\n' "$m" "$batch" "$seq_len" "$gb" "$tb" \
-    "$(echo "$gb / $tb" | bc -l)"
+  printf '| %s | %d x %d | %.1f | %.1f | %.2fx | %.2fx |\n' "$m" "$batch" "$seq_len" "$gm" "$tm" \
+    "$(echo "$gm / $tm" | bc -l)" "$(echo "$gb / $tb" | bc -l)"
   echo "  rounds: grass ${g[*]}; torch ${t[*]}" >&2
 done

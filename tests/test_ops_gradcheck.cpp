@@ -209,6 +209,34 @@ TEST_CASE("attention backward matches finite differences (GQA, causal)", "[ops][
   }
 }
 
+TEST_CASE("attention backward matches finite differences across query blocks", "[ops][gradcheck]") {
+  // T spans several of the kernel's 64-row query blocks, with a ragged last block.
+  const int B = 1, T = 150, NH = 2, NKV = 1, HD = 2;
+  const size_t nq = size_t(B) * T * NH * HD, nkv = size_t(B) * T * NKV * HD;
+  Vec q = randn(nq), k = randn(nkv), v = randn(nkv), R = randn(nq);
+  Vec probs = poisoned(size_t(B) * NH * T * T);
+  auto loss = [&] {
+    Vec y = poisoned(nq);
+    ops::attention_forward(y.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+    return dot(y, R);
+  };
+  loss();
+  for (int h = 0; h < NH; h++)
+    for (int t = 0; t < T; t++) {
+      double row = 0;
+      for (int s = 0; s < T; s++) row += probs[(size_t(h) * T + t) * T + s];
+      REQUIRE(row == Approx(1.0));
+      if (t + 1 < T) REQUIRE(probs[(size_t(h) * T + t) * T + t + 1] == 0.0);
+    }
+  Vec dq = poisoned(nq), dk = poisoned(nkv), dv = poisoned(nkv);
+  Vec scratch = poisoned(size_t(B) * NH * T * T);
+  ops::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), R.data(), q.data(),
+                          k.data(), v.data(), probs.data(), B, T, NH, NKV, HD);
+  CHECK(rel_err(dq, numeric_grad(loss, q)) < kGradTol);
+  CHECK(rel_err(dk, numeric_grad(loss, k)) < kGradTol);
+  CHECK(rel_err(dv, numeric_grad(loss, v)) < kGradTol);
+}
+
 TEST_CASE("swiglu backward matches finite differences", "[ops][gradcheck]") {
   const int n = 37;
   Vec gate = randn(n, 2.0), up = randn(n), R = randn(n);
@@ -221,6 +249,24 @@ TEST_CASE("swiglu backward matches finite differences", "[ops][gradcheck]") {
   ops::swiglu_backward(dg.data(), du.data(), R.data(), gate.data(), up.data(), n);
   CHECK(rel_err(dg, numeric_grad(loss, gate)) < kGradTol);
   CHECK(rel_err(du, numeric_grad(loss, up)) < kGradTol);
+}
+
+TEST_CASE("swiglu stays finite where exp overflows", "[ops]") {
+  // float exp overflows past 88.7: sigmoid must saturate to 0 or 1, not produce NaN
+  const std::vector<float> gate = {-200.f, -90.f, -20.f, 0.f, 20.f, 90.f, 200.f, 1e30f};
+  const std::vector<float> up(gate.size(), 2.0f), dout(gate.size(), 1.0f);
+  const int n = int(gate.size());
+  std::vector<float> out(n), dg(n), du(n);
+  ops::swiglu_forward(out.data(), gate.data(), up.data(), n);
+  ops::swiglu_backward(dg.data(), du.data(), dout.data(), gate.data(), up.data(), n);
+  for (int i = 0; i < n; i++) {
+    INFO("gate " << gate[i]);
+    CHECK(std::isfinite(out[i]));
+    CHECK(std::isfinite(dg[i]));
+    CHECK(std::isfinite(du[i]));
+  }
+  CHECK(out[0] == Approx(0.0).margin(1e-30));
+  CHECK(out[6] == Approx(400.0));
 }
 
 TEST_CASE("cross-entropy backward matches finite differences, ignored rows", "[ops][gradcheck]") {
@@ -246,6 +292,13 @@ TEST_CASE("cross-entropy backward matches finite differences, ignored rows", "[o
   for (auto& g : num) g *= scale;
   CHECK(rel_err(d, num) < kGradTol);
   for (int i = 0; i < V; i++) CHECK(d[1 * V + i] == 0.0);  // ignored row
+
+  SECTION("a NaN logit gives a NaN loss (the file is built with -ffast-math)") {
+    std::vector<float> lf(logits.begin(), logits.end()), lse_f(N);
+    lf[3 * V + 4] = std::numeric_limits<float>::quiet_NaN();
+    int64_t count = 0;
+    CHECK(std::isnan(ops::cross_entropy_forward(lse_f.data(), &count, lf.data(), targets.data(), N, V)));
+  }
 
   SECTION("in place: dlogits may alias logits") {
     loss();  // numeric_grad left lse from a perturbed input

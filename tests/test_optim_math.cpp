@@ -6,6 +6,7 @@
 
 #include "core/rng.h"
 #include "ops.h"
+#include "optim/clip.h"
 
 using namespace grass;
 
@@ -18,7 +19,9 @@ TEST_CASE("adamw_update follows torch.optim.AdamW step by step", "[ops][optim]")
   for (int step = 1; step <= 4; step++) {
     std::vector<double> g(n);
     for (int i = 0; i < n; i++) g[i] = normal(100 + step, i);
-    ops::adamw_update(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, step);
+    const double clip = step == 2 ? 0.3 : 1.0;  // the clipping coefficient scales g first
+    ops::adamw_update(p.data(), g.data(), m.data(), v.data(), n, clip, lr, b1, b2, eps, wd, step);
+    for (int i = 0; i < n; i++) g[i] *= clip;
     for (int i = 0; i < n; i++) {
       pr[i] *= 1 - lr * wd;
       mr[i] = b1 * mr[i] + (1 - b1) * g[i];
@@ -31,7 +34,7 @@ TEST_CASE("adamw_update follows torch.optim.AdamW step by step", "[ops][optim]")
   for (int i = 0; i < n; i++) CHECK(p[i] == Approx(pr[i]).epsilon(1e-12));
 }
 
-TEST_CASE("sum_squares is exact and independent of chunking", "[ops][optim]") {
+TEST_CASE("sum_squares is exact; clip coefficient follows torch's rule", "[ops][optim]") {
   const int64_t n = 200003;  // several 64K chunks and a ragged tail
   std::vector<float> x(n);
   double ref = 0;
@@ -40,6 +43,8 @@ TEST_CASE("sum_squares is exact and independent of chunking", "[ops][optim]") {
     ref += double(x[i]) * x[i];
   }
   CHECK(ops::sum_squares(x.data(), n) == Approx(ref).epsilon(1e-12));
-  ops::scale_inplace(x.data(), n, 0.5);
-  CHECK(ops::sum_squares(x.data(), n) == Approx(ref * 0.25).epsilon(1e-12));
+  CHECK(grad_norm(x.data(), n) == Approx(std::sqrt(ref)).epsilon(1e-12));
+  CHECK(clip_coefficient(4.0, 2.0) == Approx(2.0 / (4.0 + 1e-6)));
+  CHECK(clip_coefficient(1.0, 2.0) == 1.0);  // below the threshold nothing changes
+  CHECK(clip_coefficient(4.0, 0.0) == 1.0);  // clipping off
 }

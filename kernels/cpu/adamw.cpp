@@ -6,16 +6,16 @@
 namespace grass::ops {
 
 template <typename T>
-void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
-                  double eps, double weight_decay, int64_t step) {
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double grad_scale, double lr,
+                  double beta1, double beta2, double eps, double weight_decay, int64_t step) {
   const T b1 = T(beta1), b2 = T(beta2);
   const T decay = T(1.0 - lr * weight_decay);
   const T step_size = T(lr / (1.0 - std::pow(beta1, double(step))));
   const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(beta2, double(step))));
-  const T e = T(eps);
+  const T e = T(eps), gs = T(grad_scale);
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
-    const T gi = g[i];
+    const T gi = g[i] * gs;
     const T mi = b1 * m[i] + (T(1) - b1) * gi;
     const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
     m[i] = mi;
@@ -25,8 +25,8 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double lr, double bet
 }
 
 template void adamw_update<float>(float*, const float*, float*, float*, int64_t, double, double,
-                                  double, double, double, int64_t);
+                                  double, double, double, double, int64_t);
 template void adamw_update<double>(double*, const double*, double*, double*, int64_t, double,
-                                   double, double, double, double, int64_t);
+                                   double, double, double, double, double, int64_t);
 
 }  // namespace grass::ops

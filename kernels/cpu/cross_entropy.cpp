@@ -17,7 +17,7 @@ double cross_entropy_forward(T* lse, int64_t* valid, const T* logits, const int3
     T mx = row[0];
     for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
     double sum = 0;
-    for (int i = 0; i < V; i++) sum += std::exp(double(row[i] - mx));
+    for (int i = 0; i < V; i++) sum += std::exp(row[i] - mx);  // exp in T, summed in double
     const double row_lse = double(mx) + std::log(sum);
     lse[n] = T(row_lse);
     if (targets[n] >= 0) {

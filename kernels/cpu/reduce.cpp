@@ -1,4 +1,4 @@
-// Reductions for gradient clipping. Sums go in fixed 64K-element chunks, each summed in double,
+// The reduction behind gradient clipping. Sums go in fixed 64K-element chunks, each summed in double,
 // then added in chunk order: the result does not depend on the number of threads.
 #include <algorithm>
 #include <vector>
@@ -24,16 +24,7 @@ double sum_squares(const T* x, int64_t n) {
   return total;
 }
 
-template <typename T>
-void scale_inplace(T* x, int64_t n, double s) {
-  const T f = T(s);
-#pragma omp parallel for simd
-  for (int64_t i = 0; i < n; i++) x[i] *= f;
-}
-
 template double sum_squares<float>(const float*, int64_t);
 template double sum_squares<double>(const double*, int64_t);
-template void scale_inplace<float>(float*, int64_t, double);
-template void scale_inplace<double>(double*, int64_t, double);
 
 }  // namespace grass::ops

@@ -11,11 +11,11 @@ AdamW::AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& tensors
   v_ = arena.alloc<float>(MemCategory::Optimizer, "adamw.v", num_params);
 }
 
-void AdamW::step(float* params, const float* grads, double lr, int64_t step) {
+void AdamW::step(float* params, const float* grads, double grad_scale, double lr, int64_t step) {
   for (const ParamTensor& t : tensors_) {
     const double wd = t.is_norm ? 0.0 : cfg_.weight_decay;
     ops::adamw_update(params + t.offset, grads + t.offset, m_ + t.offset, v_ + t.offset, t.numel,
-                      lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step);
+                      grad_scale, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step);
   }
 }
 

@@ -14,8 +14,9 @@ class AdamW {
  public:
   AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& tensors, int64_t num_params,
         Arena& arena);
-  // One update of params from grads at learning rate lr; step counts from 1.
-  void step(float* params, const float* grads, double lr, int64_t step);
+  // One update of params from grads·grad_scale (the clipping coefficient) at learning rate lr;
+  // step counts from 1.
+  void step(float* params, const float* grads, double grad_scale, double lr, int64_t step);
 
  private:
   OptimizerConfig cfg_;

@@ -6,13 +6,12 @@
 
 namespace grass {
 
-double clip_grad_norm(float* grads, int64_t n, double max_norm) {
-  const double norm = std::sqrt(ops::sum_squares(grads, n));
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) ops::scale_inplace(grads, n, coef);
-  }
-  return norm;
+double grad_norm(const float* grads, int64_t n) { return std::sqrt(ops::sum_squares(grads, n)); }
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
 }
 
 }  // namespace grass

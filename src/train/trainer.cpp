@@ -110,8 +110,9 @@ TrainResult train(const RunConfig& cfg) {
     if (!std::isfinite(loss))
       throw UserError("step " + std::to_string(step + 1) + ": loss is " + std::to_string(loss) +
                       " (diverged): lower optimizer.lr or set grad_clip");
-    const double gnorm = clip_grad_norm(model.grads(), model.num_params(), cfg.grad_clip);
-    optimizer.step(model.params(), model.grads(), lr, step + 1);
+    const double gnorm = grad_norm(model.grads(), model.num_params());
+    optimizer.step(model.params(), model.grads(), clip_coefficient(gnorm, cfg.grad_clip), lr,
+                   step + 1);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
