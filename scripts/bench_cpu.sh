@@ -26,6 +26,7 @@ for m in "${models[@]}"; do
   cfg=configs/models/llama_$m.json
   vocab=$(/usr/bin/python3 -c "import json; print(json.load(open('$cfg'))['vocab_size'])")
   shard=data/synthetic/bench_v$vocab.bin
+  mkdir -p data/synthetic
   [ -f "$shard" ] || build/make_synthetic_shard --out "$shard" --vocab "$vocab" --tokens 2000000 >/dev/null
   g=(); t=()
   for ((r = 0; r < rounds; r++)); do

@@ -11,6 +11,7 @@ scripts/build.sh
 
 shard=data/synthetic/train.bin
 if [ ! -f "$shard" ]; then
+  mkdir -p "$(dirname "$shard")"
   build/make_synthetic_shard --out "$shard" --vocab 512 --tokens 2000000
 fi
 build/grass train configs/runs/quickstart.json "$@"

@@ -168,3 +168,31 @@ TEST_CASE("learning-rate schedule: warmup ramp, cosine to min ratio, constant", 
   CHECK(schedule_lr(s, 2.0, 5, 100) == Approx(1.2));
   CHECK(schedule_lr(s, 2.0, 50, 100) == Approx(2.0));
 }
+
+TEST_CASE("an ffn width that is not a multiple of 8 (llama_1b's 5461) trains every row",
+          "[model]") {
+  ModelConfig cfg = small_config();
+  cfg.intermediate_size = 5461;
+  cfg.num_hidden_layers = 1;
+  const int T = 8;
+  Arena arena;
+  LlamaModel model(cfg, arena, 1, T);
+  model.init_weights(6);
+  const auto inputs = random_tokens(T, 50, 41), targets = random_tokens(T, 50, 42);
+  const double loss = model.forward(inputs.data(), targets.data(), 1);
+  CHECK(std::isfinite(loss));
+  model.zero_grads();
+  model.backward(1.0);
+  for (const char* name : {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"}) {
+    const ParamTensor& t = model.tensor(name);
+    REQUIRE(t.shape == std::vector<int64_t>{5461, 32});
+    int rows_with_gradient = 0;  // the last, ragged rows included
+    for (int64_t r = 0; r < 5461; r++) {
+      double sq = 0;
+      for (int c = 0; c < 32; c++) sq += double(model.grads()[t.offset + r * 32 + c]) * model.grads()[t.offset + r * 32 + c];
+      rows_with_gradient += sq > 0 && std::isfinite(sq);
+    }
+    INFO(name);
+    CHECK(rows_with_gradient == 5461);
+  }
+}

@@ -17,6 +17,14 @@ std::string human_rate(double per_s) {  // 158.9k, 1.23M
   else std::snprintf(buf, sizeof buf, "%.1f", per_s);
   return buf;
 }
+std::string human_duration(double seconds) {  // 45s, 12m05s, 3h07m
+  char buf[32];
+  const long s = long(seconds + 0.5);
+  if (s < 60) std::snprintf(buf, sizeof buf, "%lds", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
+  return buf;
+}
 }  // namespace
 
 std::string format_step_line(const StepMetrics& m) {
@@ -27,7 +35,9 @@ std::string format_step_line(const StepMetrics& m) {
                 (long long)m.step, (long long)m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms,
                 human_rate(m.tokens_per_s).c_str(), m.gflops_per_s,
                 format_bytes(m.mem_bytes).c_str());
-  return buf;
+  std::string line = buf;
+  if (m.step < m.total_steps) line += " | eta " + human_duration(m.eta_s);
+  return line;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {

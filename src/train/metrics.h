@@ -17,9 +17,10 @@ struct StepMetrics {
   double gflops_per_s = 0;  // achieved, from the model's FLOPs per token
   int64_t tokens_seen = 0;  // cumulative
   int64_t mem_bytes = 0;    // arena bytes held
+  double eta_s = 0;         // time left at the mean step time so far (step line only)
 };
 
-// "step 120/10000 | loss 4.8123 | lr 6.0e-04 | gnorm 0.91 | 412 ms | 158.9k tok/s | ..."
+// "step 120/10000 | loss 4.8123 | lr 6.0e-04 | gnorm 0.91 | 412 ms | 158.9k tok/s | ... | eta 1h07m"
 std::string format_step_line(const StepMetrics& m);
 
 class MetricsWriter {

@@ -96,6 +96,7 @@ TrainResult train(const RunConfig& cfg) {
 
   TrainResult result;
   std::vector<double> rates;
+  double seconds_so_far = 0;
   const int accum = cfg.grad_accum_steps();
   for (int64_t step = 0; step < cfg.steps; step++) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -127,6 +128,8 @@ TrainResult train(const RunConfig& cfg) {
     m.gflops_per_s = m.tokens_per_s * model.flops_per_token() / 1e9;
     m.tokens_seen = (step + 1) * cfg.tokens_per_step();
     m.mem_bytes = arena.peak_bytes();
+    seconds_so_far += seconds;
+    m.eta_s = seconds_so_far / double(step + 1) * double(cfg.steps - step - 1);
     metrics.write(m);
     if ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps) {
       std::printf("%s\n", format_step_line(m).c_str());
