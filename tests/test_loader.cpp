@@ -3,60 +3,18 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
-#include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "core/error.h"
 #include "data/loader.h"
+#include "test_util.h"
 
-namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
+using namespace grass::test;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("grass_test_loader_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::vector<uint32_t> random_tokens(size_t n, uint32_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<uint32_t> dist(0, vocab - 1);
-  std::vector<uint32_t> tokens(n);
-  for (uint32_t& t : tokens) t = dist(rng);
-  return tokens;
-}
-
-std::string write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
-                        const grass::ShardSpec& spec) {
-  grass::ShardWriter writer(path, spec);
-  writer.append(tokens);
-  writer.finish();
-  return path;
-}
-
-template <typename F>
-std::string user_error_of(F&& f) {
-  try {
-    f();
-  } catch (const grass::UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a grass::UserError");
-  return "";
-}
 
 struct Batch {
   std::vector<int32_t> inputs, targets;  // [batch, seq_len] each
@@ -96,7 +54,7 @@ struct ReferenceStream {
 }  // namespace
 
 TEST_CASE("loader rows are windows of seq_len + 1 tokens with stride seq_len", "[loader]") {
-  TempDir dir;
+  TempDir dir("grass_test_loader");
   const std::vector<uint32_t> tokens = random_tokens(1000, 32000, 1);
   const std::string path = write_shard(dir.file("a.bin"), tokens, {.vocab_size = 32000});
   const int batch = 4, seq_len = 16;
@@ -119,7 +77,7 @@ TEST_CASE("loader rows are windows of seq_len + 1 tokens with stride seq_len", "
 
 TEST_CASE("loader wraps to the start when a window would pass the end, counting epochs",
           "[loader]") {
-  TempDir dir;
+  TempDir dir("grass_test_loader");
   // 100 tokens, seq_len 10: windows start at 0, 10, ..., 80 (9 per epoch); one at 90 would need
   // token 100, so the loader wraps there.
   const std::vector<uint32_t> tokens = random_tokens(100, 5000, 2);
@@ -149,7 +107,7 @@ TEST_CASE("loader wraps to the start when a window would pass the end, counting 
 }
 
 TEST_CASE("loader windows span shard boundaries, empty shards included", "[loader]") {
-  TempDir dir;
+  TempDir dir("grass_test_loader");
   const std::vector<uint32_t> a = random_tokens(25, 900, 3);
   const std::vector<uint32_t> empty;
   const std::vector<uint32_t> c = random_tokens(40, 900, 4);
@@ -176,7 +134,7 @@ TEST_CASE("loader windows span shard boundaries, empty shards included", "[loade
 }
 
 TEST_CASE("loader position restores the same batches", "[loader]") {
-  TempDir dir;
+  TempDir dir("grass_test_loader");
   const std::vector<uint32_t> tokens = random_tokens(500, 32000, 5);
   const std::string path = write_shard(dir.file("a.bin"), tokens, {.vocab_size = 32000});
   grass::TokenLoader loader({path}, 4, 12);
@@ -196,7 +154,7 @@ TEST_CASE("loader position restores the same batches", "[loader]") {
 }
 
 TEST_CASE("loader needs at least one window of seq_len + 1 tokens", "[loader]") {
-  TempDir dir;
+  TempDir dir("grass_test_loader");
   const std::vector<uint32_t> tokens = random_tokens(11, 100, 6);
   const std::string path = write_shard(dir.file("tiny.bin"), tokens, {.vocab_size = 100});
   CHECK_THAT(user_error_of([&] { grass::TokenLoader loader({path}, 1, 11); }),
@@ -218,7 +176,7 @@ TEST_CASE("loader needs at least one window of seq_len + 1 tokens", "[loader]") 
 }
 
 TEST_CASE("loader requires shards from one tokenizer", "[loader]") {
-  TempDir dir;
+  TempDir dir("grass_test_loader");
   const std::vector<uint32_t> tokens = random_tokens(100, 1000, 7);
   const std::string a =
       write_shard(dir.file("a.bin"), tokens, {.vocab_size = 32000, .tokenizer_hash = 11});
@@ -241,7 +199,7 @@ TEST_CASE("loader requires shards from one tokenizer", "[loader]") {
 }
 
 TEST_CASE("loader check_vocab names the shard, the token and its position", "[loader]") {
-  TempDir dir;
+  TempDir dir("grass_test_loader");
   const std::string good =
       write_shard(dir.file("good.bin"), random_tokens(3000, 1000, 8), {.vocab_size = 1000});
   const std::string bad =

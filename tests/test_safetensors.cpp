@@ -9,30 +9,18 @@
 #include <limits>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
+using namespace grass::test;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("grass_test_safetensors_" + std::to_string(::getpid()) +
-                                        "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -51,17 +39,6 @@ void write_raw(const std::string& path, uint64_t header_length, const std::strin
 
 void write_raw(const std::string& path, const std::string& header, size_t data_bytes) {
   write_raw(path, header.size(), header, data_bytes);
-}
-
-template <typename F>
-std::string user_error_of(F&& f) {
-  try {
-    f();
-  } catch (const grass::UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a grass::UserError");
-  return "";
 }
 
 std::string open_error(const std::string& path) {
@@ -94,7 +71,7 @@ TEST_CASE("bf16 conversion rounds to nearest even and keeps NaN", "[safetensors]
 }
 
 TEST_CASE("safetensors round trip of F32, F64, I64, I32, BF16 and F16", "[safetensors]") {
-  TempDir dir;
+  TempDir dir("grass_test_safetensors");
   const std::string path = dir.file("model.safetensors");
   std::mt19937_64 rng(2);
   std::normal_distribution<double> normal(0.0, 1.0);
@@ -170,7 +147,7 @@ TEST_CASE("safetensors round trip of F32, F64, I64, I32, BF16 and F16", "[safete
 }
 
 TEST_CASE("safetensors writer output matches the format byte for byte", "[safetensors]") {
-  TempDir dir;
+  TempDir dir("grass_test_safetensors");
   const std::string path = dir.file("tiny.safetensors");
   const std::vector<float> values = {1.5f, -0.25f};
   grass::SafetensorsWriter writer;
@@ -205,7 +182,7 @@ TEST_CASE("safetensors writer rejects inconsistent tensors as bugs", "[safetenso
 }
 
 TEST_CASE("safetensors reader rejects a header length beyond the file", "[safetensors]") {
-  TempDir dir;
+  TempDir dir("grass_test_safetensors");
   const std::string path = dir.file("cut.safetensors");
   const std::string header = R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
   write_raw(path, 1000, header, 16);
@@ -223,7 +200,7 @@ TEST_CASE("safetensors reader rejects a header length beyond the file", "[safete
 }
 
 TEST_CASE("safetensors reader rejects malformed headers", "[safetensors]") {
-  TempDir dir;
+  TempDir dir("grass_test_safetensors");
   const std::string path = dir.file("bad.safetensors");
 
   write_raw(path, R"({"x": {"dtype": "F32", "shape": [4], )", 16);
@@ -249,7 +226,7 @@ TEST_CASE("safetensors reader rejects malformed headers", "[safetensors]") {
 }
 
 TEST_CASE("safetensors reader rejects out-of-range and overlapping offsets", "[safetensors]") {
-  TempDir dir;
+  TempDir dir("grass_test_safetensors");
   const std::string path = dir.file("offsets.safetensors");
 
   write_raw(path, R"({"x":{"dtype":"F32","shape":[8],"data_offsets":[0,32]}})", 16);
@@ -279,7 +256,7 @@ TEST_CASE("safetensors reader rejects out-of-range and overlapping offsets", "[s
 
 TEST_CASE("safetensors reader rejects a tensor whose bytes do not match its shape",
           "[safetensors]") {
-  TempDir dir;
+  TempDir dir("grass_test_safetensors");
   const std::string path = dir.file("mismatch.safetensors");
   write_raw(path, R"({"w":{"dtype":"F32","shape":[3,3],"data_offsets":[0,32]}})", 32);
   CHECK_THAT(

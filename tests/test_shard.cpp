@@ -8,46 +8,18 @@
 #include <random>
 #include <string>
 #include <type_traits>
-#include <unistd.h>
 #include <vector>
 
 #include "core/error.h"
 #include "data/shard.h"
 #include "io/hash.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
+using namespace grass::test;
 
 namespace {
-
-// A fresh directory per test case, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("grass_test_shard_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::vector<uint32_t> random_tokens(size_t n, uint32_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<uint32_t> dist(0, vocab - 1);
-  std::vector<uint32_t> tokens(n);
-  for (uint32_t& t : tokens) t = dist(rng);
-  return tokens;
-}
-
-void write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
-                 const grass::ShardSpec& spec) {
-  grass::ShardWriter writer(path, spec);
-  writer.append(tokens);
-  writer.finish();
-}
 
 std::vector<unsigned char> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -75,17 +47,6 @@ void set_field_resealed(std::vector<unsigned char>& bytes, size_t offset, T valu
   std::memcpy(bytes.data() + 48, &checksum, 8);
 }
 
-template <typename F>
-std::string user_error_of(F&& f) {
-  try {
-    f();
-  } catch (const grass::UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a grass::UserError");
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("fnv1a64 matches the published test vectors and hashes in pieces", "[hash]") {
@@ -94,7 +55,7 @@ TEST_CASE("fnv1a64 matches the published test vectors and hashes in pieces", "[h
   CHECK(grass::fnv1a64("foobar", 6) == 0x85944171f73967e8ull);
   CHECK(grass::fnv1a64("bar", 3, grass::fnv1a64("foo", 3)) == grass::fnv1a64("foobar", 6));
 
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("tokenizer.model");
   const std::vector<uint32_t> words = random_tokens(300000, 1u << 31, 5);  // > the 1 MiB read chunk
   std::vector<unsigned char> bytes(words.size() * 4);
@@ -106,7 +67,7 @@ TEST_CASE("fnv1a64 matches the published test vectors and hashes in pieces", "[h
 }
 
 TEST_CASE("shard round trip with uint16 tokens", "[shard]") {
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("small.bin");
   const grass::ShardSpec spec{
       .vocab_size = 32000, .bos_id = 1, .eos_id = 2, .tokenizer_hash = 0x1234abcd5678ef90ull};
@@ -138,7 +99,7 @@ TEST_CASE("shard round trip with uint16 tokens", "[shard]") {
 }
 
 TEST_CASE("shard round trip with uint32 tokens for a vocabulary above 65536", "[shard]") {
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("wide.bin");
   const grass::ShardSpec spec{.vocab_size = 100000};
   std::vector<uint32_t> tokens = random_tokens(5000, spec.vocab_size, 2);
@@ -159,7 +120,7 @@ TEST_CASE("shard round trip with uint32 tokens for a vocabulary above 65536", "[
 TEST_CASE("shard token width is uint16 up to vocab 65536 and uint32 above", "[shard]") {
   STATIC_REQUIRE(grass::shard_token_bytes(65536) == 2);
   STATIC_REQUIRE(grass::shard_token_bytes(65537) == 4);
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("edge.bin");
   const std::vector<uint32_t> tokens = {65535, 0, 40000, 65535};
   write_shard(path, tokens, {.vocab_size = 65536});
@@ -176,7 +137,7 @@ TEST_CASE("shard offsets and counts are 64-bit", "[shard]") {
   STATIC_REQUIRE(std::is_same_v<decltype(&grass::ShardReader::token),
                                 uint32_t (grass::ShardReader::*)(uint64_t) const>);
 
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("edge.bin");
   const std::vector<uint32_t> tokens = random_tokens(777, 50000, 3);
   write_shard(path, tokens, {.vocab_size = 50000});
@@ -200,7 +161,7 @@ TEST_CASE("shard offsets and counts are 64-bit", "[shard]") {
 }
 
 TEST_CASE("shard header layout matches docs/formats.md", "[shard]") {
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("layout.bin");
   write_shard(path, random_tokens(10, 1000, 4),
               {.vocab_size = 1000, .bos_id = 7, .eos_id = 9, .tokenizer_hash = 42});
@@ -220,7 +181,7 @@ TEST_CASE("shard header layout matches docs/formats.md", "[shard]") {
 }
 
 TEST_CASE("shard reader rejects truncated and padded files with the sizes", "[shard]") {
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("x.bin");
   write_shard(path, random_tokens(1000, 32000, 5), {.vocab_size = 32000});
 
@@ -244,7 +205,7 @@ TEST_CASE("shard reader rejects truncated and padded files with the sizes", "[sh
 }
 
 TEST_CASE("shard reader rejects files that are not shards", "[shard]") {
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string noise = dir.file("noise.bin");
   std::vector<unsigned char> bytes(600);
   std::mt19937 rng(6);
@@ -267,7 +228,7 @@ TEST_CASE("shard reader rejects files that are not shards", "[shard]") {
 }
 
 TEST_CASE("shard reader detects a corrupted header byte and a foreign version", "[shard]") {
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("x.bin");
   write_shard(path, random_tokens(64, 32000, 7), {.vocab_size = 32000});
   const std::vector<unsigned char> good = read_bytes(path);
@@ -296,7 +257,7 @@ TEST_CASE("shard reader detects a corrupted header byte and a foreign version", 
 }
 
 TEST_CASE("shard writer writes to a temporary file and renames it on finish", "[shard]") {
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("atomic.bin");
   const std::vector<uint32_t> tokens = random_tokens(2000, 500, 8);
   {
@@ -328,7 +289,7 @@ TEST_CASE("shard writer writes to a temporary file and renames it on finish", "[
 }
 
 TEST_CASE("shard writer rejects a token outside the vocabulary", "[shard]") {
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   const std::string path = dir.file("bad.bin");
   grass::ShardWriter writer(path, {.vocab_size = 1000});
   writer.append(random_tokens(100, 1000, 9));
@@ -342,7 +303,7 @@ TEST_CASE("shard writer rejects a token outside the vocabulary", "[shard]") {
 }
 
 TEST_CASE("shard reader is movable and finds the first token above a limit", "[shard]") {
-  TempDir dir;
+  TempDir dir("grass_test_shard");
   // More than two 2^20-token scan chunks, so the parallel search has several to reduce over.
   for (uint32_t vocab : {32000u, 70000u}) {
     const std::string path = dir.file("scan" + std::to_string(vocab) + ".bin");

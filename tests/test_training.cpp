@@ -12,14 +12,13 @@
 #include "core/rng.h"
 #include "data/shard.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 using namespace grass;
 
 TEST_CASE("a short run on repeated n-grams learns them", "[train]") {
-  const auto dir = std::filesystem::temp_directory_path() / "grass_test_training";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::string shard = (dir / "train.bin").string();
+  const test::TempDir dir("grass_test_training");
+  const std::string shard = dir.file("train.bin");
   {
     // 16 random 6-grams over 64 tokens, concatenated in random order: a model that learns them
     // predicts 5 of every 6 tokens; uniform guessing costs ln 64 = 4.16 nats.
@@ -42,7 +41,7 @@ TEST_CASE("a short run on repeated n-grams learns them", "[train]") {
       {"optimizer", {{"name", "adamw"}, {"lr", 1e-2}, {"betas", {0.9, 0.95}}}},
       {"schedule", {{"name", "cosine"}, {"warmup_steps", 10}, {"min_lr_ratio", 0.1}}},
       {"micro_batch_size", 4}, {"total_batch_size", 8}, {"seq_len", 32}, {"steps", 80},
-      {"out_dir", (dir / "out").string()}, {"log_every", 20}};
+      {"out_dir", (dir.path / "out").string()}, {"log_every", 20}};
   const RunConfig cfg = parse_run_config(run, "");
   const TrainResult result = train(cfg);
 
@@ -52,7 +51,7 @@ TEST_CASE("a short run on repeated n-grams learns them", "[train]") {
   INFO("first loss " << result.losses.front() << ", last loss " << final_loss);
   CHECK(final_loss < 0.5 * result.losses.front());
 
-  std::ifstream metrics(dir / "out" / "metrics.jsonl");
+  std::ifstream metrics(dir.path / "out" / "metrics.jsonl");
   int rows = 0;
   for (std::string line; std::getline(metrics, line); rows++) {
     const auto j = nlohmann::json::parse(line);
@@ -63,6 +62,5 @@ TEST_CASE("a short run on repeated n-grams learns them", "[train]") {
     CHECK(j.contains("tokens_per_s"));
   }
   CHECK(rows == 80);
-  CHECK(std::filesystem::exists(dir / "out" / "config.json"));
-  std::filesystem::remove_all(dir);
+  CHECK(std::filesystem::exists(dir.path / "out" / "config.json"));
 }

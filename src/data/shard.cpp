@@ -1,8 +1,5 @@
 #include "data/shard.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,7 +40,7 @@ void store(HeaderBytes& header, size_t offset, T value) {
 }
 
 template <typename T>
-T load(const HeaderBytes& header, size_t offset) {
+T load(const std::byte* header, size_t offset) {
   T value;
   std::memcpy(&value, header + offset, sizeof(T));
   return value;
@@ -218,26 +215,13 @@ void ShardWriter::finish() {
 // ---------------------------------------------------------------------------------------------
 // ShardReader
 
-ShardReader::ShardReader(const std::string& path) {
+ShardReader::ShardReader(const std::string& path) : file_(path) {
   info_.path = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw UserError(path + ": cannot open: " + errno_text());
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
+  const std::span<const std::byte> bytes = file_.bytes();
+  const uint64_t file_bytes = bytes.size();
+  const std::byte* header = bytes.data();
 
-  struct stat st;
-  if (::fstat(fd, &st) != 0) throw UserError(path + ": cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode)) throw UserError(path + ": not a regular file");
-  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
-
-  HeaderBytes header = {};
-  const size_t header_read = static_cast<size_t>(std::min<uint64_t>(file_bytes, kShardHeaderBytes));
-  if (::pread(fd, header, header_read, 0) != static_cast<ssize_t>(header_read))
-    throw UserError(path + ": read failed: " + errno_text());
-
-  if (header_read < sizeof(kShardMagic) ||
+  if (file_bytes < sizeof(kShardMagic) ||
       std::memcmp(header + kOffMagic, kShardMagic, sizeof(kShardMagic)) != 0)
     throw UserError(path + ": not a grass token shard (bad magic)");
   if (file_bytes < kShardHeaderBytes)
@@ -277,44 +261,12 @@ ShardReader::ShardReader(const std::string& path) {
                     " tokens (" + std::to_string(expected_bytes) + " bytes) but the file has " +
                     std::to_string(file_bytes) + " bytes");
   }
-
-  mapping_bytes_ = static_cast<size_t>(file_bytes);
-  void* mapping = ::mmap(nullptr, mapping_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (mapping == MAP_FAILED) throw UserError(path + ": cannot map into memory: " + errno_text());
-  mapping_ = mapping;
-  tokens_ = static_cast<const unsigned char*>(mapping_) + kShardHeaderBytes;
-}
-
-ShardReader::~ShardReader() { unmap(); }
-
-ShardReader::ShardReader(ShardReader&& other) noexcept
-    : info_(std::move(other.info_)),
-      mapping_(std::exchange(other.mapping_, nullptr)),
-      mapping_bytes_(std::exchange(other.mapping_bytes_, 0)),
-      tokens_(std::exchange(other.tokens_, nullptr)) {}
-
-ShardReader& ShardReader::operator=(ShardReader&& other) noexcept {
-  if (this != &other) {
-    unmap();
-    info_ = std::move(other.info_);
-    mapping_ = std::exchange(other.mapping_, nullptr);
-    mapping_bytes_ = std::exchange(other.mapping_bytes_, 0);
-    tokens_ = std::exchange(other.tokens_, nullptr);
-  }
-  return *this;
-}
-
-void ShardReader::unmap() noexcept {
-  if (mapping_) ::munmap(mapping_, mapping_bytes_);
-  mapping_ = nullptr;
-  mapping_bytes_ = 0;
-  tokens_ = nullptr;
 }
 
 uint32_t ShardReader::token(uint64_t index) const {
   GRASS_CHECK(index < info_.token_count, "ShardReader::token index out of range");
-  if (info_.token_bytes == 2) return reinterpret_cast<const uint16_t*>(tokens_)[index];
-  return reinterpret_cast<const uint32_t*>(tokens_)[index];
+  if (info_.token_bytes == 2) return reinterpret_cast<const uint16_t*>(tokens())[index];
+  return reinterpret_cast<const uint32_t*>(tokens())[index];
 }
 
 void ShardReader::read(uint64_t offset, uint64_t n, uint32_t* out) const {
@@ -323,18 +275,18 @@ void ShardReader::read(uint64_t offset, uint64_t n, uint32_t* out) const {
               "ShardReader::read range out of bounds");
   if (n == 0) return;  // out may be null for an empty read
   if (info_.token_bytes == 4) {
-    std::memcpy(out, tokens_ + offset * 4, n * 4);
+    std::memcpy(out, tokens() + offset * 4, n * 4);
     return;
   }
-  const uint16_t* narrow = reinterpret_cast<const uint16_t*>(tokens_) + offset;
+  const uint16_t* narrow = reinterpret_cast<const uint16_t*>(tokens()) + offset;
   for (uint64_t i = 0; i < n; ++i) out[i] = narrow[i];
 }
 
 std::optional<uint64_t> ShardReader::find_first_token_at_least(uint32_t limit) const {
   if (info_.token_bytes == 2)
-    return find_first_at_least(reinterpret_cast<const uint16_t*>(tokens_), info_.token_count,
+    return find_first_at_least(reinterpret_cast<const uint16_t*>(tokens()), info_.token_count,
                                limit);
-  return find_first_at_least(reinterpret_cast<const uint32_t*>(tokens_), info_.token_count, limit);
+  return find_first_at_least(reinterpret_cast<const uint32_t*>(tokens()), info_.token_count, limit);
 }
 
 }  // namespace grass

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "io/mapped_file.h"
+
 namespace grass {
 
 inline constexpr char kShardMagic[8] = {'G', 'R', 'A', 'S', 'S', 'T', 'O', 'K'};
@@ -77,11 +79,8 @@ class ShardWriter {
 class ShardReader {
  public:
   explicit ShardReader(const std::string& path);
-  ~ShardReader();
-  ShardReader(ShardReader&& other) noexcept;
-  ShardReader& operator=(ShardReader&& other) noexcept;
-  ShardReader(const ShardReader&) = delete;
-  ShardReader& operator=(const ShardReader&) = delete;
+  ShardReader(ShardReader&&) noexcept = default;
+  ShardReader& operator=(ShardReader&&) noexcept = default;
 
   const ShardInfo& info() const { return info_; }
   uint64_t token_count() const { return info_.token_count; }
@@ -93,12 +92,11 @@ class ShardReader {
   std::optional<uint64_t> find_first_token_at_least(uint32_t limit) const;
 
  private:
-  void unmap() noexcept;
+  // [token_count * token_bytes], just past the header.
+  const std::byte* tokens() const { return file_.bytes().data() + kShardHeaderBytes; }
 
+  MappedFile file_;  // the whole shard, header included
   ShardInfo info_;
-  void* mapping_ = nullptr;  // the whole file, header included
-  size_t mapping_bytes_ = 0;
-  const unsigned char* tokens_ = nullptr;  // mapping_ + kShardHeaderBytes
 };
 
 }  // namespace grass

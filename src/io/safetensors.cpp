@@ -1,8 +1,5 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -113,147 +110,99 @@ int64_t TensorEntry::numel() const {
 // ---------------------------------------------------------------------------------------------
 // SafetensorsFile
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw UserError(path + ": cannot open: " + errno_text());
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0) throw UserError(path + ": cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode)) throw UserError(path + ": not a regular file");
-  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+  const uint64_t file_bytes = file_.size();
   if (file_bytes < 8)
     throw UserError(path + ": not a safetensors file (" + std::to_string(file_bytes) +
                     " bytes, too short for the 8-byte header length)");
+  const std::byte* file = file_.bytes().data();
 
-  mapping_bytes_ = static_cast<size_t>(file_bytes);
-  void* mapping = ::mmap(nullptr, mapping_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (mapping == MAP_FAILED) throw UserError(path + ": cannot map into memory: " + errno_text());
-  mapping_ = mapping;
-  const auto* file = static_cast<const std::byte*>(mapping_);
+  uint64_t header_bytes;
+  std::memcpy(&header_bytes, file, 8);
+  if (header_bytes > file_bytes - 8)
+    throw UserError(path + ": header length " + std::to_string(header_bytes) +
+                    " exceeds the file size (" + std::to_string(file_bytes) +
+                    " bytes); the file is truncated or not safetensors");
+  if (header_bytes > kMaxHeaderBytes)
+    throw UserError(path + ": header length " + std::to_string(header_bytes) +
+                    " exceeds the 100 MB limit; not a safetensors file?");
 
-  // From here on, a throw must release the mapping: the destructor does not run for a
-  // constructor that throws.
+  const auto* header_text = reinterpret_cast<const char*>(file + 8);
+  json header;
   try {
-    uint64_t header_bytes;
-    std::memcpy(&header_bytes, file, 8);
-    if (header_bytes > file_bytes - 8)
-      throw UserError(path + ": header length " + std::to_string(header_bytes) +
-                      " exceeds the file size (" + std::to_string(file_bytes) +
-                      " bytes); the file is truncated or not safetensors");
-    if (header_bytes > kMaxHeaderBytes)
-      throw UserError(path + ": header length " + std::to_string(header_bytes) +
-                      " exceeds the 100 MB limit; not a safetensors file?");
-
-    const auto* header_text = reinterpret_cast<const char*>(file + 8);
-    json header;
-    try {
-      header = json::parse(header_text, header_text + header_bytes);
-    } catch (const json::parse_error& e) {
-      throw UserError(path + ": header is not valid JSON: " + e.what());
-    }
-    if (!header.is_object()) throw UserError(path + ": header is not a JSON object");
-
-    const std::byte* data = file + 8 + header_bytes;
-    const uint64_t data_bytes = file_bytes - 8 - header_bytes;
-    struct Range {
-      uint64_t begin, end;
-      const std::string* name;
-    };
-    std::vector<Range> ranges;  // non-empty byte ranges, checked for overlaps below
-
-    for (const auto& [name, value] : header.items()) {
-      if (name == "__metadata__") {
-        if (!value.is_object()) throw UserError(path + ": __metadata__ is not a JSON object");
-        for (const auto& [key, text] : value.items()) {
-          if (!text.is_string())
-            throw UserError(path + ": __metadata__ value for \"" + key + "\" is not a string");
-          metadata_[key] = text.get<std::string>();
-        }
-        continue;
-      }
-      const std::string where = path + ": tensor \"" + name + "\"";
-      if (!value.is_object()) throw UserError(where + ": entry is not a JSON object");
-      if (!value.contains("dtype") || !value["dtype"].is_string())
-        throw UserError(where + ": missing string \"dtype\"");
-      if (!value.contains("shape") || !value["shape"].is_array())
-        throw UserError(where + ": missing array \"shape\"");
-      if (!value.contains("data_offsets") || !value["data_offsets"].is_array() ||
-          value["data_offsets"].size() != 2)
-        throw UserError(where + ": \"data_offsets\" must be an array [begin, end]");
-
-      TensorEntry entry;
-      entry.name = name;
-      entry.dtype = value["dtype"].get<std::string>();
-      const size_t element_bytes = safetensors_dtype_bytes(entry.dtype);
-      if (element_bytes == 0) throw UserError(where + ": unknown dtype " + entry.dtype);
-      for (const json& dim : value["shape"]) {
-        const uint64_t d = json_u64(dim, where + ": a shape entry");
-        if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-          throw UserError(where + ": shape entry " + std::to_string(d) + " is too large");
-        entry.shape.push_back(static_cast<int64_t>(d));
-      }
-      const uint64_t begin = json_u64(value["data_offsets"][0], where + ": data_offsets[0]");
-      const uint64_t end = json_u64(value["data_offsets"][1], where + ": data_offsets[1]");
-      if (begin > end || end > data_bytes)
-        throw UserError(where + ": data_offsets [" + std::to_string(begin) + ", " +
-                        std::to_string(end) + "] lie outside the data section of " +
-                        std::to_string(data_bytes) + " bytes; the file is truncated or corrupt");
-      uint64_t numel;
-      if (!checked_numel(entry.shape, numel))
-        throw UserError(where + ": shape " + value["shape"].dump() + " has too many elements");
-      uint64_t expected_bytes;
-      if (__builtin_mul_overflow(numel, element_bytes, &expected_bytes) ||
-          expected_bytes != end - begin)
-        throw UserError(where + ": data_offsets span " + std::to_string(end - begin) +
-                        " bytes but " + entry.dtype + " with shape " + value["shape"].dump() +
-                        " needs " + std::to_string(numel) + " x " + std::to_string(element_bytes) +
-                        " bytes");
-      entry.bytes = std::span<const std::byte>(data + begin, static_cast<size_t>(end - begin));
-      const auto [it, inserted] = tensors_.emplace(name, std::move(entry));
-      if (begin < end) ranges.push_back({begin, end, &it->first});
-    }
-
-    std::sort(ranges.begin(), ranges.end(),
-              [](const Range& a, const Range& b) { return a.begin < b.begin; });
-    for (size_t i = 1; i < ranges.size(); ++i) {
-      if (ranges[i].begin < ranges[i - 1].end)
-        throw UserError(path + ": tensors \"" + *ranges[i - 1].name + "\" and \"" +
-                        *ranges[i].name + "\" overlap in the data section; the file is corrupt");
-    }
-  } catch (...) {
-    unmap();
-    throw;
+    header = json::parse(header_text, header_text + header_bytes);
+  } catch (const json::parse_error& e) {
+    throw UserError(path + ": header is not valid JSON: " + e.what());
   }
-}
+  if (!header.is_object()) throw UserError(path + ": header is not a JSON object");
 
-SafetensorsFile::~SafetensorsFile() { unmap(); }
+  const std::byte* data = file + 8 + header_bytes;
+  const uint64_t data_bytes = file_bytes - 8 - header_bytes;
+  struct Range {
+    uint64_t begin, end;
+    const std::string* name;
+  };
+  std::vector<Range> ranges;  // non-empty byte ranges, checked for overlaps below
 
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      mapping_(std::exchange(other.mapping_, nullptr)),
-      mapping_bytes_(std::exchange(other.mapping_bytes_, 0)),
-      tensors_(std::move(other.tensors_)),
-      metadata_(std::move(other.metadata_)) {}
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object()) throw UserError(path + ": __metadata__ is not a JSON object");
+      for (const auto& [key, text] : value.items()) {
+        if (!text.is_string())
+          throw UserError(path + ": __metadata__ value for \"" + key + "\" is not a string");
+        metadata_[key] = text.get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = path + ": tensor \"" + name + "\"";
+    if (!value.is_object()) throw UserError(where + ": entry is not a JSON object");
+    if (!value.contains("dtype") || !value["dtype"].is_string())
+      throw UserError(where + ": missing string \"dtype\"");
+    if (!value.contains("shape") || !value["shape"].is_array())
+      throw UserError(where + ": missing array \"shape\"");
+    if (!value.contains("data_offsets") || !value["data_offsets"].is_array() ||
+        value["data_offsets"].size() != 2)
+      throw UserError(where + ": \"data_offsets\" must be an array [begin, end]");
 
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
-  if (this != &other) {
-    unmap();
-    path_ = std::move(other.path_);
-    mapping_ = std::exchange(other.mapping_, nullptr);
-    mapping_bytes_ = std::exchange(other.mapping_bytes_, 0);
-    tensors_ = std::move(other.tensors_);
-    metadata_ = std::move(other.metadata_);
+    TensorEntry entry;
+    entry.name = name;
+    entry.dtype = value["dtype"].get<std::string>();
+    const size_t element_bytes = safetensors_dtype_bytes(entry.dtype);
+    if (element_bytes == 0) throw UserError(where + ": unknown dtype " + entry.dtype);
+    for (const json& dim : value["shape"]) {
+      const uint64_t d = json_u64(dim, where + ": a shape entry");
+      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        throw UserError(where + ": shape entry " + std::to_string(d) + " is too large");
+      entry.shape.push_back(static_cast<int64_t>(d));
+    }
+    const uint64_t begin = json_u64(value["data_offsets"][0], where + ": data_offsets[0]");
+    const uint64_t end = json_u64(value["data_offsets"][1], where + ": data_offsets[1]");
+    if (begin > end || end > data_bytes)
+      throw UserError(where + ": data_offsets [" + std::to_string(begin) + ", " +
+                      std::to_string(end) + "] lie outside the data section of " +
+                      std::to_string(data_bytes) + " bytes; the file is truncated or corrupt");
+    uint64_t numel;
+    if (!checked_numel(entry.shape, numel))
+      throw UserError(where + ": shape " + value["shape"].dump() + " has too many elements");
+    uint64_t expected_bytes;
+    if (__builtin_mul_overflow(numel, element_bytes, &expected_bytes) ||
+        expected_bytes != end - begin)
+      throw UserError(where + ": data_offsets span " + std::to_string(end - begin) +
+                      " bytes but " + entry.dtype + " with shape " + value["shape"].dump() +
+                      " needs " + std::to_string(numel) + " x " + std::to_string(element_bytes) +
+                      " bytes");
+    entry.bytes = std::span<const std::byte>(data + begin, static_cast<size_t>(end - begin));
+    const auto [it, inserted] = tensors_.emplace(name, std::move(entry));
+    if (begin < end) ranges.push_back({begin, end, &it->first});
   }
-  return *this;
-}
 
-void SafetensorsFile::unmap() noexcept {
-  if (mapping_) ::munmap(mapping_, mapping_bytes_);
-  mapping_ = nullptr;
-  mapping_bytes_ = 0;
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].begin < ranges[i - 1].end)
+      throw UserError(path + ": tensors \"" + *ranges[i - 1].name + "\" and \"" +
+                      *ranges[i].name + "\" overlap in the data section; the file is corrupt");
+  }
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
@@ -265,16 +214,16 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 const TensorEntry& SafetensorsFile::get(const std::string& name) const {
   const auto it = tensors_.find(name);
-  if (it == tensors_.end()) throw UserError(path_ + ": no tensor named \"" + name + "\"");
+  if (it == tensors_.end()) throw UserError(file_.path() + ": no tensor named \"" + name + "\"");
   return it->second;
 }
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
-  return read_floats<float>(path_, get(name));
+  return read_floats<float>(file_.path(), get(name));
 }
 
 std::vector<double> SafetensorsFile::read_f64(const std::string& name) const {
-  return read_floats<double>(path_, get(name));
+  return read_floats<double>(file_.path(), get(name));
 }
 
 std::vector<int64_t> SafetensorsFile::read_i64(const std::string& name) const {
@@ -283,7 +232,7 @@ std::vector<int64_t> SafetensorsFile::read_i64(const std::string& name) const {
     return convert_all<int64_t, int64_t>(entry, [](int64_t v) { return v; });
   if (entry.dtype == "I32")
     return convert_all<int64_t, int32_t>(entry, [](int32_t v) { return int64_t{v}; });
-  throw UserError(path_ + ": tensor \"" + name + "\" has dtype " + entry.dtype +
+  throw UserError(file_.path() + ": tensor \"" + name + "\" has dtype " + entry.dtype +
                   ", expected an integer dtype (I64 or I32)");
 }
 

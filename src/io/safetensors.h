@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "io/mapped_file.h"
+
 namespace grass {
 
 // Bytes per element of a safetensors dtype ("F32", "BF16", "I64", ...); 0 when unknown.
@@ -35,13 +37,10 @@ struct TensorEntry {
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
-  ~SafetensorsFile();
-  SafetensorsFile(SafetensorsFile&& other) noexcept;
-  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
-  SafetensorsFile(const SafetensorsFile&) = delete;
-  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  SafetensorsFile(SafetensorsFile&&) noexcept = default;
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept = default;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
   std::vector<std::string> names() const;  // sorted
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   // UserError naming the file and tensor if absent.
@@ -54,11 +53,7 @@ class SafetensorsFile {
   std::vector<int64_t> read_i64(const std::string& name) const;  // from I64 I32
 
  private:
-  void unmap() noexcept;
-
-  std::string path_;
-  void* mapping_ = nullptr;
-  size_t mapping_bytes_ = 0;
+  MappedFile file_;
   std::map<std::string, TensorEntry> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -1,0 +1,65 @@
+// Helpers the CPU test files share: temporary directories, random token streams, shards on
+// disk, and the message of an expected UserError.
+#pragma once
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "core/error.h"
+#include "data/shard.h"
+
+namespace grass::test {
+
+// A fresh directory per test case, removed afterwards: "<tmp>/<prefix>_<pid>_<n>", where the
+// prefix names the test file, so a leftover directory says which file left it.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& prefix) {
+    static int counter = 0;
+    path = std::filesystem::temp_directory_path() /
+           (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+// n tokens drawn uniformly from [0, vocab), the same for the same seed.
+inline std::vector<uint32_t> random_tokens(size_t n, uint32_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint32_t> dist(0, vocab - 1);
+  std::vector<uint32_t> tokens(n);
+  for (uint32_t& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+// Writes a finished shard and returns its path.
+inline std::string write_shard(const std::string& path, const std::vector<uint32_t>& tokens,
+                               const ShardSpec& spec) {
+  ShardWriter writer(path, spec);
+  writer.append(tokens);
+  writer.finish();
+  return path;
+}
+
+// The message of the UserError that f throws; fails the test if it throws none.
+template <typename F>
+std::string user_error_of(F&& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  FAIL("expected a grass::UserError");
+  return "";
+}
+
+}  // namespace grass::test
