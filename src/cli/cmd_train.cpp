@@ -1,0 +1,52 @@
+// grass train <run.json> [--set key=value ...]
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "train/trainer.h"
+
+namespace grass::cli {
+
+namespace {
+const char* kTrainUsage =
+    "usage: grass train <run.json> [--set key=value ...]\n"
+    "\n"
+    "Trains the model the run config names and writes <out_dir>/config.json (the full config,\n"
+    "defaults filled in) and <out_dir>/metrics.jsonl (one JSON object per step). One log line per\n"
+    "log_every steps goes to stdout.\n"
+    "\n"
+    "options:\n"
+    "  --set key=value   override a config key; dotted keys reach nested ones, the value is\n"
+    "                    parsed as JSON when it is valid JSON, else taken as a string:\n"
+    "                      --set steps=50 --set optimizer.lr=3e-4 --set out_dir=runs/try\n"
+    "  -h, --help        this help\n";
+}  // namespace
+
+int cmd_train(const Args& args) {
+  std::string run_path;
+  std::vector<std::string> overrides;
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    if (is_help(a)) {
+      std::fputs(kTrainUsage, stdout);
+      return 0;
+    } else if (a == "--set") {
+      if (i + 1 >= args.size()) throw UserError("--set needs key=value");
+      overrides.push_back(args[++i]);
+    } else if (a.rfind("--set=", 0) == 0) {
+      overrides.push_back(a.substr(6));
+    } else if (a.rfind("-", 0) == 0) {
+      throw UserError("train: unknown option " + a + " (see grass train --help)");
+    } else if (run_path.empty()) {
+      run_path = a;
+    } else {
+      throw UserError("train: one run config expected, got a second: " + a);
+    }
+  }
+  if (run_path.empty()) throw UserError("train: missing <run.json> (see grass train --help)");
+  train(load_run_config(run_path, overrides));
+  return 0;
+}
+
+}  // namespace grass::cli
