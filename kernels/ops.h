@@ -97,6 +97,34 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double grad_scale, double lr,
                   double beta1, double beta2, double eps, double weight_decay, int64_t step);
+// ---- GRASS (kernels/cpu/grass.cpp; the method: ../shared/GRASS.md, docs/grass.md) -----------
+// A GRASS linear y = x·wᵀ, w [out,in], trains r selected slices of w: rows σ ⊂ [out] (rows=true)
+// or columns σ ⊂ [in] (rows=false), each scaled by ρ_j. Its compressed gradient is
+//   rows: gc[r, in]  = ρ ⊙ (dy[:, σ])ᵀ · x          (2·N·r·in FLOPs, not 2·N·out·in)
+//   cols: gc[out, r] = dyᵀ · (x[:, σ] ⊙ ρ)
+// built straight from the activations: the out x in gradient never exists.
+// gc += that;  scratch [N, r] holds the gathered (and ρ-scaled) columns.
+template <typename T>
+void grass_compressed_grad(T* gc, T* scratch, const T* dy, const T* x, const int32_t* sigma,
+                           const T* rho, int64_t N, int in, int out, int r, bool rows);
+// Squared L2 norms of the rows (norms_sq[out]) or columns (norms_sq[in]) of g[out, in].
+template <typename T>
+void grass_slice_norms(double* norms_sq, const T* g, int out, int in, bool rows);
+// gc = the ρ-scaled selected rows (gc[r, in]) or columns (gc[out, r]) of the full g[out, in].
+template <typename T>
+void grass_gather(T* gc, const T* g, const int32_t* sigma, const T* rho, int out, int in, int r,
+                  bool rows);
+// Adam on the compressed gradient (m, v shaped like gc; step counts from 1 since the last
+// refresh), then the sparse update of w[out, in]:
+//   Δ = m̂ / (sqrt(v̂) + eps);   w[σ_j, :] -= lr·alpha·ρ_j·Δ_j   (or w[:, σ_j] for columns)
+// Duplicate σ_j (sampling with replacement) add up. Decoupled weight decay multiplies each
+// distinct selected slice by (1 - lr·wd) once. gc is read as gc·grad_scale (the clipping
+// coefficient) and overwritten with Δ.
+template <typename T>
+void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* rho, int out, int in,
+                       int r, bool rows, double grad_scale, double lr, double alpha, double beta1,
+                       double beta2, double eps, double weight_decay, int64_t step);
+
 // Σ x² in double (deterministic: fixed chunking, independent of the thread count)
 template <typename T>
 double sum_squares(const T* x, int64_t n);

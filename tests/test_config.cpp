@@ -252,7 +252,7 @@ TEST_CASE("value ranges and choices are checked", "[config]") {
   run = tiny_run();
   run["optimizer"] = {{"name", "adam"}};
   CHECK(run_error(run) ==
-        "run.json: optimizer.name: unknown optimizer \"adam\" (supported: \"adamw\")");
+        "run.json: optimizer.name: unknown optimizer \"adam\" (supported: \"adamw\", \"grass\")");
 
   run = tiny_run();
   run["schedule"] = {{"name", "linear"}};
@@ -451,4 +451,36 @@ TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
   reloaded.model_path = original.model_path;
   CHECK(reloaded == original);
   CHECK(grass::to_json(reloaded) == written);
+}
+
+TEST_CASE("grass optimizer keys are read and checked against the model", "[config]") {
+  json run = tiny_run();
+  run["optimizer"] = {{"name", "grass"},        {"rank", 16},         {"update_interval", 50},
+                      {"scale", 0.5},           {"selection", "multinomial_nr"},
+                      {"select_dim", "cols"},   {"targets", {"q", "down"}}};
+  const grass::RunConfig c = grass::parse_run_config(run, "run.json");
+  CHECK(c.optimizer.grass.rank == 16);
+  CHECK(c.optimizer.grass.update_interval == 50);
+  CHECK(c.optimizer.grass.scale == 0.5);
+  CHECK(c.optimizer.grass.selection == "multinomial_nr");
+  CHECK(c.optimizer.grass.targets == std::vector<std::string>{"q", "down"});
+  CHECK(c.optimizer.grass.seed == c.seed);  // the selection seed defaults to the run's
+  // the round trip keeps every grass key
+  CHECK(grass::parse_run_config(grass::to_json(c), "") .optimizer == c.optimizer);
+
+  // tiny model: q is 64 x 64, gate 172 x 64; auto selects the smaller side (64)
+  run["optimizer"] = {{"name", "grass"}, {"rank", 65}};
+  CHECK(run_error(run) == "run.json: optimizer.rank: 65 exceeds the 64 selectable rows of target "
+                          "q (64 x 64, select_dim auto)");
+  run["optimizer"] = {{"name", "grass"}, {"rank", 100}, {"select_dim", "rows"}, {"targets", {"gate"}}};
+  CHECK(grass::parse_run_config(run, "run.json").optimizer.grass.rank == 100);  // 172 rows
+  run["optimizer"] = {{"name", "grass"}, {"targets", {"q", "mlp"}}};
+  CHECK(run_error(run) == "run.json: optimizer.targets[1]: unknown target \"mlp\" (supported: "
+                          "\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\")");
+  run["optimizer"] = {{"name", "grass"}, {"selection", "topk"}};
+  CHECK(run_error(run) == "run.json: optimizer.selection: unknown selection \"topk\" (supported: "
+                          "\"top_r\", \"multinomial\", \"multinomial_nr\", \"uniform\", "
+                          "\"uniform_nr\")");
+  run["optimizer"] = {{"name", "adamw"}, {"rank", 8}};
+  CHECK(run_error(run) == "run.json: optimizer.rank: only the grass optimizer uses this key");
 }

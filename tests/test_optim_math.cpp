@@ -34,7 +34,7 @@ TEST_CASE("adamw_update follows torch.optim.AdamW step by step", "[ops][optim]")
   for (int i = 0; i < n; i++) CHECK(p[i] == Approx(pr[i]).epsilon(1e-12));
 }
 
-TEST_CASE("sum_squares is exact; clip coefficient follows torch's rule", "[ops][optim]") {
+TEST_CASE("sum_squares is exact and the clip coefficient follows torch's rule", "[ops][optim]") {
   const int64_t n = 200003;  // several 64K chunks and a ragged tail
   std::vector<float> x(n);
   double ref = 0;

@@ -10,6 +10,10 @@ namespace grass::cli {
 using Args = std::vector<std::string>;
 
 int cmd_train(const Args& args);
+int cmd_mem(const Args& args);
+int cmd_eval(const Args& args);
+int cmd_prepare(const Args& args);
+int cmd_tokenizer(const Args& args);
 
 bool is_help(const std::string& arg);  // -h or --help
 

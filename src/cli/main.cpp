@@ -20,6 +20,14 @@ struct Command {
 const Command kCommands[] = {
     {"train", "train <run.json> [--set key=value ...]   train a model from a run config",
      grass::cli::cmd_train},
+    {"mem", "mem <run.json> [--set key=value ...]     the memory a run will take, by category",
+     grass::cli::cmd_mem},
+    {"eval", "eval <run.json> [--weights f.safetensors] [--tokens N]   validation perplexity",
+     grass::cli::cmd_eval},
+    {"prepare", "prepare --input <files> --tokenizer <model> --out <dir>   tokenize text into shards",
+     grass::cli::cmd_prepare},
+    {"tokenizer", "tokenizer train|encode ...   train a SentencePiece tokenizer, or encode text",
+     grass::cli::cmd_tokenizer},
 };
 
 void print_usage(FILE* out) {

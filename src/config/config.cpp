@@ -142,8 +142,16 @@ const std::vector<std::string> kRunKeys = {
     "seed",
     "out_dir",
     "log_every",
+    "eval_every",
+    "eval_tokens",
 };
-const std::vector<std::string> kOptimizers = {"adamw"};
+const std::vector<std::string> kOptimizers = {"adamw", "grass"};
+const std::vector<std::string> kGrassKeys = {"rank",       "update_interval", "scale", "selection",
+                                             "select_dim", "targets",         "seed"};
+const std::vector<std::string> kGrassSelections = {"top_r", "multinomial", "multinomial_nr",
+                                                   "uniform", "uniform_nr"};
+const std::vector<std::string> kGrassSelectDims = {"auto", "rows", "cols"};
+const std::vector<std::string> kGrassTargets = {"q", "k", "v", "o", "gate", "up", "down"};
 const std::vector<std::string> kSchedules = {"cosine", "constant"};
 const std::vector<std::string> kPrecisions = {"fp32"};
 
@@ -183,28 +191,91 @@ void read_data(const ObjectReader& run, RunConfig& c) {
   const json no_data = json::object();  // so a missing "data" reports "data.train" as missing
   const json* data_json = run.find("data");
   const ObjectReader data(data_json ? *data_json : no_data, run.at("data"));
-  data.reject_unknown_keys({"train"});
-  const json& train = data.required("train");
-  const Location at = data.at("train");
+  data.reject_unknown_keys({"train", "val", "tokenizer", "shuffle"});
   const auto read_path = [](const json& value, const Location& where) {
     std::string path = json_check::to_string(value, where);
     if (path.empty()) where.fail("expected a path, got an empty string");
     return path;
   };
-  if (train.is_string()) {
-    c.train_files = {read_path(train, at)};
-  } else if (train.is_array() && !train.empty()) {
-    c.train_files.clear();
-    for (size_t i = 0; i < train.size(); ++i)
-      c.train_files.push_back(read_path(train[i], at.element(i)));
-  } else {
-    at.fail("expected a token shard path or a non-empty array of paths, got " + describe(train));
+  const auto read_paths = [&](const std::string& key) {
+    const json& value = data.required(key);
+    const Location at = data.at(key);
+    std::vector<std::string> paths;
+    if (value.is_string()) {
+      paths.push_back(read_path(value, at));
+    } else if (value.is_array() && !value.empty()) {
+      for (size_t i = 0; i < value.size(); ++i) paths.push_back(read_path(value[i], at.element(i)));
+    } else {
+      at.fail("expected a token shard path or a non-empty array of paths, got " + describe(value));
+    }
+    return paths;
+  };
+  c.train_files = read_paths("train");
+  if (data.find("val")) c.val_files = read_paths("val");
+  if (const json* tokenizer = data.find("tokenizer")) {
+    c.tokenizer = read_path(*tokenizer, data.at("tokenizer"));
+    std::error_code ec;
+    if (!std::filesystem::exists(c.tokenizer, ec))
+      data.at("tokenizer").fail("file not found: " + c.tokenizer);
+  }
+  c.shuffle = data.boolean("shuffle").value_or(c.shuffle);
+}
+
+// The GRASS keys of the optimizer object; they mean nothing to AdamW, so they are refused there.
+void read_grass(const ObjectReader& obj, GrassConfig& g) {
+  if (obj.find("name") == nullptr || obj.required("name") != "grass") {
+    for (const std::string& key : kGrassKeys)
+      if (obj.find(key)) obj.at(key).fail("only the grass optimizer uses this key");
+    return;
+  }
+  g.rank = int(obj.integer("rank", 1, INT_MAX).value_or(g.rank));
+  g.update_interval = obj.integer("update_interval", 1, INT64_MAX).value_or(g.update_interval);
+  g.scale = obj.number("scale").value_or(g.scale);
+  require(g.scale > 0, obj.at("scale"), "positive", g.scale);
+  g.selection = read_choice(obj, "selection", "selection", kGrassSelections, g.selection);
+  g.select_dim = read_choice(obj, "select_dim", "select_dim", kGrassSelectDims, g.select_dim);
+  g.seed = uint64_t(obj.integer("seed", 0, INT64_MAX).value_or(int64_t(g.seed)));
+  if (const json* targets = obj.find("targets")) {
+    const Location at = obj.at("targets");
+    if (!targets->is_array() || targets->empty())
+      at.fail("expected a non-empty array of target names (" + quoted_list(kGrassTargets) +
+              "), got " + describe(*targets));
+    g.targets.clear();
+    for (size_t i = 0; i < targets->size(); ++i) {
+      const std::string name = json_check::to_string((*targets)[i], at.element(i));
+      if (std::find(kGrassTargets.begin(), kGrassTargets.end(), name) == kGrassTargets.end())
+        at.element(i).fail("unknown target \"" + name + "\" (supported: " +
+                           quoted_list(kGrassTargets) + ")");
+      if (std::find(g.targets.begin(), g.targets.end(), name) != g.targets.end())
+        at.element(i).fail("target \"" + name + "\" is listed twice");
+      g.targets.push_back(name);
+    }
+  }
+}
+
+// Rank must fit the selectable side of every target; the selection seed defaults to the run's.
+void check_grass_against_model(const ObjectReader& run, RunConfig& c) {
+  GrassConfig& g = c.optimizer.grass;
+  const ObjectReader optimizer(run.required("optimizer"), run.at("optimizer"));
+  if (!optimizer.find("seed")) g.seed = c.seed;
+  for (const std::string& target : g.targets) {
+    const auto [out, in] = c.model.linear_shape(target);
+    const bool rows = g.selects_rows(out, in);
+    const int selectable = rows ? out : in;
+    if (g.rank > selectable)
+      optimizer.at("rank").fail(std::to_string(g.rank) + " exceeds the " + std::to_string(selectable) +
+                                " selectable " + (rows ? "rows" : "columns") + " of target " +
+                                target + " (" + std::to_string(out) + " x " + std::to_string(in) +
+                                ", select_dim " + g.select_dim + ")");
   }
 }
 
 void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
-  obj.reject_unknown_keys({"name", "lr", "betas", "eps", "weight_decay"});
+  std::vector<std::string> keys = {"name", "lr", "betas", "eps", "weight_decay"};
+  keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
+  obj.reject_unknown_keys(keys);
   o.name = read_choice(obj, "name", "optimizer", kOptimizers, o.name);
+  read_grass(obj, o.grass);
   o.lr = obj.number("lr").value_or(o.lr);
   require(o.lr > 0, obj.at("lr"), "positive", o.lr);
   if (const json* betas = obj.find("betas")) {
@@ -268,6 +339,17 @@ int64_t ModelConfig::num_parameters() const {
   return embeddings + num_hidden_layers * layer + d + lm_head;
 }
 
+std::pair<int, int> ModelConfig::linear_shape(const std::string& target) const {
+  const int d = hidden_size, f = intermediate_size;
+  const int q_width = num_attention_heads * head_dim(), kv_width = num_key_value_heads * head_dim();
+  if (target == "q") return {q_width, d};
+  if (target == "k" || target == "v") return {kv_width, d};
+  if (target == "o") return {d, q_width};
+  if (target == "gate" || target == "up") return {f, d};
+  if (target == "down") return {d, f};
+  throw InternalError("linear_shape: unknown target " + target);
+}
+
 ModelConfig parse_model_config(const json& j, const std::string& where) {
   return parse_model(j, Location{where, ""});
 }
@@ -299,9 +381,12 @@ RunConfig parse_run_config(const json& j, const std::string& where) {
   c.steps = run.integer("steps", 1, INT64_MAX).value_or(c.steps);
   read_precision(run, c);
   c.seed = uint64_t(run.integer("seed", 0, INT64_MAX).value_or(int64_t(c.seed)));
+  if (c.optimizer.name == "grass") check_grass_against_model(run, c);
   c.out_dir = run.string("out_dir").value_or(c.out_dir);
   if (c.out_dir.empty()) run.at("out_dir").fail("must not be empty");
   c.log_every = int(run.integer("log_every", 1, INT_MAX).value_or(c.log_every));
+  c.eval_every = run.integer("eval_every", 0, INT64_MAX).value_or(c.eval_every);
+  c.eval_tokens = run.integer("eval_tokens", 1, INT64_MAX).value_or(c.eval_tokens);
   return c;
 }
 
@@ -368,15 +453,25 @@ json to_json(const ModelConfig& m) {
 json to_json(const RunConfig& c) {
   const OptimizerConfig& o = c.optimizer;
   const ScheduleConfig& s = c.schedule;
+  json optimizer = {{"name", o.name},
+                    {"lr", o.lr},
+                    {"betas", json::array({o.beta1, o.beta2})},
+                    {"eps", o.eps},
+                    {"weight_decay", o.weight_decay}};
+  if (o.name == "grass") {
+    const GrassConfig& g = o.grass;
+    optimizer.update({{"rank", g.rank},           {"update_interval", g.update_interval},
+                      {"scale", g.scale},         {"selection", g.selection},
+                      {"select_dim", g.select_dim}, {"targets", g.targets},
+                      {"seed", g.seed}});
+  }
+  json data = {{"train", c.train_files}, {"shuffle", c.shuffle}};
+  if (!c.val_files.empty()) data["val"] = c.val_files;
+  if (!c.tokenizer.empty()) data["tokenizer"] = c.tokenizer;
   return {
       {"model", to_json(c.model)},
-      {"data", {{"train", c.train_files}}},
-      {"optimizer",
-       {{"name", o.name},
-        {"lr", o.lr},
-        {"betas", json::array({o.beta1, o.beta2})},
-        {"eps", o.eps},
-        {"weight_decay", o.weight_decay}}},
+      {"data", data},
+      {"optimizer", optimizer},
       {"schedule",
        {{"name", s.name}, {"warmup_steps", s.warmup_steps}, {"min_lr_ratio", s.min_lr_ratio}}},
       {"grad_clip", c.grad_clip},
@@ -388,6 +483,8 @@ json to_json(const RunConfig& c) {
       {"seed", c.seed},
       {"out_dir", c.out_dir},
       {"log_every", c.log_every},
+      {"eval_every", c.eval_every},
+      {"eval_tokens", c.eval_tokens},
   };
 }
 

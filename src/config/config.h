@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -26,16 +27,36 @@ struct ModelConfig {
   double initializer_range = 0.02;
 
   int head_dim() const { return hidden_size / num_attention_heads; }
+  // [out, in] of a projection by its GRASS target name: q k v o gate up down.
+  std::pair<int, int> linear_shape(const std::string& target) const;
   int64_t num_parameters() const;   // every trainable element, embeddings and norms included
   bool operator==(const ModelConfig&) const = default;
 };
 
+// GRASS (../shared/GRASS.md, docs/grass.md): the settings of optimizer "grass".
+struct GrassConfig {
+  int rank = 128;                   // r: rows (or columns) trained per refresh
+  int64_t update_interval = 200;    // K: steps between refreshes of the selection
+  double scale = 0.25;              // α: the update is lr·α·ρ·Δ
+  std::string selection = "top_r";  // top_r | multinomial | multinomial_nr | uniform | uniform_nr
+  std::string select_dim = "auto";  // rows | cols | auto (the smaller of out and in features)
+  std::vector<std::string> targets = {"q", "k", "v", "o", "gate", "up", "down"};
+  uint64_t seed = 0;                // selection randomness, shared by all ranks (default: run seed)
+  bool operator==(const GrassConfig&) const = default;
+
+  // Whether a weight of out x in features selects rows (out) rather than columns (in).
+  bool selects_rows(int out, int in) const {
+    return select_dim == "rows" || (select_dim == "auto" && out <= in);
+  }
+};
+
 struct OptimizerConfig {
-  std::string name = "adamw";       // "adamw" (GRASS arrives with its own issue)
+  std::string name = "adamw";       // "adamw" | "grass" (GRASS targets; the rest dense AdamW)
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;  // JSON: "betas": [b1, b2]
   double eps = 1e-8;
   double weight_decay = 0.0;        // decoupled; never applied to RMSNorm gains
+  GrassConfig grass;                // used when name == "grass"
   bool operator==(const OptimizerConfig&) const = default;
 };
 
@@ -51,6 +72,9 @@ struct RunConfig {
   ModelConfig model;
   std::string model_path;           // "" when the model was given inline
   std::vector<std::string> train_files;  // data.train: a path or a list of paths (token shards)
+  std::vector<std::string> val_files;    // data.val: validation shards; empty: no evaluation
+  std::string tokenizer;            // data.tokenizer: the .model the shards must come from; "": any
+  bool shuffle = true;              // data.shuffle: windows in a seeded order per epoch
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
   double grad_clip = 1.0;           // global L2 norm; 0 disables clipping
@@ -63,6 +87,8 @@ struct RunConfig {
   uint64_t seed = 42;
   std::string out_dir = "runs/default";
   int log_every = 1;                // print a step line every N steps (metrics.jsonl gets all)
+  int64_t eval_every = 0;           // evaluate every N steps; 0: only after the last step
+  int64_t eval_tokens = 10'000'000;  // validation targets per evaluation (GaLore: first 10M)
 
   int grad_accum_steps() const { return total_batch_size / micro_batch_size; }
   int64_t tokens_per_step() const { return int64_t(total_batch_size) * seq_len; }

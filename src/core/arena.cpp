@@ -12,6 +12,7 @@ const char* mem_category_name(MemCategory c) {
   switch (c) {
     case MemCategory::Weights: return "weights";
     case MemCategory::Gradients: return "gradients";
+    case MemCategory::CompressedGradients: return "compressed";
     case MemCategory::Optimizer: return "optimizer";
     case MemCategory::Activations: return "activations";
     case MemCategory::Workspace: return "workspace";
@@ -26,8 +27,8 @@ Arena::~Arena() {
 void* Arena::alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes) {
   GRASS_CHECK(bytes >= 0, "negative allocation for " + name);
   const size_t rounded = (size_t(bytes) + 63) / 64 * 64;
-  void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-  if (rounded && !p)
+  void* p = rounded && !planning_ ? std::aligned_alloc(64, rounded) : nullptr;
+  if (rounded && !p && !planning_)
     throw UserError("out of host memory allocating " + name + " (" + format_bytes(bytes) +
                     ") with " + format_bytes(total_) + " already held: reduce micro_batch_size " +
                     "or seq_len");
@@ -40,6 +41,7 @@ void* Arena::alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes
 }
 
 void Arena::free(void* ptr) {
+  GRASS_CHECK(!planning_, "Arena::free on a planning arena (its pointers are all null)");
   for (size_t i = 0; i < blocks_.size(); i++)
     if (blocks_[i].ptr == ptr) {
       live_[int(blocks_[i].cat)] -= blocks_[i].bytes;

@@ -8,13 +8,17 @@
 
 namespace grass {
 
-enum class MemCategory { Weights, Gradients, Optimizer, Activations, Workspace };
-constexpr int kMemCategories = 5;
+// Gradients are the dense ones; CompressedGradients are GRASS's G_C (r x n or m x r per target).
+enum class MemCategory { Weights, Gradients, CompressedGradients, Optimizer, Activations, Workspace };
+constexpr int kMemCategories = 6;
 const char* mem_category_name(MemCategory c);
 
 class Arena {
  public:
-  Arena() = default;
+  // A planning arena records every allocation's size and category but allocates nothing and hands
+  // out null pointers: constructors that only allocate (the model's, the optimizers') can run on
+  // it to state the exact memory a run will take, for models far larger than this machine.
+  explicit Arena(bool planning = false) : planning_(planning) {}
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   ~Arena();
@@ -41,6 +45,7 @@ class Arena {
     std::string name;
   };
   std::vector<Block> blocks_;
+  bool planning_ = false;
   std::array<int64_t, kMemCategories> live_{};
   int64_t total_ = 0, peak_ = 0;
 };

@@ -1,60 +1,146 @@
-// TokenLoader: training batches from a list of token shards read as one concatenated stream.
+// Token data for training and evaluation.
 //
-// Each batch row is a window of seq_len + 1 consecutive tokens; inputs are its first seq_len
-// tokens and targets its last seq_len (the next token at every position). Successive windows
-// start seq_len tokens apart, so each window's last token is the next window's first (llm.c's
-// layout). A window that would run past the end of the stream wraps to the start instead and
-// begins a new epoch; windows may span the boundary between two shards.
+// TokenStream: a list of shards read as one concatenated stream of token ids, with the checks
+// that the shards belong together (vocab_size, tokenizer), to the model (check_vocab) and to the
+// run's tokenizer (check_tokenizer).
+//
+// TokenLoader: training batches from a TokenStream. Each batch row is a window of seq_len + 1
+// consecutive tokens; inputs are its first seq_len tokens and targets its last seq_len (the next
+// token at every position). Window i starts at token i * seq_len, so each window's last token is
+// the next window's first (llm.c's layout); there are (total_tokens - 1) / seq_len windows, and
+// windows may span the boundary between two shards. One epoch visits every window once, in an
+// order that is either sequential (0, 1, 2, ...) or a permutation drawn from (seed, epoch).
+// With several ranks, rank r of `world` takes positions r, r + world, r + 2·world, ... of each
+// epoch's order: the ranks' windows are disjoint and together cover the epoch (slices differ by
+// at most one window when world does not divide the window count).
 #pragma once
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data/shard.h"
 
 namespace grass {
 
-// Where the loader is in the stream; saved in checkpoints so a resumed run sees the same data.
-struct LoaderPosition {
-  uint64_t next_offset = 0;  // stream offset of the next window's first token
-  int64_t epoch = 0;         // completed passes over the stream
-};
-
-class TokenLoader {
+class TokenStream {
  public:
-  // All shards must agree on vocab_size and tokenizer_hash, and together hold at least one
-  // window (seq_len + 1 tokens); UserError otherwise.
-  TokenLoader(const std::vector<std::string>& paths, int batch, int seq_len);
+  // All shards must agree on vocab_size and tokenizer_hash; UserError otherwise.
+  explicit TokenStream(const std::vector<std::string>& paths);
 
-  // Fills inputs and targets, each [batch, seq_len] row-major.
-  void next_batch(int32_t* inputs, int32_t* targets);
+  uint64_t total_tokens() const { return total_tokens_; }
+  const std::vector<ShardReader>& shards() const { return shards_; }
+  // "a.bin, b.bin, c.bin and 3 more": names the data in one line.
+  std::string describe() const;
+
+  // Copies stream tokens [offset, offset + n) into out, crossing shard boundaries as needed.
+  void read(uint64_t offset, uint64_t n, uint32_t* out) const;
 
   // UserError, naming the shard, if any shard's vocab_size exceeds model_vocab or any token is
   // outside its shard's vocabulary (the first such token id and its position in the shard).
   // Call once before training: it reads every token.
   void check_vocab(int model_vocab) const;
-
-  uint64_t total_tokens() const { return total_tokens_; }
-  int64_t epoch() const { return position_.epoch; }
-  int batch() const { return batch_; }
-  int seq_len() const { return seq_len_; }
-  const std::vector<ShardReader>& shards() const { return shards_; }
-
-  LoaderPosition position() const { return position_; }
-  // UserError if the offset lies beyond this stream (a checkpoint made with other data).
-  void set_position(const LoaderPosition& position);
+  // UserError naming the shard and the tokenizer file if the shards were not made with the
+  // tokenizer model at `tokenizer_path` (their header's tokenizer_hash is its FNV-1a).
+  void check_tokenizer(const std::string& tokenizer_path) const;
 
  private:
-  // Copies stream tokens [offset, offset + n) into out, crossing shard boundaries as needed.
-  void read_stream(uint64_t offset, uint64_t n, uint32_t* out) const;
-
   std::vector<ShardReader> shards_;
   std::vector<uint64_t> shard_starts_;  // [shards]: stream offset of each shard's first token
   uint64_t total_tokens_ = 0;
+};
+
+// Where a loader is: saved in checkpoints so a resumed run sees exactly the same batches.
+struct LoaderPosition {
+  uint64_t epoch = 0;  // completed passes over this rank's slice
+  uint64_t index = 0;  // next window within this rank's slice of the epoch's order
+  bool operator==(const LoaderPosition&) const = default;
+};
+
+struct LoaderOptions {
+  bool shuffle = false;   // false: windows in stream order (evaluation, debugging)
+  uint64_t seed = 0;      // with `epoch`, picks each epoch's order when shuffling
+  int rank = 0;           // this process's slice of every epoch ...
+  int world = 1;          // ... out of `world` disjoint ones
+  bool prefetch = false;  // prepare the next batch on a background thread
+};
+
+// Maps [0, n) onto itself one to one, differently for every key: a 6-round Feistel network on
+// the smallest even power of two >= n, walking the cycle until the value lands below n. O(1)
+// memory, so it serves billions of windows; a value costs a few hashes.
+class WindowPermutation {
+ public:
+  WindowPermutation(uint64_t n, uint64_t key);
+  uint64_t operator()(uint64_t i) const;
+
+ private:
+  uint64_t feistel(uint64_t x) const;
+  uint64_t n_;
+  int half_bits_;
+  uint64_t half_mask_;
+  uint64_t round_keys_[6];
+};
+
+class TokenLoader {
+ public:
+  // UserError if the shards hold no complete window (seq_len + 1 tokens), or if this rank's
+  // slice of an epoch would be empty (fewer windows than ranks).
+  TokenLoader(const std::vector<std::string>& paths, int batch, int seq_len,
+              const LoaderOptions& options = {});
+  ~TokenLoader();  // stops and joins the prefetch thread
+  TokenLoader(const TokenLoader&) = delete;
+  TokenLoader& operator=(const TokenLoader&) = delete;
+
+  // Fills inputs and targets, each [batch, seq_len] row-major. With prefetching it copies the
+  // batch the background thread already prepared and lets it start on the next one.
+  void next_batch(int32_t* inputs, int32_t* targets);
+
+  const TokenStream& stream() const { return stream_; }
+  void check_vocab(int model_vocab) const { stream_.check_vocab(model_vocab); }
+  uint64_t total_tokens() const { return stream_.total_tokens(); }
+  const std::vector<ShardReader>& shards() const { return stream_.shards(); }
+  uint64_t num_windows() const { return num_windows_; }
+  uint64_t windows_per_epoch() const { return slice_windows_; }  // this rank's
+  int batch() const { return batch_; }
+  int seq_len() const { return seq_len_; }
+
+  // The position of the batch next_batch() returns next.
+  LoaderPosition position() const;
+  uint64_t epoch() const { return position().epoch; }
+  // UserError if the position lies beyond this rank's slice (a checkpoint made with other data).
+  void set_position(const LoaderPosition& position);
+  // Stream offset of the first token of the window at `position`.
+  uint64_t window_start(const LoaderPosition& position) const;
+
+ private:
+  struct Batch {
+    std::vector<int32_t> inputs, targets;  // [batch, seq_len] each
+  };
+  // Fills `out` with the batch at `position` and returns the position after it.
+  LoaderPosition fill(LoaderPosition position, Batch& out) const;
+  void prefetch_loop();
+
+  TokenStream stream_;
   int batch_ = 0;
   int seq_len_ = 0;
-  LoaderPosition position_;
-  std::vector<uint32_t> window_;  // [seq_len + 1] scratch for one window
+  LoaderOptions options_;
+  uint64_t num_windows_ = 0;    // in the whole stream
+  uint64_t slice_windows_ = 0;  // this rank's per epoch
+
+  // Without prefetching only position_ and ready_ are used. With it, the thread fills ready_
+  // from position_ when state_ is kEmpty, then stores the following position in next_position_.
+  enum class SlotState { kEmpty, kFilling, kFull, kStopping };
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  SlotState state_ = SlotState::kEmpty;
+  LoaderPosition position_;       // of the batch next_batch() returns next
+  LoaderPosition next_position_;  // after the batch in ready_
+  Batch ready_;
+  std::exception_ptr prefetch_error_;
+  std::thread prefetch_thread_;
 };
 
 }  // namespace grass

@@ -1,5 +1,6 @@
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -14,7 +15,25 @@ const char* const kLayerTensorNames[] = {
     "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
     "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+constexpr int kTensorsPerLayer = 9;
+enum LayerTensor { kAttnNorm, kQ, kK, kV, kO, kMlpNorm, kGate, kUp, kDown };
+
+// tensors_ index of layer l's tensor i (tensors_[0] is the embedding)
+int layer_tensor_index(int l, int i) { return 1 + l * kTensorsPerLayer + i; }
 }  // namespace
+
+std::vector<std::string> grass_target_tensor_names(int num_layers,
+                                                   const std::vector<std::string>& targets) {
+  const std::vector<std::pair<std::string, int>> by_target = {
+      {"q", kQ}, {"k", kK}, {"v", kV}, {"o", kO}, {"gate", kGate}, {"up", kUp}, {"down", kDown}};
+  std::vector<std::string> names;
+  for (int l = 0; l < num_layers; l++)
+    for (const std::string& target : targets)
+      for (const auto& [name, i] : by_target)
+        if (name == target)
+          names.push_back("model.layers." + std::to_string(l) + "." + kLayerTensorNames[i]);
+  return names;
+}
 
 void LlamaModel::add_tensor(const std::string& name, std::vector<int64_t> shape, bool is_norm) {
   int64_t numel = 1;
@@ -23,7 +42,8 @@ void LlamaModel::add_tensor(const std::string& name, std::vector<int64_t> shape,
   num_params_ += numel;
 }
 
-LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len)
+LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
+                       const std::vector<std::string>& compressed)
     : cfg_(cfg), max_B_(max_batch), T_(seq_len) {
   const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
   const int64_t HD = cfg.head_dim(), QD = cfg.num_attention_heads * HD,
@@ -53,9 +73,18 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
     add_tensor("lm_head.weight", {V, C}, false);
   }
   GRASS_CHECK(num_params_ == cfg.num_parameters(), "parameter layout disagrees with the config");
+  size_t compressed_found = 0;
+  for (ParamTensor& t : tensors_) {
+    const bool is_compressed =
+        std::find(compressed.begin(), compressed.end(), t.name) != compressed.end();
+    compressed_found += is_compressed;
+    t.grad_offset = is_compressed ? -1 : num_dense_grads_;
+    if (!is_compressed) num_dense_grads_ += t.numel;
+  }
+  GRASS_CHECK(compressed_found == compressed.size(), "a compressed tensor name is not in the model");
 
   params_ = arena.alloc<float>(MemCategory::Weights, "parameters", num_params_);
-  grads_ = arena.alloc<float>(MemCategory::Gradients, "gradients", num_params_);
+  grads_ = arena.alloc<float>(MemCategory::Gradients, "gradients", num_dense_grads_);
 
   const int64_t N = int64_t(max_batch) * seq_len, NH = cfg.num_attention_heads;
   const int64_t att_scores = int64_t(max_batch) * NH * seq_len * seq_len;
@@ -112,13 +141,28 @@ const ParamTensor& LlamaModel::tensor(const std::string& name) const {
 }
 
 LlamaModel::LayerWeights LlamaModel::layer_view(float* base, int l) const {
-  float* p[9];
+  float* p[kTensorsPerLayer];
   int64_t off = off_layer_[l];
-  for (int i = 0; i < 9; i++) {
+  for (int i = 0; i < kTensorsPerLayer; i++) {
     p[i] = base + off;
-    off += tensors_[1 + size_t(l) * 9 + i].numel;  // tensors_[0] is the embedding
+    off += tensors_[layer_tensor_index(l, i)].numel;
   }
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]};
+}
+
+LlamaModel::LayerWeights LlamaModel::layer_grads(int l) {
+  float* g[kTensorsPerLayer];
+  for (int i = 0; i < kTensorsPerLayer; i++) g[i] = grad(tensors_[layer_tensor_index(l, i)]);
+  return {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
+}
+
+void LlamaModel::linear_backward(float* dx, bool accumulate_dx, int l, int i, const float* w,
+                                 float* dw, const float* dy, const float* x, int64_t N, int in,
+                                 int out) {
+  ops::linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);  // dw null: dx only
+  if (dw) return;
+  GRASS_CHECK(sink_, "a compressed tensor needs a CompressedGradSink");
+  sink_->accumulate(layer_tensor_index(l, i), dy, x, N);
 }
 
 void LlamaModel::init_weights(uint64_t seed) {
@@ -136,7 +180,7 @@ void LlamaModel::init_weights(uint64_t seed) {
   }
 }
 
-void LlamaModel::zero_grads() { std::memset(grads_, 0, size_t(num_params_) * sizeof(float)); }
+void LlamaModel::zero_grads() { std::memset(grads_, 0, size_t(num_dense_grads_) * sizeof(float)); }
 
 double LlamaModel::flops_per_token() const {
   // Matmul weights: everything but the norms, and the embedding table unless it is also lm_head.
@@ -197,34 +241,35 @@ void LlamaModel::backward(double loss_scale) {
 
   // logits -> dlogits in place, then through lm_head and the final norm into the residual stream
   ops::cross_entropy_backward(logits_, logits_, lse_, targets_, N, V, loss_scale / double(valid_));
-  ops::linear_backward(ws_.dnorm, grads_ + off_lm_head_, logits_, nf_, params_ + off_lm_head_, N,
-                       C, V, false);
+  float* dlm_head =
+      grad(tensor(cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"));
+  ops::linear_backward(ws_.dnorm, dlm_head, logits_, nf_, params_ + off_lm_head_, N, C, V, false);
   std::memset(ws_.dres, 0, size_t(N) * C * sizeof(float));
-  ops::rmsnorm_backward(ws_.dres, grads_ + off_norm_, ws_.dnorm, x_out_, params_ + off_norm_,
-                        rstdf_, N, C);
+  ops::rmsnorm_backward(ws_.dres, grad(tensor("model.norm.weight")), ws_.dnorm, x_out_,
+                        params_ + off_norm_, rstdf_, N, C);
 
   for (int l = cfg_.num_hidden_layers - 1; l >= 0; l--) {
     const LayerWeights w = layer_view(params_, l);
-    const LayerWeights g = layer_view(grads_, l);
+    const LayerWeights g = layer_grads(l);
     const LayerActs& a = acts_[l];
     // MLP block; dres holds d(x_next) and becomes d(h)
-    ops::linear_backward(ws_.dact, g.wdown, ws_.dres, a.act, w.wdown, N, F, C, false);
+    linear_backward(ws_.dact, false, l, kDown, w.wdown, g.wdown, ws_.dres, a.act, N, F, C);
     ops::swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gate, a.up, N * F);
-    ops::linear_backward(ws_.dnorm, g.wgate, ws_.dgate, a.n2, w.wgate, N, C, F, false);
-    ops::linear_backward(ws_.dnorm, g.wup, ws_.dup, a.n2, w.wup, N, C, F, true);
+    linear_backward(ws_.dnorm, false, l, kGate, w.wgate, g.wgate, ws_.dgate, a.n2, N, C, F);
+    linear_backward(ws_.dnorm, true, l, kUp, w.wup, g.wup, ws_.dup, a.n2, N, C, F);
     ops::rmsnorm_backward(ws_.dres, g.mlp_norm, ws_.dnorm, a.h, w.mlp_norm, a.rstd2, N, C);
     // attention block; dres becomes d(x_in)
-    ops::linear_backward(ws_.datt, g.wo, ws_.dres, a.att, w.wo, N, NH * HD, C, false);
+    linear_backward(ws_.datt, false, l, kO, w.wo, g.wo, ws_.dres, a.att, N, NH * HD, C);
     ops::attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.scores, ws_.datt, a.q, a.k, a.v, a.probs,
                             B, T, NH, NKV, HD);
     ops::rope_backward(ws_.dq, ws_.dq, B, T, NH, HD, theta);
     ops::rope_backward(ws_.dk, ws_.dk, B, T, NKV, HD, theta);
-    ops::linear_backward(ws_.dnorm, g.wq, ws_.dq, a.n1, w.wq, N, C, NH * HD, false);
-    ops::linear_backward(ws_.dnorm, g.wk, ws_.dk, a.n1, w.wk, N, C, NKV * HD, true);
-    ops::linear_backward(ws_.dnorm, g.wv, ws_.dv, a.n1, w.wv, N, C, NKV * HD, true);
+    linear_backward(ws_.dnorm, false, l, kQ, w.wq, g.wq, ws_.dq, a.n1, N, C, NH * HD);
+    linear_backward(ws_.dnorm, true, l, kK, w.wk, g.wk, ws_.dk, a.n1, N, C, NKV * HD);
+    linear_backward(ws_.dnorm, true, l, kV, w.wv, g.wv, ws_.dv, a.n1, N, C, NKV * HD);
     ops::rmsnorm_backward(ws_.dres, g.attn_norm, ws_.dnorm, a.x_in, w.attn_norm, a.rstd1, N, C);
   }
-  ops::embedding_backward(grads_ + off_embed_, ws_.dres, inputs_, N, C);
+  ops::embedding_backward(grad(tensors_[0]), ws_.dres, inputs_, N, C);
   B_ = 0;  // the logits now hold their gradient: a second backward() needs a new forward()
 }
 

@@ -18,22 +18,44 @@ namespace grass {
 struct ParamTensor {
   std::string name;
   std::vector<int64_t> shape;
-  int64_t offset = 0;  // in elements, into params()/grads()
+  int64_t offset = 0;       // in elements, into params()
   int64_t numel = 0;
-  bool is_norm = false;  // RMSNorm gains: no weight decay
+  bool is_norm = false;     // RMSNorm gains: no weight decay
+  int64_t grad_offset = 0;  // into grads(); -1 for a compressed (GRASS) tensor, which has none
+  bool dense() const { return grad_offset >= 0; }
 };
+
+// Receives the weight gradient of the linear layers that have no dense gradient (GRASS targets):
+// the upstream gradient and the layer input, from which it forms what it needs.
+class CompressedGradSink {
+ public:
+  virtual ~CompressedGradSink() = default;
+  // dy[N, out], x[N, in] of tensors()[tensor_index], a weight [out, in]
+  virtual void accumulate(int tensor_index, const float* dy, const float* x, int64_t N) = 0;
+};
+
+// The HF tensor names of the GRASS targets ("q", "k", "v", "o", "gate", "up", "down") in every
+// layer.
+std::vector<std::string> grass_target_tensor_names(int num_layers,
+                                                   const std::vector<std::string>& targets);
 
 class LlamaModel {
  public:
   // Allocates weights and gradients, and activations for micro-batches of up to max_batch x seq_len.
-  LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len);
+  // Tensors named in `compressed` get no dense gradient: backward() hands their dy and x to the
+  // sink set with set_compressed_sink() instead.
+  LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
+             const std::vector<std::string>& compressed = {});
+  void set_compressed_sink(CompressedGradSink* sink) { sink_ = sink; }
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   const ParamTensor& tensor(const std::string& name) const;
   int64_t num_params() const { return num_params_; }
+  int64_t num_dense_grads() const { return num_dense_grads_; }  // elements of grads()
   float* params() { return params_; }
   float* grads() { return grads_; }
+  float* grad(const ParamTensor& t) { return t.dense() ? grads_ + t.grad_offset : nullptr; }
   int seq_len() const { return T_; }
 
   // HF-style initialisation: normal(0, initializer_range) for embeddings and projections, norm
@@ -74,13 +96,19 @@ class LlamaModel {
     float* act;      // [N, F] silu(gate) * up, input of down_proj
   };
   LayerWeights layer_view(float* base, int l) const;
+  LayerWeights layer_grads(int l);  // null for compressed tensors
   void add_tensor(const std::string& name, std::vector<int64_t> shape, bool is_norm);
+  // dx (overwritten, or accumulated) and the weight gradient of layer l's i-th tensor, y = x·wᵀ
+  void linear_backward(float* dx, bool accumulate_dx, int l, int i, const float* w, float* dw,
+                       const float* dy, const float* x, int64_t N, int in, int out);
 
   ModelConfig cfg_;
   int max_B_, T_;
   int B_ = 0;  // batch of the last forward
   std::vector<ParamTensor> tensors_;
   int64_t num_params_ = 0;
+  int64_t num_dense_grads_ = 0;
+  CompressedGradSink* sink_ = nullptr;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   // offsets of the tensors that are not per layer

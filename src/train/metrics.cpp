@@ -17,6 +17,13 @@ std::string human_rate(double per_s) {  // 158.9k, 1.23M
   else std::snprintf(buf, sizeof buf, "%.1f", per_s);
   return buf;
 }
+std::string human_count(double n) {  // 812, 32.8k, 1.0M
+  char buf[32];
+  if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.1fM", n / 1e6);
+  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
 std::string human_duration(double seconds) {  // 45s, 12m05s, 3h07m
   char buf[32];
   const long s = long(seconds + 0.5);
@@ -40,6 +47,13 @@ std::string format_step_line(const StepMetrics& m) {
   return line;
 }
 
+std::string format_eval_line(const EvalMetrics& e) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "eval step %lld | val loss %.4f | ppl %.2f | %s tokens",
+                (long long)e.step, e.loss, e.perplexity, human_count(double(e.tokens)).c_str());
+  return buf;
+}
+
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
   if (!out_) throw UserError(path + ": cannot open for writing");
 }
@@ -50,6 +64,17 @@ void MetricsWriter::write(const StepMetrics& m) {
                       {"step_ms", m.step_ms},     {"tokens_per_s", m.tokens_per_s},
                       {"gflops_per_s", m.gflops_per_s}, {"tokens", m.tokens_seen},
                       {"mem_bytes", m.mem_bytes}};
+  out_ << j.dump() << '\n';
+  out_.flush();
+  if (!out_) throw UserError(path_ + ": write failed (disk full?)");
+}
+
+void MetricsWriter::write_eval(const EvalMetrics& e) {
+  const nlohmann::json j = {{"step", e.step},
+                            {"eval", true},
+                            {"val_loss", e.loss},
+                            {"val_perplexity", e.perplexity},
+                            {"val_tokens", e.tokens}};
   out_ << j.dump() << '\n';
   out_.flush();
   if (!out_) throw UserError(path_ + ": write failed (disk full?)");

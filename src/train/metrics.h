@@ -23,10 +23,22 @@ struct StepMetrics {
 // "step 120/10000 | loss 4.8123 | lr 6.0e-04 | gnorm 0.91 | 412 ms | 158.9k tok/s | ... | eta 1h07m"
 std::string format_step_line(const StepMetrics& m);
 
+// One validation evaluation (train/evaluator.h), after `step` optimizer steps.
+struct EvalMetrics {
+  int64_t step = 0;
+  double loss = 0;        // mean token cross-entropy over `tokens` validation targets
+  double perplexity = 0;  // exp(loss)
+  int64_t tokens = 0;
+};
+
+// "eval step 200 | val loss 3.1234 | ppl 22.75 | 1.0M tokens"
+std::string format_eval_line(const EvalMetrics& e);
+
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path);  // truncates: a fresh run starts a fresh log
   void write(const StepMetrics& m);                  // one line, flushed
+  void write_eval(const EvalMetrics& e);             // one line marked "eval": true, flushed
 
  private:
   std::string path_;

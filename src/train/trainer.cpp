@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 #include <omp.h>
@@ -13,11 +14,12 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "data/loader.h"
-#include "model/llama.h"
-#include "optim/adamw.h"
+#include "ops.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
+#include "train/evaluator.h"
 #include "train/metrics.h"
+#include "train/training_state.h"
 #ifdef GRASS_HAVE_CUDA
 #include "cuda/device.h"
 #endif
@@ -38,7 +40,8 @@ std::string device_line() {
   return line;
 }
 
-void print_run_table(const RunConfig& cfg, const LlamaModel& model, const TokenLoader& loader,
+void print_run_table(const RunConfig& cfg, const LlamaModel& model, double flops_per_token,
+                     const TokenLoader& loader,
                      const Arena& arena) {
   const ModelConfig& m = cfg.model;
   std::printf("grass train %s\n", cfg.source.c_str());
@@ -56,13 +59,23 @@ void print_run_table(const RunConfig& cfg, const LlamaModel& model, const TokenL
   std::printf("  optimizer     %s lr %.1e betas (%.3g, %.3g) eps %.0e wd %.3g, clip %.3g\n",
               cfg.optimizer.name.c_str(), cfg.optimizer.lr, cfg.optimizer.beta1,
               cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay, cfg.grad_clip);
+  if (cfg.optimizer.name == "grass") {
+    const GrassConfig& g = cfg.optimizer.grass;
+    std::string targets;
+    for (const std::string& t : g.targets) targets += (targets.empty() ? "" : ",") + t;
+    std::printf("  grass         rank %d, refresh every %lld steps, scale %.3g, %s, select_dim %s, "
+                "targets %s (the rest: dense AdamW)\n",
+                g.rank, (long long)g.update_interval, g.scale, g.selection.c_str(),
+                g.select_dim.c_str(), targets.c_str());
+  }
   std::printf("  schedule      %s, warmup %lld, min_lr_ratio %.3g, %lld steps\n",
               cfg.schedule.name.c_str(), (long long)cfg.schedule.warmup_steps,
               cfg.schedule.min_lr_ratio, (long long)cfg.steps);
   std::printf("  precision     %s, seed %llu\n", cfg.precision.c_str(),
               (unsigned long long)cfg.seed);
-  std::printf("  FLOPs/token   %.3g (6 x matmul params + 12 x layers x d x seq_len)\n",
-              model.flops_per_token());
+  std::printf("  FLOPs/token   %.3g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
+              flops_per_token,
+              cfg.optimizer.name == "grass" ? ", less 2mn - 2rn per GRASS target" : "");
   std::printf("  memory\n%s", arena.report().c_str());
   std::printf("  out_dir       %s\n", cfg.out_dir.c_str());
   std::fflush(stdout);
@@ -72,13 +85,24 @@ void print_run_table(const RunConfig& cfg, const LlamaModel& model, const TokenL
 
 TrainResult train(const RunConfig& cfg) {
   // Everything that can fail on user input happens before out_dir is touched.
-  TokenLoader loader(cfg.train_files, cfg.micro_batch_size, cfg.seq_len);
+  TokenLoader loader(cfg.train_files, cfg.micro_batch_size, cfg.seq_len,
+                     {.shuffle = cfg.shuffle, .seed = cfg.seed, .prefetch = true});
   loader.check_vocab(cfg.model.vocab_size);
+  if (!cfg.tokenizer.empty()) loader.stream().check_tokenizer(cfg.tokenizer);
+  std::optional<Evaluator> evaluator;
+  if (!cfg.val_files.empty()) {
+    evaluator.emplace(cfg.val_files, cfg.eval_tokens);
+    evaluator->stream().check_vocab(cfg.model.vocab_size);
+    if (!cfg.tokenizer.empty()) evaluator->stream().check_tokenizer(cfg.tokenizer);
+  }
 
   Arena arena;
-  LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len);
+  TrainingState state = build_training_state(cfg, arena);
+  LlamaModel& model = *state.model;
+  AdamW& optimizer = *state.adamw;
+  GrassOptimizer* grass = state.grass.get();
   model.init_weights(cfg.seed);
-  AdamW optimizer(cfg.optimizer, model.tensors(), model.num_params(), arena);
+
   const int64_t N = int64_t(cfg.micro_batch_size) * cfg.seq_len;
   std::vector<int32_t> inputs(N), targets(N);
 
@@ -92,7 +116,18 @@ TrainResult train(const RunConfig& cfg) {
     if (!out) throw UserError(path + ": cannot write");
   }
   MetricsWriter metrics(cfg.out_dir + "/metrics.jsonl");
-  print_run_table(cfg, model, loader, arena);
+  // FLOPs actually done: a GRASS target's weight gradient costs 2rn, not 2mn
+  const double flops_per_token =
+      model.flops_per_token() - (grass ? grass->flops_saved_per_token() : 0.0);
+  print_run_table(cfg, model, flops_per_token, loader, arena);
+  if (evaluator) {
+    std::printf("  eval          first %lld tokens of %s, %s\n", (long long)cfg.eval_tokens,
+                evaluator->stream().describe().c_str(),
+                cfg.eval_every > 0
+                    ? ("every " + std::to_string(cfg.eval_every) + " steps and at the end").c_str()
+                    : "after the last step");
+    std::fflush(stdout);
+  }
 
   TrainResult result;
   std::vector<double> rates;
@@ -102,6 +137,7 @@ TrainResult train(const RunConfig& cfg) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = schedule_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.steps);
     model.zero_grads();
+    if (grass) grass->begin_step(step);
     double loss = 0;
     for (int micro = 0; micro < accum; micro++) {
       loader.next_batch(inputs.data(), targets.data());
@@ -111,9 +147,12 @@ TrainResult train(const RunConfig& cfg) {
     if (!std::isfinite(loss))
       throw UserError("step " + std::to_string(step + 1) + ": loss is " + std::to_string(loss) +
                       " (diverged): lower optimizer.lr or set grad_clip");
-    const double gnorm = grad_norm(model.grads(), model.num_params());
-    optimizer.step(model.params(), model.grads(), clip_coefficient(gnorm, cfg.grad_clip), lr,
-                   step + 1);
+    // one global norm over the dense and the compressed gradients
+    const double gnorm = std::sqrt(ops::sum_squares(model.grads(), model.num_dense_grads()) +
+                                   (grass ? grass->grad_sum_squares() : 0.0));
+    const double clip = clip_coefficient(gnorm, cfg.grad_clip);
+    if (grass) grass->step(model.params(), clip, lr);
+    optimizer.step(model.params(), model.grads(), clip, lr, step + 1);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -125,7 +164,7 @@ TrainResult train(const RunConfig& cfg) {
     m.grad_norm = gnorm;
     m.step_ms = seconds * 1e3;
     m.tokens_per_s = double(cfg.tokens_per_step()) / seconds;
-    m.gflops_per_s = m.tokens_per_s * model.flops_per_token() / 1e9;
+    m.gflops_per_s = m.tokens_per_s * flops_per_token / 1e9;
     m.tokens_seen = (step + 1) * cfg.tokens_per_step();
     m.mem_bytes = arena.peak_bytes();
     seconds_so_far += seconds;
@@ -136,6 +175,16 @@ TrainResult train(const RunConfig& cfg) {
       std::fflush(stdout);
     }
     result.losses.push_back(loss);
+    const bool eval_now = (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) ||
+                          step + 1 == cfg.steps;
+    if (evaluator && eval_now) {
+      const EvalResult eval = evaluator->evaluate(model, cfg.micro_batch_size);
+      const EvalMetrics e{step + 1, eval.loss, eval.perplexity, eval.tokens};
+      metrics.write_eval(e);
+      std::printf("%s\n", format_eval_line(e).c_str());
+      std::fflush(stdout);
+      result.final_eval = eval;
+    }
     if (step > 0) rates.push_back(m.tokens_per_s);  // the first step warms caches and pages
   }
   if (!rates.empty()) {

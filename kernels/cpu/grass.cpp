@@ -1,0 +1,125 @@
+// GRASS on the CPU: the compressed weight gradient straight from the activations, the row (or
+// column) norms that choose what to train, and the sparse Adam update. This is the reference the
+// CUDA kernels are tested against, so it is written for clarity first.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/blas.h"
+#include "ops.h"
+
+namespace grass::ops {
+
+template <typename T>
+void grass_compressed_grad(T* gc, T* scratch, const T* dy, const T* x, const int32_t* sigma,
+                           const T* rho, int64_t N, int in, int out, int r, bool rows) {
+  // scratch[N, r]: the selected columns of dy (rows) or of x (cols), times ρ
+  const T* source = rows ? dy : x;
+  const int width = rows ? out : in;
+#pragma omp parallel for
+  for (int64_t n = 0; n < N; n++)
+    for (int j = 0; j < r; j++) scratch[n * r + j] = source[n * width + sigma[j]] * rho[j];
+  if (rows)  // gc[r, in] += scratchᵀ · x
+    cpu::gemm(true, false, r, in, int(N), T(1), scratch, r, x, in, T(1), gc, in);
+  else       // gc[out, r] += dyᵀ · scratch
+    cpu::gemm(true, false, out, r, int(N), T(1), dy, out, scratch, r, T(1), gc, r);
+}
+
+template <typename T>
+void grass_slice_norms(double* norms_sq, const T* g, int out, int in, bool rows) {
+  if (rows) {
+#pragma omp parallel for
+    for (int i = 0; i < out; i++) {
+      double s = 0;
+      for (int c = 0; c < in; c++) s += double(g[int64_t(i) * in + c]) * g[int64_t(i) * in + c];
+      norms_sq[i] = s;
+    }
+    return;
+  }
+  std::fill(norms_sq, norms_sq + in, 0.0);
+  for (int i = 0; i < out; i++)  // row by row: contiguous reads, one pass
+    for (int c = 0; c < in; c++) norms_sq[c] += double(g[int64_t(i) * in + c]) * g[int64_t(i) * in + c];
+}
+
+template <typename T>
+void grass_gather(T* gc, const T* g, const int32_t* sigma, const T* rho, int out, int in, int r,
+                  bool rows) {
+  if (rows) {
+#pragma omp parallel for
+    for (int j = 0; j < r; j++)
+      for (int c = 0; c < in; c++) gc[int64_t(j) * in + c] = rho[j] * g[int64_t(sigma[j]) * in + c];
+    return;
+  }
+#pragma omp parallel for
+  for (int i = 0; i < out; i++)
+    for (int j = 0; j < r; j++) gc[int64_t(i) * r + j] = g[int64_t(i) * in + sigma[j]] * rho[j];
+}
+
+template <typename T>
+void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* rho, int out, int in,
+                       int r, bool rows, double grad_scale, double lr, double alpha, double beta1,
+                       double beta2, double eps, double weight_decay, int64_t step) {
+  // 1. Adam on the compressed gradient; gc becomes the direction Δ.
+  const int64_t n = int64_t(r) * (rows ? in : out);
+  const T b1 = T(beta1), b2 = T(beta2), gs = T(grad_scale), e = T(eps);
+  const T bc1 = T(1.0 - std::pow(beta1, double(step)));
+  const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(beta2, double(step))));
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; i++) {
+    const T g = gc[i] * gs;
+    const T mi = b1 * m[i] + (T(1) - b1) * g;
+    const T vi = b2 * v[i] + (T(1) - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    gc[i] = (mi / bc1) / (std::sqrt(vi) / bc2_sqrt + e);
+  }
+  // 2. Weight decay, once per distinct selected slice.
+  if (weight_decay > 0) {
+    std::vector<int32_t> distinct(sigma, sigma + r);
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    const T decay = T(1.0 - lr * weight_decay);
+    if (rows) {
+#pragma omp parallel for
+      for (size_t j = 0; j < distinct.size(); j++)
+        for (int c = 0; c < in; c++) w[int64_t(distinct[j]) * in + c] *= decay;
+    } else {
+#pragma omp parallel for
+      for (int i = 0; i < out; i++)
+        for (int32_t col : distinct) w[int64_t(i) * in + col] *= decay;
+    }
+  }
+  // 3. The scatter: every thread owns whole columns (rows mode) or whole rows (cols mode) of w,
+  //    so duplicate σ_j add up without races.
+  const T step_size = T(lr * alpha);
+  if (rows) {
+    constexpr int kBlock = 256;  // columns per task: contiguous runs of each selected row
+#pragma omp parallel for
+    for (int c0 = 0; c0 < in; c0 += kBlock) {
+      const int c1 = std::min(in, c0 + kBlock);
+      for (int j = 0; j < r; j++) {
+        T* wrow = w + int64_t(sigma[j]) * in;
+        const T* drow = gc + int64_t(j) * in;
+        const T s = step_size * rho[j];
+        for (int c = c0; c < c1; c++) wrow[c] -= s * drow[c];
+      }
+    }
+  } else {
+#pragma omp parallel for
+    for (int i = 0; i < out; i++)
+      for (int j = 0; j < r; j++) w[int64_t(i) * in + sigma[j]] -= step_size * rho[j] * gc[int64_t(i) * r + j];
+  }
+}
+
+#define INSTANTIATE(T)                                                                            \
+  template void grass_compressed_grad<T>(T*, T*, const T*, const T*, const int32_t*, const T*,   \
+                                         int64_t, int, int, int, bool);                          \
+  template void grass_slice_norms<T>(double*, const T*, int, int, bool);                         \
+  template void grass_gather<T>(T*, const T*, const int32_t*, const T*, int, int, int, bool);    \
+  template void grass_adam_update<T>(T*, T*, T*, T*, const int32_t*, const T*, int, int, int,    \
+                                     bool, double, double, double, double, double, double,       \
+                                     double, int64_t);
+INSTANTIATE(float)
+INSTANTIATE(double)
+
+}  // namespace grass::ops

@@ -1,0 +1,81 @@
+// grass eval <run.json> [--weights model.safetensors] [--tokens N] [--set key=value ...]
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "config/config.h"
+#include "core/arena.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/hf_weights.h"
+#include "model/llama.h"
+#include "train/evaluator.h"
+
+namespace grass::cli {
+
+namespace {
+const char* kEvalUsage =
+    "usage: grass eval <run.json> [--weights model.safetensors] [--tokens N] [--set key=value ...]\n"
+    "\n"
+    "Validation loss and perplexity of the run's model on its validation data (data.val): the\n"
+    "mean token cross-entropy over the first N target tokens of the validation stream, in order,\n"
+    "and perplexity = exp(mean). Windows of seq_len + 1 tokens at stride seq_len, micro_batch_size\n"
+    "of them per forward pass. Prints one line on stdout.\n"
+    "\n"
+    "options:\n"
+    "  --weights <file>  Hugging Face safetensors weights (model.embed_tokens.weight, ...);\n"
+    "                    without it, the run's initial weights (seeded by the run's seed)\n"
+    "  --tokens <n>      target tokens to evaluate (default: the run's eval_tokens)\n"
+    "  --set key=value   override a run config key, as for grass train\n"
+    "  -h, --help        this help\n";
+}  // namespace
+
+int cmd_eval(const Args& args) {
+  std::string run_path, weights, tokens_text, value;
+  std::vector<std::string> overrides;
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    if (is_help(a)) {
+      std::fputs(kEvalUsage, stdout);
+      return 0;
+    } else if (take_option(args, i, "--weights", value)) {
+      weights = value;
+    } else if (take_option(args, i, "--tokens", value)) {
+      tokens_text = value;
+    } else if (take_option(args, i, "--set", value)) {
+      overrides.push_back(value);
+    } else if (a.rfind("-", 0) == 0) {
+      throw UserError("eval: unknown option " + a + " (see grass eval --help)");
+    } else if (run_path.empty()) {
+      run_path = a;
+    } else {
+      throw UserError("eval: one run config expected, got a second: " + a);
+    }
+  }
+  if (run_path.empty()) throw UserError("eval: missing <run.json> (see grass eval --help)");
+  const RunConfig cfg = load_run_config(run_path, overrides);
+  if (cfg.val_files.empty())
+    throw UserError(run_path + ": data.val: grass eval needs validation token shards; add "
+                    "data.val to the run config or --set data.val=<shards>");
+  const int64_t tokens =
+      tokens_text.empty() ? cfg.eval_tokens : int64_t(parse_count("--tokens", tokens_text, 1));
+
+  const Evaluator evaluator(cfg.val_files, tokens);
+  evaluator.stream().check_vocab(cfg.model.vocab_size);
+  if (!cfg.tokenizer.empty()) evaluator.stream().check_tokenizer(cfg.tokenizer);
+  Arena arena;
+  LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len);
+  if (weights.empty()) {
+    model.init_weights(cfg.seed);
+  } else {
+    load_hf_weights(model, SafetensorsFile(weights));
+  }
+  const EvalResult result = evaluator.evaluate(model, cfg.micro_batch_size);
+  const std::string weights_name =
+      weights.empty() ? "initial (seed " + std::to_string(cfg.seed) + ")" : weights;
+  std::printf("eval %s | weights %s | val loss %.4f | ppl %.2f | %lld tokens\n", run_path.c_str(),
+              weights_name.c_str(), result.loss, result.perplexity, (long long)result.tokens);
+  return 0;
+}
+
+}  // namespace grass::cli

@@ -1,0 +1,45 @@
+// grass mem <run.json> [--set key=value ...]
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "train/memory_plan.h"
+
+namespace grass::cli {
+
+namespace {
+const char* kMemUsage =
+    "usage: grass mem <run.json> [--set key=value ...]\n"
+    "\n"
+    "Prints the memory the run will take, by category (weights, dense and compressed gradients,\n"
+    "optimizer states, activations, workspace), beside full AdamW on the same model and batch.\n"
+    "Nothing is allocated: the run's own allocations are made on a planning arena, so the figures\n"
+    "are exactly what `grass train` holds, for any model size.\n";
+}  // namespace
+
+int cmd_mem(const Args& args) {
+  std::string run_path;
+  std::vector<std::string> overrides;
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    if (is_help(a)) {
+      std::fputs(kMemUsage, stdout);
+      return 0;
+    } else if (a == "--set") {
+      if (i + 1 >= args.size()) throw UserError("--set needs key=value");
+      overrides.push_back(args[++i]);
+    } else if (a.rfind("-", 0) == 0) {
+      throw UserError("mem: unknown option " + a + " (see grass mem --help)");
+    } else if (run_path.empty()) {
+      run_path = a;
+    } else {
+      throw UserError("mem: one run config expected, got a second: " + a);
+    }
+  }
+  if (run_path.empty()) throw UserError("mem: missing <run.json> (see grass mem --help)");
+  std::fputs(format_memory_plans(load_run_config(run_path, overrides)).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace grass::cli

@@ -1,0 +1,96 @@
+#include "optim/grass_selection.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace grass {
+
+namespace {
+
+// Indices of the r largest keys (ties: the lower index first).
+std::vector<int32_t> top_keys(const std::vector<double>& keys, int r) {
+  std::vector<int32_t> idx(keys.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + r, idx.end(), [&](int32_t a, int32_t b) {
+    return keys[a] > keys[b] || (keys[a] == keys[b] && a < b);
+  });
+  idx.resize(r);
+  return idx;
+}
+
+// r draws with replacement from the distribution q (Σ q = 1), by inverting its CDF.
+std::vector<int32_t> draw_with_replacement(const std::vector<double>& q, int r, uint64_t seed) {
+  std::vector<double> cdf(q.size());
+  std::partial_sum(q.begin(), q.end(), cdf.begin());
+  std::vector<int32_t> picks(r);
+  for (int j = 0; j < r; j++) {
+    const double u = uniform_open01(seed, uint64_t(j)) * cdf.back();
+    int32_t i = int32_t(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+    i = std::min<int32_t>(i, int32_t(q.size()) - 1);
+    while (q[i] == 0) i--;  // u landed on the right edge of a run of zero-probability slices
+    picks[j] = i;
+  }
+  return picks;
+}
+
+// r distinct draws, successive sampling ∝ weights (Efraimidis-Spirakis: the r largest
+// log(u_i) / w_i); zero-weight slices come last, in random order.
+std::vector<int32_t> draw_without_replacement(const std::vector<double>& weights, int r,
+                                              uint64_t seed) {
+  std::vector<double> keys(weights.size());
+  for (size_t i = 0; i < weights.size(); i++) {
+    const double log_u = std::log(uniform_open01(seed, i));
+    keys[i] = weights[i] > 0 ? log_u / weights[i] : -1e300 + log_u;  // zero weight: below all others
+  }
+  return top_keys(keys, r);
+}
+
+}  // namespace
+
+SliceSelection select_slices(const std::string& method, const std::vector<double>& norms_sq, int r,
+                             uint64_t seed) {
+  const int m = int(norms_sq.size());
+  GRASS_CHECK(r >= 1 && r <= m, "select_slices: rank outside [1, slices]");
+  const double total = std::accumulate(norms_sq.begin(), norms_sq.end(), 0.0);
+  std::string how = method;
+  if (total == 0 && how == "multinomial") how = "uniform";
+  if (total == 0 && how == "multinomial_nr") how = "uniform_nr";
+
+  std::vector<int32_t> sigma;
+  std::vector<float> rho;
+  if (how == "top_r") {
+    sigma = top_keys(norms_sq, r);
+    rho.assign(r, 1.0f);
+  } else if (how == "multinomial" || how == "uniform") {
+    std::vector<double> q(m, 1.0 / m);
+    if (how == "multinomial")
+      for (int i = 0; i < m; i++) q[i] = norms_sq[i] / total;
+    sigma = draw_with_replacement(q, r, seed);
+    for (int32_t i : sigma) rho.push_back(float(1.0 / std::sqrt(double(r) * q[i])));
+  } else if (how == "multinomial_nr" || how == "uniform_nr") {
+    sigma = draw_without_replacement(how == "uniform_nr" ? std::vector<double>(m, 1.0) : norms_sq,
+                                     r, seed);
+    rho.assign(r, 1.0f);
+  } else {
+    throw InternalError("select_slices: unknown method " + method);
+  }
+
+  // ascending σ: sequential memory in the gather and the update
+  std::vector<int32_t> order(r);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return sigma[a] < sigma[b] || (sigma[a] == sigma[b] && a < b);
+  });
+  SliceSelection s;
+  for (int32_t j : order) {
+    s.sigma.push_back(sigma[j]);
+    s.rho.push_back(rho[j]);
+  }
+  return s;
+}
+
+}  // namespace grass

@@ -1,0 +1,49 @@
+#include "train/memory_plan.h"
+
+#include <cstdio>
+
+#include "train/training_state.h"
+
+namespace grass {
+
+MemoryPlan plan_memory(const RunConfig& cfg) {
+  Arena planning(/*planning=*/true);
+  build_training_state(cfg, planning);
+  MemoryPlan plan;
+  for (int c = 0; c < kMemCategories; c++) plan.bytes[c] = planning.bytes(MemCategory(c));
+  plan.total = planning.total_bytes();
+  return plan;
+}
+
+std::string format_memory_plans(const RunConfig& cfg) {
+  RunConfig adamw_cfg = cfg;
+  adamw_cfg.optimizer.name = "adamw";
+  const MemoryPlan run = plan_memory(cfg), adamw = plan_memory(adamw_cfg);
+  std::string label = cfg.optimizer.name;
+  if (cfg.optimizer.name == "grass") label += " r=" + std::to_string(cfg.optimizer.grass.rank);
+
+  char line[160];
+  std::string out;
+  const double params = double(cfg.model.num_parameters());
+  std::snprintf(line, sizeof line,
+                "model %.3f %s parameters, micro-batch %d x %d tokens, %s (the CPU engine's "
+                "precision)\n",
+                params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M",
+                cfg.micro_batch_size, cfg.seq_len, cfg.precision.c_str());
+  out += line;
+  std::snprintf(line, sizeof line, "%-22s %14s %14s\n", "", label.c_str(), "adamw");
+  out += line;
+  const char* rows[kMemCategories] = {"weights", "gradients (dense)", "gradients (compressed)",
+                                      "optimizer states", "activations", "workspace"};
+  for (int c = 0; c < kMemCategories; c++) {
+    std::snprintf(line, sizeof line, "%-22s %14s %14s\n", rows[c],
+                  format_bytes(run.bytes[c]).c_str(), format_bytes(adamw.bytes[c]).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-22s %14s %14s\n", "total", format_bytes(run.total).c_str(),
+                format_bytes(adamw.total).c_str());
+  out += line;
+  return out;
+}
+
+}  // namespace grass

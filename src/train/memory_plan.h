@@ -1,0 +1,23 @@
+// The memory a run will take, stated before anything is allocated: the run's own allocations,
+// made on a planning arena (train/training_state.h), summed by category.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "config/config.h"
+#include "core/arena.h"
+
+namespace grass {
+
+struct MemoryPlan {
+  std::array<int64_t, kMemCategories> bytes{};  // by MemCategory
+  int64_t total = 0;
+};
+
+MemoryPlan plan_memory(const RunConfig& cfg);
+
+// The table `grass mem` prints: the run's plan beside full AdamW's on the same model and batch.
+std::string format_memory_plans(const RunConfig& cfg);
+
+}  // namespace grass

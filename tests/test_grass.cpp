@@ -1,0 +1,349 @@
+// GRASS against its specification (../shared/GRASS.md): compressed gradients equal ρ times the
+// selected slices of the dense gradient, only selected slices move, the selection rules, the
+// refresh, the identity with dense AdamW at full rank, and micro-batch accumulation.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/rng.h"
+#include "model/llama.h"
+#include "ops.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/grass.h"
+#include "optim/grass_selection.h"
+
+using namespace grass;
+
+namespace {
+
+const std::vector<std::string> kAllTargets = {"q", "k", "v", "o", "gate", "up", "down"};
+
+ModelConfig small_config() {
+  ModelConfig c;
+  c.hidden_size = 16;
+  c.intermediate_size = 22;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.num_hidden_layers = 2;
+  c.vocab_size = 40;
+  c.max_position_embeddings = 32;
+  c.rms_norm_eps = 1e-5;
+  c.initializer_range = 0.2;
+  return c;
+}
+
+OptimizerConfig grass_config(int rank, const std::string& selection, const std::string& dim,
+                             int64_t interval) {
+  OptimizerConfig o;
+  o.name = "grass";
+  o.lr = 1e-2;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.0;
+  o.grass.rank = rank;
+  o.grass.selection = selection;
+  o.grass.select_dim = dim;
+  o.grass.update_interval = interval;
+  o.grass.scale = 1.0;
+  o.grass.seed = 9;
+  return o;
+}
+
+std::vector<int32_t> tokens(size_t n, int vocab, uint64_t seed) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; i++) t[i] = int32_t(uniform_open01(seed, i) * vocab);
+  return t;
+}
+
+// A model with its optimizers: dense AdamW for everything (grass == nullptr), or GRASS targets.
+struct Rig {
+  Arena arena;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<AdamW> adamw;
+  std::unique_ptr<GrassOptimizer> grass;
+  OptimizerConfig opt;
+  int T;
+
+  Rig(const ModelConfig& cfg, const OptimizerConfig& o, int max_batch, int T_, bool use_grass)
+      : opt(o), T(T_) {
+    const auto names = use_grass ? grass_target_tensor_names(cfg.num_hidden_layers, o.grass.targets)
+                                 : std::vector<std::string>{};
+    model = std::make_unique<LlamaModel>(cfg, arena, max_batch, T, names);
+    model->init_weights(5);
+    adamw = std::make_unique<AdamW>(o, model->tensors(), model->num_dense_grads(), arena);
+    if (use_grass) {
+      grass = std::make_unique<GrassOptimizer>(o, *model, int64_t(max_batch) * T, arena);
+      model->set_compressed_sink(grass.get());
+    }
+  }
+  // forward + backward of `micro` micro-batches of B/micro sequences each (no update)
+  double gradients(int64_t step, const std::vector<int32_t>& in, const std::vector<int32_t>& tg,
+                   int B, int micro = 1) {
+    model->zero_grads();
+    if (grass) grass->begin_step(step);
+    double loss = 0;
+    const int b = B / micro;
+    for (int k = 0; k < micro; k++) {
+      loss += model->forward(in.data() + size_t(k) * b * T, tg.data() + size_t(k) * b * T, b) / micro;
+      model->backward(1.0 / micro);
+    }
+    return loss;
+  }
+  void update(int64_t step) {
+    const double clip = 1.0;
+    if (grass) grass->step(model->params(), clip, opt.lr);
+    adamw->step(model->params(), model->grads(), clip, opt.lr, step + 1);
+  }
+  std::vector<float> weights(const std::string& name) {
+    const ParamTensor& t = model->tensor(name);
+    return {model->params() + t.offset, model->params() + t.offset + t.numel};
+  }
+};
+
+double rel_err(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    num += double(a[i] - b[i]) * (a[i] - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// ρ-scaled selected rows (gc[r, in]) or columns (gc[out, r]) of a dense gradient g[out, in]
+std::vector<float> expected_gc(const float* g, const GrassOptimizer::Target& t, int r) {
+  std::vector<float> gc(t.gc_numel);
+  for (int j = 0; j < r; j++)
+    if (t.rows)
+      for (int c = 0; c < t.in; c++) gc[size_t(j) * t.in + c] = t.rho[j] * g[int64_t(t.sigma[j]) * t.in + c];
+    else
+      for (int i = 0; i < t.out; i++) gc[size_t(i) * r + j] = t.rho[j] * g[int64_t(i) * t.in + t.sigma[j]];
+  return gc;
+}
+
+}  // namespace
+
+TEST_CASE("G_C equals rho times the selected slices of the dense gradient", "[grass]") {
+  const ModelConfig cfg = small_config();
+  const int B = 2, T = 8, r = 3;
+  const auto in = tokens(B * T, 40, 1), tg = tokens(B * T, 40, 2);
+  for (const std::string dim : {"rows", "cols"}) {
+    DYNAMIC_SECTION("select_dim " << dim) {
+      // multinomial: ρ ≠ 1 and possible repeats exercise the scaling and the gather
+      const OptimizerConfig o = grass_config(r, "multinomial", dim, 10);
+      Rig dense(cfg, o, B, T, false), sparse(cfg, o, B, T, true);
+      sparse.gradients(0, in, tg, B);  // step 0 selects (from the full gradient)
+      sparse.gradients(1, in, tg, B);  // step 1 forms G_C from the activations alone
+      dense.gradients(1, in, tg, B);
+      REQUIRE(sparse.grass->targets().size() == 7 * size_t(cfg.num_hidden_layers));
+      for (const auto& t : sparse.grass->targets()) {
+        const ParamTensor& p = dense.model->tensors()[t.tensor_index];
+        INFO(p.name);
+        CHECK(t.rows == (dim == std::string("rows")));
+        const auto want = expected_gc(dense.model->grad(p), t, r);
+        CHECK(rel_err(t.gc, want.data(), t.gc_numel) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("a GRASS step changes only the selected rows or columns", "[grass]") {
+  const ModelConfig cfg = small_config();
+  const int B = 2, T = 8, r = 2;
+  const auto in = tokens(B * T, 40, 3), tg = tokens(B * T, 40, 4);
+  for (const std::string dim : {"rows", "cols"}) {
+    DYNAMIC_SECTION("select_dim " << dim) {
+      OptimizerConfig o = grass_config(r, "top_r", dim, 10);
+      o.weight_decay = 0.1;  // decay, too, touches only the selected slices
+      Rig rig(cfg, o, B, T, true);
+      std::map<std::string, std::vector<float>> before;
+      for (const auto& t : rig.grass->targets())
+        before[rig.model->tensors()[t.tensor_index].name] =
+            rig.weights(rig.model->tensors()[t.tensor_index].name);
+      rig.gradients(0, in, tg, B);
+      rig.update(0);
+      for (const auto& t : rig.grass->targets()) {
+        const std::string& name = rig.model->tensors()[t.tensor_index].name;
+        const auto after = rig.weights(name);
+        const std::vector<int32_t> sel(t.sigma, t.sigma + r);
+        int changed_slices = 0;
+        for (int i = 0; i < t.out; i++)
+          for (int c = 0; c < t.in; c++) {
+            const bool selected = std::count(sel.begin(), sel.end(), t.rows ? i : c) > 0;
+            const bool changed = after[size_t(i) * t.in + c] != before[name][size_t(i) * t.in + c];
+            if (!selected) REQUIRE_FALSE(changed);
+            changed_slices += changed;
+          }
+        INFO(name);
+        CHECK(changed_slices == r * (t.rows ? t.in : t.out));  // every selected element moved
+      }
+    }
+  }
+}
+
+TEST_CASE("top_r selects the largest-norm rows of the true gradient", "[grass]") {
+  const ModelConfig cfg = small_config();
+  const int B = 2, T = 8, r = 5;
+  const auto in = tokens(B * T, 40, 5), tg = tokens(B * T, 40, 6);
+  const OptimizerConfig o = grass_config(r, "top_r", "rows", 10);
+  Rig dense(cfg, o, B, T, false), sparse(cfg, o, B, T, true);
+  dense.gradients(0, in, tg, B);
+  sparse.gradients(0, in, tg, B);
+  for (const auto& t : sparse.grass->targets()) {
+    const float* g = dense.model->grad(dense.model->tensors()[t.tensor_index]);
+    std::vector<double> norms(t.out, 0.0);
+    for (int i = 0; i < t.out; i++)
+      for (int c = 0; c < t.in; c++) norms[i] += double(g[int64_t(i) * t.in + c]) * g[int64_t(i) * t.in + c];
+    std::vector<int32_t> order(t.out);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return norms[a] > norms[b]; });
+    std::vector<int32_t> want(order.begin(), order.begin() + r), got(t.sigma, t.sigma + r);
+    std::sort(want.begin(), want.end());
+    CHECK(got == want);
+    for (int j = 0; j < r; j++) CHECK(t.rho[j] == 1.0f);
+  }
+}
+
+TEST_CASE("multinomial draws follow q and the estimator is unbiased", "[grass][selection]") {
+  // Slice norms² n_i, q_i = n_i / Σn (one zero-norm slice, which must never be drawn).
+  const std::vector<double> norms_sq = {4.0, 1.0, 0.0, 2.0, 8.0, 0.5, 3.5, 1.0};
+  const double total = std::accumulate(norms_sq.begin(), norms_sq.end(), 0.0);
+  const int m = int(norms_sq.size()), r = 3, trials = 20000;
+  std::vector<double> count(m, 0.0), weight(m, 0.0);  // draws, and Σ ρ_j² per slice
+  for (int s = 0; s < trials; s++) {
+    const SliceSelection sel = select_slices("multinomial", norms_sq, r, uint64_t(1000 + s));
+    for (int j = 0; j < r; j++) {
+      count[sel.sigma[j]] += 1;
+      weight[sel.sigma[j]] += double(sel.rho[j]) * sel.rho[j];
+    }
+  }
+  // Pearson chi-square over the 7 non-zero slices (6 degrees of freedom): the 99.9% quantile
+  // is 22.46, so a correct sampler fails this with probability 0.1% (and the seeds are fixed).
+  double chi2 = 0;
+  for (int i = 0; i < m; i++) {
+    const double expected = double(trials) * r * norms_sq[i] / total;
+    if (expected == 0) {
+      CHECK(count[i] == 0);
+      continue;
+    }
+    chi2 += (count[i] - expected) * (count[i] - expected) / expected;
+  }
+  CHECK(chi2 < 22.46);
+  // Unbiased: E[Σ_j ρ_j² 1(σ_j = i)] = r q_i / (r q_i) = 1 for every slice with q_i > 0, i.e.
+  // E[P Pᵀ] = I. The mean over 20000 trials has a standard error below 0.03 for these q; allow 5
+  // standard errors.
+  for (int i = 0; i < m; i++) {
+    if (norms_sq[i] == 0) continue;
+    const double q = norms_sq[i] / total;
+    const double stderr_ = std::sqrt((1.0 / (r * q) - 1.0 / r) / trials * r);
+    INFO("slice " << i << " mean weight " << weight[i] / trials << " stderr " << stderr_);
+    CHECK(std::abs(weight[i] / trials - 1.0) < 5 * stderr_ + 1e-3);
+  }
+}
+
+TEST_CASE("selection methods give r sorted slices with their scales and the same draw per seed", "[grass][selection]") {
+  std::vector<double> norms_sq(50);
+  for (int i = 0; i < 50; i++) norms_sq[i] = 1.0 + (i % 7);
+  const int r = 10;
+  for (const std::string method : {"top_r", "multinomial", "multinomial_nr", "uniform", "uniform_nr"}) {
+    INFO(method);
+    const SliceSelection a = select_slices(method, norms_sq, r, 77);
+    const SliceSelection b = select_slices(method, norms_sq, r, 77);
+    REQUIRE(a.sigma.size() == size_t(r));
+    CHECK(a.sigma == b.sigma);  // same seed, same selection (every rank agrees)
+    CHECK(std::is_sorted(a.sigma.begin(), a.sigma.end()));
+    const bool distinct = std::adjacent_find(a.sigma.begin(), a.sigma.end()) == a.sigma.end();
+    if (method == "top_r" || method.ends_with("_nr")) {
+      CHECK(distinct);
+      for (float rho : a.rho) CHECK(rho == 1.0f);
+    }
+    if (method == "uniform")
+      for (float rho : a.rho) CHECK(rho == Approx(std::sqrt(50.0 / r)));
+  }
+  // all-zero norms: the multinomial methods fall back to uniform ones
+  const SliceSelection z = select_slices("multinomial", std::vector<double>(50, 0.0), r, 3);
+  for (float rho : z.rho) CHECK(rho == Approx(std::sqrt(50.0 / r)));
+}
+
+TEST_CASE("a refresh re-selects and resets the moments and the step counter", "[grass]") {
+  const ModelConfig cfg = small_config();
+  const int B = 2, T = 8, r = 2;
+  const auto in = tokens(B * T, 40, 7), tg = tokens(B * T, 40, 8);
+  Rig rig(cfg, grass_config(r, "uniform_nr", "rows", 2), B, T, true);
+  for (int64_t step = 0; step < 2; step++) {
+    rig.gradients(step, in, tg, B);
+    rig.update(step);
+  }
+  const auto& t = rig.grass->targets()[0];
+  CHECK(t.adam_step == 2);
+  const std::vector<int32_t> old_sigma(t.sigma, t.sigma + r);
+  double moment_mass = 0;
+  for (int64_t i = 0; i < t.gc_numel; i++) moment_mass += std::abs(t.m[i]) + t.v[i];
+  CHECK(moment_mass > 0);
+  rig.gradients(2, in, tg, B);  // step 2 is a refresh: the backward re-selects
+  CHECK(t.adam_step == 0);
+  for (int64_t i = 0; i < t.gc_numel; i++) REQUIRE((t.m[i] == 0 && t.v[i] == 0));
+  CHECK(std::vector<int32_t>(t.sigma, t.sigma + r) != old_sigma);  // uniform_nr, a new seed
+  rig.update(2);
+  CHECK(t.adam_step == 1);
+}
+
+TEST_CASE("at full rank GRASS reproduces dense AdamW step for step", "[grass]") {
+  const ModelConfig cfg = small_config();
+  const int B = 2, T = 8;
+  for (const std::string dim : {"rows", "cols"}) {
+    DYNAMIC_SECTION("select_dim " << dim) {
+      // rank = the selectable side of every target: 16 rows or 16 columns of each projection
+      OptimizerConfig o = grass_config(16, "top_r", dim, 1000);
+      o.grass.targets = dim == std::string("rows") ? std::vector<std::string>{"q", "o", "down"}
+                                                  : std::vector<std::string>{"q", "o", "gate", "up"};
+      o.weight_decay = 0.05;
+      Rig dense(cfg, o, B, T, false), sparse(cfg, o, B, T, true);
+      for (int64_t step = 0; step < 4; step++) {
+        const auto in = tokens(B * T, 40, 100 + step), tg = tokens(B * T, 40, 200 + step);
+        const double ld = dense.gradients(step, in, tg, B);
+        const double ls = sparse.gradients(step, in, tg, B);
+        CHECK(ls == Approx(ld).epsilon(1e-6));
+        dense.update(step);
+        sparse.update(step);
+      }
+      for (const ParamTensor& p : dense.model->tensors()) {
+        INFO(p.name);
+        CHECK(rel_err(sparse.model->params() + p.offset, dense.model->params() + p.offset,
+                      p.numel) < 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("4 accumulated micro-batches equal one concatenated batch between refreshes", "[grass]") {
+  const ModelConfig cfg = small_config();
+  const int B = 4, T = 8, r = 3;
+  const OptimizerConfig o = grass_config(r, "multinomial", "rows", 10);
+  Rig whole(cfg, o, B, T, true), micro(cfg, o, B, T, true);
+  const auto in0 = tokens(B * T, 40, 11), tg0 = tokens(B * T, 40, 12);
+  whole.gradients(0, in0, tg0, B);  // step 0 (a refresh): the same batch and selection for both
+  micro.gradients(0, in0, tg0, B);
+  whole.update(0);
+  micro.update(0);
+  const auto in1 = tokens(B * T, 40, 13), tg1 = tokens(B * T, 40, 14);
+  whole.gradients(1, in1, tg1, B);
+  micro.gradients(1, in1, tg1, B, 4);
+  for (size_t k = 0; k < whole.grass->targets().size(); k++) {
+    const auto& a = micro.grass->targets()[k];
+    const auto& b = whole.grass->targets()[k];
+    CHECK(rel_err(a.gc, b.gc, a.gc_numel) < 1e-5);
+  }
+  whole.update(1);
+  micro.update(1);
+  for (const ParamTensor& p : whole.model->tensors()) {
+    INFO(p.name);
+    CHECK(rel_err(micro.model->params() + p.offset, whole.model->params() + p.offset, p.numel) < 1e-5);
+  }
+}
