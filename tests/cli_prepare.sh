@@ -52,6 +52,15 @@ if command -v spm_encode >/dev/null 2>&1; then
   [ "$ours" = "$theirs" ] && passes=$((passes + 1)) || fail "encode: '$ours' != spm_encode '$theirs'"
 fi
 
+# shards hold exactly what spm_encode gives for the same lines (without BOS/EOS: ids only)
+if command -v spm_encode >/dev/null 2>&1; then
+  sed -n 's/^{"text": "\([^"]*\)".*/\1/p' "$tmp/c4-train.00000-of-01024.json" | head -n 300 >"$tmp/lines.txt"
+  "$GRASS" prepare --input "$tmp/lines.txt" --tokenizer "$tmp/tok.model" --out "$tmp/plain" --no-bos --no-eos --quiet >/dev/null
+  od -An -v -tu2 -j 256 "$tmp/plain/shard_00000.bin" | tr -s ' ' '\n' | sed '/^$/d' >"$tmp/ours.ids"
+  spm_encode --model "$tmp/tok.model" --output_format=id <"$tmp/lines.txt" | tr ' ' '\n' >"$tmp/theirs.ids"
+  cmp -s "$tmp/ours.ids" "$tmp/theirs.ids" && passes=$((passes + 1)) || fail "shard tokens differ from spm_encode's"
+fi
+
 # a glob over both files (quoted: grass expands it), two shards of 20,000 tokens at most
 expect 0 "prepared 3000 documents from 2 files (0 bad records skipped)" -- prepare --input "$tmp/c4-train.*.json.gz" --tokenizer "$tmp/tok.model" --out "$tmp/out" --shard-tokens 20000 --threads 2
 [ -f "$tmp/out/shard.manifest.json" ] && [ -f "$tmp/out/shard_00000.bin" ] && passes=$((passes + 1)) || fail "prepare wrote no manifest or shard"

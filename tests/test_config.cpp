@@ -105,16 +105,47 @@ TEST_CASE("every shipped run config parses from the repository root", "[config]"
   }
   const grass::RunConfig quick = grass::load_run_config("configs/runs/quickstart.json");
   CHECK(quick.source == "configs/runs/quickstart.json");
-  CHECK(quick.model_path == "configs/models/llama_tiny.json");
-  CHECK(quick.model.hidden_size == 64);
-  CHECK(quick.train_files[0] == "data/synthetic/train.bin");
+  CHECK(quick.model_path == "configs/models/llama_quickstart.json");
+  CHECK(quick.model.hidden_size == 128);
+  CHECK(quick.model.vocab_size == 4096);
+  CHECK(quick.train_files[0] == "data/c4_sample/tokens/train_00000.bin");
+  CHECK(quick.val_files == std::vector<std::string>{"data/c4_sample/tokens/val_00000.bin"});
+  CHECK(quick.tokenizer == "data/c4_sample/tokenizer.model");
+  CHECK(quick.shuffle);
   CHECK(quick.optimizer.lr == 3e-3);
   CHECK(quick.optimizer.beta2 == 0.95);
-  CHECK(quick.schedule.warmup_steps == 20);
+  CHECK(quick.schedule.warmup_steps == 30);
   CHECK(quick.grad_accum_steps() == 2);
-  CHECK(quick.tokens_per_step() == 16 * 64);
-  CHECK(quick.steps == 200);
-  CHECK(quick.log_every == 10);
+  CHECK(quick.tokens_per_step() == 16 * 128);
+  CHECK(quick.steps == 600);
+  CHECK(quick.log_every == 25);
+  CHECK(quick.eval_every == 200);
+  CHECK(quick.eval_tokens == 65536);
+}
+
+TEST_CASE("data.val, data.tokenizer, data.shuffle, eval_every and eval_tokens", "[config][eval]") {
+  const InDirectory root(kSource);
+  const grass::RunConfig defaults = grass::load_run_config(
+      "configs/runs/bench_tiny.json", {"data.val=[\"v1.bin\",\"v2.bin\"]"});
+  CHECK(defaults.val_files == std::vector<std::string>{"v1.bin", "v2.bin"});
+  CHECK(defaults.tokenizer.empty());
+  CHECK(defaults.shuffle);
+  CHECK(defaults.eval_every == 0);
+  CHECK(defaults.eval_tokens == 10'000'000);
+  const grass::RunConfig set = grass::load_run_config(
+      "configs/runs/bench_tiny.json", {"data.shuffle=false", "eval_every=50", "eval_tokens=4096"});
+  CHECK(set.val_files.empty());
+  CHECK(!set.shuffle);
+  CHECK(set.eval_every == 50);
+  CHECK(set.eval_tokens == 4096);
+  const auto error_of = [](const std::string& override_text) {
+    return user_error([&] { grass::load_run_config("configs/runs/bench_tiny.json", {override_text}); });
+  };
+  CHECK_THAT(error_of("data.tokenizer=no/such.model"),
+             Contains("bench_tiny.json: data.tokenizer: file not found: no/such.model"));
+  CHECK_THAT(error_of("data.val=[]"), Contains("data.val: expected a token shard path or a non-empty"));
+  CHECK_THAT(error_of("eval_tokens=0"), Contains("eval_tokens"));
+  CHECK_THAT(error_of("eval_every=-1"), Contains("eval_every"));
 }
 
 TEST_CASE("parameter counts match the published model sizes", "[config]") {
@@ -441,7 +472,7 @@ TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
   original.model.rope_theta = 500000.0;
 
   const json written = grass::to_json(original);
-  CHECK(written["model"]["hidden_size"] == 64);  // the model is inline: config.json stands alone
+  CHECK(written["model"]["hidden_size"] == 128);  // the model is inline: config.json stands alone
   const std::string path = write_temp_file("config.json", written.dump(2));
   grass::RunConfig reloaded = grass::load_run_config(path);
 

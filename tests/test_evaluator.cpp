@@ -1,16 +1,22 @@
 // Evaluator: the perplexity over the first N targets of the validation stream equals a hand
 // computation from the model's own logits; exactly N targets count (a partial last window
-// included); the stream is read in order, whatever the batch.
+// included); the stream is read in order, whatever the batch; training evaluates every
+// eval_every steps and at the end, logging rows marked "eval".
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/arena.h"
+#include "core/rng.h"
 #include "model/llama.h"
 #include "test_util.h"
 #include "train/evaluator.h"
+#include "train/trainer.h"
 
 using Catch::Matchers::Contains;
 using namespace grass::test;
@@ -97,4 +103,56 @@ TEST_CASE("eval needs N + 1 tokens of validation data", "[eval]") {
   CHECK_THAT(user_error_of([&] { grass::Evaluator too_many(std::vector<std::string>{path}, 100); }),
              Contains(path + ": 100 tokens hold 99 targets, fewer than the 100 to evaluate") &&
                  Contains("lower eval_tokens"));
+}
+
+TEST_CASE("training evaluates every eval_every steps and after the last", "[eval][train]") {
+  TempDir dir("grass_test_evaluator");
+  // 8 random 4-grams over 32 tokens in random order: learnable, so validation loss must fall.
+  const int V = 32, K = 8, L = 4;
+  std::vector<uint32_t> ngrams(K * L), stream;
+  for (int i = 0; i < K * L; i++) ngrams[i] = uint32_t(grass::uniform_open01(31, i) * V);
+  for (int i = 0; i < 6000; i++) {
+    const int k = int(grass::uniform_open01(32, i) * K);
+    stream.insert(stream.end(), ngrams.begin() + k * L, ngrams.begin() + (k + 1) * L);
+  }
+  const std::vector<uint32_t> train_part(stream.begin(), stream.begin() + 20000);
+  const std::vector<uint32_t> val_part(stream.begin() + 20000, stream.end());
+  const std::string train = write_shard(dir.file("train.bin"), train_part, {.vocab_size = 32});
+  const std::string val = write_shard(dir.file("val.bin"), val_part, {.vocab_size = 32});
+  const nlohmann::json run = {
+      {"model", {{"hidden_size", 32}, {"intermediate_size", 64}, {"num_attention_heads", 2},
+                 {"num_hidden_layers", 1}, {"vocab_size", 32}, {"max_position_embeddings", 32}}},
+      {"data", {{"train", train}, {"val", val}}},
+      {"optimizer", {{"name", "adamw"}, {"lr", 1e-2}}},
+      {"micro_batch_size", 4}, {"seq_len", 16}, {"steps", 50}, {"eval_every", 20},
+      {"eval_tokens", 1000}, {"out_dir", dir.file("out")}, {"log_every", 50}};
+  const grass::RunConfig cfg = grass::parse_run_config(run, "");
+
+  grass::Arena arena;
+  grass::LlamaModel untrained(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len);
+  untrained.init_weights(cfg.seed);
+  const grass::EvalResult before = grass::Evaluator({val}, 1000).evaluate(untrained, 4);
+
+  const grass::TrainResult result = grass::train(cfg);
+  REQUIRE(result.final_eval.has_value());
+  CHECK(result.final_eval->tokens == 1000);
+  CHECK(result.final_eval->loss < 0.8 * before.loss);
+
+  std::ifstream metrics(dir.file("out") + "/metrics.jsonl");
+  std::vector<int64_t> eval_steps;
+  int64_t last_step = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.value("eval", false)) {
+      last_step = j["step"];
+      continue;
+    }
+    CHECK(j["step"] == last_step);  // written right after its step's row
+    CHECK(j["val_tokens"] == 1000);
+    CHECK(j["val_perplexity"].get<double>() ==
+          Approx(std::exp(j["val_loss"].get<double>())).epsilon(1e-12));
+    eval_steps.push_back(j["step"]);
+    if (j["step"] == 50) CHECK(j["val_loss"].get<double>() == result.final_eval->loss);
+  }
+  CHECK(eval_steps == std::vector<int64_t>{20, 40, 50});
 }

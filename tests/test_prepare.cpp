@@ -225,6 +225,11 @@ TEST_CASE("prepare refuses bad tokenizers, empty input, and an out_dir holding s
   CHECK_FALSE(fs::exists(options.out_dir));
 
   options = corpus.options("out");
+  options.out_dir = corpus.dir.file("extra.jsonl") + "/out";  // a file stands where a directory must
+  CHECK_THAT(user_error_of([&] { prepare(options); }),
+             StartsWith(options.out_dir + ": Not a directory"));
+
+  options = corpus.options("out");
   const PrepareSummary first = prepare(options);
   const std::string before = file_bytes(first.shards[0].path);
   CHECK_THAT(user_error_of([&] { prepare(options); }), Contains("from an earlier prepare"));

@@ -62,10 +62,13 @@ int tokenizer_train(const Args& args) {
                options.inputs.size(), options.vocab_size);
   const TokenizerTrainStats stats = train_tokenizer(options);
   const Tokenizer trained(options.out_path);
+  const bool sampled = options.max_sentences && stats.sentences > options.max_sentences;
   std::printf("trained %s: %u pieces from %" PRIu64 " lines of %" PRIu64
-              " documents (%.2f MB of text), checksum 0x%016" PRIx64 "\n",
+              " documents (%.2f MB of text)%s, checksum 0x%016" PRIx64 "\n",
               options.out_path.c_str(), trained.vocab_size(), stats.sentences, stats.documents,
-              stats.text_bytes / 1e6, trained.hash());
+              stats.text_bytes / 1e6,
+              sampled ? (", a sample of " + std::to_string(options.max_sentences)).c_str() : "",
+              trained.hash());
   return 0;
 }
 

@@ -26,7 +26,7 @@ const Command kCommands[] = {
      grass::cli::cmd_eval},
     {"prepare", "prepare --input <files> --tokenizer <model> --out <dir>   tokenize text into shards",
      grass::cli::cmd_prepare},
-    {"tokenizer", "tokenizer train|encode ...   train a SentencePiece tokenizer, or encode text",
+    {"tokenizer", "tokenizer train|encode|info ...   make a SentencePiece tokenizer, or use one",
      grass::cli::cmd_tokenizer},
 };
 

@@ -22,6 +22,17 @@ namespace grass {
 
 namespace fs = std::filesystem;
 
+std::string prepared_shard_path(const std::string& out_dir, const std::string& prefix,
+                                size_t index) {
+  char name[32];
+  std::snprintf(name, sizeof name, "_%05zu.bin", index);
+  return (fs::path(out_dir) / (prefix + name)).string();
+}
+
+std::string prepared_manifest_path(const std::string& out_dir, const std::string& prefix) {
+  return (fs::path(out_dir) / (prefix + ".manifest.json")).string();
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -267,20 +278,7 @@ void write_manifest(const PrepareOptions& options, const Tokenizer& tokenizer,
   fs::rename(tmp_path, s.manifest_path);
 }
 
-}  // namespace
-
-std::string prepared_shard_path(const std::string& out_dir, const std::string& prefix,
-                                size_t index) {
-  char name[32];
-  std::snprintf(name, sizeof name, "_%05zu.bin", index);
-  return (fs::path(out_dir) / (prefix + name)).string();
-}
-
-std::string prepared_manifest_path(const std::string& out_dir, const std::string& prefix) {
-  return (fs::path(out_dir) / (prefix + ".manifest.json")).string();
-}
-
-PrepareSummary prepare(const PrepareOptions& options) {
+PrepareSummary run_prepare(const PrepareOptions& options) {
   GRASS_CHECK(options.threads >= 1 && options.shard_tokens >= 1 && !options.inputs.empty(),
               "prepare: bad options");
   // Everything that can be checked up front is, before out_dir is touched.
@@ -343,12 +341,23 @@ PrepareSummary prepare(const PrepareOptions& options) {
     write_manifest(options, tokenizer, summary);
   } catch (...) {
     // Shards already moved into place are this run's too; without a manifest they must go.
-    for (const PreparedShard& shard : summary.shards) fs::remove(shard.path);
-    if (created_out_dir && fs::is_empty(options.out_dir)) fs::remove(options.out_dir);
+    std::error_code ignored;
+    for (const PreparedShard& shard : summary.shards) fs::remove(shard.path, ignored);
+    if (created_out_dir && fs::is_empty(options.out_dir, ignored)) fs::remove(options.out_dir, ignored);
     throw;
   }
   summary.seconds = progress.elapsed();
   return summary;
+}
+
+}  // namespace
+
+PrepareSummary prepare(const PrepareOptions& options) {
+  try {
+    return run_prepare(options);
+  } catch (const fs::filesystem_error& e) {  // a missing input, a read-only --out, a full disk
+    throw UserError(e.path1().string() + ": " + e.code().message() + " (in prepare)");
+  }
 }
 
 }  // namespace grass

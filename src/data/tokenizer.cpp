@@ -105,8 +105,8 @@ Tokenizer::Tokenizer(const std::string& model_path)
   const std::string bytes = read_file(model_path);
   const auto status = processor_->LoadFromSerializedProto(bytes);
   if (!status.ok() || processor_->GetPieceSize() <= 0)
-    throw UserError(model_path + ": not a SentencePiece model (" + status.ToString() +
-                    "); pass the .model file the tokenizer was trained to");
+    throw UserError(model_path + ": not a SentencePiece model (it does not parse as one); pass "
+                    "the .model file the tokenizer was trained to");
   hash_ = fnv1a64(bytes.data(), bytes.size());
 }
 

@@ -73,7 +73,7 @@ void print_run_table(const RunConfig& cfg, const LlamaModel& model, double flops
               cfg.schedule.min_lr_ratio, (long long)cfg.steps);
   std::printf("  precision     %s, seed %llu\n", cfg.precision.c_str(),
               (unsigned long long)cfg.seed);
-  std::printf("  FLOPs/token   %.3g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
+  std::printf("  FLOPs/token   %.4g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
               flops_per_token,
               cfg.optimizer.name == "grass" ? ", less 2mn - 2rn per GRASS target" : "");
   std::printf("  memory\n%s", arena.report().c_str());
