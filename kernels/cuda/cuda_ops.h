@@ -1,0 +1,155 @@
+// The CUDA kernels: the same ops as kernels/ops.h (the CPU reference), on device pointers.
+// Include only from .cu files and GPU tests (it needs cuda_bf16.h).
+//
+// Storage and math
+//   Activations and the compute copy of the weights are bf16; every kernel computes in fp32
+//   and rounds once when it stores. Per-row statistics (rstd, logsumexp) are fp32.
+//   A parameter gradient is fp32 (precision "bf16-mixed") or bf16 (precision "bf16"): the
+//   functions that write one take a GradType. Parameter gradients ACCUMULATE (+=), as on the CPU.
+//   Shapes, layouts and names follow kernels/ops.h: row-major, a weight W is [out, in],
+//   N = tokens, C hidden, F ffn, V vocab, NH/NKV heads, HD head dim.
+// Every function launches on ctx.stream and checks its launch; none synchronises.
+// Every reduction has a fixed order (no atomics on floats): two identical runs give identical
+// bits.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace grass::cuda {
+
+using bf16 = __nv_bfloat16;
+
+struct Context {
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;  // cuBLASLt's workspace
+  size_t lt_workspace_bytes = 0;
+};
+
+enum class GradType { F32, BF16 };
+
+// ---- GEMM through cuBLASLt (kernels/cuda/gemm.cu) --------------------------------------------
+// bf16 inputs, fp32 accumulation.
+// y[N,out] = x[N,in] · w[out,in]ᵀ
+void linear_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w, int64_t N, int in,
+                    int out);
+// dx[N,in] = dy[N,out] · w[out,in]   (dx += ... when accumulate_dx)
+void linear_backward_dx(const Context& ctx, bf16* dx, const bf16* dy, const bf16* w, int64_t N,
+                        int in, int out, bool accumulate_dx);
+// dw[out,in] += dy[N,out]ᵀ · x[N,in]   (β = 1 in the GEMM: accumulation costs no extra pass);
+// dw is float* or bf16* as gtype says.
+void linear_backward_dw(const Context& ctx, void* dw, GradType gtype, const bf16* dy, const bf16* x,
+                        int64_t N, int in, int out);
+// The transient fp32 full gradient of one GRASS target at a refresh: g[out,in] = dyᵀ · x
+void linear_full_grad_f32(const Context& ctx, float* g, const bf16* dy, const bf16* x, int64_t N,
+                          int in, int out);
+
+// ---- embedding (kernels/cuda/embedding.cu) ---------------------------------------------------
+// out[N,C] = table[tokens[n], :]
+void embedding_forward(const Context& ctx, bf16* out, const int32_t* tokens, const bf16* table,
+                       int64_t N, int C);
+// dtable[token, :] += Σ dout[n, :] over the n holding that token, without atomics: the host
+// groups positions by token (EmbeddingGroups below) and one block sums each group in order.
+//   positions[N]:        the token positions, grouped by token id (ascending within a group)
+//   group_start[G + 1]:  group g is positions[group_start[g] .. group_start[g+1])
+//   group_token[G]:      the token id of group g
+void embedding_backward(const Context& ctx, void* dtable, GradType gtype, const bf16* dout,
+                        const int32_t* positions, const int32_t* group_start,
+                        const int32_t* group_token, int num_groups, int C);
+
+// ---- RMSNorm (kernels/cuda/rmsnorm.cu) -------------------------------------------------------
+// out[N,C] = w[C] * x * rstd,  rstd[N] = 1/sqrt(mean(x²) + eps)
+void rmsnorm_forward(const Context& ctx, bf16* out, float* rstd, const bf16* x, const bf16* w,
+                     int64_t N, int C, float eps);
+// dx[N,C] += ∂/∂x (the residual stream accumulates);  dw[C] += ∂/∂w.
+// dw's column sums go through scratch[rmsnorm_scratch_floats(N, C)] in a fixed order.
+int64_t rmsnorm_scratch_floats(int64_t N, int C);
+void rmsnorm_backward(const Context& ctx, bf16* dx, void* dw, GradType gtype, const bf16* dout,
+                      const bf16* x, const bf16* w, const float* rstd, float* scratch, int64_t N,
+                      int C);
+
+// ---- RoPE (kernels/cuda/rope.cu), HF rotate-half on x[B,T,H,HD], in place ----------------------
+void rope_forward(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta);
+void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, float theta);
+
+// ---- SwiGLU and residual (kernels/cuda/swiglu.cu) --------------------------------------------
+void swiglu_forward(const Context& ctx, bf16* out, const bf16* gate, const bf16* up, int64_t n);
+void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
+                     const bf16* up, int64_t n);
+// out = a + b (out may alias a)
+void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t n);
+
+// ---- causal attention with GQA (kernels/cuda/attention.cu) -----------------------------------
+// q[B,T,NH,HD], k,v[B,T,NKV,HD]; query head h reads kv head h / (NH/NKV). Flash-style: the T x T
+// scores never exist in memory; the forward keeps lse[B,NH,T] (natural-log logsumexp of the scaled
+// scores) for the backward, which recomputes them. HD ∈ {64, 128} (and any multiple of 8 ≤ 256).
+void attention_forward(const Context& ctx, bf16* out, float* lse, const bf16* q, const bf16* k,
+                       const bf16* v, int B, int T, int NH, int NKV, int HD);
+// dq, dk, dv overwritten. scratch[attention_scratch_floats(...)] holds fp32 partial sums
+// (D = rowsum(dout ⊙ out), and dk/dv accumulators for the query heads sharing a kv head).
+int64_t attention_scratch_floats(int B, int T, int NH, int NKV, int HD);
+void attention_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, float* scratch,
+                        const bf16* dout, const bf16* out, const float* lse, const bf16* q,
+                        const bf16* k, const bf16* v, int B, int T, int NH, int NKV, int HD);
+
+// ---- cross-entropy, fused with its backward (kernels/cuda/cross_entropy.cu) ------------------
+// On one chunk of rows of logits[n, V] (bf16, the lm_head GEMM's output): loss[i] =
+// logsumexp(row) - row[target] (0 on an ignored row, target < 0), and the row is overwritten
+// IN PLACE with its gradient (softmax - onehot(target)) · dloss_scale (0 on ignored rows).
+// No fp32 copy of the probabilities exists; the caller loops over chunks of tokens.
+void cross_entropy_fused(const Context& ctx, bf16* logits, float* loss, const int32_t* targets,
+                         int64_t n, int V, float dloss_scale);
+
+// ---- optimizer math (kernels/cuda/adamw.cu) --------------------------------------------------
+// One decoupled-AdamW step, the formula of ops::adamw_update, on g·grad_scale (grad_scale is the
+// clipping coefficient). Two storage schemes:
+//   master != nullptr ("bf16-mixed"): master[n] fp32 is the weight; m, v fp32; param[n] (bf16,
+//     the compute copy) = round-to-nearest(master) afterwards. g is fp32.
+//   master == nullptr ("bf16"): param is the weight; m, v bf16; every store of param, m and v
+//     rounds stochastically with the stream (seed, element index). g is bf16.
+void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
+                  int64_t n, float grad_scale, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int64_t step, uint64_t seed);
+
+// Σ x² over n elements of fp32 or bf16 (gtype), deterministically: fixed blocks, then one block
+// sums the partials in order. Writes the double result to *out (device memory).
+// scratch[sum_squares_scratch_doubles(n)].
+int64_t sum_squares_scratch_doubles(int64_t n);
+void sum_squares(const Context& ctx, double* out, const void* x, GradType gtype, int64_t n,
+                 double* scratch);
+
+// Conversions: bf16[n] = round-to-nearest(f32[n]); f32[n] = bf16[n].
+void f32_to_bf16(const Context& ctx, bf16* out, const float* in, int64_t n);
+void bf16_to_f32(const Context& ctx, float* out, const bf16* in, int64_t n);
+
+// ---- GRASS (kernels/cuda/grass.cu; the CPU reference: kernels/cpu/grass.cpp) -----------------
+// The compressed gradient straight from the activations, gathered then one GEMM:
+//   rows: gc[r, in]  += ρ ⊙ (dy[:, σ])ᵀ · x
+//   cols: gc[out, r] += dyᵀ · (x[:, σ] ⊙ ρ)
+// gc is fp32 or bf16 (gtype); scratch[N, r] (bf16) holds the gathered, ρ-scaled columns.
+void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* scratch,
+                           const bf16* dy, const bf16* x, const int32_t* sigma, const float* rho,
+                           int64_t N, int in, int out, int r, bool rows);
+// norms_sq[out] (rows) or norms_sq[in] (cols) = squared L2 norms of the slices of g[out, in]
+// (fp32), each in a fixed order.
+void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int out, int in,
+                       bool rows);
+// gc = the ρ-scaled selected slices of the full g[out, in] (rows: gc[r, in]; cols: gc[out, r]).
+void grass_gather(const Context& ctx, void* gc, GradType gtype, const float* g,
+                  const int32_t* sigma, const float* rho, int out, int in, int r, bool rows);
+// Adam on gc·grad_scale (m, v shaped like gc; step counts from 1 since the last refresh), then
+// the sparse update w[σ_j] -= lr·alpha·ρ_j·Δ_j (rows: w[σ_j, :]; cols: w[:, σ_j]). σ is sorted
+// ascending and may repeat: the Δ of repeated slices add up, in j order, with no atomics.
+// Decoupled weight decay multiplies each distinct selected slice by (1 - lr·wd) once.
+// Storage as in adamw_update: master != nullptr: the weight is master (fp32, [out,in]), m, v, gc
+// fp32, and the touched slices of param are re-rounded from master; master == nullptr: the
+// weight is param (bf16), m, v, gc bf16, with stochastic rounding on every store.
+void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
+                       void* v, const int32_t* sigma, const float* rho, int out, int in, int r,
+                       bool rows, float grad_scale, float lr, float alpha, float beta1, float beta2,
+                       float eps, float weight_decay, int64_t step, uint64_t seed);
+
+}  // namespace grass::cuda

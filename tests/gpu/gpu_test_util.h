@@ -1,0 +1,99 @@
+// Helpers the GPU test files share: device buffers filled from host vectors, bf16 round trips,
+// poisoning (every element NaN, so an element a kernel forgot to write fails the comparison) and
+// the relative error used by every CPU-vs-GPU check.
+#pragma once
+#include <catch2/catch.hpp>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_ops.h"
+
+namespace grass::gputest {
+
+inline void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// One device allocation of n elements of T, freed on scope exit.
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) {
+    check(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)), "cudaMalloc");
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void upload(const std::vector<T>& host) {
+    REQUIRE(host.size() == n);
+    check(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n);
+    check(cudaDeviceSynchronize(), "kernel");
+    check(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return host;
+  }
+  // Every byte 0xFF: NaN in fp32 and bf16 alike, -1 as an int32.
+  void poison() { check(cudaMemset(ptr, 0xFF, std::max<size_t>(1, n) * sizeof(T)), "poison"); }
+};
+
+inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+  std::vector<__nv_bfloat16> out(x.size());
+  for (size_t i = 0; i < x.size(); i++) out[i] = __float2bfloat16_rn(x[i]);
+  return out;
+}
+inline std::vector<float> to_f32(const std::vector<__nv_bfloat16>& x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); i++) out[i] = __bfloat162float(x[i]);
+  return out;
+}
+// x rounded to bf16 and back: the CPU reference runs on exactly the values the GPU sees.
+inline std::vector<float> bf16_rounded(const std::vector<float>& x) { return to_f32(to_bf16(x)); }
+
+// Fresh random normals (scale·N(0,1)) for every call: tests never run on zeros or constants.
+inline std::vector<float> randn(size_t n, double scale = 1.0) {
+  static std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> dist(0.0, scale);
+  std::vector<float> out(n);
+  for (float& v : out) v = float(dist(rng));
+  return out;
+}
+
+// ‖got - want‖₂ / ‖want‖₂ (NaN anywhere in got gives NaN, which fails every bound).
+inline double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    const double d = double(got[i]) - double(want[i]);
+    num += d * d;
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// A Context with its own stream and cuBLASLt handle; for tests.
+struct TestContext {
+  cuda::Context ctx;
+  TestContext() {
+    check(cudaStreamCreate(&ctx.stream), "cudaStreamCreate");
+    if (cublasLtCreate(&ctx.lt) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
+    ctx.lt_workspace_bytes = 32u << 20;
+    check(cudaMalloc(&ctx.lt_workspace, ctx.lt_workspace_bytes), "cudaMalloc workspace");
+  }
+  ~TestContext() {
+    cudaFree(ctx.lt_workspace);
+    cublasLtDestroy(ctx.lt);
+    cudaStreamDestroy(ctx.stream);
+  }
+};
+
+}  // namespace grass::gputest
