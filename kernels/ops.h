@@ -125,6 +125,13 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* r
                        int r, bool rows, double grad_scale, double lr, double alpha, double beta1,
                        double beta2, double eps, double weight_decay, int64_t step);
 
+// ---- bf16 storage, emulated in fp32 memory (kernels/cpu/bf16_storage.cpp) -------------------
+// x[i] = the bf16 value nearest x[i] (ties to even): what a bf16 store keeps.
+void round_to_bf16(float* x, int64_t n);
+// x[i] = x[i] rounded stochastically to bf16 with the counter-based stream (seed, i) of
+// kernels/stochastic_round.h, the one the CUDA kernels draw from.
+void stochastic_round_to_bf16(float* x, int64_t n, uint64_t seed);
+
 // Σ x² in double (deterministic: fixed chunking, independent of the thread count)
 template <typename T>
 double sum_squares(const T* x, int64_t n);

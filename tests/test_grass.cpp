@@ -77,7 +77,7 @@ struct Rig {
                                  : std::vector<std::string>{};
     model = std::make_unique<LlamaModel>(cfg, arena, max_batch, T, names);
     model->init_weights(5);
-    adamw = std::make_unique<AdamW>(o, model->tensors(), model->num_dense_grads(), arena);
+    adamw = std::make_unique<AdamW>(o, *model, arena, 5);
     if (use_grass) {
       grass = std::make_unique<GrassOptimizer>(o, *model, int64_t(max_batch) * T, arena);
       model->set_compressed_sink(grass.get());
@@ -98,8 +98,8 @@ struct Rig {
   }
   void update(int64_t step) {
     const double clip = 1.0;
-    if (grass) grass->step(model->params(), clip, opt.lr);
-    adamw->step(model->params(), model->grads(), clip, opt.lr, step + 1);
+    if (grass) grass->step(*model, clip, opt.lr);
+    adamw->step(*model, clip, opt.lr, step + 1);
   }
   std::vector<float> weights(const std::string& name) {
     const ParamTensor& t = model->tensor(name);

@@ -31,12 +31,14 @@ RunConfig small_run(const std::string& optimizer) {
 }  // namespace
 
 TEST_CASE("the memory plan equals what a run allocates, category by category", "[memory]") {
-  for (const std::string optimizer : {"adamw", "grass"}) {
-    INFO(optimizer);
+  for (const std::string optimizer : {"adamw", "grass"})
+  for (const std::string precision : {"fp32", "bf16-mixed", "bf16"}) {
+    INFO(optimizer << " " << precision);
     const RunConfig cfg = small_run(optimizer);
-    const MemoryPlan plan = plan_memory(cfg);
+    const Storage cpu = storage_for(precision, false);
+    const MemoryPlan plan = plan_memory(cfg, cpu);
     Arena real;
-    build_training_state(cfg, real);
+    build_training_state(cfg, real, cpu);
     for (int c = 0; c < kMemCategories; c++) {
       INFO(mem_category_name(MemCategory(c)));
       CHECK(plan.bytes[c] == real.bytes(MemCategory(c)));
@@ -48,7 +50,7 @@ TEST_CASE("the memory plan equals what a run allocates, category by category", "
 TEST_CASE("planned weights and gradients and optimizer states follow GRASS.md's arithmetic",
           "[memory]") {
   const RunConfig cfg = small_run("grass");
-  const MemoryPlan plan = plan_memory(cfg);
+  const MemoryPlan plan = plan_memory(cfg, storage_for("fp32", false));
   const int64_t P = cfg.model.num_parameters(), r = cfg.optimizer.grass.rank, L = 2;
   // auto selects the smaller side: q [32,32] rows (r x 32), v [16,32] rows (r x 32),
   // gate [86,32] columns (86 x r), down [32,86] rows (r x 86)
@@ -72,9 +74,24 @@ TEST_CASE("planning LLaMA-13B with GRASS allocates nothing and reports GRASS.md'
   cfg.seq_len = 256;
   cfg.optimizer.name = "grass";
   cfg.optimizer.grass.rank = 256;
-  const MemoryPlan plan = plan_memory(cfg);
+  const MemoryPlan plan = plan_memory(cfg, storage_for("fp32", false));
   CHECK(plan.bytes[int(MemCategory::Weights)] == 4 * int64_t(13015864320));
   // GRASS.md: r=256, auto: 634 M elements per moment (2.36 GiB bf16, 4.72 GiB fp32)
   const double moment_elements = double(plan.bytes[int(MemCategory::CompressedGradients)]) / 4;
   CHECK(moment_elements == Approx(634e6).epsilon(0.001));
+
+  // Pure bf16 on the GPU (GRASS.md's memory arithmetic): 24.24 GiB of weights, bf16 moments,
+  // no master copy; weights + gradients + optimizer states fit in 40 GB with room to spare.
+  const MemoryPlan gpu = plan_memory(cfg, storage_for("bf16", true));
+  const double GiB = 1024.0 * 1024 * 1024;
+  CHECK(gpu.bytes[int(MemCategory::Weights)] == 2 * int64_t(13015864320));
+  CHECK(gpu.bytes[int(MemCategory::Weights)] / GiB == Approx(24.24).epsilon(0.001));
+  const double grass_moments = 2 * 634e6 * 2 / GiB, dense_moments = 2 * 327.68e6 * 2 / GiB;
+  CHECK(gpu.bytes[int(MemCategory::Optimizer)] / GiB ==
+        Approx(grass_moments + dense_moments).epsilon(0.01));
+  const int64_t held = gpu.bytes[int(MemCategory::Weights)] +
+                       gpu.bytes[int(MemCategory::Gradients)] +
+                       gpu.bytes[int(MemCategory::CompressedGradients)] +
+                       gpu.bytes[int(MemCategory::Optimizer)];
+  CHECK(double(held) < 40e9);
 }

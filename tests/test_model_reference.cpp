@@ -98,7 +98,7 @@ TEST_CASE("five AdamW steps with clipping match the PyTorch reference", "[model]
   Arena arena;
   LlamaModel model(fx.model, arena, B, T);
   load_hf_weights(model, fx.tensors);
-  AdamW opt(oc, model.tensors(), model.num_dense_grads(), arena);
+  AdamW opt(oc, model, arena, 0);
   const auto tokens = fx.tensors.read_i64("train_tokens");  // [steps, B, T+1]
   const auto ref_losses = fx.tensors.read_f64("train_losses");
   const auto ref_norms = fx.tensors.read_f64("train_grad_norms");
@@ -116,7 +116,7 @@ TEST_CASE("five AdamW steps with clipping match the PyTorch reference", "[model]
     model.backward(1.0);
     const double norm = grad_norm(model.grads(), model.num_dense_grads());
     (norm > max_norm ? clipped : unclipped) = true;
-    opt.step(model.params(), model.grads(), clip_coefficient(norm, max_norm), oc.lr, s + 1);
+    opt.step(model, clip_coefficient(norm, max_norm), oc.lr, s + 1);
     INFO("step " << s + 1 << ": loss " << loss << " vs " << ref_losses[s] << ", grad norm "
                  << norm << " vs " << ref_norms[s]);
     CHECK(std::abs(loss - ref_losses[s]) / ref_losses[s] < kTol);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "stochastic_round.h"
+
 namespace grass::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -34,23 +36,12 @@ using bf16 = __nv_bfloat16;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// ---- stochastic rounding ---------------------------------------------------------------------
-// A counter-based hash (no state): the same (seed, index) always rounds the same way, so two
-// identical runs stay identical, and different elements and steps get independent draws.
+// ---- stochastic rounding (kernels/stochastic_round.h: the same bits as the CPU's emulation) ----
 __device__ __forceinline__ uint32_t hash_u32(uint64_t seed, uint64_t index) {
-  uint64_t z = seed ^ (index * 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return uint32_t((z ^ (z >> 31)) >> 32);
+  return rounding_hash(seed, index);
 }
-
-// Rounds x to bf16 up or down with probability proportional to the distance, so that
-// E[round(x)] = x: adds 16 random bits below the kept mantissa, then truncates.
 __device__ __forceinline__ bf16 stochastic_round_bf16(float x, uint64_t seed, uint64_t index) {
-  uint32_t bits = __float_as_uint(x);
-  if ((bits & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);  // inf, NaN
-  bits += hash_u32(seed, index) & 0xffffu;
-  return __ushort_as_bfloat16(uint16_t(bits >> 16));
+  return __ushort_as_bfloat16(stochastic_round_bits(__float_as_uint(x), seed, index));
 }
 
 }  // namespace grass::cuda

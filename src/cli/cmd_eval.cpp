@@ -9,6 +9,7 @@
 #include "io/safetensors.h"
 #include "model/hf_weights.h"
 #include "model/llama.h"
+#include "train/backend_choice.h"
 #include "train/evaluator.h"
 
 namespace grass::cli {
@@ -64,7 +65,8 @@ int cmd_eval(const Args& args) {
   evaluator.stream().check_vocab(cfg.model.vocab_size);
   if (!cfg.tokenizer.empty()) evaluator.stream().check_tokenizer(cfg.tokenizer);
   Arena arena;
-  LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len);
+  LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len, {},
+                   choose_backend(cfg).storage);
   if (weights.empty()) {
     model.init_weights(cfg.seed);
   } else {

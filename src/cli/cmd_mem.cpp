@@ -15,11 +15,15 @@ const char* kMemUsage =
     "Prints the memory the run will take, by category (weights, dense and compressed gradients,\n"
     "optimizer states, activations, workspace), beside full AdamW on the same model and batch.\n"
     "Nothing is allocated: the run's own allocations are made on a planning arena, so the figures\n"
-    "are exactly what `grass train` holds, for any model size.\n";
+    "are exactly what `grass train` holds, for any model size. The plan is for the GPU (bf16\n"
+    "storage as the run's precision says) unless the run's device is \"cpu\" or --device cpu is\n"
+    "given.\n"
+    "\n"
+    "  --device cpu|cuda   plan for this backend instead of the run's\n";
 }  // namespace
 
 int cmd_mem(const Args& args) {
-  std::string run_path;
+  std::string run_path, device;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
@@ -29,6 +33,11 @@ int cmd_mem(const Args& args) {
     } else if (a == "--set") {
       if (i + 1 >= args.size()) throw UserError("--set needs key=value");
       overrides.push_back(args[++i]);
+    } else if (a == "--device") {
+      if (i + 1 >= args.size()) throw UserError("--device needs cpu or cuda");
+      device = args[++i];
+      if (device != "cpu" && device != "cuda")
+        throw UserError("mem: --device " + device + ": expected cpu or cuda");
     } else if (a.rfind("-", 0) == 0) {
       throw UserError("mem: unknown option " + a + " (see grass mem --help)");
     } else if (run_path.empty()) {
@@ -38,7 +47,10 @@ int cmd_mem(const Args& args) {
     }
   }
   if (run_path.empty()) throw UserError("mem: missing <run.json> (see grass mem --help)");
-  std::fputs(format_memory_plans(load_run_config(run_path, overrides)).c_str(), stdout);
+  const RunConfig cfg = load_run_config(run_path, overrides);
+  const Storage storage =
+      device.empty() ? planned_storage(cfg) : storage_for(cfg.precision, device == "cuda");
+  std::fputs(format_memory_plans(cfg, storage).c_str(), stdout);
   return 0;
 }
 

@@ -139,6 +139,7 @@ const std::vector<std::string> kRunKeys = {
     "seq_len",
     "steps",
     "precision",
+    "device",
     "seed",
     "out_dir",
     "log_every",
@@ -153,7 +154,8 @@ const std::vector<std::string> kGrassSelections = {"top_r", "multinomial", "mult
 const std::vector<std::string> kGrassSelectDims = {"auto", "rows", "cols"};
 const std::vector<std::string> kGrassTargets = {"q", "k", "v", "o", "gate", "up", "down"};
 const std::vector<std::string> kSchedules = {"cosine", "constant"};
-const std::vector<std::string> kPrecisions = {"fp32"};
+const std::vector<std::string> kPrecisions = {"auto", "fp32", "bf16-mixed", "bf16"};
+const std::vector<std::string> kDevices = {"auto", "cpu", "cuda"};
 
 std::string quoted_list(const std::vector<std::string>& names) {
   std::string text;
@@ -321,9 +323,12 @@ void read_precision(const ObjectReader& run, RunConfig& c) {
   c.precision = run.string("precision").value_or(c.precision);
   if (std::find(kPrecisions.begin(), kPrecisions.end(), c.precision) == kPrecisions.end())
     run.at("precision")
-        .fail("\"" + c.precision + "\" is not supported: the CPU backend computes in fp32, and " +
-              "bf16 precisions arrive with the CUDA backend (supported: " +
-              quoted_list(kPrecisions) + ")");
+        .fail("\"" + c.precision + "\" is not a precision (supported: " + quoted_list(kPrecisions) +
+              ")");
+  c.device = run.string("device").value_or(c.device);
+  if (std::find(kDevices.begin(), kDevices.end(), c.device) == kDevices.end())
+    run.at("device").fail("\"" + c.device + "\" is not a device (supported: " +
+                          quoted_list(kDevices) + ")");
 }
 
 }  // namespace
@@ -480,6 +485,7 @@ json to_json(const RunConfig& c) {
       {"seq_len", c.seq_len},
       {"steps", c.steps},
       {"precision", c.precision},
+      {"device", c.device},
       {"seed", c.seed},
       {"out_dir", c.out_dir},
       {"log_every", c.log_every},

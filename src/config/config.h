@@ -83,7 +83,10 @@ struct RunConfig {
                                     // JSON without it means micro_batch_size: no accumulation)
   int seq_len = 256;
   int64_t steps = 100;
-  std::string precision = "fp32";   // the CPU backend computes in fp32
+  // "fp32" | "bf16-mixed" (bf16 weights, fp32 master weights and states) | "bf16" (bf16
+  // weights and states, stochastic rounding) | "auto": bf16-mixed on a GPU, fp32 on the CPU.
+  std::string precision = "auto";
+  std::string device = "auto";      // "auto" (the GPU when one is usable) | "cpu" | "cuda"
   uint64_t seed = 42;
   std::string out_dir = "runs/default";
   int log_every = 1;                // print a step line every N steps (metrics.jsonl gets all)

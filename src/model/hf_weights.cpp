@@ -27,6 +27,7 @@ void load_hf_weights(LlamaModel& model, const SafetensorsFile& file, const std::
     const std::vector<float> values = file.read_f32(name);
     std::copy(values.begin(), values.end(), model.params() + t.offset);
   }
+  model.weights_written();
 }
 
 }  // namespace grass

@@ -43,8 +43,8 @@ void LlamaModel::add_tensor(const std::string& name, std::vector<int64_t> shape,
 }
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
-                       const std::vector<std::string>& compressed)
-    : cfg_(cfg), max_B_(max_batch), T_(seq_len) {
+                       const std::vector<std::string>& compressed, const Storage& storage)
+    : cfg_(cfg), max_B_(max_batch), T_(seq_len), storage_(storage) {
   const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
   const int64_t HD = cfg.head_dim(), QD = cfg.num_attention_heads * HD,
                 KVD = cfg.num_key_value_heads * HD;
@@ -83,13 +83,19 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   }
   GRASS_CHECK(compressed_found == compressed.size(), "a compressed tensor name is not in the model");
 
-  params_ = arena.alloc<float>(MemCategory::Weights, "parameters", num_params_);
-  grads_ = arena.alloc<float>(MemCategory::Gradients, "gradients", num_dense_grads_);
+  // Every buffer is float memory on the CPU; a CUDA plan counts the device's element sizes.
+  params_ = static_cast<float*>(
+      arena.alloc_bytes(MemCategory::Weights, "parameters", num_params_ * storage.weight_bytes));
+  if (storage.master)  // counted with the optimizer states, as ZeRO does: only the optimizer reads it
+    master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)", num_params_);
+  grads_ = static_cast<float*>(arena.alloc_bytes(MemCategory::Gradients, "gradients",
+                                                 num_dense_grads_ * storage.grad_bytes));
 
   const int64_t N = int64_t(max_batch) * seq_len, NH = cfg.num_attention_heads;
   const int64_t att_scores = int64_t(max_batch) * NH * seq_len * seq_len;
   auto act = [&](const std::string& name, int64_t count) {
-    return arena.alloc<float>(MemCategory::Activations, name, count);
+    return static_cast<float*>(
+        arena.alloc_bytes(MemCategory::Activations, name, count * storage.act_bytes));
   };
   acts_.resize(L);
   for (int l = 0; l < L; l++) {
@@ -119,7 +125,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   lse_ = act("logsumexp", N);
 
   auto wsp = [&](const std::string& name, int64_t count) {
-    return arena.alloc<float>(MemCategory::Workspace, name, count);
+    return static_cast<float*>(
+        arena.alloc_bytes(MemCategory::Workspace, name, count * storage.act_bytes));
   };
   ws_.proj = wsp("proj", N * C);
   ws_.dres = wsp("dres", N * C);
@@ -178,6 +185,18 @@ void LlamaModel::init_weights(uint64_t seed) {
 #pragma omp parallel for
     for (int64_t j = 0; j < t.numel; j++) p[j] = float(stddev * normal(stream, uint64_t(j)));
   }
+  weights_written();
+}
+
+void LlamaModel::weights_written() {
+  if (master_) std::memcpy(master_, params_, size_t(num_params_) * sizeof(float));
+  if (storage_.bf16_weights()) ops::round_to_bf16(params_, num_params_);
+}
+
+void LlamaModel::round_params_from_master(int64_t begin, int64_t n) {
+  GRASS_CHECK(master_ && begin >= 0 && begin + n <= num_params_, "no master copy there");
+  std::memcpy(params_ + begin, master_ + begin, size_t(n) * sizeof(float));
+  ops::round_to_bf16(params_ + begin, n);
 }
 
 void LlamaModel::zero_grads() { std::memset(grads_, 0, size_t(num_dense_grads_) * sizeof(float)); }
@@ -270,6 +289,8 @@ void LlamaModel::backward(double loss_scale) {
     ops::rmsnorm_backward(ws_.dres, g.attn_norm, ws_.dnorm, a.x_in, w.attn_norm, a.rstd1, N, C);
   }
   ops::embedding_backward(grad(tensors_[0]), ws_.dres, inputs_, N, C);
+  // Pure bf16 keeps bf16 gradients: each micro-batch's accumulation is stored rounded.
+  if (storage_.pure_bf16()) ops::round_to_bf16(grads_, num_dense_grads_);
   B_ = 0;  // the logits now hold their gradient: a second backward() needs a new forward()
 }
 

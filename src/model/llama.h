@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "core/arena.h"
+#include "model/storage.h"
 
 namespace grass {
 
@@ -43,9 +44,11 @@ class LlamaModel {
  public:
   // Allocates weights and gradients, and activations for micro-batches of up to max_batch x seq_len.
   // Tensors named in `compressed` get no dense gradient: backward() hands their dy and x to the
-  // sink set with set_compressed_sink() instead.
+  // sink set with set_compressed_sink() instead. `storage` sizes every buffer and says what is
+  // bf16 (model/storage.h); with a master copy, master() holds the fp32 weights the optimizers
+  // update and params() their bf16 rounding, which the forward reads.
   LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
-             const std::vector<std::string>& compressed = {});
+             const std::vector<std::string>& compressed = {}, const Storage& storage = {});
   void set_compressed_sink(CompressedGradSink* sink) { sink_ = sink; }
 
   const ModelConfig& config() const { return cfg_; }
@@ -53,7 +56,9 @@ class LlamaModel {
   const ParamTensor& tensor(const std::string& name) const;
   int64_t num_params() const { return num_params_; }
   int64_t num_dense_grads() const { return num_dense_grads_; }  // elements of grads()
+  const Storage& storage() const { return storage_; }
   float* params() { return params_; }
+  float* master() { return master_; }  // [num_params] fp32, or null without a master copy
   float* grads() { return grads_; }
   float* grad(const ParamTensor& t) { return t.dense() ? grads_ + t.grad_offset : nullptr; }
   int seq_len() const { return T_; }
@@ -61,6 +66,12 @@ class LlamaModel {
   // HF-style initialisation: normal(0, initializer_range) for embeddings and projections, norm
   // gains 1. Each tensor draws its own counter-based stream, so the result is reproducible.
   void init_weights(uint64_t seed);
+  // After the weights were written in fp32 (init, import, an optimizer step): the master copy,
+  // if any, takes params() as they are, and params() is rounded to what the storage keeps.
+  void weights_written();
+  // params()[begin, begin + n) = the storage's rounding of master()[begin, begin + n) (mixed
+  // precision), after an optimizer updated the master copy there.
+  void round_params_from_master(int64_t begin, int64_t n);
   void zero_grads();
 
   // inputs, targets: [B, T] (a negative target is ignored). Returns the mean cross-entropy over
@@ -109,7 +120,9 @@ class LlamaModel {
   int64_t num_params_ = 0;
   int64_t num_dense_grads_ = 0;
   CompressedGradSink* sink_ = nullptr;
+  Storage storage_;
   float* params_ = nullptr;
+  float* master_ = nullptr;
   float* grads_ = nullptr;
   // offsets of the tensors that are not per layer
   int64_t off_embed_ = 0, off_norm_ = 0, off_lm_head_ = 0;

@@ -1,6 +1,9 @@
 // Dense AdamW over the model's tensors that have a dense gradient, tensor by tensor so that
-// RMSNorm gains skip weight decay. Moments are fp32, laid out like the gradient buffer, in the
-// arena's optimizer category. Compressed (GRASS) tensors are left to the GRASS optimizer.
+// RMSNorm gains skip weight decay. Moments are laid out like the gradient buffer, in the arena's
+// optimizer category. Compressed (GRASS) tensors are left to the GRASS optimizer.
+// Precision (model/storage.h): fp32 updates params() in place; bf16-mixed updates the fp32
+// master copy and re-rounds params() from it; pure bf16 updates params() and stores it and the
+// moments with stochastic rounding.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -13,15 +16,15 @@ namespace grass {
 
 class AdamW {
  public:
-  AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& tensors, int64_t num_dense_grads,
-        Arena& arena);
-  // One update of the dense tensors from grads·grad_scale (the clipping coefficient) at learning
-  // rate lr; step counts from 1.
-  void step(float* params, const float* grads, double grad_scale, double lr, int64_t step);
+  // seed: the stochastic rounding streams of pure bf16 (the run's seed)
+  AdamW(const OptimizerConfig& cfg, const LlamaModel& model, Arena& arena, uint64_t seed);
+  // One update of the dense tensors from the model's gradients·grad_scale (the clipping
+  // coefficient) at learning rate lr; step counts from 1.
+  void step(LlamaModel& model, double grad_scale, double lr, int64_t step);
 
  private:
   OptimizerConfig cfg_;
-  std::vector<ParamTensor> tensors_;
+  uint64_t seed_;
   float* m_ = nullptr;  // first moment  [num_dense_grads]
   float* v_ = nullptr;  // second moment [num_dense_grads]
 };

@@ -33,8 +33,10 @@ class GrassOptimizer : public CompressedGradSink {
   // Σ over targets of 2·out·in - 2·(r·in or out·r). (Refresh steps still form one full gradient.)
   double flops_saved_per_token() const;
   // The sparse Adam update of every target, at learning rate lr (the targets use lr·scale);
-  // grad_scale is the clipping coefficient.
-  void step(float* params, double grad_scale, double lr);
+  // grad_scale is the clipping coefficient. Precision as in AdamW (optim/adamw.h): the master
+  // copy's rows change and params() re-rounds them, or, in pure bf16, params() and the moments
+  // are stored with stochastic rounding.
+  void step(LlamaModel& model, double grad_scale, double lr);
 
   struct Target {
     int tensor_index;
@@ -62,6 +64,7 @@ class GrassOptimizer : public CompressedGradSink {
   float* scratch_ = nullptr;           // [max_tokens, r] gathered columns
   float* full_grad_ = nullptr;         // [largest out x in]: the transient gradient at a refresh
   int64_t step_ = 0;
+  bool pure_bf16_ = false;  // G_C is stored in bf16
 };
 
 }  // namespace grass

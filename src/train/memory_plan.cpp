@@ -6,31 +6,36 @@
 
 namespace grass {
 
-MemoryPlan plan_memory(const RunConfig& cfg) {
+MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage) {
   Arena planning(/*planning=*/true);
-  build_training_state(cfg, planning);
+  build_training_state(cfg, planning, storage);
   MemoryPlan plan;
   for (int c = 0; c < kMemCategories; c++) plan.bytes[c] = planning.bytes(MemCategory(c));
   plan.total = planning.total_bytes();
   return plan;
 }
 
-std::string format_memory_plans(const RunConfig& cfg) {
+Storage planned_storage(const RunConfig& cfg) {
+  return storage_for(cfg.precision, cfg.device != "cpu");
+}
+
+std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   RunConfig adamw_cfg = cfg;
   adamw_cfg.optimizer.name = "adamw";
-  const MemoryPlan run = plan_memory(cfg), adamw = plan_memory(adamw_cfg);
+  const MemoryPlan run = plan_memory(cfg, storage), adamw = plan_memory(adamw_cfg, storage);
   std::string label = cfg.optimizer.name;
   if (cfg.optimizer.name == "grass") label += " r=" + std::to_string(cfg.optimizer.grass.rank);
 
-  char line[160];
+  char line[200];
   std::string out;
   const double params = double(cfg.model.num_parameters());
-  std::snprintf(line, sizeof line,
-                "model %.3f %s parameters, micro-batch %d x %d tokens, %s (the CPU engine's "
-                "precision)\n",
+  std::snprintf(line, sizeof line, "model %.3f %s parameters, micro-batch %d x %d tokens\n",
                 params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M",
-                cfg.micro_batch_size, cfg.seq_len, cfg.precision.c_str());
+                cfg.micro_batch_size, cfg.seq_len);
   out += line;
+  out += std::string("storage ") + (storage.cuda ? "CUDA backend, " : "CPU backend, ") +
+         storage.describe() + (storage.master ? "; the master copy counts as optimizer state" : "") +
+         "\n";
   std::snprintf(line, sizeof line, "%-22s %14s %14s\n", "", label.c_str(), "adamw");
   out += line;
   const char* rows[kMemCategories] = {"weights", "gradients (dense)", "gradients (compressed)",

@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "core/arena.h"
+#include "model/storage.h"
 
 namespace grass {
 
@@ -15,9 +16,13 @@ struct MemoryPlan {
   int64_t total = 0;
 };
 
-MemoryPlan plan_memory(const RunConfig& cfg);
+MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage);
 
-// The table `grass mem` prints: the run's plan beside full AdamW's on the same model and batch.
-std::string format_memory_plans(const RunConfig& cfg);
+// The storage `grass mem` plans for: the CPU backend's for device "cpu", else the GPU's.
+Storage planned_storage(const RunConfig& cfg);
+
+// The table `grass mem` prints: the run's plan beside full AdamW's on the same model, batch and
+// storage.
+std::string format_memory_plans(const RunConfig& cfg, const Storage& storage);
 
 }  // namespace grass

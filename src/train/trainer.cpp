@@ -9,43 +9,26 @@
 #include <optional>
 #include <vector>
 
-#include <omp.h>
-
 #include "core/arena.h"
 #include "core/error.h"
 #include "data/loader.h"
 #include "ops.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
+#include "train/backend_choice.h"
 #include "train/evaluator.h"
 #include "train/metrics.h"
 #include "train/training_state.h"
-#ifdef GRASS_HAVE_CUDA
-#include "cuda/device.h"
-#endif
 
 namespace grass {
 
 namespace {
 
-std::string device_line() {
-  std::string line = "cpu, " + std::to_string(omp_get_max_threads()) + " threads (fp32, OpenMP + OpenBLAS)";
-#ifdef GRASS_HAVE_CUDA
-  const cuda::DeviceProbe gpu = cuda::probe_device();
-  line += gpu.usable ? "; GPU " + gpu.description + " found, but the CUDA backend is not built yet"
-                     : "; " + gpu.description;
-#else
-  line += "; built without CUDA";
-#endif
-  return line;
-}
-
-void print_run_table(const RunConfig& cfg, const LlamaModel& model, double flops_per_token,
-                     const TokenLoader& loader,
-                     const Arena& arena) {
+void print_run_table(const RunConfig& cfg, const BackendChoice& backend, const LlamaModel& model,
+                     double flops_per_token, const TokenLoader& loader, const Arena& arena) {
   const ModelConfig& m = cfg.model;
   std::printf("grass train %s\n", cfg.source.c_str());
-  std::printf("  device        %s\n", device_line().c_str());
+  std::printf("  device        %s\n", backend.description.c_str());
   std::printf("  model         %s: d %d, ffn %d, heads %d (kv %d), layers %d, vocab %d%s\n",
               cfg.model_path.empty() ? "inline" : cfg.model_path.c_str(), m.hidden_size,
               m.intermediate_size, m.num_attention_heads, m.num_key_value_heads,
@@ -71,7 +54,7 @@ void print_run_table(const RunConfig& cfg, const LlamaModel& model, double flops
   std::printf("  schedule      %s, warmup %lld, min_lr_ratio %.3g, %lld steps\n",
               cfg.schedule.name.c_str(), (long long)cfg.schedule.warmup_steps,
               cfg.schedule.min_lr_ratio, (long long)cfg.steps);
-  std::printf("  precision     %s, seed %llu\n", cfg.precision.c_str(),
+  std::printf("  precision     %s, seed %llu\n", backend.storage.describe(),
               (unsigned long long)cfg.seed);
   std::printf("  FLOPs/token   %.4g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
               flops_per_token,
@@ -96,8 +79,9 @@ TrainResult train(const RunConfig& cfg) {
     if (!cfg.tokenizer.empty()) evaluator->stream().check_tokenizer(cfg.tokenizer);
   }
 
+  const BackendChoice backend = choose_backend(cfg);
   Arena arena;
-  TrainingState state = build_training_state(cfg, arena);
+  TrainingState state = build_training_state(cfg, arena, backend.storage);
   LlamaModel& model = *state.model;
   AdamW& optimizer = *state.adamw;
   GrassOptimizer* grass = state.grass.get();
@@ -119,7 +103,7 @@ TrainResult train(const RunConfig& cfg) {
   // FLOPs actually done: a GRASS target's weight gradient costs 2rn, not 2mn
   const double flops_per_token =
       model.flops_per_token() - (grass ? grass->flops_saved_per_token() : 0.0);
-  print_run_table(cfg, model, flops_per_token, loader, arena);
+  print_run_table(cfg, backend, model, flops_per_token, loader, arena);
   if (evaluator) {
     std::printf("  eval          first %lld tokens of %s, %s\n", (long long)cfg.eval_tokens,
                 evaluator->stream().describe().c_str(),
@@ -151,8 +135,8 @@ TrainResult train(const RunConfig& cfg) {
     const double gnorm = std::sqrt(ops::sum_squares(model.grads(), model.num_dense_grads()) +
                                    (grass ? grass->grad_sum_squares() : 0.0));
     const double clip = clip_coefficient(gnorm, cfg.grad_clip);
-    if (grass) grass->step(model.params(), clip, lr);
-    optimizer.step(model.params(), model.grads(), clip, lr, step + 1);
+    if (grass) grass->step(model, clip, lr);
+    optimizer.step(model, clip, lr, step + 1);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -18,7 +18,8 @@ struct TrainingState {
   std::unique_ptr<GrassOptimizer> grass; // GRASS targets; null for optimizer "adamw"
 };
 
-// Allocates from `arena`; with a planning arena nothing is allocated or initialised.
-TrainingState build_training_state(const RunConfig& cfg, Arena& arena);
+// Allocates from `arena` with the element sizes of `storage`; with a planning arena nothing is
+// allocated or initialised.
+TrainingState build_training_state(const RunConfig& cfg, Arena& arena, const Storage& storage);
 
 }  // namespace grass

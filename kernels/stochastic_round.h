@@ -1,0 +1,31 @@
+// Stochastic rounding of fp32 to bf16, shared by the CPU backend (which emulates bf16 storage)
+// and the CUDA kernels, so both draw the same bits for the same (seed, index).
+// A counter-based hash (no state): the same (seed, index) always rounds the same way, so two
+// identical runs stay identical, and different elements and steps get independent draws.
+#pragma once
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define GRASS_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define GRASS_HOST_DEVICE inline
+#endif
+
+namespace grass {
+
+GRASS_HOST_DEVICE uint32_t rounding_hash(uint64_t seed, uint64_t index) {
+  uint64_t z = seed ^ (index * 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return uint32_t((z ^ (z >> 31)) >> 32);
+}
+
+// The bf16 bits of x (given as its fp32 bits) rounded up or down with probability proportional
+// to the distance, so E[round(x)] = x: add 16 random bits below the kept mantissa, truncate.
+// Infinities and NaN are returned truncated (NaN stays NaN: its high mantissa bit survives).
+GRASS_HOST_DEVICE uint16_t stochastic_round_bits(uint32_t bits, uint64_t seed, uint64_t index) {
+  if ((bits & 0x7f800000u) == 0x7f800000u) return uint16_t((bits >> 16) | ((bits & 0xffffu) ? 0x40u : 0u));
+  return uint16_t((bits + (rounding_hash(seed, index) & 0xffffu)) >> 16);
+}
+
+}  // namespace grass

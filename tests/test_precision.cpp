@@ -1,0 +1,234 @@
+// The bf16 precisions on the CPU backend, which keeps fp32 memory but rounds what a GPU stores in
+// bf16: the rounding functions themselves, and training in "bf16-mixed" and pure "bf16" with
+// AdamW and GRASS: the storage invariants hold after every step and the loss falls as in fp32.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/arena.h"
+#include "core/bf16.h"
+#include "core/rng.h"
+#include "ops.h"
+#include "optim/clip.h"
+#include "train/training_state.h"
+
+using namespace grass;
+
+namespace {
+
+bool is_bf16(float x) { return (std::bit_cast<uint32_t>(x) & 0xffffu) == 0; }
+
+bool all_bf16(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!is_bf16(x[i])) return false;
+  return true;
+}
+
+// The bf16 values next to x toward zero (down) and away from zero (up); equal when x is one.
+std::pair<float, float> bf16_neighbours(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const float down = std::bit_cast<float>(bits & 0xffff0000u);
+  const float up = (bits & 0xffffu) ? std::bit_cast<float>((bits & 0xffff0000u) + 0x10000u) : down;
+  return {down, up};
+}
+
+// 16 random 6-grams over 64 tokens, concatenated in random order (as tests/test_training.cpp):
+// a model that learns them predicts 5 of every 6 tokens.
+struct NgramBatches {
+  static constexpr int V = 64, K = 16, L = 6;
+  std::vector<int32_t> stream;
+  NgramBatches() {
+    std::vector<int32_t> ngrams(K * L);
+    for (int i = 0; i < K * L; i++) ngrams[i] = int32_t(uniform_open01(77, i) * V);
+    for (int i = 0; i < 4000; i++) {
+      const int k = int(uniform_open01(78, i) * K);
+      stream.insert(stream.end(), ngrams.begin() + k * L, ngrams.begin() + (k + 1) * L);
+    }
+  }
+  // batch `step`: B rows of T inputs and their next-token targets
+  void batch(int64_t step, int B, int T, std::vector<int32_t>& in, std::vector<int32_t>& tg) const {
+    in.resize(size_t(B) * T);
+    tg.resize(in.size());
+    for (int b = 0; b < B; b++) {
+      const size_t start = size_t((step * B + b) * 37 % (stream.size() - T - 1));
+      for (int t = 0; t < T; t++) {
+        in[size_t(b) * T + t] = stream[start + t];
+        tg[size_t(b) * T + t] = stream[start + t + 1];
+      }
+    }
+  }
+};
+
+RunConfig tiny_run(const std::string& optimizer) {
+  RunConfig c;
+  c.model.hidden_size = 32;
+  c.model.intermediate_size = 88;
+  c.model.num_attention_heads = 4;
+  c.model.num_key_value_heads = 2;
+  c.model.num_hidden_layers = 2;
+  c.model.vocab_size = NgramBatches::V;
+  c.model.max_position_embeddings = 64;
+  c.micro_batch_size = 8;
+  c.seq_len = 32;
+  c.seed = 11;
+  c.optimizer.name = optimizer;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.beta2 = 0.95;
+  c.optimizer.grass.rank = 8;
+  c.optimizer.grass.update_interval = 10;
+  c.optimizer.grass.scale = 1.0;
+  c.optimizer.grass.seed = 11;
+  return c;
+}
+
+// Trains `steps` steps and checks the storage invariants of `precision` after every one.
+std::vector<double> train_checked(const std::string& optimizer, const std::string& precision,
+                                  int steps) {
+  const RunConfig cfg = tiny_run(optimizer);
+  const Storage storage = storage_for(precision, false);
+  Arena arena;
+  TrainingState s = build_training_state(cfg, arena, storage);
+  LlamaModel& model = *s.model;
+  model.init_weights(cfg.seed);
+  const NgramBatches data;
+  std::vector<int32_t> in, tg;
+  std::vector<double> losses;
+  for (int64_t step = 0; step < steps; step++) {
+    model.zero_grads();
+    if (s.grass) s.grass->begin_step(step);
+    data.batch(step, cfg.micro_batch_size, cfg.seq_len, in, tg);
+    losses.push_back(model.forward(in.data(), tg.data(), cfg.micro_batch_size));
+    model.backward(1.0);
+    if (storage.pure_bf16()) {
+      REQUIRE(all_bf16(model.grads(), model.num_dense_grads()));
+      if (s.grass)
+        for (const auto& t : s.grass->targets()) REQUIRE(all_bf16(t.gc, t.gc_numel));
+    }
+    const double norm = std::sqrt(ops::sum_squares(model.grads(), model.num_dense_grads()) +
+                                  (s.grass ? s.grass->grad_sum_squares() : 0.0));
+    const double clip = clip_coefficient(norm, 1.0);
+    if (s.grass) s.grass->step(model, clip, cfg.optimizer.lr);
+    s.adamw->step(model, clip, cfg.optimizer.lr, step + 1);
+
+    const float* p = model.params();
+    const int64_t P = model.num_params();
+    if (storage.bf16_weights()) REQUIRE(all_bf16(p, P));
+    if (storage.master) {
+      const float* m = model.master();
+      int64_t finer = 0;  // master values with more precision than bf16
+      for (int64_t i = 0; i < P; i++) {
+        REQUIRE(p[i] == bf16_to_float(float_to_bf16(m[i])));
+        finer += !is_bf16(m[i]);
+      }
+      REQUIRE(finer > P / 2);
+    }
+    if (storage.pure_bf16() && s.grass)
+      for (const auto& t : s.grass->targets()) {
+        REQUIRE(all_bf16(t.m, t.gc_numel));
+        REQUIRE(all_bf16(t.v, t.gc_numel));
+      }
+  }
+  return losses;
+}
+
+double mean_tail(const std::vector<double>& losses, int n) {
+  double sum = 0;
+  for (int i = 0; i < n; i++) sum += losses[losses.size() - 1 - i];
+  return sum / n;
+}
+
+}  // namespace
+
+TEST_CASE("round_to_bf16 keeps what a bf16 store keeps", "[precision]") {
+  std::vector<float> x(4096);
+  for (size_t i = 0; i < x.size(); i++) x[i] = float(normal(3, i) * std::pow(10.0, normal(4, i)));
+  x[0] = std::bit_cast<float>(0x3f808000u);  // a tie between two bf16 values: to even (down)
+  x[1] = std::bit_cast<float>(0x3f818000u);  // a tie: to even (up)
+  std::vector<float> y = x;
+  ops::round_to_bf16(y.data(), int64_t(y.size()));
+  for (size_t i = 0; i < x.size(); i++) REQUIRE(y[i] == bf16_to_float(float_to_bf16(x[i])));
+  CHECK(std::bit_cast<uint32_t>(y[0]) == 0x3f800000u);
+  CHECK(std::bit_cast<uint32_t>(y[1]) == 0x3f820000u);
+}
+
+TEST_CASE("stochastic rounding lands on a neighbour and is unbiased", "[precision]") {
+  const int draws = 4000;
+  for (int k = 0; k < 20; k++) {
+    const float x = float(normal(5, k));
+    const auto [down, up] = bf16_neighbours(x);
+    REQUIRE(down != up);
+    double sum = 0;
+    for (int d = 0; d < draws; d++) {
+      float y = x;
+      ops::stochastic_round_to_bf16(&y, 1, derive_seed(9, uint64_t(k * draws + d)));
+      REQUIRE((y == down || y == up));
+      sum += y;
+    }
+    // the mean of Bernoulli draws between down and up: within 5 standard errors of x
+    const double p = (double(x) - down) / (double(up) - down);
+    const double stderr_mean = std::abs(double(up) - down) * std::sqrt(p * (1 - p) / draws);
+    INFO("x " << x << " mean " << sum / draws);
+    CHECK(std::abs(sum / draws - x) <= 5 * stderr_mean + 1e-12);
+  }
+  // a bf16 value stays as it is, and the draw depends only on (seed, index)
+  std::vector<float> exact = {1.0f, -2.5f, 0.15625f}, a(64), b(64);
+  ops::stochastic_round_to_bf16(exact.data(), 3, 1);
+  CHECK(exact == std::vector<float>{1.0f, -2.5f, 0.15625f});
+  for (int i = 0; i < 64; i++) a[i] = b[i] = float(normal(6, i));
+  ops::stochastic_round_to_bf16(a.data(), 64, 12);
+  ops::stochastic_round_to_bf16(b.data(), 64, 12);
+  CHECK(a == b);
+}
+
+TEST_CASE("bf16-mixed and pure bf16 keep their storage and learn like fp32", "[precision][train]") {
+  for (const std::string optimizer : {"adamw", "grass"}) {
+    const int steps = 60;
+    const std::vector<double> fp32 = train_checked(optimizer, "fp32", steps);
+    for (const std::string precision : {"bf16-mixed", "bf16"}) {
+      INFO(optimizer << " " << precision);
+      const std::vector<double> losses = train_checked(optimizer, precision, steps);
+      const double last = mean_tail(losses, 5), last_fp32 = mean_tail(fp32, 5);
+      INFO("first " << losses.front() << " last " << last << " (fp32 " << last_fp32 << ")");
+      CHECK(losses.front() == Approx(fp32.front()).epsilon(0.01));
+      CHECK(last < 0.6 * losses.front());
+      CHECK(std::abs(last - last_fp32) < 0.1 * last_fp32);
+    }
+  }
+}
+
+TEST_CASE("a pure bf16 GRASS step changes only the selected rows or columns", "[precision][grass]") {
+  RunConfig cfg = tiny_run("grass");
+  const Storage storage = storage_for("bf16", false);
+  Arena arena;
+  TrainingState s = build_training_state(cfg, arena, storage);
+  LlamaModel& model = *s.model;
+  model.init_weights(cfg.seed);
+  const NgramBatches data;
+  std::vector<int32_t> in, tg;
+  for (int64_t step = 0; step < 3; step++) {  // a refresh step, then two on the same selection
+    model.zero_grads();
+    s.grass->begin_step(step);
+    data.batch(step, cfg.micro_batch_size, cfg.seq_len, in, tg);
+    model.forward(in.data(), tg.data(), cfg.micro_batch_size);
+    model.backward(1.0);
+    const std::vector<float> before(model.params(), model.params() + model.num_params());
+    s.grass->step(model, 1.0, cfg.optimizer.lr);
+    for (const auto& t : s.grass->targets()) {
+      std::vector<bool> selected(t.rows ? t.out : t.in, false);
+      for (int j = 0; j < cfg.optimizer.grass.rank; j++) selected[t.sigma[j]] = true;
+      int64_t changed = 0;
+      for (int i = 0; i < t.out; i++)
+        for (int c = 0; c < t.in; c++) {
+          const int64_t k = t.param_offset + int64_t(i) * t.in + c;
+          if (before[k] == model.params()[k]) continue;
+          changed++;
+          REQUIRE(selected[t.rows ? i : c]);
+        }
+      CHECK(changed > 0);
+    }
+  }
+}
