@@ -37,8 +37,9 @@ TEST_CASE("the memory plan equals what a run allocates, category by category", "
     const RunConfig cfg = small_run(optimizer);
     const Storage cpu = storage_for(precision, false);
     const MemoryPlan plan = plan_memory(cfg, cpu);
-    Arena real;
-    build_training_state(cfg, real, cpu);
+    const std::unique_ptr<Backend> backend = make_cpu_backend(cpu);
+    Arena real(false, *backend);
+    build_training_state(cfg, real, *backend);
     for (int c = 0; c < kMemCategories; c++) {
       INFO(mem_category_name(MemCategory(c)));
       CHECK(plan.bytes[c] == real.bytes(MemCategory(c)));

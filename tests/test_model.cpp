@@ -97,8 +97,8 @@ TEST_CASE("tied embeddings: one table, gradient = embedding part + lm_head part"
   tied.backward(1.0);
   std::vector<float> expected(emb.numel);
   for (int64_t i = 0; i < emb.numel; i++)
-    expected[i] = untied.grad(emb)[i] + untied.grad(head)[i];
-  CHECK(rel_err(tied.grad(tied.tensor("model.embed_tokens.weight")), expected.data(),
+    expected[i] = untied.cpu_grad(emb)[i] + untied.cpu_grad(head)[i];
+  CHECK(rel_err(tied.cpu_grad(tied.tensor("model.embed_tokens.weight")), expected.data(),
                 emb.numel) < 1e-5);
 }
 
@@ -122,7 +122,7 @@ TEST_CASE("4 accumulated micro-batches give the gradient of the concatenated bat
   CHECK(loss_micro == Approx(loss_whole).epsilon(1e-6));
   for (const ParamTensor& t : whole.tensors()) {
     INFO(t.name);
-    CHECK(rel_err(micro.grad(t), whole.grad(t), t.numel) < 1e-5);
+    CHECK(rel_err(micro.cpu_grad(t), whole.cpu_grad(t), t.numel) < 1e-5);
   }
 }
 
@@ -189,7 +189,7 @@ TEST_CASE("an ffn width that is not a multiple of 8 (llama_1b's 5461) trains eve
     int rows_with_gradient = 0;  // the last, ragged rows included
     for (int64_t r = 0; r < 5461; r++) {
       double sq = 0;
-      const float* row = model.grad(t) + r * 32;
+      const float* row = model.cpu_grad(t) + r * 32;
       for (int c = 0; c < 32; c++) sq += double(row[c]) * row[c];
       rows_with_gradient += sq > 0 && std::isfinite(sq);
     }

@@ -90,8 +90,9 @@ std::vector<double> train_checked(const std::string& optimizer, const std::strin
                                   int steps) {
   const RunConfig cfg = tiny_run(optimizer);
   const Storage storage = storage_for(precision, false);
-  Arena arena;
-  TrainingState s = build_training_state(cfg, arena, storage);
+  const std::unique_ptr<Backend> backend = make_cpu_backend(storage);
+  Arena arena(false, *backend);
+  TrainingState s = build_training_state(cfg, arena, *backend);
   LlamaModel& model = *s.model;
   model.init_weights(cfg.seed);
   const NgramBatches data;
@@ -106,7 +107,7 @@ std::vector<double> train_checked(const std::string& optimizer, const std::strin
     if (storage.pure_bf16()) {
       REQUIRE(all_bf16(model.grads(), model.num_dense_grads()));
       if (s.grass)
-        for (const auto& t : s.grass->targets()) REQUIRE(all_bf16(t.gc, t.gc_numel));
+        for (const auto& t : s.grass->targets()) REQUIRE(all_bf16(static_cast<const float*>(t.gc), t.gc_numel));
     }
     const double norm = std::sqrt(ops::sum_squares(model.grads(), model.num_dense_grads()) +
                                   (s.grass ? s.grass->grad_sum_squares() : 0.0));
@@ -128,8 +129,8 @@ std::vector<double> train_checked(const std::string& optimizer, const std::strin
     }
     if (storage.pure_bf16() && s.grass)
       for (const auto& t : s.grass->targets()) {
-        REQUIRE(all_bf16(t.m, t.gc_numel));
-        REQUIRE(all_bf16(t.v, t.gc_numel));
+        REQUIRE(all_bf16(static_cast<const float*>(t.m), t.gc_numel));
+        REQUIRE(all_bf16(static_cast<const float*>(t.v), t.gc_numel));
       }
   }
   return losses;
@@ -202,9 +203,9 @@ TEST_CASE("bf16-mixed and pure bf16 keep their storage and learn like fp32", "[p
 
 TEST_CASE("a pure bf16 GRASS step changes only the selected rows or columns", "[precision][grass]") {
   RunConfig cfg = tiny_run("grass");
-  const Storage storage = storage_for("bf16", false);
-  Arena arena;
-  TrainingState s = build_training_state(cfg, arena, storage);
+  const std::unique_ptr<Backend> backend = make_cpu_backend(storage_for("bf16", false));
+  Arena arena(false, *backend);
+  TrainingState s = build_training_state(cfg, arena, *backend);
   LlamaModel& model = *s.model;
   model.init_weights(cfg.seed);
   const NgramBatches data;

@@ -64,9 +64,9 @@ int cmd_eval(const Args& args) {
   const Evaluator evaluator(cfg.val_files, tokens);
   evaluator.stream().check_vocab(cfg.model.vocab_size);
   if (!cfg.tokenizer.empty()) evaluator.stream().check_tokenizer(cfg.tokenizer);
-  Arena arena;
-  LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len, {},
-                   choose_backend(cfg).storage);
+  const std::unique_ptr<Backend> backend = choose_backend(cfg);
+  Arena arena(false, *backend);
+  LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len, {}, *backend);
   if (weights.empty()) {
     model.init_weights(cfg.seed);
   } else {

@@ -20,19 +20,38 @@ const char* mem_category_name(MemCategory c) {
   return "?";
 }
 
+namespace {
+class HostMemory : public MemoryResource {
+ public:
+  void* allocate_zeroed(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p) std::memset(p, 0, rounded);
+    return p;
+  }
+  void deallocate(void* ptr) override { std::free(ptr); }
+  const char* memory_name() const override { return "host memory"; }
+};
+}  // namespace
+
+MemoryResource& host_memory() {
+  static HostMemory memory;
+  return memory;
+}
+
 Arena::~Arena() {
-  for (auto& b : blocks_) std::free(b.ptr);
+  for (auto& b : blocks_)
+    if (b.ptr) memory_->deallocate(b.ptr);
 }
 
 void* Arena::alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes) {
   GRASS_CHECK(bytes >= 0, "negative allocation for " + name);
-  const size_t rounded = (size_t(bytes) + 63) / 64 * 64;
-  void* p = rounded && !planning_ ? std::aligned_alloc(64, rounded) : nullptr;
-  if (rounded && !p && !planning_)
-    throw UserError("out of host memory allocating " + name + " (" + format_bytes(bytes) +
-                    ") with " + format_bytes(total_) + " already held: reduce micro_batch_size " +
-                    "or seq_len");
-  if (p) std::memset(p, 0, rounded);
+  void* p = bytes && !planning_ ? memory_->allocate_zeroed(size_t(bytes)) : nullptr;
+  if (bytes && !p && !planning_)
+    throw UserError(std::string("out of ") + memory_->memory_name() + " allocating " + name +
+                    " (" + format_bytes(bytes) + ") with " + format_bytes(total_) +
+                    " already held: reduce micro_batch_size or seq_len (grass mem <run.json> "
+                    "shows the plan)");
   blocks_.push_back({p, bytes, cat, name});
   live_[int(cat)] += bytes;
   total_ += bytes;
@@ -46,7 +65,7 @@ void Arena::free(void* ptr) {
     if (blocks_[i].ptr == ptr) {
       live_[int(blocks_[i].cat)] -= blocks_[i].bytes;
       total_ -= blocks_[i].bytes;
-      std::free(ptr);
+      memory_->deallocate(ptr);
       blocks_.erase(blocks_.begin() + i);
       return;
     }

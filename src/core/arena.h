@@ -13,12 +13,24 @@ enum class MemCategory { Weights, Gradients, CompressedGradients, Optimizer, Act
 constexpr int kMemCategories = 6;
 const char* mem_category_name(MemCategory c);
 
+// Where an arena's bytes come from: host memory by default, a backend's device memory otherwise.
+class MemoryResource {
+ public:
+  virtual ~MemoryResource() = default;
+  // Zero-filled, 64-byte aligned; null when the memory is exhausted.
+  virtual void* allocate_zeroed(size_t bytes) = 0;
+  virtual void deallocate(void* ptr) = 0;
+  virtual const char* memory_name() const = 0;  // "host memory", "GPU memory": for messages
+};
+MemoryResource& host_memory();
+
 class Arena {
  public:
   // A planning arena records every allocation's size and category but allocates nothing and hands
   // out null pointers: constructors that only allocate (the model's, the optimizers') can run on
   // it to state the exact memory a run will take, for models far larger than this machine.
-  explicit Arena(bool planning = false) : planning_(planning) {}
+  explicit Arena(bool planning = false, MemoryResource& memory = host_memory())
+      : memory_(&memory), planning_(planning) {}
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   ~Arena();
@@ -31,6 +43,8 @@ class Arena {
   }
   void free(void* ptr);
 
+  bool planning() const { return planning_; }
+  int64_t num_blocks() const { return int64_t(blocks_.size()); }
   int64_t bytes(MemCategory cat) const { return live_[int(cat)]; }
   int64_t total_bytes() const { return total_; }
   int64_t peak_bytes() const { return peak_; }
@@ -45,6 +59,7 @@ class Arena {
     std::string name;
   };
   std::vector<Block> blocks_;
+  MemoryResource* memory_;
   bool planning_ = false;
   std::array<int64_t, kMemCategories> live_{};
   int64_t total_ = 0, peak_ = 0;

@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "ops.h"
 
 namespace grass {
 
@@ -43,8 +42,9 @@ void LlamaModel::add_tensor(const std::string& name, std::vector<int64_t> shape,
 }
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
-                       const std::vector<std::string>& compressed, const Storage& storage)
-    : cfg_(cfg), max_B_(max_batch), T_(seq_len), storage_(storage) {
+                       const std::vector<std::string>& compressed, Backend& backend)
+    : cfg_(cfg), max_B_(max_batch), T_(seq_len), backend_(&backend) {
+  const Storage& storage = backend.storage();
   const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
   const int64_t HD = cfg.head_dim(), QD = cfg.num_attention_heads * HD,
                 KVD = cfg.num_key_value_heads * HD;
@@ -83,34 +83,34 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   }
   GRASS_CHECK(compressed_found == compressed.size(), "a compressed tensor name is not in the model");
 
-  // Every buffer is float memory on the CPU; a CUDA plan counts the device's element sizes.
-  params_ = static_cast<float*>(
-      arena.alloc_bytes(MemCategory::Weights, "parameters", num_params_ * storage.weight_bytes));
+  // Element sizes are the backend's: fp32 on the CPU, bf16 activations and weights on the GPU.
+  params_ = arena.alloc_bytes(MemCategory::Weights, "parameters", num_params_ * storage.weight_bytes);
   if (storage.master)  // counted with the optimizer states, as ZeRO does: only the optimizer reads it
     master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)", num_params_);
-  grads_ = static_cast<float*>(arena.alloc_bytes(MemCategory::Gradients, "gradients",
-                                                 num_dense_grads_ * storage.grad_bytes));
+  grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradients", num_dense_grads_ * storage.grad_bytes);
 
   const int64_t N = int64_t(max_batch) * seq_len, NH = cfg.num_attention_heads;
-  const int64_t att_scores = int64_t(max_batch) * NH * seq_len * seq_len;
   auto act = [&](const std::string& name, int64_t count) {
-    return static_cast<float*>(
-        arena.alloc_bytes(MemCategory::Activations, name, count * storage.act_bytes));
+    return arena.alloc_bytes(MemCategory::Activations, name, count * storage.act_bytes);
+  };
+  auto act_f32 = [&](const std::string& name, int64_t count) {
+    return arena.alloc<float>(MemCategory::Activations, name, count);
   };
   acts_.resize(L);
   for (int l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
     const std::string p = "layer" + std::to_string(l) + ".";
     a.x_in = act(p + "x_in", N * C);
-    a.rstd1 = act(p + "rstd1", N);
+    a.rstd1 = act_f32(p + "rstd1", N);
     a.n1 = act(p + "n1", N * C);
     a.q = act(p + "q", N * QD);
     a.k = act(p + "k", N * KVD);
     a.v = act(p + "v", N * KVD);
-    a.probs = act(p + "probs", att_scores);
+    a.saved = arena.alloc_bytes(MemCategory::Activations, p + "attention_saved",
+                                attention_saved_bytes(storage, max_batch, seq_len, int(NH)));
     a.att = act(p + "att", N * QD);
     a.h = act(p + "h", N * C);
-    a.rstd2 = act(p + "rstd2", N);
+    a.rstd2 = act_f32(p + "rstd2", N);
     a.n2 = act(p + "n2", N * C);
     a.gate = act(p + "gate", N * F);
     a.up = act(p + "up", N * F);
@@ -119,14 +119,13 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   inputs_ = arena.alloc<int32_t>(MemCategory::Activations, "inputs", N);
   targets_ = arena.alloc<int32_t>(MemCategory::Activations, "targets", N);
   x_out_ = act("x_out", N * C);
-  rstdf_ = act("rstd_final", N);
+  rstdf_ = act_f32("rstd_final", N);
   nf_ = act("norm_final", N * C);
-  logits_ = act("logits", N * V);
-  lse_ = act("logsumexp", N);
+  logits_ = act("logits", head_rows(storage, N, int(V)) * V);
+  lse_ = act_f32("logsumexp", N);
 
   auto wsp = [&](const std::string& name, int64_t count) {
-    return static_cast<float*>(
-        arena.alloc_bytes(MemCategory::Workspace, name, count * storage.act_bytes));
+    return arena.alloc_bytes(MemCategory::Workspace, name, count * storage.act_bytes);
   };
   ws_.proj = wsp("proj", N * C);
   ws_.dres = wsp("dres", N * C);
@@ -135,10 +134,22 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   ws_.dq = wsp("dq", N * QD);
   ws_.dk = wsp("dk", N * KVD);
   ws_.dv = wsp("dv", N * KVD);
-  ws_.scores = wsp("dscores", att_scores);
   ws_.dact = wsp("dact", N * F);
   ws_.dgate = wsp("dgate", N * F);
   ws_.dup = wsp("dup", N * F);
+  const WorkspaceShape shape{max_batch, seq_len, int(C), int(F), int(V), int(NH),
+                             cfg.num_key_value_heads, int(HD)};
+  const BackendScratch sizes = backend_scratch(storage, shape);
+  auto backend_ws = [&](const std::string& name, int64_t bytes) {
+    return bytes ? arena.alloc_bytes(MemCategory::Workspace, "backend." + name, bytes) : nullptr;
+  };
+  scratch_.attention = backend_ws("attention", sizes.attention_bytes);
+  scratch_.norm = backend_ws("rmsnorm", sizes.norm_bytes);
+  scratch_.reduce = backend_ws("reduce", sizes.reduce_bytes);
+  scratch_.gemm = backend_ws("gemm", sizes.gemm_bytes);
+  scratch_.tokens = backend_ws("token_groups", sizes.tokens_bytes);
+  scratch_shape_ = shape;
+  if (!arena.planning()) backend.bind_workspace(scratch_, scratch_shape_);
 }
 
 const ParamTensor& LlamaModel::tensor(const std::string& name) const {
@@ -147,59 +158,89 @@ const ParamTensor& LlamaModel::tensor(const std::string& name) const {
   throw InternalError("no parameter named " + name);
 }
 
-LlamaModel::LayerWeights LlamaModel::layer_view(float* base, int l) const {
-  float* p[kTensorsPerLayer];
-  int64_t off = off_layer_[l];
-  for (int i = 0; i < kTensorsPerLayer; i++) {
-    p[i] = base + off;
-    off += tensors_[layer_tensor_index(l, i)].numel;
-  }
+namespace {
+void* at(void* base, int64_t elements, int bytes) {
+  return base ? static_cast<char*>(base) + elements * bytes : nullptr;
+}
+}  // namespace
+
+void* LlamaModel::weight(const ParamTensor& t) { return at(params_, t.offset, storage().weight_bytes); }
+
+void* LlamaModel::grad(const ParamTensor& t) {
+  return t.dense() ? at(grads_, t.grad_offset, storage().grad_bytes) : nullptr;
+}
+
+float* LlamaModel::params() {
+  GRASS_CHECK(!storage().cuda, "params() as float* is the CPU backend's memory only");
+  return static_cast<float*>(params_);
+}
+
+float* LlamaModel::grads() {
+  GRASS_CHECK(!storage().cuda, "grads() as float* is the CPU backend's memory only");
+  return static_cast<float*>(grads_);
+}
+
+const float* LlamaModel::logits() const {
+  GRASS_CHECK(!storage().cuda, "logits() is the CPU backend's memory only");
+  return static_cast<const float*>(logits_);
+}
+
+LlamaModel::LayerWeights LlamaModel::layer_weights(int l) {
+  void* p[kTensorsPerLayer];
+  for (int i = 0; i < kTensorsPerLayer; i++) p[i] = weight(tensors_[layer_tensor_index(l, i)]);
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]};
 }
 
 LlamaModel::LayerWeights LlamaModel::layer_grads(int l) {
-  float* g[kTensorsPerLayer];
+  void* g[kTensorsPerLayer];
   for (int i = 0; i < kTensorsPerLayer; i++) g[i] = grad(tensors_[layer_tensor_index(l, i)]);
   return {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
 }
 
-void LlamaModel::linear_backward(float* dx, bool accumulate_dx, int l, int i, const float* w,
-                                 float* dw, const float* dy, const float* x, int64_t N, int in,
+void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w,
+                                 void* dw, const void* dy, const void* x, int64_t N, int in,
                                  int out) {
-  ops::linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);  // dw null: dx only
+  backend_->linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);  // dw null: dx only
   if (dw) return;
   GRASS_CHECK(sink_, "a compressed tensor needs a CompressedGradSink");
   sink_->accumulate(layer_tensor_index(l, i), dy, x, N);
 }
 
 void LlamaModel::init_weights(uint64_t seed) {
+  std::vector<float> host;
   for (size_t i = 0; i < tensors_.size(); i++) {
     const ParamTensor& t = tensors_[i];
-    float* p = params_ + t.offset;
+    host.resize(size_t(t.numel));
     if (t.is_norm) {
-      for (int64_t j = 0; j < t.numel; j++) p[j] = 1.0f;
-      continue;
-    }
-    const uint64_t stream = derive_seed(seed, i);
-    const double stddev = cfg_.initializer_range;
+      std::fill(host.begin(), host.end(), 1.0f);
+    } else {
+      const uint64_t stream = derive_seed(seed, i);
+      const double stddev = cfg_.initializer_range;
 #pragma omp parallel for
-    for (int64_t j = 0; j < t.numel; j++) p[j] = float(stddev * normal(stream, uint64_t(j)));
+      for (int64_t j = 0; j < t.numel; j++) host[j] = float(stddev * normal(stream, uint64_t(j)));
+    }
+    write_tensor(t, host.data());
   }
-  weights_written();
+}
+
+void LlamaModel::write_tensor(const ParamTensor& t, const float* host) {
+  backend_->write_weights(params_, master_, t.offset, host, t.numel);
+}
+
+std::vector<float> LlamaModel::read_tensor(const ParamTensor& t) const {
+  std::vector<float> host(size_t(t.numel));
+  backend_->read_weights(host.data(), params_, t.offset, t.numel);
+  return host;
 }
 
 void LlamaModel::weights_written() {
-  if (master_) std::memcpy(master_, params_, size_t(num_params_) * sizeof(float));
-  if (storage_.bf16_weights()) ops::round_to_bf16(params_, num_params_);
+  float* p = params();
+  for (const ParamTensor& t : tensors_) write_tensor(t, p + t.offset);
 }
 
-void LlamaModel::round_params_from_master(int64_t begin, int64_t n) {
-  GRASS_CHECK(master_ && begin >= 0 && begin + n <= num_params_, "no master copy there");
-  std::memcpy(params_ + begin, master_ + begin, size_t(n) * sizeof(float));
-  ops::round_to_bf16(params_ + begin, n);
+void LlamaModel::zero_grads() {
+  backend_->zero(grads_, size_t(num_dense_grads_) * storage().grad_bytes);
 }
-
-void LlamaModel::zero_grads() { std::memset(grads_, 0, size_t(num_dense_grads_) * sizeof(float)); }
 
 double LlamaModel::flops_per_token() const {
   // Matmul weights: everything but the norms, and the embedding table unless it is also lm_head.
@@ -213,85 +254,92 @@ double LlamaModel::flops_per_token() const {
 double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B) {
   GRASS_CHECK(B >= 1 && B <= max_B_, "micro-batch larger than the activations allocated");
   B_ = B;
+  Backend& be = *backend_;
   const int T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
   const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
   const int64_t N = int64_t(B) * T;
   const double eps = cfg_.rms_norm_eps, theta = cfg_.rope_theta;
-  std::memcpy(inputs_, inputs, N * sizeof(int32_t));
-  std::memcpy(targets_, targets, N * sizeof(int32_t));
+  be.bind_workspace(scratch_, scratch_shape_);  // the backend may serve other models too
+  host_inputs_.assign(inputs, inputs + N);
+  host_targets_.assign(targets, targets + N);
+  be.upload(inputs_, inputs, size_t(N) * sizeof(int32_t));
+  be.upload(targets_, targets, size_t(N) * sizeof(int32_t));
 
-  float* x = acts_.empty() ? x_out_ : acts_[0].x_in;
-  ops::embedding_forward(x, inputs_, params_ + off_embed_, N, C);
+  void* x = acts_.empty() ? x_out_ : acts_[0].x_in;
+  be.embedding_forward(x, inputs_, weight(tensors_[0]), N, C);
   for (int l = 0; l < cfg_.num_hidden_layers; l++) {
-    const LayerWeights w = layer_view(params_, l);
+    const LayerWeights w = layer_weights(l);
     LayerActs& a = acts_[l];
-    float* x_next = l + 1 < cfg_.num_hidden_layers ? acts_[l + 1].x_in : x_out_;
+    void* x_next = l + 1 < cfg_.num_hidden_layers ? acts_[l + 1].x_in : x_out_;
     // attention block: h = x + o_proj(attn(rope(q), rope(k), v)) on n1 = rmsnorm(x)
-    ops::rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
-    ops::linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
-    ops::linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
-    ops::linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
-    ops::rope_forward(a.q, a.q, B, T, NH, HD, theta);
-    ops::rope_forward(a.k, a.k, B, T, NKV, HD, theta);
-    ops::attention_forward(a.att, a.probs, a.q, a.k, a.v, B, T, NH, NKV, HD);
-    ops::linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
-    ops::residual_forward(a.h, a.x_in, ws_.proj, N * C);
+    be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
+    be.linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
+    be.linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
+    be.linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
+    be.rope_forward(a.q, B, T, NH, HD, theta);
+    be.rope_forward(a.k, B, T, NKV, HD, theta);
+    be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD);
+    be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
+    be.residual_forward(a.h, a.x_in, ws_.proj, N * C);
     // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h)
-    ops::rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
-    ops::linear_forward(a.gate, a.n2, w.wgate, N, C, F);
-    ops::linear_forward(a.up, a.n2, w.wup, N, C, F);
-    ops::swiglu_forward(a.act, a.gate, a.up, N * F);
-    ops::linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
-    ops::residual_forward(x_next, a.h, ws_.proj, N * C);
+    be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
+    be.linear_forward(a.gate, a.n2, w.wgate, N, C, F);
+    be.linear_forward(a.up, a.n2, w.wup, N, C, F);
+    be.swiglu_forward(a.act, a.gate, a.up, N * F);
+    be.linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
+    be.residual_forward(x_next, a.h, ws_.proj, N * C);
   }
-  ops::rmsnorm_forward(nf_, rstdf_, x_out_, params_ + off_norm_, N, C, eps);
-  ops::linear_forward(logits_, nf_, params_ + off_lm_head_, N, C, V);
-  const double loss_sum = ops::cross_entropy_forward(lse_, &valid_, logits_, targets_, N, V);
+  be.rmsnorm_forward(nf_, rstdf_, x_out_, at(params_, off_norm_, storage().weight_bytes), N, C, eps);
+  const double loss_sum =
+      be.head_forward(logits_, lse_, &valid_, nf_, at(params_, off_lm_head_, storage().weight_bytes),
+                      targets_, host_targets_.data(), N, C, V);
   return valid_ > 0 ? loss_sum / double(valid_) : 0.0;
 }
 
 void LlamaModel::backward(double loss_scale) {
   GRASS_CHECK(B_ > 0, "backward() without a forward()");
+  Backend& be = *backend_;
   const int B = B_, T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
   const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
   const int64_t N = int64_t(B) * T;
   const double theta = cfg_.rope_theta;
   if (valid_ == 0) return;  // every target ignored: the loss is a constant
+  be.bind_workspace(scratch_, scratch_shape_);
 
-  // logits -> dlogits in place, then through lm_head and the final norm into the residual stream
-  ops::cross_entropy_backward(logits_, logits_, lse_, targets_, N, V, loss_scale / double(valid_));
-  float* dlm_head =
+  // through the head (cross-entropy, lm_head) and the final norm into the residual stream
+  void* dlm_head =
       grad(tensor(cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"));
-  ops::linear_backward(ws_.dnorm, dlm_head, logits_, nf_, params_ + off_lm_head_, N, C, V, false);
-  std::memset(ws_.dres, 0, size_t(N) * C * sizeof(float));
-  ops::rmsnorm_backward(ws_.dres, grad(tensor("model.norm.weight")), ws_.dnorm, x_out_,
-                        params_ + off_norm_, rstdf_, N, C);
+  be.head_backward(ws_.dnorm, dlm_head, logits_, lse_, nf_,
+                   at(params_, off_lm_head_, storage().weight_bytes), targets_, N, C, V,
+                   loss_scale / double(valid_));
+  be.zero(ws_.dres, size_t(N) * C * storage().act_bytes);
+  be.rmsnorm_backward(ws_.dres, grad(tensor("model.norm.weight")), ws_.dnorm, x_out_,
+                      at(params_, off_norm_, storage().weight_bytes), rstdf_, N, C);
 
   for (int l = cfg_.num_hidden_layers - 1; l >= 0; l--) {
-    const LayerWeights w = layer_view(params_, l);
+    const LayerWeights w = layer_weights(l);
     const LayerWeights g = layer_grads(l);
     const LayerActs& a = acts_[l];
     // MLP block; dres holds d(x_next) and becomes d(h)
     linear_backward(ws_.dact, false, l, kDown, w.wdown, g.wdown, ws_.dres, a.act, N, F, C);
-    ops::swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gate, a.up, N * F);
+    be.swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gate, a.up, N * F);
     linear_backward(ws_.dnorm, false, l, kGate, w.wgate, g.wgate, ws_.dgate, a.n2, N, C, F);
     linear_backward(ws_.dnorm, true, l, kUp, w.wup, g.wup, ws_.dup, a.n2, N, C, F);
-    ops::rmsnorm_backward(ws_.dres, g.mlp_norm, ws_.dnorm, a.h, w.mlp_norm, a.rstd2, N, C);
+    be.rmsnorm_backward(ws_.dres, g.mlp_norm, ws_.dnorm, a.h, w.mlp_norm, a.rstd2, N, C);
     // attention block; dres becomes d(x_in)
     linear_backward(ws_.datt, false, l, kO, w.wo, g.wo, ws_.dres, a.att, N, NH * HD, C);
-    ops::attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.scores, ws_.datt, a.q, a.k, a.v, a.probs,
-                            B, T, NH, NKV, HD);
-    ops::rope_backward(ws_.dq, ws_.dq, B, T, NH, HD, theta);
-    ops::rope_backward(ws_.dk, ws_.dk, B, T, NKV, HD, theta);
+    be.attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.datt, a.att, a.saved, a.q, a.k, a.v, B, T,
+                          NH, NKV, HD);
+    be.rope_backward(ws_.dq, B, T, NH, HD, theta);
+    be.rope_backward(ws_.dk, B, T, NKV, HD, theta);
     linear_backward(ws_.dnorm, false, l, kQ, w.wq, g.wq, ws_.dq, a.n1, N, C, NH * HD);
     linear_backward(ws_.dnorm, true, l, kK, w.wk, g.wk, ws_.dk, a.n1, N, C, NKV * HD);
     linear_backward(ws_.dnorm, true, l, kV, w.wv, g.wv, ws_.dv, a.n1, N, C, NKV * HD);
-    ops::rmsnorm_backward(ws_.dres, g.attn_norm, ws_.dnorm, a.x_in, w.attn_norm, a.rstd1, N, C);
+    be.rmsnorm_backward(ws_.dres, g.attn_norm, ws_.dnorm, a.x_in, w.attn_norm, a.rstd1, N, C);
   }
-  ops::embedding_backward(grad(tensors_[0]), ws_.dres, inputs_, N, C);
-  // Pure bf16 keeps bf16 gradients: each micro-batch's accumulation is stored rounded.
-  if (storage_.pure_bf16()) ops::round_to_bf16(grads_, num_dense_grads_);
-  B_ = 0;  // the logits now hold their gradient: a second backward() needs a new forward()
+  be.embedding_backward(grad(tensors_[0]), ws_.dres, inputs_, host_inputs_.data(), N, C);
+  be.store_gradients(grads_, num_dense_grads_);
+  B_ = 0;  // on the CPU the logits now hold their gradient: a second backward() needs a forward()
 }
 
 }  // namespace grass

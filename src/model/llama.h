@@ -1,5 +1,7 @@
 // LLaMA, written out by hand: the forward keeps what the backward needs, the backward walks the
-// layers in reverse and accumulates every parameter gradient. fp32 on the CPU reference backend.
+// layers in reverse and accumulates every parameter gradient. Every op goes through the Backend
+// (kernels/backend.h), so the same code runs on the CPU reference and on the GPU; buffers are
+// the backend's memory, typed by role (act, weight, grad) as backend.h describes.
 //
 // Shapes: B micro-batch, T seq_len, N = B*T tokens, C hidden, F ffn, V vocab,
 //         NH query heads, NKV kv heads, HD head dim.
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "backend.h"
 #include "core/arena.h"
 #include "model/storage.h"
 
@@ -31,8 +34,8 @@ struct ParamTensor {
 class CompressedGradSink {
  public:
   virtual ~CompressedGradSink() = default;
-  // dy[N, out], x[N, in] of tensors()[tensor_index], a weight [out, in]
-  virtual void accumulate(int tensor_index, const float* dy, const float* x, int64_t N) = 0;
+  // dy[N, out], x[N, in] (act-typed backend memory) of tensors()[tensor_index], a weight [out, in]
+  virtual void accumulate(int tensor_index, const void* dy, const void* x, int64_t N) = 0;
 };
 
 // The HF tensor names of the GRASS targets ("q", "k", "v", "o", "gate", "up", "down") in every
@@ -44,11 +47,13 @@ class LlamaModel {
  public:
   // Allocates weights and gradients, and activations for micro-batches of up to max_batch x seq_len.
   // Tensors named in `compressed` get no dense gradient: backward() hands their dy and x to the
-  // sink set with set_compressed_sink() instead. `storage` sizes every buffer and says what is
-  // bf16 (model/storage.h); with a master copy, master() holds the fp32 weights the optimizers
-  // update and params() their bf16 rounding, which the forward reads.
+  // sink set with set_compressed_sink() instead. The backend's storage sizes every buffer and
+  // says what is bf16 (model/storage.h); with a master copy, master() holds the fp32 weights the
+  // optimizers update and the weights their bf16 rounding, which the forward reads. The arena
+  // must hand out the backend's memory.
   LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
-             const std::vector<std::string>& compressed = {}, const Storage& storage = {});
+             const std::vector<std::string>& compressed = {},
+             Backend& backend = default_cpu_backend());
   void set_compressed_sink(CompressedGradSink* sink) { sink_ = sink; }
 
   const ModelConfig& config() const { return cfg_; }
@@ -56,30 +61,39 @@ class LlamaModel {
   const ParamTensor& tensor(const std::string& name) const;
   int64_t num_params() const { return num_params_; }
   int64_t num_dense_grads() const { return num_dense_grads_; }  // elements of grads()
-  const Storage& storage() const { return storage_; }
-  float* params() { return params_; }
-  float* master() { return master_; }  // [num_params] fp32, or null without a master copy
-  float* grads() { return grads_; }
-  float* grad(const ParamTensor& t) { return t.dense() ? grads_ + t.grad_offset : nullptr; }
+  Backend& backend() const { return *backend_; }
+  const Storage& storage() const { return backend_->storage(); }
+  // The backend's buffers: weights [num_params] (weight-typed), the fp32 master copy (or null),
+  // dense gradients [num_dense_grads] (grad-typed).
+  void* weights() { return params_; }
+  float* master() { return master_; }
+  void* grads_buffer() { return grads_; }
+  void* grad(const ParamTensor& t);  // null for a compressed tensor
+  void* weight(const ParamTensor& t);
+  // The same as float* on the CPU backend, for tests and tools that read or write them in place
+  // (after writing weights, call weights_written()). InternalError on another backend.
+  float* params();
+  float* grads();
+  float* cpu_grad(const ParamTensor& t) { return t.dense() ? grads() + t.grad_offset : nullptr; }
   int seq_len() const { return T_; }
 
   // HF-style initialisation: normal(0, initializer_range) for embeddings and projections, norm
   // gains 1. Each tensor draws its own counter-based stream, so the result is reproducible.
   void init_weights(uint64_t seed);
-  // After the weights were written in fp32 (init, import, an optimizer step): the master copy,
-  // if any, takes params() as they are, and params() is rounded to what the storage keeps.
+  // Writes tensor t's weights from fp32 values on the host (and the master copy, if any).
+  void write_tensor(const ParamTensor& t, const float* host);
+  std::vector<float> read_tensor(const ParamTensor& t) const;  // the weights the forward reads
+  // On the CPU backend, after params() was written in place: the master copy, if any, takes
+  // the values and the weights are rounded to what the storage keeps.
   void weights_written();
-  // params()[begin, begin + n) = the storage's rounding of master()[begin, begin + n) (mixed
-  // precision), after an optimizer updated the master copy there.
-  void round_params_from_master(int64_t begin, int64_t n);
   void zero_grads();
 
   // inputs, targets: [B, T] (a negative target is ignored). Returns the mean cross-entropy over
   // the valid targets; keeps the activations for backward(). logits() is valid until backward().
   double forward(const int32_t* inputs, const int32_t* targets, int B);
-  // Adds d(loss_scale * mean loss)/dθ to grads(), for the batch of the last forward().
+  // Adds d(loss_scale * mean loss)/dθ to the gradients, for the batch of the last forward().
   void backward(double loss_scale);
-  const float* logits() const { return logits_; }  // [B, T, V]
+  const float* logits() const;  // [B, T, V] on the CPU backend (InternalError elsewhere)
   int64_t valid_targets() const { return valid_; }
 
   // FLOPs of one forward+backward per token, counted as the engine does them: 6 per weight
@@ -87,31 +101,31 @@ class LlamaModel {
   double flops_per_token() const;
 
  private:
-  struct LayerWeights {  // views into the flat parameter (or gradient) buffer
-    float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown;
+  struct LayerWeights {  // views into the flat weight (or gradient) buffer
+    void *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown;
   };
-  struct LayerActs {
-    float* x_in;     // [N, C] residual stream entering the layer
-    float* rstd1;    // [N]
-    float* n1;       // [N, C] input_layernorm output
-    float* q;        // [N, NH*HD] after RoPE
-    float* k;        // [N, NKV*HD] after RoPE
-    float* v;        // [N, NKV*HD]
-    float* probs;    // [B, NH, T, T]
-    float* att;      // [N, NH*HD] attention output, input of o_proj
-    float* h;        // [N, C] residual stream after attention
-    float* rstd2;    // [N]
-    float* n2;       // [N, C] post_attention_layernorm output
-    float* gate;     // [N, F]
-    float* up;       // [N, F]
-    float* act;      // [N, F] silu(gate) * up, input of down_proj
+  struct LayerActs {  // act-typed unless said otherwise
+    void* x_in;      // [N, C] residual stream entering the layer
+    float* rstd1;    // [N] fp32
+    void* n1;        // [N, C] input_layernorm output
+    void* q;         // [N, NH*HD] after RoPE
+    void* k;         // [N, NKV*HD] after RoPE
+    void* v;         // [N, NKV*HD]
+    void* saved;     // what attention keeps for its backward (attention_saved_bytes)
+    void* att;       // [N, NH*HD] attention output, input of o_proj
+    void* h;         // [N, C] residual stream after attention
+    float* rstd2;    // [N] fp32
+    void* n2;        // [N, C] post_attention_layernorm output
+    void* gate;      // [N, F]
+    void* up;        // [N, F]
+    void* act;       // [N, F] silu(gate) * up, input of down_proj
   };
-  LayerWeights layer_view(float* base, int l) const;
+  LayerWeights layer_weights(int l);
   LayerWeights layer_grads(int l);  // null for compressed tensors
   void add_tensor(const std::string& name, std::vector<int64_t> shape, bool is_norm);
   // dx (overwritten, or accumulated) and the weight gradient of layer l's i-th tensor, y = x·wᵀ
-  void linear_backward(float* dx, bool accumulate_dx, int l, int i, const float* w, float* dw,
-                       const float* dy, const float* x, int64_t N, int in, int out);
+  void linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w, void* dw,
+                       const void* dy, const void* x, int64_t N, int in, int out);
 
   ModelConfig cfg_;
   int max_B_, T_;
@@ -120,33 +134,36 @@ class LlamaModel {
   int64_t num_params_ = 0;
   int64_t num_dense_grads_ = 0;
   CompressedGradSink* sink_ = nullptr;
-  Storage storage_;
-  float* params_ = nullptr;
+  Backend* backend_;
+  void* params_ = nullptr;
   float* master_ = nullptr;
-  float* grads_ = nullptr;
+  void* grads_ = nullptr;
   // offsets of the tensors that are not per layer
   int64_t off_embed_ = 0, off_norm_ = 0, off_lm_head_ = 0;
   std::vector<int64_t> off_layer_;  // offset of each layer's first tensor
 
   std::vector<LayerActs> acts_;
-  int32_t* inputs_ = nullptr;   // [N]
-  int32_t* targets_ = nullptr;  // [N]
-  float* x_out_ = nullptr;      // [N, C] residual stream after the last layer
+  int32_t* inputs_ = nullptr;   // [N] backend memory
+  int32_t* targets_ = nullptr;  // [N] backend memory
+  std::vector<int32_t> host_inputs_, host_targets_;  // the same on the host
+  void* x_out_ = nullptr;       // [N, C] residual stream after the last layer
   float* rstdf_ = nullptr;      // [N]
-  float* nf_ = nullptr;         // [N, C] final norm output
-  float* logits_ = nullptr;     // [N, V]; holds dlogits after backward()
+  void* nf_ = nullptr;          // [N, C] final norm output
+  void* logits_ = nullptr;      // [head_rows, V]; on the CPU, dlogits after backward()
   float* lse_ = nullptr;        // [N]
   int64_t valid_ = 0;
 
-  struct Workspace {  // backward scratch, reused by every layer
-    float *proj;      // [N, C] o_proj / down_proj output before the residual add
-    float *dres;      // [N, C] gradient of the residual stream
-    float *dnorm;     // [N, C] gradient of a norm's output
-    float *datt;      // [N, NH*HD]
-    float *dq, *dk, *dv;
-    float *scores;    // [B, NH, T, T]
-    float *dact, *dgate, *dup;  // [N, F]
+  struct Workspace {  // backward scratch, reused by every layer (act-typed)
+    void *proj;       // [N, C] o_proj / down_proj output before the residual add
+    void *dres;       // [N, C] gradient of the residual stream
+    void *dnorm;      // [N, C] gradient of a norm's output
+    void *datt;       // [N, NH*HD]
+    void *dq, *dk, *dv;
+    void *dact, *dgate, *dup;  // [N, F]
   } ws_{};
+  // The backend's own scratch, allocated here and bound before every forward and backward.
+  BackendScratchPointers scratch_;
+  WorkspaceShape scratch_shape_;
 };
 
 }  // namespace grass

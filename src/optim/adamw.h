@@ -25,8 +25,8 @@ class AdamW {
  private:
   OptimizerConfig cfg_;
   uint64_t seed_;
-  float* m_ = nullptr;  // first moment  [num_dense_grads]
-  float* v_ = nullptr;  // second moment [num_dense_grads]
+  void* m_ = nullptr;  // first moment  [num_dense_grads], state-typed backend memory
+  void* v_ = nullptr;  // second moment [num_dense_grads]
 };
 
 }  // namespace grass

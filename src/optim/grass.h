@@ -27,7 +27,7 @@ class GrassOptimizer : public CompressedGradSink {
                  Arena& arena);
 
   void begin_step(int64_t step);  // zeroes G_C; a refresh step re-selects on the next accumulate
-  void accumulate(int tensor_index, const float* dy, const float* x, int64_t N) override;
+  void accumulate(int tensor_index, const void* dy, const void* x, int64_t N) override;
   double grad_sum_squares() const;  // Σ G_C², for the global gradient norm
   // Weight-gradient FLOPs per token that G_C saves against the full gradient:
   // Σ over targets of 2·out·in - 2·(r·in or out·r). (Refresh steps still form one full gradient.)
@@ -44,9 +44,10 @@ class GrassOptimizer : public CompressedGradSink {
     int out, in;
     bool rows;             // selects rows (out) rather than columns (in)
     int64_t gc_numel;      // r·in (rows) or out·r (cols)
-    float* gc;             // compressed gradient
-    float* m;              // Adam moments, shaped like gc
-    float* v;
+    // backend memory (host on the CPU): G_C grad-typed, moments state-typed
+    void* gc;              // compressed gradient
+    void* m;               // Adam moments, shaped like gc
+    void* v;
     int32_t* sigma;        // [r] selected slices, ascending
     float* rho;            // [r] their scales
     int64_t adam_step = 0; // steps since the last refresh
@@ -55,16 +56,16 @@ class GrassOptimizer : public CompressedGradSink {
   const std::vector<Target>& targets() const { return targets_; }
 
  private:
-  void select(Target& t, const float* dy, const float* x, int64_t N);
+  void select(Target& t, const void* dy, const void* x, int64_t N);
 
   OptimizerConfig cfg_;
   int rank_;
   std::vector<Target> targets_;
   std::vector<int> target_of_tensor_;  // tensor index -> targets_ index, or -1
-  float* scratch_ = nullptr;           // [max_tokens, r] gathered columns
+  Backend* backend_;
+  void* scratch_ = nullptr;            // [max_tokens, r] gathered columns (act-typed)
   float* full_grad_ = nullptr;         // [largest out x in]: the transient gradient at a refresh
   int64_t step_ = 0;
-  bool pure_bf16_ = false;  // G_C is stored in bf16
 };
 
 }  // namespace grass

@@ -1,6 +1,6 @@
 #include "train/backend_choice.h"
 
-#include <omp.h>
+#include <cstdio>
 
 #include "core/error.h"
 #ifdef GRASS_HAVE_CUDA
@@ -9,25 +9,28 @@
 
 namespace grass {
 
-BackendChoice choose_backend(const RunConfig& cfg) {
-  const std::string where = (cfg.source.empty() ? std::string("run config") : cfg.source) + ": device: ";
-  if (cfg.device == "cuda")
-    throw UserError(where + "\"cuda\": the CUDA kernels are built but the model does not run on "
-                    "them yet; use \"cpu\" or \"auto\" (docs/gpu-status.md)");
-  BackendChoice choice;
-  choice.storage = storage_for(cfg.precision, /*cuda=*/false);
-  choice.description = "cpu, " + std::to_string(omp_get_max_threads()) + " threads (" +
-                       choice.storage.describe() + ", OpenMP + OpenBLAS)";
-  if (cfg.device == "cpu") return choice;
+std::unique_ptr<Backend> choose_backend(const RunConfig& cfg) {
+  const std::string where = (cfg.source.empty() ? std::string("run config") : cfg.source) + ": ";
+  if (cfg.device == "cpu") return make_cpu_backend(storage_for(cfg.precision, false));
 #ifdef GRASS_HAVE_CUDA
   const cuda::DeviceProbe gpu = cuda::probe_device();
-  choice.description += gpu.usable ? "; GPU " + gpu.description +
-                                         " found, but the model does not run on CUDA yet"
-                                   : "; " + gpu.description;
+  if (gpu.usable && (cfg.device == "cuda" || cfg.precision != "fp32"))
+    return make_cuda_backend(storage_for(cfg.precision, true));
+  if (gpu.usable) {  // auto with fp32: the CPU reference is the only fp32 backend
+    std::fprintf(stderr, "grass: precision \"fp32\" runs on the CPU backend: training on the CPU "
+                         "although %s is usable\n", gpu.description.c_str());
+    return make_cpu_backend(storage_for(cfg.precision, false));
+  }
+  if (cfg.device == "cuda")
+    throw UserError(where + "device: \"cuda\" but " + gpu.description +
+                    "; use \"auto\" or \"cpu\" to train on the CPU");
+  std::fprintf(stderr, "grass: %s: training on the CPU\n", gpu.description.c_str());
 #else
-  choice.description += "; built without CUDA";
+  if (cfg.device == "cuda")
+    throw UserError(where + "device: \"cuda\" but this grass was built without CUDA (no nvcc at "
+                    "configure time); rebuild where CUDA is installed, or use \"auto\" or \"cpu\"");
 #endif
-  return choice;
+  return make_cpu_backend(storage_for(cfg.precision, false));
 }
 
 }  // namespace grass

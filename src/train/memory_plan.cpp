@@ -8,10 +8,12 @@ namespace grass {
 
 MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage) {
   Arena planning(/*planning=*/true);
-  build_training_state(cfg, planning, storage);
+  const std::unique_ptr<Backend> sizes_only = make_planning_backend(storage);
+  build_training_state(cfg, planning, *sizes_only);
   MemoryPlan plan;
   for (int c = 0; c < kMemCategories; c++) plan.bytes[c] = planning.bytes(MemCategory(c));
   plan.total = planning.total_bytes();
+  plan.buffers = planning.num_blocks();
   return plan;
 }
 

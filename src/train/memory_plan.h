@@ -14,6 +14,7 @@ namespace grass {
 struct MemoryPlan {
   std::array<int64_t, kMemCategories> bytes{};  // by MemCategory
   int64_t total = 0;
+  int64_t buffers = 0;  // named allocations (a device reservation pads each to its alignment)
 };
 
 MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage);

@@ -12,11 +12,11 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "data/loader.h"
-#include "ops.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
 #include "train/backend_choice.h"
 #include "train/evaluator.h"
+#include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/training_state.h"
 
@@ -24,11 +24,11 @@ namespace grass {
 
 namespace {
 
-void print_run_table(const RunConfig& cfg, const BackendChoice& backend, const LlamaModel& model,
+void print_run_table(const RunConfig& cfg, const Backend& backend, const LlamaModel& model,
                      double flops_per_token, const TokenLoader& loader, const Arena& arena) {
   const ModelConfig& m = cfg.model;
   std::printf("grass train %s\n", cfg.source.c_str());
-  std::printf("  device        %s\n", backend.description.c_str());
+  std::printf("  device        %s\n", backend.describe().c_str());
   std::printf("  model         %s: d %d, ffn %d, heads %d (kv %d), layers %d, vocab %d%s\n",
               cfg.model_path.empty() ? "inline" : cfg.model_path.c_str(), m.hidden_size,
               m.intermediate_size, m.num_attention_heads, m.num_key_value_heads,
@@ -54,7 +54,7 @@ void print_run_table(const RunConfig& cfg, const BackendChoice& backend, const L
   std::printf("  schedule      %s, warmup %lld, min_lr_ratio %.3g, %lld steps\n",
               cfg.schedule.name.c_str(), (long long)cfg.schedule.warmup_steps,
               cfg.schedule.min_lr_ratio, (long long)cfg.steps);
-  std::printf("  precision     %s, seed %llu\n", backend.storage.describe(),
+  std::printf("  precision     %s, seed %llu\n", backend.storage().describe(),
               (unsigned long long)cfg.seed);
   std::printf("  FLOPs/token   %.4g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
               flops_per_token,
@@ -79,9 +79,12 @@ TrainResult train(const RunConfig& cfg) {
     if (!cfg.tokenizer.empty()) evaluator->stream().check_tokenizer(cfg.tokenizer);
   }
 
-  const BackendChoice backend = choose_backend(cfg);
-  Arena arena;
-  TrainingState state = build_training_state(cfg, arena, backend.storage);
+  const std::unique_ptr<Backend> backend = choose_backend(cfg);
+  // GPU memory comes as one reservation of the planned size, cut into the named buffers.
+  const MemoryPlan plan = plan_memory(cfg, backend->storage());
+  backend->reserve(plan.total, plan.buffers);
+  Arena arena(false, *backend);
+  TrainingState state = build_training_state(cfg, arena, *backend);
   LlamaModel& model = *state.model;
   AdamW& optimizer = *state.adamw;
   GrassOptimizer* grass = state.grass.get();
@@ -103,7 +106,7 @@ TrainResult train(const RunConfig& cfg) {
   // FLOPs actually done: a GRASS target's weight gradient costs 2rn, not 2mn
   const double flops_per_token =
       model.flops_per_token() - (grass ? grass->flops_saved_per_token() : 0.0);
-  print_run_table(cfg, backend, model, flops_per_token, loader, arena);
+  print_run_table(cfg, *backend, model, flops_per_token, loader, arena);
   if (evaluator) {
     std::printf("  eval          first %lld tokens of %s, %s\n", (long long)cfg.eval_tokens,
                 evaluator->stream().describe().c_str(),
@@ -132,8 +135,9 @@ TrainResult train(const RunConfig& cfg) {
       throw UserError("step " + std::to_string(step + 1) + ": loss is " + std::to_string(loss) +
                       " (diverged): lower optimizer.lr or set grad_clip");
     // one global norm over the dense and the compressed gradients
-    const double gnorm = std::sqrt(ops::sum_squares(model.grads(), model.num_dense_grads()) +
-                                   (grass ? grass->grad_sum_squares() : 0.0));
+    const double gnorm =
+        std::sqrt(model.backend().sum_squares(model.grads_buffer(), model.num_dense_grads()) +
+                  (grass ? grass->grad_sum_squares() : 0.0));
     const double clip = clip_coefficient(gnorm, cfg.grad_clip);
     if (grass) grass->step(model, clip, lr);
     optimizer.step(model, clip, lr, step + 1);

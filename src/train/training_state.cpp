@@ -2,14 +2,14 @@
 
 namespace grass {
 
-TrainingState build_training_state(const RunConfig& cfg, Arena& arena, const Storage& storage) {
+TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend) {
   TrainingState s;
   const bool use_grass = cfg.optimizer.name == "grass";
   const std::vector<std::string> compressed =
       use_grass ? grass_target_tensor_names(cfg.model.num_hidden_layers, cfg.optimizer.grass.targets)
                 : std::vector<std::string>{};
   s.model = std::make_unique<LlamaModel>(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len,
-                                         compressed, storage);
+                                         compressed, backend);
   s.adamw = std::make_unique<AdamW>(cfg.optimizer, *s.model, arena, cfg.seed);
   if (use_grass) {
     s.grass = std::make_unique<GrassOptimizer>(

@@ -18,8 +18,8 @@ struct TrainingState {
   std::unique_ptr<GrassOptimizer> grass; // GRASS targets; null for optimizer "adamw"
 };
 
-// Allocates from `arena` with the element sizes of `storage`; with a planning arena nothing is
-// allocated or initialised.
-TrainingState build_training_state(const RunConfig& cfg, Arena& arena, const Storage& storage);
+// Allocates from `arena` (the backend's memory) with the element sizes of the backend's storage;
+// with a planning arena nothing is allocated or initialised.
+TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend);
 
 }  // namespace grass

@@ -1,0 +1,160 @@
+// The backend: where the ops run and how their tensors are stored. The model and the optimizers
+// call only this interface, so they never branch on the device. Two implementations:
+//   CpuBackend  (kernels/cpu/cpu_backend.cpp): the reference, fp32 memory, kernels/ops.h; in the
+//               bf16 precisions it rounds what the GPU would store in bf16 (model/storage.h).
+//   CudaBackend (kernels/cuda/cuda_backend.cu): bf16 activations and weights on the GPU,
+//               kernels/cuda/cuda_ops.h.
+//
+// Pointers are the backend's memory (host on the CPU, device on CUDA), typed by role:
+//   act:    activations and backward workspace   (CPU float, CUDA bf16)
+//   weight: the weights the forward reads        (CPU float, CUDA bf16)
+//   grad:   dense gradients and GRASS's G_C      (CPU float; CUDA fp32 in bf16-mixed, bf16 in bf16)
+//   state:  optimizer moments                    (CPU float; CUDA fp32 in bf16-mixed, bf16 in bf16)
+//   float*: always fp32 (RMSNorm rstd, master weights, the GRASS refresh gradient, ρ)
+// Shapes and semantics are those of kernels/ops.h. Parameter gradients accumulate (+=).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/arena.h"
+#include "model/storage.h"
+
+namespace grass {
+
+// The shapes a model's backward workspace must serve (the largest micro-batch).
+struct WorkspaceShape {
+  int B = 0, T = 0, C = 0, F = 0, V = 0, NH = 0, NKV = 0, HD = 0;
+};
+
+// The backend's own scratch, sized from the storage alone (kernels/backend_sizes.cpp), so that a
+// plan for the GPU needs no GPU: the model allocates these from the arena's workspace category
+// and hands them to bind_workspace(). Zero bytes: not needed by that backend.
+struct BackendScratch {
+  int64_t attention_bytes = 0;  // attention backward (CPU: [B,NH,T,T] floats)
+  int64_t norm_bytes = 0;       // RMSNorm weight-gradient partial sums
+  int64_t reduce_bytes = 0;     // deterministic Σx² partials
+  int64_t gemm_bytes = 0;       // cuBLASLt workspace
+  int64_t tokens_bytes = 0;     // embedding backward's token groups
+};
+struct BackendScratchPointers {
+  void *attention = nullptr, *norm = nullptr, *reduce = nullptr, *gemm = nullptr,
+       *tokens = nullptr;
+};
+BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& shape);
+// What attention_forward keeps for the backward (CPU: probabilities [B,NH,T,T]; GPU:
+// logsumexp [B,NH,T]), in bytes.
+int64_t attention_saved_bytes(const Storage& storage, int B, int T, int NH);
+// Rows of logits the head holds at once: all N on the CPU, a chunk on the GPU.
+int64_t head_rows(const Storage& storage, int64_t N, int V);
+
+class Backend : public MemoryResource {
+ public:
+  ~Backend() override = default;
+  const Storage& storage() const { return storage_; }
+  virtual std::string describe() const = 0;
+
+  // ---- memory ---------------------------------------------------------------------------------
+  // The GPU takes its memory as one reservation of `total` bytes in `buffers` allocations (the
+  // memory plan's figures) and cuts the arena's buffers from it; the CPU allocates each buffer.
+  virtual void reserve(int64_t total, int64_t buffers) = 0;
+  virtual void upload(void* dst, const void* host, size_t bytes) = 0;
+  virtual void download(void* host, const void* src, size_t bytes) = 0;
+  virtual void zero(void* dst, size_t bytes) = 0;
+  // weights <-> fp32 on the host: n elements at element offset `first` of a weight buffer
+  // (and of the master copy, when there is one: both are written)
+  virtual void write_weights(void* weights, float* master, int64_t first, const float* host,
+                             int64_t n) = 0;
+  virtual void read_weights(float* host, const void* weights, int64_t first, int64_t n) = 0;
+  // fp32 on the host <- a grad- or state-typed buffer
+  virtual void read_grads(float* host, const void* grads, int64_t first, int64_t n) = 0;
+  // The scratch of backend_scratch(storage(), shape), allocated by the model. A backend may serve
+  // several models (tests build two side by side): each binds its own before it runs.
+  virtual void bind_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& shape) = 0;
+
+  // ---- model ops --------------------------------------------------------------------------------
+  virtual void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) = 0;
+  // dx = dy·w (+= when accumulate_dx); dw += dyᵀ·x unless dw is null
+  virtual void linear_backward(void* dx, void* dw, const void* dy, const void* x, const void* w,
+                               int64_t N, int in, int out, bool accumulate_dx) = 0;
+  // tokens: the backend's copy; host_tokens: the same on the host (the GPU groups them there)
+  virtual void embedding_forward(void* out, const int32_t* tokens, const void* table, int64_t N,
+                                 int C) = 0;
+  virtual void embedding_backward(void* dtable, const void* dout, const int32_t* tokens,
+                                  const int32_t* host_tokens, int64_t N, int C) = 0;
+  virtual void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int64_t N,
+                               int C, double eps) = 0;
+  virtual void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
+                                const float* rstd, int64_t N, int C) = 0;
+  virtual void rope_forward(void* x, int B, int T, int H, int HD, double theta) = 0;   // in place
+  virtual void rope_backward(void* dx, int B, int T, int H, int HD, double theta) = 0;  // in place
+  // saved: attention_saved_bytes(storage(), B, T, NH) bytes, written by the forward for the
+  // backward
+  virtual void attention_forward(void* out, void* saved, const void* q, const void* k,
+                                 const void* v, int B, int T, int NH, int NKV, int HD) = 0;
+  virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
+                                  const void* saved, const void* q, const void* k, const void* v,
+                                  int B, int T, int NH, int NKV, int HD) = 0;
+  virtual void swiglu_forward(void* out, const void* gate, const void* up, int64_t n) = 0;
+  virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
+                               const void* up, int64_t n) = 0;
+  virtual void residual_forward(void* out, const void* a, const void* b, int64_t n) = 0;
+  // The head: logits = nf·wᵀ and the summed cross-entropy over valid targets (target < 0 is
+  // ignored). logits: head_rows(storage(), N, V) x V act elements, lse: N floats. *valid gets the
+  // count.
+  // targets: the backend's copy; host_targets: the same on the host
+  virtual double head_forward(void* logits, float* lse, int64_t* valid, const void* nf,
+                              const void* w, const int32_t* targets, const int32_t* host_targets,
+                              int64_t N, int C, int V) = 0;
+  // dnf = d(loss·dloss_scale)/dnf (overwritten), dw += its weight gradient. Runs after
+  // head_forward on the same inputs (the GPU recomputes each chunk's logits here, and uses lse
+  // as scratch).
+  virtual void head_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
+                             const void* w, const int32_t* targets, int64_t N, int C, int V,
+                             double dloss_scale) = 0;
+  // After a backward: gradients computed in fp32 take their storage's rounding (CPU pure bf16).
+  virtual void store_gradients(void* grads, int64_t n) = 0;
+
+  // ---- optimizer ops ------------------------------------------------------------------------------
+  // Σ x² of a grad-typed buffer, deterministic, on the host.
+  virtual double sum_squares(const void* grads, int64_t n) = 0;
+  // AdamW (ops::adamw_update's formula) on the weight: master when there is one (then
+  // weights = its rounding), else weights itself (stochastically rounded in pure bf16, with m, v).
+  virtual void adamw_update(void* weights, float* master, const void* g, void* m, void* v, int64_t n,
+                            double grad_scale, double lr, double beta1, double beta2, double eps,
+                            double weight_decay, int64_t step, uint64_t seed) = 0;
+  // GRASS (ops.h): gc += the compressed gradient straight from the activations
+  virtual void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
+                                     const int32_t* sigma, const float* rho, int64_t N, int in,
+                                     int out, int r, bool rows) = 0;
+  // g[out, in] = dyᵀ·x in fp32: the transient full gradient of a refresh
+  virtual void grass_full_grad(float* g, const void* dy, const void* x, int64_t N, int in,
+                               int out) = 0;
+  // squared slice norms of g, on the host
+  virtual void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
+                                 bool rows) = 0;
+  virtual void grass_gather(void* gc, const float* g, const int32_t* sigma, const float* rho,
+                            int out, int in, int r, bool rows) = 0;
+  // The sparse Adam update of one target; weights/master as in adamw_update. gc may be
+  // overwritten.
+  virtual void grass_adam_update(void* weights, float* master, void* gc, void* m, void* v,
+                                 const int32_t* sigma, const float* rho, int out, int in, int r,
+                                 bool rows, double grad_scale, double lr, double alpha,
+                                 double beta1, double beta2, double eps, double weight_decay,
+                                 int64_t step, uint64_t seed) = 0;
+
+ protected:
+  explicit Backend(const Storage& storage) : storage_(storage) {}
+  Storage storage_;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const Storage& storage);
+// A backend that only carries a storage (any device's), for planning arenas, which size every
+// buffer and run no op: `grass mem` plans a GPU run without a GPU.
+std::unique_ptr<Backend> make_planning_backend(const Storage& storage);
+// The fp32 CPU backend, for what builds a model without choosing one (tests, tools).
+Backend& default_cpu_backend();
+// Throws UserError when no usable GPU is present; only in builds with CUDA.
+std::unique_ptr<Backend> make_cuda_backend(const Storage& storage);
+
+}  // namespace grass

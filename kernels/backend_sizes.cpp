@@ -1,0 +1,42 @@
+// The sizes of each backend's scratch and saved tensors, computed from the storage alone so that
+// `grass mem` plans a GPU run on a machine without one. The CUDA backend checks at bind time that
+// its kernels need no more than this (kernels/cuda/cuda_backend.cu), so the two cannot drift.
+#include <algorithm>
+
+#include "backend.h"
+
+namespace grass {
+
+namespace {
+// The GPU's head computes logits for this many elements at a time (64 MiB of bf16).
+constexpr int64_t kHeadChunkElements = int64_t(32) << 20;
+constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;  // cuBLASLt's recommended on Hopper
+constexpr int64_t kNormRowBlocks = 1024;    // kernels/cuda/rmsnorm.cu: kRowBlocks
+constexpr int64_t kReducePartials = 1024;  // kernels/cuda/adamw.cu: kSumMaxBlocks
+}  // namespace
+
+int64_t attention_saved_bytes(const Storage& storage, int B, int T, int NH) {
+  const int64_t rows = int64_t(B) * NH * T;
+  return 4 * (storage.cuda ? rows : rows * T);  // logsumexp per row, or the probabilities
+}
+
+int64_t head_rows(const Storage& storage, int64_t N, int V) {
+  return storage.cuda ? std::min<int64_t>(N, std::max<int64_t>(1, kHeadChunkElements / V)) : N;
+}
+
+BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) {
+  BackendScratch scratch;
+  const int64_t N = int64_t(s.B) * s.T;
+  if (!storage.cuda) {
+    scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T * s.T;  // dscores
+    return scratch;
+  }
+  scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T;  // D = rowsum(dout ⊙ out)
+  scratch.norm_bytes = 4 * std::min<int64_t>(N, kNormRowBlocks) * s.C;
+  scratch.reduce_bytes = 8 * (kReducePartials + 1);  // partials and the result
+  scratch.gemm_bytes = kGemmWorkspaceBytes;
+  scratch.tokens_bytes = 4 * (3 * N + 1);  // positions [N], group starts [N + 1], tokens [N]
+  return scratch;
+}
+
+}  // namespace grass

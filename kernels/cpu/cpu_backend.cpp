@@ -1,0 +1,212 @@
+// The CPU backend: the reference ops of kernels/ops.h on fp32 host memory. In the bf16 precisions
+// it rounds what the GPU stores in bf16 (model/storage.h): the weights after every write, pure
+// bf16's gradients, G_C and optimizer moments (stochastically for what the optimizer stores).
+// Activations stay fp32.
+#include <omp.h>
+
+#include <cstring>
+
+#include "backend.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "ops.h"
+
+namespace grass {
+
+namespace {
+
+float* f(void* p) { return static_cast<float*>(p); }
+const float* f(const void* p) { return static_cast<const float*>(p); }
+
+class CpuBackend final : public Backend {
+ public:
+  // planning: only for a planning arena, which sizes buffers and runs no op; then the storage
+  // may be another backend's (the GPU's, for `grass mem` on a machine without one).
+  CpuBackend(const Storage& storage, bool planning) : Backend(storage) {
+    GRASS_CHECK(planning || !storage.cuda, "the CPU backend got a CUDA storage plan");
+  }
+
+  std::string describe() const override {
+    return "cpu, " + std::to_string(omp_get_max_threads()) + " threads (" + storage_.describe() +
+           ", OpenMP + OpenBLAS)";
+  }
+
+  // ---- memory ---------------------------------------------------------------------------------
+  void* allocate_zeroed(size_t bytes) override { return host_memory().allocate_zeroed(bytes); }
+  void deallocate(void* ptr) override { host_memory().deallocate(ptr); }
+  const char* memory_name() const override { return "host memory"; }
+  void reserve(int64_t, int64_t) override {}
+  void upload(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
+  void download(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+  void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
+  void write_weights(void* weights, float* master, int64_t first, const float* host,
+                     int64_t n) override {
+    float* w = f(weights) + first;
+    if (w != host) std::memcpy(w, host, size_t(n) * sizeof(float));  // in place: weights_written()
+    if (master) std::memcpy(master + first, host, size_t(n) * sizeof(float));
+    if (storage_.bf16_weights()) ops::round_to_bf16(w, n);
+  }
+  void read_weights(float* host, const void* weights, int64_t first, int64_t n) override {
+    std::memcpy(host, f(weights) + first, size_t(n) * sizeof(float));
+  }
+  void read_grads(float* host, const void* grads, int64_t first, int64_t n) override {
+    std::memcpy(host, f(grads) + first, size_t(n) * sizeof(float));
+  }
+  void bind_workspace(const BackendScratchPointers& scratch, const WorkspaceShape&) override {
+    attention_scratch_ = f(scratch.attention);
+  }
+
+  // ---- model ops ------------------------------------------------------------------------------
+  void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) override {
+    ops::linear_forward(f(y), f(x), f(w), N, in, out);
+  }
+  void linear_backward(void* dx, void* dw, const void* dy, const void* x, const void* w, int64_t N,
+                       int in, int out, bool accumulate_dx) override {
+    ops::linear_backward(f(dx), f(dw), f(dy), f(x), f(w), N, in, out, accumulate_dx);
+  }
+  void embedding_forward(void* out, const int32_t* tokens, const void* table, int64_t N,
+                         int C) override {
+    ops::embedding_forward(f(out), tokens, f(table), N, C);
+  }
+  void embedding_backward(void* dtable, const void* dout, const int32_t* tokens, const int32_t*,
+                          int64_t N, int C) override {
+    ops::embedding_backward(f(dtable), f(dout), tokens, N, C);
+  }
+  void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int64_t N, int C,
+                       double eps) override {
+    ops::rmsnorm_forward(f(out), rstd, f(x), f(w), N, C, eps);
+  }
+  void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
+                        const float* rstd, int64_t N, int C) override {
+    ops::rmsnorm_backward(f(dx), f(dw), f(dout), f(x), f(w), rstd, N, C);
+  }
+  void rope_forward(void* x, int B, int T, int H, int HD, double theta) override {
+    ops::rope_forward(f(x), f(x), B, T, H, HD, theta);
+  }
+  void rope_backward(void* dx, int B, int T, int H, int HD, double theta) override {
+    ops::rope_backward(f(dx), f(dx), B, T, H, HD, theta);
+  }
+  void attention_forward(void* out, void* saved, const void* q, const void* k, const void* v, int B,
+                         int T, int NH, int NKV, int HD) override {
+    ops::attention_forward(f(out), f(saved), f(q), f(k), f(v), B, T, NH, NKV, HD);
+  }
+  void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void*,
+                          const void* saved, const void* q, const void* k, const void* v, int B,
+                          int T, int NH, int NKV, int HD) override {
+    GRASS_CHECK(attention_scratch_, "attention_backward before bind_workspace");
+    ops::attention_backward(f(dq), f(dk), f(dv), attention_scratch_, f(dout), f(q), f(k), f(v),
+                            f(saved), B, T, NH, NKV, HD);
+  }
+  void swiglu_forward(void* out, const void* gate, const void* up, int64_t n) override {
+    ops::swiglu_forward(f(out), f(gate), f(up), n);
+  }
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                       int64_t n) override {
+    ops::swiglu_backward(f(dgate), f(dup), f(dout), f(gate), f(up), n);
+  }
+  void residual_forward(void* out, const void* a, const void* b, int64_t n) override {
+    ops::residual_forward(f(out), f(a), f(b), n);
+  }
+  double head_forward(void* logits, float* lse, int64_t* valid, const void* nf, const void* w,
+                      const int32_t* targets, const int32_t*, int64_t N, int C, int V) override {
+    ops::linear_forward(f(logits), f(nf), f(w), N, C, V);
+    return ops::cross_entropy_forward(lse, valid, f(logits), targets, N, V);
+  }
+  void head_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
+                     const void* w, const int32_t* targets, int64_t N, int C, int V,
+                     double dloss_scale) override {
+    // the logits of head_forward become their gradient in place, then flow through lm_head
+    ops::cross_entropy_backward(f(logits), f(logits), lse, targets, N, V, dloss_scale);
+    ops::linear_backward(f(dnf), f(dw), f(logits), f(nf), f(w), N, C, V, false);
+  }
+  void store_gradients(void* grads, int64_t n) override {
+    if (storage_.pure_bf16()) ops::round_to_bf16(f(grads), n);
+  }
+
+  // ---- optimizer ops --------------------------------------------------------------------------
+  double sum_squares(const void* grads, int64_t n) override { return ops::sum_squares(f(grads), n); }
+
+  void adamw_update(void* weights, float* master, const void* g, void* m, void* v, int64_t n,
+                    double grad_scale, double lr, double beta1, double beta2, double eps,
+                    double weight_decay, int64_t step, uint64_t seed) override {
+    float* w = master ? master : f(weights);
+    ops::adamw_update(w, f(g), f(m), f(v), n, grad_scale, lr, beta1, beta2, eps, weight_decay,
+                      step);
+    if (master) round_from_master(f(weights), master, n);
+    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), n, n, seed);
+  }
+
+  void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
+                             const int32_t* sigma, const float* rho, int64_t N, int in, int out,
+                             int r, bool rows) override {
+    ops::grass_compressed_grad(f(gc), f(scratch), f(dy), f(x), sigma, rho, N, in, out, r, rows);
+    if (storage_.pure_bf16()) ops::round_to_bf16(f(gc), int64_t(r) * (rows ? in : out));
+  }
+  void grass_full_grad(float* g, const void* dy, const void* x, int64_t N, int in,
+                       int out) override {
+    std::memset(g, 0, size_t(out) * in * sizeof(float));
+    ops::linear_backward<float>(nullptr, g, f(dy), f(x), nullptr, N, in, out, false);
+  }
+  void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
+                         bool rows) override {
+    ops::grass_slice_norms(host_norms_sq, g, out, in, rows);
+  }
+  void grass_gather(void* gc, const float* g, const int32_t* sigma, const float* rho, int out,
+                    int in, int r, bool rows) override {
+    ops::grass_gather(f(gc), g, sigma, rho, out, in, r, rows);
+    if (storage_.pure_bf16()) ops::round_to_bf16(f(gc), int64_t(r) * (rows ? in : out));
+  }
+  void grass_adam_update(void* weights, float* master, void* gc, void* m, void* v,
+                         const int32_t* sigma, const float* rho, int out, int in, int r, bool rows,
+                         double grad_scale, double lr, double alpha, double beta1, double beta2,
+                         double eps, double weight_decay, int64_t step, uint64_t seed) override {
+    float* w = master ? master : f(weights);
+    ops::grass_adam_update(w, f(gc), f(m), f(v), sigma, rho, out, in, r, rows, grad_scale, lr,
+                           alpha, beta1, beta2, eps, weight_decay, step);
+    const int64_t numel = int64_t(out) * in, gc_numel = int64_t(r) * (rows ? in : out);
+    if (master) {  // re-round what changed: the selected rows, or (columns) every row
+      if (rows)
+        for (int j = 0; j < r; j++) {
+          const int64_t first = int64_t(sigma[j]) * in;
+          round_from_master(f(weights) + first, master + first, in);
+        }
+      else
+        round_from_master(f(weights), master, numel);
+    }
+    // Stochastic rounding leaves a bf16 value as it is, so rounding the whole weight changes
+    // only the selected slices.
+    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), numel, gc_numel, seed);
+  }
+
+ private:
+  static void round_from_master(float* weights, const float* master, int64_t n) {
+    std::memcpy(weights, master, size_t(n) * sizeof(float));
+    ops::round_to_bf16(weights, n);
+  }
+  // pure bf16's stores: the weight and both moments, each with its own stream
+  static void stochastic_round(float* w, float* m, float* v, int64_t n_weights, int64_t n_moments,
+                               uint64_t seed) {
+    ops::stochastic_round_to_bf16(w, n_weights, derive_seed(seed, 0));
+    ops::stochastic_round_to_bf16(m, n_moments, derive_seed(seed, 1));
+    ops::stochastic_round_to_bf16(v, n_moments, derive_seed(seed, 2));
+  }
+
+  float* attention_scratch_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const Storage& storage) {
+  return std::make_unique<CpuBackend>(storage, false);
+}
+
+std::unique_ptr<Backend> make_planning_backend(const Storage& storage) {
+  return std::make_unique<CpuBackend>(storage, true);
+}
+
+Backend& default_cpu_backend() {
+  static CpuBackend backend{Storage{}, false};
+  return backend;
+}
+
+}  // namespace grass

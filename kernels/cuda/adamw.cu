@@ -1,0 +1,198 @@
+// The optimizer's elementwise math on the GPU: the AdamW step in its two storage schemes, the
+// deterministic sum of squares behind gradient clipping, and fp32 <-> bf16 conversions.
+//
+// AdamW follows ops::adamw_update (torch.optim.AdamW's order of operations): the step-dependent
+// scalars are computed once on the host in double, as the CPU does, and the per-element math is
+// fp32. In the pure-bf16 scheme every store rounds stochastically (common.cuh), so updates far
+// smaller than a bf16 ulp still move the weight in expectation instead of vanishing.
+//
+// sum_squares never adds floats atomically: a grid whose size depends on n alone writes one double
+// per block to scratch, and one block adds those in a fixed tree; the same n and data give the
+// same bits on every run and every device.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "core/error.h"
+#include "cuda/common.cuh"
+#include "cuda/cuda_ops.h"
+
+namespace grass::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kSumMaxBlocks = 1024;  // sum_squares' first stage: at most this many partials
+
+// The per-step scalars of ops::adamw_update, narrowed to fp32 exactly where the CPU narrows them.
+struct AdamScalars {
+  float grad_scale, beta1, beta2, eps;
+  float decay;      // 1 - lr·weight_decay
+  float step_size;  // lr / (1 - beta1^step)
+  float bc2_sqrt;   // sqrt(1 - beta2^step)
+};
+
+// One element's update in fp32: returns the new weight, writes the new moments.
+__device__ __forceinline__ float adam_step(const AdamScalars& k, float p, float g, float& m,
+                                           float& v) {
+  const float gi = g * k.grad_scale;
+  m = k.beta1 * m + (1.0f - k.beta1) * gi;
+  v = k.beta2 * v + (1.0f - k.beta2) * gi * gi;
+  return p * k.decay - k.step_size * m / (sqrtf(v) / k.bc2_sqrt + k.eps);
+}
+
+// "bf16-mixed": param[n] (bf16) = RN(master[n]) after master, m, v (fp32) step with g[n] (fp32).
+__global__ void adamw_mixed_kernel(bf16* param, float* master, const float* g, float* m, float* v,
+                                   int64_t n, AdamScalars k) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float mi = m[i], vi = v[i];
+  const float p = adam_step(k, master[i], g[i], mi, vi);
+  m[i] = mi;
+  v[i] = vi;
+  master[i] = p;
+  param[i] = __float2bfloat16_rn(p);
+}
+
+// "bf16": param, m, v, g all bf16[n]; each store rounds stochastically, with its own stream per
+// array and the element index as the counter.
+__global__ void adamw_pure_kernel(bf16* param, const bf16* g, bf16* m, bf16* v, int64_t n,
+                                  AdamScalars k, uint64_t seed_param, uint64_t seed_m,
+                                  uint64_t seed_v) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float mi = __bfloat162float(m[i]), vi = __bfloat162float(v[i]);
+  const float p = adam_step(k, __bfloat162float(param[i]), __bfloat162float(g[i]), mi, vi);
+  m[i] = stochastic_round_bf16(mi, seed_m, uint64_t(i));
+  v[i] = stochastic_round_bf16(vi, seed_v, uint64_t(i));
+  param[i] = stochastic_round_bf16(p, seed_param, uint64_t(i));
+}
+
+// SplitMix64's finaliser: spreads every input bit over the whole output.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The seed of one rounding stream (0 param, 1 m, 2 v) at one step. The step is mixed in so that a
+// caller passing the same seed every step still gets fresh draws each step: the same draw for an
+// element step after step would bias a slowly moving weight.
+uint64_t stream_seed(uint64_t seed, int64_t step, uint64_t stream) {
+  return mix64(mix64(seed + stream * 0x9E3779B97F4A7C15ull) ^ uint64_t(step));
+}
+
+__device__ __forceinline__ double square(float x) { return double(x) * double(x); }
+__device__ __forceinline__ double square(bf16 x) { return square(__bfloat162float(x)); }
+
+// Sum of v over the block (blockDim.x a multiple of 32), returned to every thread. The tree is
+// fixed: a butterfly in each warp, then the warp sums in warp order. At most one call per kernel
+// (there is no barrier after the last read of warp_sums).
+__device__ double block_sum(double v) {
+  __shared__ double warp_sums[32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < int(blockDim.x / 32); w++) total += warp_sums[w];
+  return total;
+}
+
+// Stage 1: partial[b] = Σ x[i]² over the grid-stride slice of block b (i ≡ thread's index).
+//   partial[gridDim.x], x[n]
+template <typename T>
+__global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  double sum = 0.0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    sum += square(x[i]);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// Stage 2, one block: *out = Σ partial[0 .. num_partials), thread t taking t, t + blockDim, ...
+__global__ void sum_squares_final_kernel(double* out, const double* partial, int num_partials) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < num_partials; i += blockDim.x) sum += partial[i];
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) *out = sum;
+}
+
+__global__ void f32_to_bf16_kernel(bf16* out, const float* in, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
+}
+
+__global__ void bf16_to_f32_kernel(float* out, const bf16* in, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __bfloat162float(in[i]);
+}
+
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = ceil_div(n, kThreads);
+  GRASS_CHECK(blocks <= INT32_MAX, "elementwise kernel: too many elements");
+  return unsigned(blocks);
+}
+
+}  // namespace
+
+void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
+                  int64_t n, float grad_scale, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int64_t step, uint64_t seed) {
+  GRASS_CHECK(n >= 0 && step >= 1, "adamw_update: bad size or step (steps count from 1)");
+  if (n == 0) return;
+  AdamScalars k;
+  k.grad_scale = grad_scale;
+  k.beta1 = beta1;
+  k.beta2 = beta2;
+  k.eps = eps;
+  k.decay = float(1.0 - double(lr) * double(weight_decay));
+  k.step_size = float(double(lr) / (1.0 - std::pow(double(beta1), double(step))));
+  k.bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(beta2), double(step))));
+  if (master != nullptr)
+    adamw_mixed_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(
+        param, master, static_cast<const float*>(g), static_cast<float*>(m), static_cast<float*>(v),
+        n, k);
+  else
+    adamw_pure_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(
+        param, static_cast<const bf16*>(g), static_cast<bf16*>(m), static_cast<bf16*>(v), n, k,
+        stream_seed(seed, step, 0), stream_seed(seed, step, 1), stream_seed(seed, step, 2));
+  GRASS_LAUNCH_CHECK();
+}
+
+int64_t sum_squares_scratch_doubles(int64_t n) {
+  return std::min(kSumMaxBlocks, std::max<int64_t>(1, ceil_div(n, kThreads)));
+}
+
+void sum_squares(const Context& ctx, double* out, const void* x, GradType gtype, int64_t n,
+                 double* scratch) {
+  GRASS_CHECK(n >= 0, "sum_squares: negative size");
+  // At least one block even for n = 0, so *out is always written.
+  const int blocks = int(sum_squares_scratch_doubles(n));
+  if (gtype == GradType::F32)
+    sum_squares_partial_kernel<<<blocks, kThreads, 0, ctx.stream>>>(
+        scratch, static_cast<const float*>(x), n);
+  else
+    sum_squares_partial_kernel<<<blocks, kThreads, 0, ctx.stream>>>(scratch,
+                                                                    static_cast<const bf16*>(x), n);
+  GRASS_LAUNCH_CHECK();
+  sum_squares_final_kernel<<<1, kThreads, 0, ctx.stream>>>(out, scratch, blocks);
+  GRASS_LAUNCH_CHECK();
+}
+
+void f32_to_bf16(const Context& ctx, bf16* out, const float* in, int64_t n) {
+  GRASS_CHECK(n >= 0, "f32_to_bf16: negative size");
+  if (n == 0) return;
+  f32_to_bf16_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(out, in, n);
+  GRASS_LAUNCH_CHECK();
+}
+
+void bf16_to_f32(const Context& ctx, float* out, const bf16* in, int64_t n) {
+  GRASS_CHECK(n >= 0, "bf16_to_f32: negative size");
+  if (n == 0) return;
+  bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(out, in, n);
+  GRASS_LAUNCH_CHECK();
+}
+
+}  // namespace grass::cuda

@@ -1,0 +1,317 @@
+// The CUDA backend: the Backend interface (kernels/backend.h) on the kernels of cuda_ops.h.
+// bf16 activations and weights; gradients and moments fp32 ("bf16-mixed") or bf16 ("bf16").
+// Memory: one cudaMalloc of the planned size (reserve()), cut into the arena's named buffers.
+// Every op runs on one stream; the host waits only where it needs a result (a loss, a norm).
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "backend.h"
+#include "core/error.h"
+#include "cuda/common.cuh"
+#include "cuda/cuda_ops.h"
+#include "cuda/device.h"
+
+namespace grass {
+
+namespace {
+
+using cuda::bf16;
+using cuda::GradType;
+
+bf16* b(void* p) { return static_cast<bf16*>(p); }
+const bf16* b(const void* p) { return static_cast<const bf16*>(p); }
+// act- or weight-typed pointer + elements
+void* at(void* p, int64_t elements) { return static_cast<bf16*>(p) + elements; }
+const void* at(const void* p, int64_t elements) { return static_cast<const bf16*>(p) + elements; }
+
+constexpr size_t kAlign = 256;  // what cudaMalloc guarantees; vector loads and cuBLASLt like it
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Storage& storage, std::string gpu) : Backend(storage), gpu_(std::move(gpu)) {
+    GRASS_CHECK(storage.cuda && storage.bf16_weights(),
+                "the CUDA backend needs a bf16 CUDA storage plan");
+    GRASS_CUDA_CHECK(cudaSetDevice(0));
+    GRASS_CUDA_CHECK(cudaStreamCreate(&ctx_.stream));
+    GRASS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
+  }
+  ~CudaBackend() override {
+    if (pool_) cudaFree(pool_);
+    if (norms_) cudaFree(norms_);
+    cublasLtDestroy(ctx_.lt);
+    cudaStreamDestroy(ctx_.stream);
+  }
+
+  std::string describe() const override {
+    return "cuda, " + gpu_ + " (" + storage_.describe() + ")";
+  }
+
+  // ---- memory ---------------------------------------------------------------------------------
+  void reserve(int64_t total, int64_t buffers) override {
+    GRASS_CHECK(!pool_, "the GPU memory was reserved twice");
+    const size_t bytes = size_t(total) + size_t(buffers + 1) * kAlign;
+    if (cudaMalloc(&pool_, bytes) != cudaSuccess) {
+      cudaGetLastError();  // clear the error: it was answered
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      throw UserError("the run needs " + format_bytes(int64_t(bytes)) + " of GPU memory, " +
+                      format_bytes(int64_t(free_bytes)) + " are free on " + gpu_ +
+                      ": reduce micro_batch_size or seq_len, or use precision \"bf16\" or GRASS "
+                      "(grass mem <run.json> shows where the memory goes)");
+    }
+    pool_bytes_ = bytes;
+    pool_used_ = 0;
+  }
+  void* allocate_zeroed(size_t bytes) override {
+    void* p = nullptr;
+    if (pool_) {  // cut from the reservation
+      const size_t start = (pool_used_ + kAlign - 1) / kAlign * kAlign;
+      if (start + bytes > pool_bytes_) return nullptr;
+      p = static_cast<char*>(pool_) + start;
+      pool_used_ = start + bytes;
+    } else if (cudaMalloc(&p, bytes) != cudaSuccess) {  // no plan (tests): one buffer each
+      cudaGetLastError();
+      return nullptr;
+    }
+    GRASS_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ctx_.stream));
+    return p;
+  }
+  void deallocate(void* ptr) override {
+    const bool in_pool = pool_ && ptr >= pool_ && ptr < static_cast<char*>(pool_) + pool_bytes_;
+    if (!in_pool) GRASS_CUDA_CHECK(cudaFree(ptr));  // the pool goes back whole at the end
+  }
+  const char* memory_name() const override { return "GPU memory"; }
+
+  void upload(void* dst, const void* host, size_t bytes) override {
+    GRASS_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ctx_.stream));
+    sync();  // the host buffer may change as soon as this returns
+  }
+  void download(void* host, const void* src, size_t bytes) override {
+    GRASS_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
+    sync();
+  }
+  void zero(void* dst, size_t bytes) override {
+    GRASS_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, ctx_.stream));
+  }
+  void write_weights(void* weights, float* master, int64_t first, const float* host,
+                     int64_t n) override {
+    if (master) upload(master + first, host, size_t(n) * sizeof(float));
+    std::vector<bf16> rounded(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; i++) rounded[size_t(i)] = __float2bfloat16_rn(host[i]);
+    upload(at(weights, first), rounded.data(), size_t(n) * sizeof(bf16));
+  }
+  void read_weights(float* host, const void* weights, int64_t first, int64_t n) override {
+    read_bf16(host, at(weights, first), n);
+  }
+  void read_grads(float* host, const void* grads, int64_t first, int64_t n) override {
+    if (storage_.grad_bytes == 2)
+      read_bf16(host, at(grads, first), n);
+    else
+      download(host, static_cast<const float*>(grads) + first, size_t(n) * sizeof(float));
+  }
+  void bind_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& s) override {
+    // backend_sizes.cpp sized these without the kernels: check that the kernels agree
+    const int64_t N = int64_t(s.B) * s.T;
+    const BackendScratch sizes = backend_scratch(storage_, s);
+    GRASS_CHECK(cuda::attention_scratch_floats(s.B, s.T, s.NH, s.NKV, s.HD) * 4 <=
+                    sizes.attention_bytes,
+                "attention scratch smaller than the kernel needs");
+    GRASS_CHECK(cuda::rmsnorm_scratch_floats(N, s.C) * 4 <= sizes.norm_bytes,
+                "RMSNorm scratch smaller than the kernel needs");
+    GRASS_CHECK((cuda::sum_squares_scratch_doubles(int64_t(1) << 40) + 1) * 8 <= sizes.reduce_bytes,
+                "reduction scratch smaller than the kernel needs");
+    scratch_ = scratch;
+    ctx_.lt_workspace = scratch.gemm;
+    ctx_.lt_workspace_bytes = size_t(sizes.gemm_bytes);
+  }
+
+  // ---- model ops ------------------------------------------------------------------------------
+  void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) override {
+    cuda::linear_forward(ctx_, b(y), b(x), b(w), N, in, out);
+  }
+  void linear_backward(void* dx, void* dw, const void* dy, const void* x, const void* w, int64_t N,
+                       int in, int out, bool accumulate_dx) override {
+    cuda::linear_backward_dx(ctx_, b(dx), b(dy), b(w), N, in, out, accumulate_dx);
+    if (dw) cuda::linear_backward_dw(ctx_, dw, grad_type(), b(dy), b(x), N, in, out);
+  }
+  void embedding_forward(void* out, const int32_t* tokens, const void* table, int64_t N,
+                         int C) override {
+    cuda::embedding_forward(ctx_, b(out), tokens, b(table), N, C);
+  }
+  void embedding_backward(void* dtable, const void* dout, const int32_t*,
+                          const int32_t* host_tokens, int64_t N, int C) override {
+    // Group the positions by token on the host (a counting sort), so that one block sums each
+    // token's rows in order: deterministic, no atomics.
+    std::vector<int32_t> order(static_cast<size_t>(N)), starts, tokens;
+    std::vector<int32_t> by_token(host_tokens, host_tokens + N);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t c) { return by_token[a] < by_token[c]; });
+    for (int64_t i = 0; i < N; i++)
+      if (i == 0 || by_token[order[i]] != by_token[order[i - 1]]) {
+        starts.push_back(int32_t(i));
+        tokens.push_back(by_token[order[i]]);
+      }
+    starts.push_back(int32_t(N));
+    const int groups = int(tokens.size());
+    int32_t* positions = static_cast<int32_t*>(scratch_.tokens);
+    int32_t* group_start = positions + N;
+    int32_t* group_token = group_start + N + 1;
+    upload(positions, order.data(), order.size() * sizeof(int32_t));
+    upload(group_start, starts.data(), starts.size() * sizeof(int32_t));
+    upload(group_token, tokens.data(), tokens.size() * sizeof(int32_t));
+    cuda::embedding_backward(ctx_, dtable, grad_type(), b(dout), positions, group_start,
+                             group_token, groups, C);
+  }
+  void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int64_t N, int C,
+                       double eps) override {
+    cuda::rmsnorm_forward(ctx_, b(out), rstd, b(x), b(w), N, C, float(eps));
+  }
+  void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
+                        const float* rstd, int64_t N, int C) override {
+    cuda::rmsnorm_backward(ctx_, b(dx), dw, grad_type(), b(dout), b(x), b(w), rstd,
+                           static_cast<float*>(scratch_.norm), N, C);
+  }
+  void rope_forward(void* x, int B, int T, int H, int HD, double theta) override {
+    cuda::rope_forward(ctx_, b(x), B, T, H, HD, float(theta));
+  }
+  void rope_backward(void* dx, int B, int T, int H, int HD, double theta) override {
+    cuda::rope_backward(ctx_, b(dx), B, T, H, HD, float(theta));
+  }
+  void attention_forward(void* out, void* saved, const void* q, const void* k, const void* v, int B,
+                         int T, int NH, int NKV, int HD) override {
+    cuda::attention_forward(ctx_, b(out), static_cast<float*>(saved), b(q), b(k), b(v), B, T, NH,
+                            NKV, HD);
+  }
+  void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
+                          const void* saved, const void* q, const void* k, const void* v, int B,
+                          int T, int NH, int NKV, int HD) override {
+    cuda::attention_backward(ctx_, b(dq), b(dk), b(dv), static_cast<float*>(scratch_.attention),
+                             b(dout), b(out), static_cast<const float*>(saved), b(q), b(k), b(v),
+                             B, T, NH, NKV, HD);
+  }
+  void swiglu_forward(void* out, const void* gate, const void* up, int64_t n) override {
+    cuda::swiglu_forward(ctx_, b(out), b(gate), b(up), n);
+  }
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
+                       int64_t n) override {
+    cuda::swiglu_backward(ctx_, b(dgate), b(dup), b(dout), b(gate), b(up), n);
+  }
+  void residual_forward(void* out, const void* a, const void* c, int64_t n) override {
+    cuda::residual_forward(ctx_, b(out), b(a), b(c), n);
+  }
+  // The head in chunks of head_rows() tokens: the logits of a chunk exist only while it is worked
+  // on. `lse` holds each row's loss here (the backward recomputes the logits, not the lse).
+  double head_forward(void* logits, float* lse, int64_t* valid, const void* nf, const void* w,
+                      const int32_t* targets, const int32_t* host_targets, int64_t N, int C,
+                      int V) override {
+    const int64_t chunk = head_rows(storage_, N, V);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+      const int64_t rows = std::min(chunk, N - r0);
+      cuda::linear_forward(ctx_, b(logits), b(at(nf, r0 * C)), b(w), rows, C, V);
+      cuda::cross_entropy_fused(ctx_, b(logits), lse + r0, targets + r0, rows, V, 0.0f);
+    }
+    std::vector<float> loss(static_cast<size_t>(N));
+    download(loss.data(), lse, loss.size() * sizeof(float));
+    double sum = 0;  // in row order: deterministic
+    *valid = 0;
+    for (int64_t i = 0; i < N; i++) {
+      sum += loss[size_t(i)];
+      *valid += host_targets[i] >= 0;
+    }
+    return sum;
+  }
+  void head_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
+                     const void* w, const int32_t* targets, int64_t N, int C, int V,
+                     double dloss_scale) override {
+    const int64_t chunk = head_rows(storage_, N, V);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+      const int64_t rows = std::min(chunk, N - r0);
+      cuda::linear_forward(ctx_, b(logits), b(at(nf, r0 * C)), b(w), rows, C, V);
+      cuda::cross_entropy_fused(ctx_, b(logits), lse + r0, targets + r0, rows, V,
+                                float(dloss_scale));
+      cuda::linear_backward_dx(ctx_, b(at(dnf, r0 * C)), b(logits), b(w), rows, C, V, false);
+      cuda::linear_backward_dw(ctx_, dw, grad_type(), b(logits), b(at(nf, r0 * C)), rows, C, V);
+    }
+  }
+  void store_gradients(void*, int64_t) override {}  // already in their storage type
+
+  // ---- optimizer ops --------------------------------------------------------------------------
+  double sum_squares(const void* grads, int64_t n) override {
+    double* partials = static_cast<double*>(scratch_.reduce);
+    double* result = partials + cuda::sum_squares_scratch_doubles(n);
+    cuda::sum_squares(ctx_, result, grads, grad_type(), n, partials);
+    double host = 0;
+    download(&host, result, sizeof host);
+    return host;
+  }
+  void adamw_update(void* weights, float* master, const void* g, void* m, void* v, int64_t n,
+                    double grad_scale, double lr, double beta1, double beta2, double eps,
+                    double weight_decay, int64_t step, uint64_t seed) override {
+    cuda::adamw_update(ctx_, b(weights), master, g, m, v, n, float(grad_scale), float(lr),
+                       float(beta1), float(beta2), float(eps), float(weight_decay), step, seed);
+  }
+  void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
+                             const int32_t* sigma, const float* rho, int64_t N, int in, int out,
+                             int r, bool rows) override {
+    cuda::grass_compressed_grad(ctx_, gc, grad_type(), b(scratch), b(dy), b(x), sigma, rho, N, in,
+                                out, r, rows);
+  }
+  void grass_full_grad(float* g, const void* dy, const void* x, int64_t N, int in,
+                       int out) override {
+    cuda::linear_full_grad_f32(ctx_, g, b(dy), b(x), N, in, out);
+  }
+  void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
+                         bool rows) override {
+    const int n = rows ? out : in;
+    if (n > norms_capacity_) {  // at most max(out, in) doubles: outside the arena, 110 KiB at 13B
+      if (norms_) GRASS_CUDA_CHECK(cudaFree(norms_));
+      GRASS_CUDA_CHECK(cudaMalloc(&norms_, size_t(n) * sizeof(double)));
+      norms_capacity_ = n;
+    }
+    cuda::grass_slice_norms(ctx_, norms_, g, out, in, rows);
+    download(host_norms_sq, norms_, size_t(n) * sizeof(double));
+  }
+  void grass_gather(void* gc, const float* g, const int32_t* sigma, const float* rho, int out,
+                    int in, int r, bool rows) override {
+    cuda::grass_gather(ctx_, gc, grad_type(), g, sigma, rho, out, in, r, rows);
+  }
+  void grass_adam_update(void* weights, float* master, void* gc, void* m, void* v,
+                         const int32_t* sigma, const float* rho, int out, int in, int r, bool rows,
+                         double grad_scale, double lr, double alpha, double beta1, double beta2,
+                         double eps, double weight_decay, int64_t step, uint64_t seed) override {
+    cuda::grass_adam_update(ctx_, b(weights), master, gc, m, v, sigma, rho, out, in, r, rows,
+                            float(grad_scale), float(lr), float(alpha), float(beta1), float(beta2),
+                            float(eps), float(weight_decay), step, seed);
+  }
+
+ private:
+  GradType grad_type() const { return storage_.grad_bytes == 2 ? GradType::BF16 : GradType::F32; }
+  void sync() { GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream)); }
+  void read_bf16(float* host, const void* src, int64_t n) {
+    std::vector<bf16> values(static_cast<size_t>(n));
+    download(values.data(), src, size_t(n) * sizeof(bf16));
+    for (int64_t i = 0; i < n; i++) host[i] = __bfloat162float(values[size_t(i)]);
+  }
+  std::string gpu_;
+  cuda::Context ctx_;
+  void* pool_ = nullptr;
+  size_t pool_bytes_ = 0, pool_used_ = 0;
+  BackendScratchPointers scratch_;
+  double* norms_ = nullptr;
+  int norms_capacity_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Storage& storage) {
+  const cuda::DeviceProbe gpu = cuda::probe_device();
+  if (!gpu.usable) throw UserError("device cuda: " + gpu.description);
+  if (!storage.bf16_weights())
+    throw UserError("precision \"fp32\" runs on the CPU backend only: on the GPU use "
+                    "\"bf16-mixed\" or \"bf16\"");
+  return std::make_unique<CudaBackend>(storage, gpu.description);
+}
+
+}  // namespace grass

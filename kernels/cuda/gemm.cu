@@ -1,0 +1,224 @@
+// GEMMs on cuBLASLt: the linear layer's forward and backward, the transient full gradient of a
+// GRASS target, and (through gemm.cuh) the GRASS compressed gradient. All are row-major bf16
+// products with fp32 accumulation.
+//
+// Row-major to column-major: a row-major matrix is the column-major view of its transpose, so
+// row-major C = op(A)·op(B) is computed as column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands swap,
+// each keeps its own transpose flag, and M and N swap.
+//
+// Alignment: a width that is not a multiple of 8 (the 1B model's ffn 5461) puts rows at 2-byte
+// boundaries, and a view into a buffer can start anywhere. cuBLASLt assumes 256-byte alignment
+// unless told, so every problem tells it the true alignment of each operand (pointer and row
+// pitch): its heuristic then offers only kernels that can load such rows. If it offers none, the
+// problem goes to cublasGemmEx, which takes every alignment, and one line on stderr says so.
+//
+// Plans: each distinct problem (device, shape, leading dimensions, output type, alignments,
+// workspace) builds its descriptors and asks the heuristic once; the plan is kept for the life of
+// the process, because the query costs more than a small GEMM.
+//
+// Determinism: for one problem the plan fixes the algorithm, and cuBLAS(Lt) gives the same bits
+// for the same algorithm and inputs on one GPU model. For bf16 outputs, split-K is allowed only
+// with fp32 partials reduced in a separate pass (never partial sums rounded to bf16).
+#include <cublas_v2.h>
+
+#include <array>
+#include <climits>
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+#include "core/error.h"
+#include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
+
+namespace grass::cuda {
+
+namespace {
+
+// One product as cuBLAS sees it, column-major: C[m,n] = op(A)[m,k]·op(B)[k,n] + beta·C.
+struct Problem {
+  cublasOperation_t op_a, op_b;
+  int64_t m, n, k, lda, ldb, ldc;
+  cudaDataType_t c_type;
+  uint32_t align_a, align_b, align_c;  // bytes: what every row start of the operand is aligned to
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool lt_has_algo = false;  // false: cuBLASLt offered no kernel, cublasGemmEx runs it
+};
+
+// The largest power of two (at most 256, cuBLASLt's default assumption) dividing the pointer and
+// the row pitch: the alignment of every row of the matrix.
+uint32_t alignment_bytes(const void* ptr, int64_t ld, int64_t element_bytes) {
+  const uint64_t bits =
+      uint64_t(reinterpret_cast<uintptr_t>(ptr)) | uint64_t(ld * element_bytes) | 256u;
+  return uint32_t(bits & (~bits + 1));  // the lowest set bit
+}
+
+template <typename T>
+void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+                    T value) {
+  GRASS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+}
+
+Plan make_plan(const Context& ctx, const Problem& p) {
+  Plan plan;
+  GRASS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  GRASS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &p.op_a,
+                                                    sizeof(p.op_a)));
+  GRASS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &p.op_b,
+                                                    sizeof(p.op_b)));
+  // A layout describes the matrix as stored: a transposed operand is stored [k,m], not [m,k].
+  const bool ta = p.op_a == CUBLAS_OP_T, tb = p.op_b == CUBLAS_OP_T;
+  GRASS_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, ta ? p.k : p.m, ta ? p.m : p.k, p.lda));
+  GRASS_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, tb ? p.n : p.k, tb ? p.k : p.n, p.ldb));
+  GRASS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, p.c_type, p.m, p.n, p.ldc));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  GRASS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(ctx.lt_workspace_bytes));
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.align_a);
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_b);
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);  // D is C
+  // bf16 output: an in-place split-K would add its partial sums in bf16.
+  if (p.c_type == CUDA_R_16BF)
+    set_preference(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                   uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      ctx.lt, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &count);
+  GRASS_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  // NOT_SUPPORTED means "no kernel for this configuration": the fallback's case, not a bug.
+  if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
+    fail_cuda("cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__, cublasGetStatusString(status));
+  plan.lt_has_algo =
+      status == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+  if (plan.lt_has_algo) {
+    plan.algo = result.algo;
+  } else {
+    std::fprintf(
+        stderr,
+        "grass: cuBLASLt has no kernel for m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld "
+        "(alignments %u/%u/%u bytes); using cublasGemmEx\n",
+        (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.lda, (long long)p.ldb,
+        (long long)p.ldc, p.align_a, p.align_b, p.align_c);
+  }
+  return plan;
+}
+
+// The plan of p, built on first use. Plans are never freed: a run has a few dozen distinct
+// problems. std::map nodes do not move, so the reference stays valid after the lock is released.
+const Plan& cached_plan(const Context& ctx, const Problem& p) {
+  using Key = std::array<int64_t, 14>;
+  static std::mutex mutex;
+  static std::map<Key, Plan> plans;
+  int device = 0;
+  GRASS_CUDA_CHECK(cudaGetDevice(&device));
+  const Key key{device, p.op_a, p.op_b, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.c_type, p.align_a,
+                p.align_b, p.align_c, int64_t(ctx.lt_workspace_bytes)};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = plans.find(key);
+  if (it == plans.end()) it = plans.emplace(key, make_plan(ctx, p)).first;
+  return it->second;
+}
+
+// cuBLAS's classic GEMM, for problems cuBLASLt has no kernel for: one handle per thread, created
+// on first need and kept for the life of the process.
+cublasHandle_t fallback_handle() {
+  thread_local cublasHandle_t handle = nullptr;
+  if (!handle) GRASS_CUBLAS_CHECK(cublasCreate(&handle));
+  return handle;
+}
+
+void run_fallback(const Context& ctx, const Problem& p, const void* a, const void* b,
+                  const float* alpha, const float* beta, void* c) {
+  GRASS_CHECK(p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX && p.lda <= INT_MAX &&
+                  p.ldb <= INT_MAX && p.ldc <= INT_MAX,
+              "gemm: a problem cuBLASLt cannot run is too large for cublasGemmEx");
+  cublasHandle_t handle = fallback_handle();
+  // cublasSetStream resets the workspace to cuBLAS's own pool, so the workspace comes after it.
+  GRASS_CUBLAS_CHECK(cublasSetStream(handle, ctx.stream));
+  if (ctx.lt_workspace)
+    GRASS_CUBLAS_CHECK(cublasSetWorkspace(handle, ctx.lt_workspace, ctx.lt_workspace_bytes));
+  GRASS_CUBLAS_CHECK(cublasGemmEx(handle, p.op_a, p.op_b, int(p.m), int(p.n), int(p.k), alpha, a,
+                                  CUDA_R_16BF, int(p.lda), b, CUDA_R_16BF, int(p.ldb), beta, c,
+                                  p.c_type, int(p.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, void* C,
+               cudaDataType_t c_type, int64_t ldc) {
+  GRASS_CHECK(c_type == CUDA_R_32F || c_type == CUDA_R_16BF,
+              "gemm_bf16: output must be fp32 or bf16");
+  GRASS_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative dimension");
+  GRASS_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N,
+              "gemm_bf16: leading dimension shorter than a row");
+  if (M == 0 || N == 0) return;  // nothing to write
+  const int64_t c_bytes = c_type == CUDA_R_32F ? 4 : 2;
+  if (K == 0) {  // an empty sum (no tokens): C = beta·C, without asking cuBLASLt about k = 0
+    if (beta == 0.0f)
+      GRASS_CUDA_CHECK(cudaMemset2DAsync(C, size_t(ldc * c_bytes), 0, size_t(N * c_bytes),
+                                         size_t(M), ctx.stream));
+    return;
+  }
+  // Column-major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ: cuBLAS's A is our B and its B is our A.
+  Problem p;
+  p.op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  p.op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  p.m = N;
+  p.n = M;
+  p.k = K;
+  p.lda = ldb;
+  p.ldb = lda;
+  p.ldc = ldc;
+  p.c_type = c_type;
+  p.align_a = alignment_bytes(B, ldb, 2);
+  p.align_b = alignment_bytes(A, lda, 2);
+  p.align_c = alignment_bytes(C, ldc, c_bytes);
+  const Plan& plan = cached_plan(ctx, p);
+  const float alpha = 1.0f;
+  if (!plan.lt_has_algo) {
+    run_fallback(ctx, p, B, A, &alpha, &beta, C);
+    return;
+  }
+  GRASS_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c,
+                                    C, plan.c, &plan.algo, ctx.lt_workspace, ctx.lt_workspace_bytes,
+                                    ctx.stream));
+}
+
+void linear_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w, int64_t N, int in,
+                    int out) {
+  // y[N,out] = x[N,in] · w[out,in]ᵀ
+  gemm_bf16(ctx, false, true, N, out, in, x, in, w, in, 0.0f, y, CUDA_R_16BF, out);
+}
+
+void linear_backward_dx(const Context& ctx, bf16* dx, const bf16* dy, const bf16* w, int64_t N,
+                        int in, int out, bool accumulate_dx) {
+  // dx[N,in] (+)= dy[N,out] · w[out,in]
+  gemm_bf16(ctx, false, false, N, in, out, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx,
+            CUDA_R_16BF, in);
+}
+
+void linear_backward_dw(const Context& ctx, void* dw, GradType gtype, const bf16* dy, const bf16* x,
+                        int64_t N, int in, int out) {
+  // dw[out,in] += dy[N,out]ᵀ · x[N,in]
+  gemm_bf16(ctx, true, false, out, in, N, dy, out, x, in, 1.0f, dw, cuda_type(gtype), in);
+}
+
+void linear_full_grad_f32(const Context& ctx, float* g, const bf16* dy, const bf16* x, int64_t N,
+                          int in, int out) {
+  // g[out,in] = dy[N,out]ᵀ · x[N,in]
+  gemm_bf16(ctx, true, false, out, in, N, dy, out, x, in, 0.0f, g, CUDA_R_32F, in);
+}
+
+}  // namespace grass::cuda

@@ -1,0 +1,28 @@
+// The one GEMM every CUDA file calls (kernels/cuda/gemm.cu): a row-major product of bf16
+// matrices with fp32 accumulation, its output fp32 or bf16. linear_* and the GRASS compressed
+// gradient are thin wrappers around it. Include only from .cu files.
+#pragma once
+#include <cublasLt.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_ops.h"
+
+namespace grass::cuda {
+
+// The cuBLAS type of a parameter gradient's storage.
+inline cudaDataType_t cuda_type(GradType gtype) {
+  return gtype == GradType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+}
+
+// C[M,N] = op(A)·op(B) + beta·C, row-major with explicit leading dimensions (row pitches):
+//   A: [M,K] with ld lda, or [K,M] when trans_a (op(A) = Aᵀ)
+//   B: [K,N] with ld ldb, or [N,K] when trans_b
+//   C: [M,N] with ld ldc, of c_type CUDA_R_32F or CUDA_R_16BF
+// beta = 0 overwrites C, beta = 1 accumulates into it. Any width and pointer alignment works
+// (5461 included); same inputs, same bits. Launches on ctx.stream.
+void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, void* C,
+               cudaDataType_t c_type, int64_t ldc);
+
+}  // namespace grass::cuda

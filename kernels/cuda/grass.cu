@@ -1,0 +1,254 @@
+// GRASS on the GPU (the method: ../shared/GRASS.md; the reference: kernels/cpu/grass.cpp):
+// the compressed gradient straight from the activations (a gather, then one GEMM), the slice
+// norms and the gather that choose and fill it at a refresh, and the fused Adam step with the
+// sparse update of the weight.
+//
+// No atomics anywhere: σ is sorted, so the copies of a repeated slice sit next to each other,
+// and one thread per element of a slice walks all of them in j order. Norms sum in double in a
+// fixed order. Two identical calls give identical bits.
+#include <cmath>
+#include <type_traits>
+
+#include "core/error.h"
+#include "cuda/common.cuh"
+#include "cuda/cuda_ops.h"
+#include "cuda/gemm.cuh"
+
+namespace grass::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void store_nearest(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_nearest(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
+
+// scratch[n, j] = ρ_j · source[n, σ_j]: the selected columns of source[N, width], in bf16 for the
+// GEMM. One thread per element of scratch[N, r].
+__global__ void gather_scaled_columns(bf16* scratch, const bf16* source, const int32_t* sigma,
+                                      const float* rho, int64_t N, int width, int r) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N * r) return;
+  const int64_t n = idx / r;
+  const int j = int(idx % r);
+  scratch[idx] = __float2bfloat16_rn(__bfloat162float(source[n * width + sigma[j]]) * rho[j]);
+}
+
+// norms_sq[i] = Σ_c g[i, c]² for one row per block: each thread sums a fixed stride of the row,
+// then a fixed tree adds the threads' sums.
+__global__ void row_norms_sq(double* norms_sq, const float* g, int in) {
+  __shared__ double partial[kThreads];
+  const float* row = g + int64_t(blockIdx.x) * in;
+  double sum = 0;
+  for (int c = threadIdx.x; c < in; c += kThreads) {
+    const double value = row[c];
+    sum += value * value;
+  }
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) norms_sq[blockIdx.x] = partial[0];
+}
+
+// norms_sq[c] = Σ_i g[i, c]² for a tile of kColTile columns per block: each of kRowLanes lanes
+// sums every kRowLanes-th row (reads coalesced along the row), then lane 0 adds the lanes in order.
+constexpr int kColTile = 32, kRowLanes = 8;
+__global__ void col_norms_sq(double* norms_sq, const float* g, int out, int in) {
+  __shared__ double partial[kRowLanes][kColTile];
+  const int c = blockIdx.x * kColTile + threadIdx.x;
+  double sum = 0;
+  if (c < in)
+    for (int i = threadIdx.y; i < out; i += kRowLanes) {
+      const double value = g[int64_t(i) * in + c];
+      sum += value * value;
+    }
+  partial[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= in) return;
+  double total = 0;
+  for (int lane = 0; lane < kRowLanes; lane++) total += partial[lane][threadIdx.x];
+  norms_sq[c] = total;
+}
+
+// rows: gc[j, c] = ρ_j · g[σ_j, c]  (gc[r, in]);  cols: gc[i, j] = g[i, σ_j] · ρ_j  (gc[out, r]).
+// One thread per element of gc.
+template <typename G>
+__global__ void gather_slices(G* gc, const float* g, const int32_t* sigma, const float* rho,
+                              int out, int in, int r, bool rows) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= int64_t(r) * (rows ? in : out)) return;
+  if (rows) {
+    const int j = int(idx / in), c = int(idx % in);
+    store_nearest(gc + idx, rho[j] * g[int64_t(sigma[j]) * in + c]);
+  } else {
+    const int64_t i = idx / r;
+    const int j = int(idx % r);
+    store_nearest(gc + idx, g[i * in + sigma[j]] * rho[j]);
+  }
+}
+
+// The scalars of one Adam step, prepared on the host.
+struct AdamStep {
+  float grad_scale, beta1, beta2, eps;
+  float bias_correction1;               // 1 - beta1^step
+  float bias_correction2_sqrt;          // sqrt(1 - beta2^step)
+  float step_size;                      // lr · alpha
+  float decay;                          // 1 - lr · weight_decay
+  bool apply_decay;                     // weight_decay > 0
+  uint64_t seed_param, seed_m, seed_v;  // stochastic rounding streams (pure bf16 only)
+};
+
+// The state stores: fp32 as is; bf16 rounded stochastically (pure bf16 storage).
+__device__ __forceinline__ void store_state(float* p, float x, uint64_t, uint64_t) { *p = x; }
+__device__ __forceinline__ void store_state(bf16* p, float x, uint64_t seed, uint64_t index) {
+  *p = stochastic_round_bf16(x, seed, index);
+}
+
+// One thread per element e of one slice occurrence j (rows: e = column of w, grid.y = j;
+// cols: e = row of w, flat index e·r + j). The thread of the first occurrence of σ_j owns the
+// weight element: it applies the decay once, then for every occurrence j' of the same slice (in
+// j order) updates m, v at (j', e) and subtracts lr·alpha·ρ_j'·Δ. Threads of later occurrences
+// exit: their m, v were updated by the owner.
+//   S = float: mixed storage (master is the weight, param its bf16 copy);
+//   S = bf16:  pure bf16 storage (param is the weight, master is null).
+template <typename S>
+__global__ void grass_adam_kernel(bf16* param, float* master, const S* gc, S* m, S* v,
+                                  const int32_t* sigma, const float* rho, int out, int in, int r,
+                                  bool rows, AdamStep k) {
+  constexpr bool kPure = std::is_same_v<S, bf16>;
+  int j, e;
+  if (rows) {
+    j = blockIdx.y;
+    e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= in) return;
+  } else {
+    const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx >= int64_t(out) * r) return;
+    e = int(idx / r);
+    j = int(idx % r);
+  }
+  const int32_t slice = sigma[j];
+  if (j > 0 && sigma[j - 1] == slice) return;  // not the first occurrence
+
+  const int64_t w_index = rows ? int64_t(slice) * in + e : int64_t(e) * in + slice;
+  float w;
+  if constexpr (kPure)
+    w = __bfloat162float(param[w_index]);
+  else
+    w = master[w_index];
+  if (k.apply_decay) w *= k.decay;
+  for (int jj = j; jj < r && sigma[jj] == slice; jj++) {
+    const int64_t s_index = rows ? int64_t(jj) * in + e : int64_t(e) * r + jj;  // into gc, m, v
+    const float g = to_f32(gc[s_index]) * k.grad_scale;
+    const float mi = k.beta1 * to_f32(m[s_index]) + (1.0f - k.beta1) * g;
+    const float vi = k.beta2 * to_f32(v[s_index]) + (1.0f - k.beta2) * g * g;
+    store_state(m + s_index, mi, k.seed_m, uint64_t(s_index));
+    store_state(v + s_index, vi, k.seed_v, uint64_t(s_index));
+    const float delta = (mi / k.bias_correction1) / (sqrtf(vi) / k.bias_correction2_sqrt + k.eps);
+    w -= (k.step_size * rho[jj]) * delta;
+  }
+  if constexpr (kPure) {
+    param[w_index] = stochastic_round_bf16(w, k.seed_param, uint64_t(w_index));
+  } else {
+    master[w_index] = w;
+    param[w_index] = __float2bfloat16_rn(w);
+  }
+}
+
+// An independent rounding stream per buffer (0 param, 1 m, 2 v) from the call's seed and step
+// (SplitMix64's finaliser), so param, m and v never share a draw. The step is mixed in as
+// adamw_update does; it restarts at every refresh, so the caller's seed must change per
+// optimizer step for the draws to be fresh every step.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+uint64_t buffer_seed(uint64_t seed, int64_t step, uint64_t buffer) {
+  return mix64(mix64(seed + buffer * 0x9E3779B97F4A7C15ull) ^ uint64_t(step));
+}
+
+}  // namespace
+
+void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* scratch,
+                           const bf16* dy, const bf16* x, const int32_t* sigma, const float* rho,
+                           int64_t N, int in, int out, int r, bool rows) {
+  if (N == 0 || r == 0) return;
+  // scratch[N, r]: the selected columns of dy[N, out] (rows) or x[N, in] (cols), times ρ
+  const int64_t total = N * r;
+  gather_scaled_columns<<<ceil_div(total, kThreads), kThreads, 0, ctx.stream>>>(
+      scratch, rows ? dy : x, sigma, rho, N, rows ? out : in, r);
+  GRASS_LAUNCH_CHECK();
+  if (rows)  // gc[r, in] += scratch[N, r]ᵀ · x[N, in]
+    gemm_bf16(ctx, true, false, r, in, N, scratch, r, x, in, 1.0f, gc, cuda_type(gtype), in);
+  else  // gc[out, r] += dy[N, out]ᵀ · scratch[N, r]
+    gemm_bf16(ctx, true, false, out, r, N, dy, out, scratch, r, 1.0f, gc, cuda_type(gtype), r);
+}
+
+void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int out, int in,
+                       bool rows) {
+  if (out == 0 || in == 0) return;
+  if (rows) {
+    row_norms_sq<<<out, kThreads, 0, ctx.stream>>>(norms_sq, g, in);
+  } else {
+    const dim3 block(kColTile, kRowLanes);
+    col_norms_sq<<<ceil_div(in, kColTile), block, 0, ctx.stream>>>(norms_sq, g, out, in);
+  }
+  GRASS_LAUNCH_CHECK();
+}
+
+void grass_gather(const Context& ctx, void* gc, GradType gtype, const float* g,
+                  const int32_t* sigma, const float* rho, int out, int in, int r, bool rows) {
+  const int64_t total = int64_t(r) * (rows ? in : out);
+  if (total == 0) return;
+  const int64_t blocks = ceil_div(total, kThreads);
+  if (gtype == GradType::F32)
+    gather_slices<<<blocks, kThreads, 0, ctx.stream>>>(static_cast<float*>(gc), g, sigma, rho, out,
+                                                       in, r, rows);
+  else
+    gather_slices<<<blocks, kThreads, 0, ctx.stream>>>(static_cast<bf16*>(gc), g, sigma, rho, out,
+                                                       in, r, rows);
+  GRASS_LAUNCH_CHECK();
+}
+
+void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
+                       void* v, const int32_t* sigma, const float* rho, int out, int in, int r,
+                       bool rows, float grad_scale, float lr, float alpha, float beta1, float beta2,
+                       float eps, float weight_decay, int64_t step, uint64_t seed) {
+  GRASS_CHECK(step >= 1, "grass_adam_update: step counts from 1");
+  if (r == 0 || (rows ? in : out) == 0) return;
+  AdamStep k;
+  k.grad_scale = grad_scale;
+  k.beta1 = beta1;
+  k.beta2 = beta2;
+  k.eps = eps;
+  k.bias_correction1 = float(1.0 - std::pow(double(beta1), double(step)));
+  k.bias_correction2_sqrt = float(std::sqrt(1.0 - std::pow(double(beta2), double(step))));
+  k.step_size = float(double(lr) * alpha);
+  k.decay = float(1.0 - double(lr) * weight_decay);
+  k.apply_decay = weight_decay > 0;
+  k.seed_param = buffer_seed(seed, step, 0);
+  k.seed_m = buffer_seed(seed, step, 1);
+  k.seed_v = buffer_seed(seed, step, 2);
+
+  // rows: grid.y walks the r occurrences; cols: one flat index over gc[out, r].
+  GRASS_CHECK(!rows || r <= 65535, "grass_adam_update: rank above the grid's y limit");
+  const dim3 grid = rows ? dim3(unsigned(ceil_div(in, kThreads)), unsigned(r))
+                         : dim3(unsigned(ceil_div(int64_t(out) * r, kThreads)));
+  if (master)
+    grass_adam_kernel<<<grid, kThreads, 0, ctx.stream>>>(
+        param, master, static_cast<const float*>(gc), static_cast<float*>(m),
+        static_cast<float*>(v), sigma, rho, out, in, r, rows, k);
+  else
+    grass_adam_kernel<<<grid, kThreads, 0, ctx.stream>>>(
+        param, nullptr, static_cast<const bf16*>(gc), static_cast<bf16*>(m), static_cast<bf16*>(v),
+        sigma, rho, out, in, r, rows, k);
+  GRASS_LAUNCH_CHECK();
+}
+
+}  // namespace grass::cuda

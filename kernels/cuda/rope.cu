@@ -1,0 +1,65 @@
+// Rotary position embedding on the GPU, HF rotate-half layout (pairs (i, i + HD/2)), in place.
+//
+// The angle t / theta^(2i/HD) depends on (t, i) only, so a thread owns one (b, t, i) and rotates
+// that pair in all H heads: its cos and sin are computed once, in double exactly as the CPU
+// reference's table (kernels/cpu/rope.cpp) and then narrowed to fp32, so both backends rotate by
+// the same fp32 cos/sin and long contexts lose no angle precision. The math per pair is fp32 with
+// one rounding to bf16 at the store.
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/common.cuh"
+#include "cuda/cuda_ops.h"
+
+namespace grass::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// x[B, T, H, HD] ← R(sign·angle) x. Block = (HD/2 pair indices) × (a few (b, t) positions);
+// consecutive threads read consecutive channels of a head. sign = -1 is the transpose rotation.
+__global__ void rope_kernel(bf16* x, int64_t BT, int T, int H, int HD, double theta, float sign) {
+  const int half = HD / 2;
+  const int i = threadIdx.x;
+  const int64_t bt = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (bt >= BT) return;
+  const int t = int(bt % T);
+  const double angle = double(t) / pow(theta, 2.0 * i / HD);
+  double sin_d, cos_d;
+  sincos(angle, &sin_d, &cos_d);
+  const float c = float(cos_d), s = sign * float(sin_d);
+  bf16* row = x + bt * H * HD;
+  for (int h = 0; h < H; h++) {
+    bf16* head = row + int64_t(h) * HD;
+    const float x1 = __bfloat162float(head[i]), x2 = __bfloat162float(head[half + i]);
+    head[i] = __float2bfloat16_rn(x1 * c - x2 * s);
+    head[half + i] = __float2bfloat16_rn(x2 * c + x1 * s);
+  }
+}
+
+void rope_launch(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta,
+                 float sign) {
+  GRASS_CHECK(B >= 0 && T >= 0 && H > 0 && HD > 0 && HD % 2 == 0 && HD / 2 <= kThreads,
+              "rope: HD must be even and at most " + std::to_string(2 * kThreads));
+  const int64_t BT = int64_t(B) * T;
+  if (BT == 0) return;
+  const int half = HD / 2;
+  const dim3 block(half, kThreads / half);
+  rope_kernel<<<unsigned(ceil_div(BT, block.y)), block, 0, ctx.stream>>>(x, BT, T, H, HD,
+                                                                         double(theta), sign);
+  GRASS_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void rope_forward(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta) {
+  rope_launch(ctx, x, B, T, H, HD, theta, 1.0f);
+}
+
+void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, float theta) {
+  rope_launch(ctx, dx, B, T, H, HD, theta, -1.0f);
+}
+
+}  // namespace grass::cuda

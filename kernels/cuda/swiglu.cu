@@ -1,0 +1,132 @@
+// SwiGLU (out = silu(gate) · up) and the residual add on the GPU: elementwise, memory-bound.
+//
+// Each thread handles one pack of VEC bf16 values: 8 (16-byte loads and stores) when n % 8 == 0
+// and every pointer is 16-byte aligned, else 1. Math in fp32, one rounding to bf16 per store.
+#include <cstdint>
+
+#include "core/error.h"
+#include "cuda/common.cuh"
+#include "cuda/cuda_ops.h"
+
+namespace grass::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+// exp's argument is clamped as on the CPU (kernels/cpu/swiglu.cpp), so both backends saturate the
+// sigmoid identically: sigmoid(-200) = 1/(1 + e^80), never 1/(1 + inf).
+constexpr float kExpClamp = 80.0f;
+
+// VEC bf16 values moved as one load or store (16 bytes when VEC = 8).
+template <int VEC>
+struct alignas(2 * VEC) BF16Pack {
+  bf16 v[VEC];
+};
+
+// out[n] = gate·sigmoid(gate)·up;  n = packs·VEC
+template <int VEC>
+__global__ void swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t packs) {
+  using Pack = BF16Pack<VEC>;
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= packs) return;
+  const Pack gp = reinterpret_cast<const Pack*>(gate)[p];
+  const Pack up_p = reinterpret_cast<const Pack*>(up)[p];
+  Pack op;
+#pragma unroll
+  for (int j = 0; j < VEC; j++) {
+    const float g = __bfloat162float(gp.v[j]);
+    op.v[j] =
+        __float2bfloat16_rn(g / (1.0f + expf(fminf(-g, kExpClamp))) * __bfloat162float(up_p.v[j]));
+  }
+  reinterpret_cast<Pack*>(out)[p] = op;
+}
+
+// dup = dout·silu(gate);  dgate = dout·up·silu'(gate),  silu'(g) = s·(1 + g·(1 - s)),
+// s = sigmoid(g)
+//   dgate[n], dup[n] overwritten; dout[n], gate[n], up[n]
+template <int VEC>
+__global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
+                                       const bf16* up, int64_t packs) {
+  using Pack = BF16Pack<VEC>;
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= packs) return;
+  const Pack dp = reinterpret_cast<const Pack*>(dout)[p];
+  const Pack gp = reinterpret_cast<const Pack*>(gate)[p];
+  const Pack up_p = reinterpret_cast<const Pack*>(up)[p];
+  Pack dgate_p, dup_p;
+#pragma unroll
+  for (int j = 0; j < VEC; j++) {
+    const float g = __bfloat162float(gp.v[j]);
+    const float s = 1.0f / (1.0f + expf(fminf(-g, kExpClamp)));
+    const float d = __bfloat162float(dp.v[j]);
+    dup_p.v[j] = __float2bfloat16_rn(d * g * s);
+    const float u = __bfloat162float(up_p.v[j]);
+    dgate_p.v[j] = __float2bfloat16_rn(d * u * s * (1.0f + g * (1.0f - s)));
+  }
+  reinterpret_cast<Pack*>(dgate)[p] = dgate_p;
+  reinterpret_cast<Pack*>(dup)[p] = dup_p;
+}
+
+// out[n] = a + b; out may alias a (each thread reads its pack before writing it).
+template <int VEC>
+__global__ void residual_forward_kernel(bf16* out, const bf16* a, const bf16* b, int64_t packs) {
+  using Pack = BF16Pack<VEC>;
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= packs) return;
+  const Pack ap = reinterpret_cast<const Pack*>(a)[p];
+  const Pack bp = reinterpret_cast<const Pack*>(b)[p];
+  Pack op;
+#pragma unroll
+  for (int j = 0; j < VEC; j++)
+    op.v[j] = __float2bfloat16_rn(__bfloat162float(ap.v[j]) + __bfloat162float(bp.v[j]));
+  reinterpret_cast<Pack*>(out)[p] = op;
+}
+
+// True when n splits into 8-wide packs and every pointer can be read 16 bytes at a time.
+template <typename... Ptrs>
+bool vectorizable(int64_t n, const Ptrs*... ptrs) {
+  return n % 8 == 0 && ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
+}
+
+unsigned grid_for(int64_t packs) {
+  const int64_t blocks = ceil_div(packs, kThreads);
+  GRASS_CHECK(blocks <= INT32_MAX, "elementwise kernel: too many elements");
+  return unsigned(blocks);
+}
+
+}  // namespace
+
+void swiglu_forward(const Context& ctx, bf16* out, const bf16* gate, const bf16* up, int64_t n) {
+  GRASS_CHECK(n >= 0, "swiglu_forward: negative size");
+  if (n == 0) return;
+  if (vectorizable(n, out, gate, up))
+    swiglu_forward_kernel<8><<<grid_for(n / 8), kThreads, 0, ctx.stream>>>(out, gate, up, n / 8);
+  else
+    swiglu_forward_kernel<1><<<grid_for(n), kThreads, 0, ctx.stream>>>(out, gate, up, n);
+  GRASS_LAUNCH_CHECK();
+}
+
+void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
+                     const bf16* up, int64_t n) {
+  GRASS_CHECK(n >= 0, "swiglu_backward: negative size");
+  if (n == 0) return;
+  if (vectorizable(n, dgate, dup, dout, gate, up))
+    swiglu_backward_kernel<8>
+        <<<grid_for(n / 8), kThreads, 0, ctx.stream>>>(dgate, dup, dout, gate, up, n / 8);
+  else
+    swiglu_backward_kernel<1>
+        <<<grid_for(n), kThreads, 0, ctx.stream>>>(dgate, dup, dout, gate, up, n);
+  GRASS_LAUNCH_CHECK();
+}
+
+void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t n) {
+  GRASS_CHECK(n >= 0, "residual_forward: negative size");
+  if (n == 0) return;
+  if (vectorizable(n, out, a, b))
+    residual_forward_kernel<8><<<grid_for(n / 8), kThreads, 0, ctx.stream>>>(out, a, b, n / 8);
+  else
+    residual_forward_kernel<1><<<grid_for(n), kThreads, 0, ctx.stream>>>(out, a, b, n);
+  GRASS_LAUNCH_CHECK();
+}
+
+}  // namespace grass::cuda

@@ -1,0 +1,187 @@
+// The CUDA attention (kernels/cuda/attention.cu) against the CPU reference
+// (ops::attention_forward/backward<float>) on the same bf16-rounded inputs: forward out and lse,
+// backward dq, dk, dv. The shapes put T off the kernels' 64-row tiles (100, 257), at one token,
+// and on one tile; GQA groups of 1, 2, 4 and 8; HD 64 and 128. Outputs are poisoned first, so an
+// element a kernel forgot to write fails. The backward must also repeat bit for bit.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "gpu_test_util.h"
+#include "ops.h"
+
+namespace {
+
+using grass::gputest::bf16_rounded;
+using grass::gputest::DeviceBuffer;
+using grass::gputest::randn;
+using grass::gputest::rel_error;
+using grass::gputest::TestContext;
+using grass::gputest::to_bf16;
+using grass::gputest::to_f32;
+using bf16 = __nv_bfloat16;
+
+struct Shape {
+  int B, T, NH, NKV, HD;
+};
+
+std::string describe(const Shape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " NH=" + std::to_string(s.NH) +
+         " NKV=" + std::to_string(s.NKV) + " HD=" + std::to_string(s.HD);
+}
+
+// lse[B,NH,T] = ln Σ_{s ≤ t} exp(q_t·k_s / sqrt(HD)) in double (the CPU forward keeps only the
+// normalised probabilities).
+std::vector<float> reference_lse(const std::vector<float>& q, const std::vector<float>& k,
+                                 const Shape& s) {
+  std::vector<float> lse(size_t(s.B) * s.NH * s.T);
+  const double scale = 1.0 / std::sqrt(double(s.HD));
+  std::vector<double> scores(s.T);
+  for (int b = 0; b < s.B; b++)
+    for (int h = 0; h < s.NH; h++) {
+      const int g = h / (s.NH / s.NKV);
+      for (int t = 0; t < s.T; t++) {
+        const float* qt = &q[((size_t(b) * s.T + t) * s.NH + h) * s.HD];
+        double mx = -INFINITY;
+        for (int j = 0; j <= t; j++) {
+          const float* kj = &k[((size_t(b) * s.T + j) * s.NKV + g) * s.HD];
+          double dot = 0;
+          for (int c = 0; c < s.HD; c++) dot += double(qt[c]) * kj[c];
+          scores[j] = dot * scale;
+          mx = std::max(mx, scores[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; j++) sum += std::exp(scores[j] - mx);
+        lse[(size_t(b) * s.NH + h) * s.T + t] = float(mx + std::log(sum));
+      }
+    }
+  return lse;
+}
+
+// A gradient against its reference. dq and dk vanish exactly when every query sees a single key
+// (T = 1: P = 1, so dS = P·(dP - D) = 0); a relative error is 0/0 there, so the check is absolute.
+void check_grad(const std::vector<float>& got, const std::vector<float>& want, const char* name) {
+  INFO(name);
+  const bool vanishing = std::all_of(want.begin(), want.end(), [](float x) { return x == 0.0f; });
+  if (vanishing) {
+    float worst = 0.0f;
+    for (float x : got) worst = std::isnan(x) ? INFINITY : std::max(worst, std::fabs(x));
+    CHECK(worst <= 1e-4f);
+  } else {
+    CHECK(rel_error(got, want) <= 1e-2);
+  }
+}
+
+// One problem on the device: bf16 inputs uploaded, outputs allocated.
+struct DeviceAttention {
+  Shape s;
+  size_t nq, nkv;
+  DeviceBuffer<bf16> q, k, v, dout, out, dq, dk, dv;
+  DeviceBuffer<float> lse, scratch;
+  DeviceAttention(const Shape& shape, const std::vector<float>& q_h, const std::vector<float>& k_h,
+                  const std::vector<float>& v_h, const std::vector<float>& dout_h)
+      : s(shape),
+        nq(size_t(s.B) * s.T * s.NH * s.HD),
+        nkv(size_t(s.B) * s.T * s.NKV * s.HD),
+        q(nq),
+        k(nkv),
+        v(nkv),
+        dout(nq),
+        out(nq),
+        dq(nq),
+        dk(nkv),
+        dv(nkv),
+        lse(size_t(s.B) * s.NH * s.T),
+        scratch(size_t(grass::cuda::attention_scratch_floats(s.B, s.T, s.NH, s.NKV, s.HD))) {
+    q.upload(to_bf16(q_h));
+    k.upload(to_bf16(k_h));
+    v.upload(to_bf16(v_h));
+    dout.upload(to_bf16(dout_h));
+  }
+  void forward(const grass::cuda::Context& ctx) {
+    out.poison();
+    lse.poison();
+    grass::cuda::attention_forward(ctx, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, s.B, s.T, s.NH,
+                                   s.NKV, s.HD);
+  }
+  void backward(const grass::cuda::Context& ctx) {
+    dq.poison();
+    dk.poison();
+    dv.poison();
+    scratch.poison();
+    grass::cuda::attention_backward(ctx, dq.ptr, dk.ptr, dv.ptr, scratch.ptr, dout.ptr, out.ptr,
+                                    lse.ptr, q.ptr, k.ptr, v.ptr, s.B, s.T, s.NH, s.NKV, s.HD);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cuda attention forward and backward match the CPU reference", "[gpu]") {
+  const Shape shapes[] = {
+      {2, 100, 8, 2, 64}, {1, 257, 4, 4, 128}, {3, 1, 2, 1, 64}, {1, 64, 8, 1, 128}};
+  TestContext tc;
+  for (const Shape& s : shapes) {
+    INFO(describe(s));
+    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
+    const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
+                             v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
+
+    // CPU reference: probs[B,NH,T,T] from the forward feed the backward.
+    std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T);
+    grass::ops::attention_forward<float>(out_ref.data(), probs.data(), q.data(), k.data(), v.data(),
+                                         s.B, s.T, s.NH, s.NKV, s.HD);
+    std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv), cpu_scratch(probs.size());
+    grass::ops::attention_backward<float>(dq_ref.data(), dk_ref.data(), dv_ref.data(),
+                                          cpu_scratch.data(), dout.data(), q.data(), k.data(),
+                                          v.data(), probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+
+    DeviceAttention dev(s, q, k, v, dout);
+    dev.forward(tc.ctx);
+    CHECK(rel_error(to_f32(dev.out.download()), out_ref) <= 1e-2);
+    CHECK(rel_error(dev.lse.download(), reference_lse(q, k, s)) <= 1e-2);
+
+    // The backward runs on the GPU's own out and lse, as in training.
+    dev.backward(tc.ctx);
+    check_grad(to_f32(dev.dq.download()), dq_ref, "dq");
+    check_grad(to_f32(dev.dk.download()), dk_ref, "dk");
+    check_grad(to_f32(dev.dv.download()), dv_ref, "dv");
+  }
+}
+
+TEST_CASE("cuda attention backward is bitwise repeatable", "[gpu]") {
+  const Shape shapes[] = {{2, 100, 8, 2, 64}, {1, 257, 4, 4, 128}};
+  TestContext tc;
+  for (const Shape& s : shapes) {
+    INFO(describe(s));
+    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
+    DeviceAttention dev(s, randn(nq), randn(nkv), randn(nkv), randn(nq));
+    dev.forward(tc.ctx);
+    dev.backward(tc.ctx);
+    const std::vector<bf16> dq1 = dev.dq.download(), dk1 = dev.dk.download(),
+                            dv1 = dev.dv.download();
+    dev.backward(tc.ctx);  // poisons its outputs again first
+    const std::vector<bf16> dq2 = dev.dq.download(), dk2 = dev.dk.download(),
+                            dv2 = dev.dv.download();
+    CHECK(std::memcmp(dq1.data(), dq2.data(), nq * sizeof(bf16)) == 0);
+    CHECK(std::memcmp(dk1.data(), dk2.data(), nkv * sizeof(bf16)) == 0);
+    CHECK(std::memcmp(dv1.data(), dv2.data(), nkv * sizeof(bf16)) == 0);
+  }
+}
+
+TEST_CASE("cuda attention rejects an unsupported head dim, naming HD", "[gpu]") {
+  TestContext tc;
+  for (int HD : {60, 264}) {
+    INFO("HD=" << HD);
+    // The shape check comes before any pointer is touched or any kernel launched.
+    try {
+      grass::cuda::attention_forward(tc.ctx, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 2,
+                                     1, HD);
+      FAIL("accepted");
+    } catch (const grass::InternalError& e) {
+      CHECK(std::string(e.what()).find("HD = " + std::to_string(HD)) != std::string::npos);
+    }
+  }
+}

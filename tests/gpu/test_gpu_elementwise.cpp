@@ -1,0 +1,332 @@
+// The GPU's row and elementwise kernels against the CPU reference (kernels/ops.h, float):
+// embedding, RMSNorm, RoPE, SwiGLU, residual. Inputs are fresh random values rounded to bf16, so
+// both sides see the same numbers; shapes are awkward on purpose (C = 5461, N = 3·77) and also hit
+// the 16-byte vector paths (C and n multiples of 8). Every output is poisoned first, accumulated
+// outputs start from random values, and the reductions run twice to prove bitwise determinism.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "ops.h"
+
+namespace {
+
+using namespace grass;
+using gputest::DeviceBuffer;
+using gputest::rel_error;
+using bf16 = cuda::bf16;
+
+// A bf16 store is one rounding past an fp32 result, at most 2^-8 relative: allow twice that.
+constexpr double kBf16Rel = 1.0 / 128;
+
+void put(DeviceBuffer<bf16>& d, const std::vector<float>& x) { d.upload(gputest::to_bf16(x)); }
+std::vector<float> get(const DeviceBuffer<bf16>& d) { return gputest::to_f32(d.download()); }
+
+// Elements where got is farther than rel·|want| + abs from want (NaN counts): a norm-wise error can
+// hide a few wrong or unwritten elements, this cannot.
+size_t count_misses(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                    double abs) {
+  REQUIRE(got.size() == want.size());
+  size_t misses = 0;
+  for (size_t i = 0; i < got.size(); i++)
+    if (!(std::fabs(double(got[i]) - want[i]) <= rel * std::fabs(want[i]) + abs)) misses++;
+  return misses;
+}
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+std::vector<int32_t> random_tokens(int64_t N, int V) {
+  static std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int32_t> dist(0, V - 1);
+  std::vector<int32_t> tokens(N);
+  for (int32_t& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+// The host side of embedding_backward: positions grouped by token id, ascending within a group.
+struct TokenGroups {
+  std::vector<int32_t> positions, group_start, group_token;
+};
+TokenGroups group_by_token(const std::vector<int32_t>& tokens) {
+  TokenGroups g;
+  g.positions.resize(tokens.size());
+  for (size_t i = 0; i < tokens.size(); i++) g.positions[i] = int32_t(i);
+  std::stable_sort(g.positions.begin(), g.positions.end(),
+                   [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
+  for (size_t i = 0; i < g.positions.size(); i++)
+    if (i == 0 || tokens[g.positions[i]] != tokens[g.positions[i - 1]]) {
+      g.group_start.push_back(int32_t(i));
+      g.group_token.push_back(tokens[g.positions[i]]);
+    }
+  g.group_start.push_back(int32_t(tokens.size()));
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("gpu embedding forward gathers table rows", "[gpu]") {
+  gputest::TestContext tc;
+  const int64_t N = 3 * 77;
+  const int V = 1000;
+  for (int C : {5461, 768}) {
+    CAPTURE(C);
+    const std::vector<int32_t> tokens = random_tokens(N, V);
+    const std::vector<float> table = gputest::bf16_rounded(gputest::randn(size_t(V) * C));
+    DeviceBuffer<int32_t> d_tokens(N);
+    DeviceBuffer<bf16> d_table(table.size()), d_out(size_t(N) * C);
+    d_tokens.upload(tokens);
+    put(d_table, table);
+    d_out.poison();
+    cuda::embedding_forward(tc.ctx, d_out.ptr, d_tokens.ptr, d_table.ptr, N, C);
+    std::vector<float> want(size_t(N) * C);
+    ops::embedding_forward<float>(want.data(), tokens.data(), table.data(), N, C);
+    // A copy: exact (and a NaN left by the poison is never within 0 of anything).
+    CHECK(count_misses(get(d_out), want, 0.0, 0.0) == 0);
+  }
+}
+
+TEST_CASE("gpu embedding backward sums repeated tokens into dtable, deterministically", "[gpu]") {
+  gputest::TestContext tc;
+  struct Shape {
+    int64_t N;
+    int C, V;
+  };
+  // Few tokens (long groups), many tokens (mostly singletons), and three tokens for 924 positions.
+  for (const Shape s :
+       {Shape{3 * 77, 5461, 37}, Shape{3 * 77, 768, 1000}, Shape{3 * 77 * 4, 64, 3}}) {
+    for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
+      const bool f32 = gtype == cuda::GradType::F32;
+      CAPTURE(s.N, s.C, s.V, f32);
+      const std::vector<int32_t> tokens = random_tokens(s.N, s.V);
+      const TokenGroups groups = group_by_token(tokens);
+      const int num_groups = int(groups.group_token.size());
+      const std::vector<float> dout = gputest::bf16_rounded(gputest::randn(size_t(s.N) * s.C));
+      std::vector<float> dtable0 = gputest::randn(size_t(s.V) * s.C);
+      if (!f32) dtable0 = gputest::bf16_rounded(dtable0);
+
+      DeviceBuffer<bf16> d_dout(dout.size());
+      DeviceBuffer<int32_t> d_positions(s.N), d_start(groups.group_start.size()),
+          d_token(groups.group_token.size());
+      put(d_dout, dout);
+      d_positions.upload(groups.positions);
+      d_start.upload(groups.group_start);
+      d_token.upload(groups.group_token);
+      DeviceBuffer<float> d_dtable_f32(f32 ? dtable0.size() : 0);
+      DeviceBuffer<bf16> d_dtable_bf16(f32 ? 0 : dtable0.size());
+      void* d_dtable = f32 ? static_cast<void*>(d_dtable_f32.ptr) : d_dtable_bf16.ptr;
+      // Runs the backward from dtable0 and returns dtable's bits as fp32 values.
+      auto run = [&] {
+        if (f32)
+          d_dtable_f32.upload(dtable0);
+        else
+          put(d_dtable_bf16, dtable0);
+        cuda::embedding_backward(tc.ctx, d_dtable, gtype, d_dout.ptr, d_positions.ptr, d_start.ptr,
+                                 d_token.ptr, num_groups, s.C);
+        return f32 ? d_dtable_f32.download() : get(d_dtable_bf16);
+      };
+      const std::vector<float> got = run();
+
+      std::vector<float> want = dtable0;
+      ops::embedding_backward<float>(want.data(), dout.data(), tokens.data(), s.N, s.C);
+      CHECK(rel_error(got, want) <= (f32 ? 1e-5 : 1e-2));
+      CHECK(count_misses(got, want, f32 ? 1e-5 : kBf16Rel, 1e-4) == 0);
+      // Rows of tokens absent from the batch are untouched, bit for bit.
+      std::vector<bool> present(s.V, false);
+      for (int32_t t : tokens) present[t] = true;
+      size_t changed_absent = 0;
+      for (int v = 0; v < s.V; v++)
+        if (!present[v])
+          for (int c = 0; c < s.C; c++)
+            changed_absent += got[size_t(v) * s.C + c] != dtable0[size_t(v) * s.C + c];
+      CHECK(changed_absent == 0);
+      CHECK(same_bits(run(), got));
+    }
+  }
+}
+
+TEST_CASE("gpu rmsnorm forward matches the CPU, rstd in fp32", "[gpu]") {
+  gputest::TestContext tc;
+  const float eps = 1e-5f;
+  for (const auto& [N, C] : {std::pair<int64_t, int>{3 * 77, 5461}, {1617, 1024}, {77, 8192}}) {
+    CAPTURE(N, C);
+    const std::vector<float> x = gputest::bf16_rounded(gputest::randn(size_t(N) * C));
+    std::vector<float> w = gputest::randn(C, 0.1);
+    for (float& v : w) v += 1.0f;
+    w = gputest::bf16_rounded(w);
+    DeviceBuffer<bf16> d_x(x.size()), d_w(C), d_out(x.size());
+    DeviceBuffer<float> d_rstd(N);
+    put(d_x, x);
+    put(d_w, w);
+    d_out.poison();
+    d_rstd.poison();
+    cuda::rmsnorm_forward(tc.ctx, d_out.ptr, d_rstd.ptr, d_x.ptr, d_w.ptr, N, C, eps);
+    const std::vector<float> out = get(d_out), rstd = d_rstd.download();
+
+    std::vector<float> want(x.size()), want_rstd(N);
+    ops::rmsnorm_forward<float>(want.data(), want_rstd.data(), x.data(), w.data(), N, C, eps);
+    CHECK(rel_error(out, want) <= 1e-2);
+    CHECK(count_misses(out, want, kBf16Rel, 1e-4) == 0);
+    CHECK(rel_error(rstd, want_rstd) <= 1e-5);
+
+    cuda::rmsnorm_forward(tc.ctx, d_out.ptr, d_rstd.ptr, d_x.ptr, d_w.ptr, N, C, eps);
+    CHECK(same_bits(get(d_out), out));
+    CHECK(same_bits(d_rstd.download(), rstd));
+  }
+}
+
+TEST_CASE("gpu rmsnorm backward accumulates into dx and dw, deterministically", "[gpu]") {
+  gputest::TestContext tc;
+  // 1617 rows: more than the backward's 1024 row blocks, so blocks own two rows (the last one).
+  for (const auto& [N, C] : {std::pair<int64_t, int>{3 * 77, 5461}, {1617, 1024}, {77, 8192}}) {
+    for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
+      const bool f32 = gtype == cuda::GradType::F32;
+      CAPTURE(N, C, f32);
+      const size_t NC = size_t(N) * C;
+      const std::vector<float> x = gputest::bf16_rounded(gputest::randn(NC));
+      const std::vector<float> dout = gputest::bf16_rounded(gputest::randn(NC));
+      std::vector<float> w = gputest::randn(C, 0.1);
+      for (float& v : w) v += 1.0f;
+      w = gputest::bf16_rounded(w);
+      // The CPU's rstd goes to the GPU too: this test is about the backward alone.
+      std::vector<float> fwd_out(NC), rstd(N);
+      ops::rmsnorm_forward<float>(fwd_out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5);
+      const std::vector<float> dx0 = gputest::bf16_rounded(gputest::randn(NC, 0.5));
+      std::vector<float> dw0 = gputest::randn(C);
+      if (!f32) dw0 = gputest::bf16_rounded(dw0);
+
+      DeviceBuffer<bf16> d_x(NC), d_dout(NC), d_w(C), d_dx(NC);
+      DeviceBuffer<float> d_rstd(N), d_scratch(size_t(cuda::rmsnorm_scratch_floats(N, C)));
+      put(d_x, x);
+      put(d_dout, dout);
+      put(d_w, w);
+      d_rstd.upload(rstd);
+      DeviceBuffer<float> d_dw_f32(f32 ? C : 0);
+      DeviceBuffer<bf16> d_dw_bf16(f32 ? 0 : C);
+      void* d_dw = f32 ? static_cast<void*>(d_dw_f32.ptr) : d_dw_bf16.ptr;
+      // Runs the backward from (dx0, dw0) with a poisoned scratch; returns (dx, dw) as fp32.
+      auto run = [&] {
+        put(d_dx, dx0);
+        if (f32)
+          d_dw_f32.upload(dw0);
+        else
+          put(d_dw_bf16, dw0);
+        d_scratch.poison();
+        cuda::rmsnorm_backward(tc.ctx, d_dx.ptr, d_dw, gtype, d_dout.ptr, d_x.ptr, d_w.ptr,
+                               d_rstd.ptr, d_scratch.ptr, N, C);
+        return std::pair{get(d_dx), f32 ? d_dw_f32.download() : get(d_dw_bf16)};
+      };
+      const auto [dx, dw] = run();
+
+      std::vector<float> want_dx = dx0, want_dw = dw0;
+      ops::rmsnorm_backward<float>(want_dx.data(), want_dw.data(), dout.data(), x.data(), w.data(),
+                                   rstd.data(), N, C);
+      CHECK(rel_error(dx, want_dx) <= 1e-2);
+      CHECK(count_misses(dx, want_dx, kBf16Rel, 1e-3) == 0);
+      CHECK(rel_error(dw, want_dw) <= (f32 ? 1e-5 : 1e-2));
+      CHECK(count_misses(dw, want_dw, f32 ? 1e-5 : kBf16Rel, 1e-3) == 0);
+
+      const auto [dx_again, dw_again] = run();
+      CHECK(same_bits(dx_again, dx));
+      CHECK(same_bits(dw_again, dw));
+    }
+  }
+}
+
+TEST_CASE("gpu rope forward and backward match the CPU rotation", "[gpu]") {
+  gputest::TestContext tc;
+  struct Shape {
+    int B, T, H, HD;
+    float theta;
+  };
+  // The last shape reaches positions past 4000, where an fp32 angle would drift.
+  for (const Shape s : {Shape{3, 77, 5, 64, 10000.0f}, Shape{3, 77, 5, 128, 500000.0f},
+                        Shape{1, 4100, 2, 128, 10000.0f}}) {
+    for (const bool forward : {true, false}) {
+      CAPTURE(s.B, s.T, s.H, s.HD, s.theta, forward);
+      const size_t n = size_t(s.B) * s.T * s.H * s.HD;
+      const std::vector<float> x = gputest::bf16_rounded(gputest::randn(n));
+      DeviceBuffer<bf16> d_x(n);
+      put(d_x, x);
+      std::vector<float> want(n);
+      if (forward) {
+        cuda::rope_forward(tc.ctx, d_x.ptr, s.B, s.T, s.H, s.HD, s.theta);
+        ops::rope_forward<float>(want.data(), x.data(), s.B, s.T, s.H, s.HD, s.theta);
+      } else {
+        cuda::rope_backward(tc.ctx, d_x.ptr, s.B, s.T, s.H, s.HD, s.theta);
+        ops::rope_backward<float>(want.data(), x.data(), s.B, s.T, s.H, s.HD, s.theta);
+      }
+      const std::vector<float> got = get(d_x);
+      CHECK(rel_error(got, want) <= 1e-2);
+      // In place, so nothing can be poisoned: an element left unrotated is caught here instead.
+      CHECK(count_misses(got, want, kBf16Rel, 1e-5) == 0);
+    }
+  }
+}
+
+TEST_CASE("gpu swiglu forward and backward match the CPU and stay finite at |gate| = 200",
+          "[gpu]") {
+  gputest::TestContext tc;
+  // n odd (one value per thread) and n a multiple of 8 (16-byte packs).
+  for (const int64_t n : {int64_t(3) * 77 * 5461, int64_t(3) * 77 * 1024}) {
+    CAPTURE(n);
+    std::vector<float> gate = gputest::randn(n, 3.0);
+    // Saturated sigmoids: exp(-g) overflows fp32 for g < -88.7.
+    for (const int64_t i : {int64_t(0), int64_t(1), n / 2, n - 2, n - 1})
+      gate[i] = (i % 2 == 0) ? 200.0f : -200.0f;
+    gate[2] = 89.0f;
+    gate[3] = -89.0f;
+    gate = gputest::bf16_rounded(gate);
+    const std::vector<float> up = gputest::bf16_rounded(gputest::randn(n));
+    const std::vector<float> dout = gputest::bf16_rounded(gputest::randn(n));
+    DeviceBuffer<bf16> d_gate(n), d_up(n), d_dout(n), d_out(n), d_dgate(n), d_dup(n);
+    put(d_gate, gate);
+    put(d_up, up);
+    put(d_dout, dout);
+    d_out.poison();
+    d_dgate.poison();
+    d_dup.poison();
+    cuda::swiglu_forward(tc.ctx, d_out.ptr, d_gate.ptr, d_up.ptr, n);
+    cuda::swiglu_backward(tc.ctx, d_dgate.ptr, d_dup.ptr, d_dout.ptr, d_gate.ptr, d_up.ptr, n);
+    const std::vector<float> out = get(d_out), dgate = get(d_dgate), dup = get(d_dup);
+
+    std::vector<float> want_out(n), want_dgate(n), want_dup(n);
+    ops::swiglu_forward<float>(want_out.data(), gate.data(), up.data(), n);
+    ops::swiglu_backward<float>(want_dgate.data(), want_dup.data(), dout.data(), gate.data(),
+                                up.data(), n);
+    for (const auto* v : {&out, &dgate, &dup})
+      CHECK(std::all_of(v->begin(), v->end(), [](float f) { return std::isfinite(f); }));
+    CHECK(rel_error(out, want_out) <= 1e-2);
+    CHECK(rel_error(dgate, want_dgate) <= 1e-2);
+    CHECK(rel_error(dup, want_dup) <= 1e-2);
+    CHECK(count_misses(out, want_out, kBf16Rel, 1e-6) == 0);
+    CHECK(count_misses(dgate, want_dgate, kBf16Rel, 1e-6) == 0);
+    CHECK(count_misses(dup, want_dup, kBf16Rel, 1e-6) == 0);
+  }
+}
+
+TEST_CASE("gpu residual add is a + b rounded once, also in place", "[gpu]") {
+  gputest::TestContext tc;
+  for (const int64_t n : {int64_t(3) * 77 * 5461, int64_t(3) * 77 * 1024}) {
+    CAPTURE(n);
+    const std::vector<float> a = gputest::bf16_rounded(gputest::randn(n));
+    const std::vector<float> b = gputest::bf16_rounded(gputest::randn(n));
+    std::vector<float> sum(n);
+    ops::residual_forward<float>(sum.data(), a.data(), b.data(), n);
+    // Both sides add in fp32 and round that sum to bf16 once: the bits must agree exactly.
+    const std::vector<float> want = gputest::bf16_rounded(sum);
+    DeviceBuffer<bf16> d_a(n), d_b(n), d_out(n);
+    put(d_a, a);
+    put(d_b, b);
+    d_out.poison();
+    cuda::residual_forward(tc.ctx, d_out.ptr, d_a.ptr, d_b.ptr, n);
+    CHECK(count_misses(get(d_out), want, 0.0, 0.0) == 0);
+    cuda::residual_forward(tc.ctx, d_a.ptr, d_a.ptr, d_b.ptr, n);  // out aliases a
+    CHECK(count_misses(get(d_a), want, 0.0, 0.0) == 0);
+  }
+}

@@ -1,0 +1,173 @@
+// The GEMMs of kernels/cuda/gemm.cu against the CPU reference (kernels/cpu/linear.cpp) on the
+// same bf16-rounded inputs: forward, dx (overwrite and accumulate), dw (fp32 and bf16, always
+// accumulating), the transient full gradient; at the model's awkward widths (5461, token counts
+// like 3·77, a single token) and with operands that start at 2-byte boundaries.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "ops.h"
+
+using namespace grass;
+using namespace grass::gputest;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+struct Shape {
+  int64_t N;
+  int in, out;
+};
+// 5461 as in (a row pitch of 10922 bytes), as out, and as the inner dimension of dx; one token.
+const Shape kShapes[] = {
+    {3 * 77, 5461, 96}, {3 * 77, 96, 5461}, {64, 2048, 5461}, {1, 5461, 33}, {5, 7, 3}};
+
+// A bf16 device copy of x (whose values are already bf16).
+void upload_bf16(DeviceBuffer<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("gemm: linear_forward matches the CPU at awkward shapes", "[gpu]") {
+  TestContext tc;
+  for (const Shape& s : kShapes) {
+    INFO("N=" << s.N << " in=" << s.in << " out=" << s.out);
+    const std::vector<float> x = bf16_rounded(randn(s.N * s.in));
+    const std::vector<float> w = bf16_rounded(randn(size_t(s.out) * s.in, 0.05));
+    DeviceBuffer<bf16> dx(x.size()), dw(w.size()), dy(s.N * s.out);
+    upload_bf16(dx, x);
+    upload_bf16(dw, w);
+    dy.poison();
+    cuda::linear_forward(tc.ctx, dy.ptr, dx.ptr, dw.ptr, s.N, s.in, s.out);
+    std::vector<float> want(s.N * s.out);
+    ops::linear_forward(want.data(), x.data(), w.data(), s.N, s.in, s.out);
+    CHECK(rel_error(to_f32(dy.download()), want) <= 1e-2);
+  }
+}
+
+TEST_CASE("gemm: linear_backward_dx overwrites or accumulates as asked", "[gpu]") {
+  TestContext tc;
+  for (const Shape& s : kShapes)
+    for (const bool accumulate : {false, true}) {
+      INFO("N=" << s.N << " in=" << s.in << " out=" << s.out << " accumulate=" << accumulate);
+      const std::vector<float> dy = bf16_rounded(randn(s.N * s.out));
+      const std::vector<float> w = bf16_rounded(randn(size_t(s.out) * s.in, 0.05));
+      std::vector<float> dx = bf16_rounded(randn(s.N * s.in));  // what accumulate adds to
+      DeviceBuffer<bf16> d_dy(dy.size()), d_w(w.size()), d_dx(dx.size());
+      upload_bf16(d_dy, dy);
+      upload_bf16(d_w, w);
+      if (accumulate)
+        upload_bf16(d_dx, dx);
+      else
+        d_dx.poison();
+      cuda::linear_backward_dx(tc.ctx, d_dx.ptr, d_dy.ptr, d_w.ptr, s.N, s.in, s.out, accumulate);
+      ops::linear_backward<float>(dx.data(), nullptr, dy.data(), nullptr, w.data(), s.N, s.in,
+                                  s.out, accumulate);
+      CHECK(rel_error(to_f32(d_dx.download()), dx) <= 1e-2);
+    }
+}
+
+TEST_CASE("gemm: linear_backward_dw accumulates into fp32 and bf16 gradients", "[gpu]") {
+  TestContext tc;
+  for (const Shape& s : kShapes)
+    for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
+      const bool f32 = gtype == cuda::GradType::F32;
+      INFO("N=" << s.N << " in=" << s.in << " out=" << s.out << " fp32=" << f32);
+      const std::vector<float> dy = bf16_rounded(randn(s.N * s.out));
+      const std::vector<float> x = bf16_rounded(randn(s.N * s.in));
+      // The earlier micro-batches' sum, as large as this one's: dropping it fails the bound.
+      std::vector<float> dw = randn(size_t(s.out) * s.in, std::sqrt(double(s.N)));
+      if (!f32) dw = bf16_rounded(dw);
+      DeviceBuffer<bf16> d_dy(dy.size()), d_x(x.size());
+      upload_bf16(d_dy, dy);
+      upload_bf16(d_x, x);
+      DeviceBuffer<float> dw_f32(f32 ? dw.size() : 0);
+      DeviceBuffer<bf16> dw_bf16(f32 ? 0 : dw.size());
+      if (f32)
+        dw_f32.upload(dw);
+      else
+        upload_bf16(dw_bf16, dw);
+      void* d_dw = f32 ? static_cast<void*>(dw_f32.ptr) : static_cast<void*>(dw_bf16.ptr);
+      cuda::linear_backward_dw(tc.ctx, d_dw, gtype, d_dy.ptr, d_x.ptr, s.N, s.in, s.out);
+      ops::linear_backward<float>(nullptr, dw.data(), dy.data(), x.data(), nullptr, s.N, s.in,
+                                  s.out, false);
+      const std::vector<float> got = f32 ? dw_f32.download() : to_f32(dw_bf16.download());
+      CHECK(rel_error(got, dw) <= 1e-2);
+    }
+}
+
+TEST_CASE("gemm: linear_full_grad_f32 writes the whole gradient", "[gpu]") {
+  TestContext tc;
+  for (const Shape& s : kShapes) {
+    INFO("N=" << s.N << " in=" << s.in << " out=" << s.out);
+    const std::vector<float> dy = bf16_rounded(randn(s.N * s.out));
+    const std::vector<float> x = bf16_rounded(randn(s.N * s.in));
+    DeviceBuffer<bf16> d_dy(dy.size()), d_x(x.size());
+    upload_bf16(d_dy, dy);
+    upload_bf16(d_x, x);
+    DeviceBuffer<float> g(size_t(s.out) * s.in);
+    g.poison();
+    cuda::linear_full_grad_f32(tc.ctx, g.ptr, d_dy.ptr, d_x.ptr, s.N, s.in, s.out);
+    std::vector<float> want(g.n, 0.0f);
+    ops::linear_backward<float>(nullptr, want.data(), dy.data(), x.data(), nullptr, s.N, s.in,
+                                s.out, false);
+    CHECK(rel_error(g.download(), want) <= 1e-2);
+  }
+}
+
+TEST_CASE("gemm: operands at 2-byte boundaries, as views into a buffer are", "[gpu]") {
+  TestContext tc;
+  for (const Shape& s : {Shape{3 * 77, 64, 40}, Shape{3 * 77, 5461, 96}}) {
+    INFO("N=" << s.N << " in=" << s.in << " out=" << s.out);
+    const std::vector<float> x = bf16_rounded(randn(s.N * s.in));
+    const std::vector<float> w = bf16_rounded(randn(size_t(s.out) * s.in, 0.05));
+    // One element in front of each: every pointer below is base + 2 bytes.
+    std::vector<float> x_padded{1.0f}, w_padded{1.0f};
+    x_padded.insert(x_padded.end(), x.begin(), x.end());
+    w_padded.insert(w_padded.end(), w.begin(), w.end());
+    DeviceBuffer<bf16> dx(x_padded.size()), dw(w_padded.size()), dy(1 + s.N * s.out);
+    upload_bf16(dx, x_padded);
+    upload_bf16(dw, w_padded);
+    dy.poison();
+    cuda::linear_forward(tc.ctx, dy.ptr + 1, dx.ptr + 1, dw.ptr + 1, s.N, s.in, s.out);
+    std::vector<float> want(s.N * s.out);
+    ops::linear_forward(want.data(), x.data(), w.data(), s.N, s.in, s.out);
+    const std::vector<float> got = to_f32(dy.download());
+    CHECK(rel_error(std::vector<float>(got.begin() + 1, got.end()), want) <= 1e-2);
+  }
+}
+
+TEST_CASE("gemm: the same call twice gives the same bits", "[gpu]") {
+  TestContext tc;
+  const Shape s{3 * 77, 5461, 96};
+  const std::vector<float> x = bf16_rounded(randn(s.N * s.in));
+  const std::vector<float> dy = bf16_rounded(randn(s.N * s.out));
+  const std::vector<float> w = bf16_rounded(randn(size_t(s.out) * s.in, 0.05));
+  const std::vector<float> dw_start = randn(size_t(s.out) * s.in);
+  DeviceBuffer<bf16> d_x(x.size()), d_dy(dy.size()), d_w(w.size()), d_y(s.N * s.out);
+  upload_bf16(d_x, x);
+  upload_bf16(d_dy, dy);
+  upload_bf16(d_w, w);
+  DeviceBuffer<float> d_dw(dw_start.size());
+
+  std::vector<std::vector<bf16>> y(2);
+  std::vector<std::vector<float>> dw(2);
+  for (int run = 0; run < 2; run++) {
+    d_y.poison();
+    cuda::linear_forward(tc.ctx, d_y.ptr, d_x.ptr, d_w.ptr, s.N, s.in, s.out);
+    y[run] = d_y.download();
+    d_dw.upload(dw_start);
+    cuda::linear_backward_dw(tc.ctx, d_dw.ptr, cuda::GradType::F32, d_dy.ptr, d_x.ptr, s.N, s.in,
+                             s.out);
+    dw[run] = d_dw.download();
+  }
+  CHECK(same_bits(y[0], y[1]));
+  CHECK(same_bits(dw[0], dw[1]));
+}
