@@ -53,6 +53,12 @@ class Backend : public MemoryResource {
   ~Backend() override = default;
   const Storage& storage() const { return storage_; }
   virtual std::string describe() const = 0;
+  // Dense bf16 peak of the device in FLOP/s, for MFU; 0 when unknown (MFU is then n/a).
+  virtual double peak_flops() const = 0;
+  // The device's memory in bytes (0 on the CPU, where the arena's figure is the one shown).
+  virtual int64_t device_memory_bytes() const = 0;
+  // Waits for the queued work: step times measure work done, not work launched.
+  virtual void synchronize() = 0;
 
   // ---- memory ---------------------------------------------------------------------------------
   // The GPU takes its memory as one reservation of `total` bytes in `buffers` allocations (the

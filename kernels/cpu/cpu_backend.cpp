@@ -31,6 +31,10 @@ class CpuBackend final : public Backend {
            ", OpenMP + OpenBLAS)";
   }
 
+  double peak_flops() const override { return 0; }  // no agreed CPU peak: MFU is a GPU figure
+  int64_t device_memory_bytes() const override { return 0; }
+  void synchronize() override {}
+
   // ---- memory ---------------------------------------------------------------------------------
   void* allocate_zeroed(size_t bytes) override { return host_memory().allocate_zeroed(bytes); }
   void deallocate(void* ptr) override { host_memory().deallocate(ptr); }

@@ -46,6 +46,21 @@ class CudaBackend final : public Backend {
   std::string describe() const override {
     return "cuda, " + gpu_ + " (" + storage_.describe() + ")";
   }
+  // Dense bf16 peaks (../shared/ANCHORS.md): A100 312, H100 SXM and H200 989, H100 PCIe 756
+  // TFLOP/s. Another GPU gets 0: MFU n/a rather than a guess.
+  double peak_flops() const override {
+    if (gpu_.find("H200") != std::string::npos) return 989e12;
+    if (gpu_.find("H100") != std::string::npos)
+      return gpu_.find("PCIe") != std::string::npos ? 756e12 : 989e12;
+    if (gpu_.find("A100") != std::string::npos) return 312e12;
+    return 0;
+  }
+  int64_t device_memory_bytes() const override {
+    size_t free_bytes = 0, total_bytes = 0;
+    GRASS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return int64_t(total_bytes);
+  }
+  void synchronize() override { sync(); }
 
   // ---- memory ---------------------------------------------------------------------------------
   void reserve(int64_t total, int64_t buffers) override {

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/trace.h"
 
 namespace grass {
 
@@ -149,6 +150,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   scratch_.gemm = backend_ws("gemm", sizes.gemm_bytes);
   scratch_.tokens = backend_ws("token_groups", sizes.tokens_bytes);
   scratch_shape_ = shape;
+  for (const char* pass : {"forward", "backward"})
+    for (int l = 0; l < L; l++) trace_names_.push_back("layer " + std::to_string(l) + " " + pass);
   if (!arena.planning()) backend.bind_workspace(scratch_, scratch_shape_);
 }
 
@@ -253,6 +256,7 @@ double LlamaModel::flops_per_token() const {
 
 double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B) {
   GRASS_CHECK(B >= 1 && B <= max_B_, "micro-batch larger than the activations allocated");
+  const TraceRange range("forward");
   B_ = B;
   Backend& be = *backend_;
   const int T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
@@ -268,6 +272,7 @@ double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B)
   void* x = acts_.empty() ? x_out_ : acts_[0].x_in;
   be.embedding_forward(x, inputs_, weight(tensors_[0]), N, C);
   for (int l = 0; l < cfg_.num_hidden_layers; l++) {
+    const TraceRange range(trace_names_[size_t(l)].c_str());
     const LayerWeights w = layer_weights(l);
     LayerActs& a = acts_[l];
     void* x_next = l + 1 < cfg_.num_hidden_layers ? acts_[l + 1].x_in : x_out_;
@@ -298,6 +303,7 @@ double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B)
 
 void LlamaModel::backward(double loss_scale) {
   GRASS_CHECK(B_ > 0, "backward() without a forward()");
+  const TraceRange range("backward");
   Backend& be = *backend_;
   const int B = B_, T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
   const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
@@ -317,6 +323,7 @@ void LlamaModel::backward(double loss_scale) {
                       at(params_, off_norm_, storage().weight_bytes), rstdf_, N, C);
 
   for (int l = cfg_.num_hidden_layers - 1; l >= 0; l--) {
+    const TraceRange range(trace_names_[size_t(cfg_.num_hidden_layers + l)].c_str());
     const LayerWeights w = layer_weights(l);
     const LayerWeights g = layer_grads(l);
     const LayerActs& a = acts_[l];

@@ -164,6 +164,7 @@ class LlamaModel {
   // The backend's own scratch, allocated here and bound before every forward and backward.
   BackendScratchPointers scratch_;
   WorkspaceShape scratch_shape_;
+  std::vector<std::string> trace_names_;  // NVTX: "layer 3 forward", then the backward ones
 };
 
 }  // namespace grass

@@ -35,13 +35,25 @@ std::string human_duration(double seconds) {  // 45s, 12m05s, 3h07m
 }  // namespace
 
 std::string format_step_line(const StepMetrics& m) {
-  char buf[256];
+  char flops[64], mfu[32], buf[320];
+  if (m.gflops_per_s >= 1e3) std::snprintf(flops, sizeof flops, "%.1f TFLOP/s", m.gflops_per_s / 1e3);
+  else std::snprintf(flops, sizeof flops, "%.1f GFLOP/s", m.gflops_per_s);
+  if (m.mfu >= 0) std::snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100 * m.mfu);
+  else if (m.mem_device_bytes > 0) std::snprintf(mfu, sizeof mfu, " | MFU n/a");  // unknown GPU
+  else mfu[0] = '\0';  // the CPU: no agreed peak
+  std::string mem = format_bytes(m.mem_bytes);
+  if (m.mem_device_bytes > 0) {  // "31.40/79.11 GiB"
+    const double GiB = 1024.0 * 1024 * 1024;
+    char dev[64];
+    std::snprintf(dev, sizeof dev, "%.2f/%.2f GiB", double(m.mem_bytes) / GiB,
+                  double(m.mem_device_bytes) / GiB);
+    mem = dev;
+  }
   std::snprintf(buf, sizeof buf,
-                "step %lld/%lld | loss %.4f | lr %.1e | gnorm %.2f | %.0f ms | %s tok/s | "
-                "%.1f GFLOP/s | mem %s",
+                "step %lld/%lld | loss %.4f | lr %.1e | gnorm %.2f | %.0f ms | %s tok/s | %s%s | "
+                "mem %s",
                 (long long)m.step, (long long)m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms,
-                human_rate(m.tokens_per_s).c_str(), m.gflops_per_s,
-                format_bytes(m.mem_bytes).c_str());
+                human_rate(m.tokens_per_s).c_str(), flops, mfu, mem.c_str());
   std::string line = buf;
   if (m.step < m.total_steps) line += " | eta " + human_duration(m.eta_s);
   return line;
@@ -64,6 +76,7 @@ void MetricsWriter::write(const StepMetrics& m) {
                       {"step_ms", m.step_ms},     {"tokens_per_s", m.tokens_per_s},
                       {"gflops_per_s", m.gflops_per_s}, {"tokens", m.tokens_seen},
                       {"mem_bytes", m.mem_bytes}};
+  if (m.mfu >= 0) j["mfu"] = m.mfu;
   out_ << j.dump() << '\n';
   out_.flush();
   if (!out_) throw UserError(path_ + ": write failed (disk full?)");

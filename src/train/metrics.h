@@ -15,12 +15,15 @@ struct StepMetrics {
   double step_ms = 0;
   double tokens_per_s = 0;
   double gflops_per_s = 0;  // achieved, from the model's FLOPs per token
+  double mfu = -1;          // achieved / the device's dense bf16 peak; < 0: unknown (n/a)
   int64_t tokens_seen = 0;  // cumulative
-  int64_t mem_bytes = 0;    // arena bytes held
+  int64_t mem_bytes = 0;    // arena peak
+  int64_t mem_device_bytes = 0;  // the device's memory; 0 on the CPU
   double eta_s = 0;         // time left at the mean step time so far (step line only)
 };
 
-// "step 120/10000 | loss 4.8123 | lr 6.0e-04 | gnorm 0.91 | 412 ms | 158.9k tok/s | ... | eta 1h07m"
+// "step 120/10000 | loss 4.8123 | lr 6.0e-04 | gnorm 0.91 | 412 ms | 158.9k tok/s |
+//  412.3 TFLOP/s | MFU 41.7% | mem 31.4/79.1 GiB | eta 1h07m"
 std::string format_step_line(const StepMetrics& m);
 
 // One validation evaluation (train/evaluator.h), after `step` optimizer steps.

@@ -14,6 +14,7 @@
 #include "data/loader.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
+#include "core/trace.h"
 #include "train/backend_choice.h"
 #include "train/evaluator.h"
 #include "train/memory_plan.h"
@@ -59,6 +60,9 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const LlamaMo
   std::printf("  FLOPs/token   %.4g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
               flops_per_token,
               cfg.optimizer.name == "grass" ? ", less 2mn - 2rn per GRASS target" : "");
+  if (backend.peak_flops() > 0)
+    std::printf("  MFU           achieved FLOP/s over %.0f TFLOP/s (the device's dense bf16 peak)\n",
+                backend.peak_flops() / 1e12);
   std::printf("  memory\n%s", arena.report().c_str());
   std::printf("  out_dir       %s\n", cfg.out_dir.c_str());
   std::fflush(stdout);
@@ -123,6 +127,7 @@ TrainResult train(const RunConfig& cfg) {
   for (int64_t step = 0; step < cfg.steps; step++) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = schedule_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.steps);
+    const TraceRange step_range("step");
     model.zero_grads();
     if (grass) grass->begin_step(step);
     double loss = 0;
@@ -139,8 +144,12 @@ TrainResult train(const RunConfig& cfg) {
         std::sqrt(model.backend().sum_squares(model.grads_buffer(), model.num_dense_grads()) +
                   (grass ? grass->grad_sum_squares() : 0.0));
     const double clip = clip_coefficient(gnorm, cfg.grad_clip);
-    if (grass) grass->step(model, clip, lr);
-    optimizer.step(model, clip, lr, step + 1);
+    {
+      const TraceRange range("optimizer");
+      if (grass) grass->step(model, clip, lr);
+      optimizer.step(model, clip, lr, step + 1);
+    }
+    backend->synchronize();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -153,6 +162,8 @@ TrainResult train(const RunConfig& cfg) {
     m.step_ms = seconds * 1e3;
     m.tokens_per_s = double(cfg.tokens_per_step()) / seconds;
     m.gflops_per_s = m.tokens_per_s * flops_per_token / 1e9;
+    if (backend->peak_flops() > 0) m.mfu = m.gflops_per_s * 1e9 / backend->peak_flops();
+    m.mem_device_bytes = backend->device_memory_bytes();
     m.tokens_seen = (step + 1) * cfg.tokens_per_step();
     m.mem_bytes = arena.peak_bytes();
     seconds_so_far += seconds;

@@ -1,0 +1,22 @@
+// NVTX ranges for Nsight Systems: the step's phases and the model's layers show up by name on the
+// timeline (nsys profile build/grass train ...). Without CUDA they cost nothing.
+#pragma once
+#ifdef GRASS_HAVE_CUDA
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+namespace grass {
+
+class TraceRange {
+ public:
+#ifdef GRASS_HAVE_CUDA
+  explicit TraceRange(const char* name) { nvtxRangePushA(name); }
+  ~TraceRange() { nvtxRangePop(); }
+#else
+  explicit TraceRange(const char*) {}
+#endif
+  TraceRange(const TraceRange&) = delete;
+  TraceRange& operator=(const TraceRange&) = delete;
+};
+
+}  // namespace grass
