@@ -190,9 +190,13 @@ TrainResult train(const RunConfig& cfg) {
     std::sort(rates.begin(), rates.end());
     result.tokens_per_second = rates[rates.size() / 2];
   }
-  std::printf("done: %lld steps, loss %.4f -> %.4f, median %.1f tok/s; metrics in %s/metrics.jsonl\n",
+  char mfu[48] = "";
+  if (backend->peak_flops() > 0)
+    std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%",
+                  100 * result.tokens_per_second * flops_per_token / backend->peak_flops());
+  std::printf("done: %lld steps, loss %.4f -> %.4f, median %.1f tok/s%s; metrics in %s/metrics.jsonl\n",
               (long long)cfg.steps, result.losses.front(), result.losses.back(),
-              result.tokens_per_second, cfg.out_dir.c_str());
+              result.tokens_per_second, mfu, cfg.out_dir.c_str());
   return result;
 }
 
