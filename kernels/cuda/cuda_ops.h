@@ -48,11 +48,13 @@ void linear_full_grad_f32(const Context& ctx, float* g, const bf16* dy, const bf
                           int in, int out);
 
 // ---- embedding (kernels/cuda/embedding.cu) ---------------------------------------------------
-// out[N,C] = table[tokens[n], :]
+// out[N,C] = table[tokens[n], :]; tokens < V is the caller's promise (the loader checks the
+// shards against the vocabulary before training).
 void embedding_forward(const Context& ctx, bf16* out, const int32_t* tokens, const bf16* table,
                        int64_t N, int C);
 // dtable[token, :] += Σ dout[n, :] over the n holding that token, without atomics: the host
-// groups positions by token (EmbeddingGroups below) and one block sums each group in order.
+// groups positions by token (CudaBackend::embedding_backward, a counting sort) and one block sums
+// each group in order.
 //   positions[N]:        the token positions, grouped by token id (ascending within a group)
 //   group_start[G + 1]:  group g is positions[group_start[g] .. group_start[g+1])
 //   group_token[G]:      the token id of group g
@@ -60,7 +62,7 @@ void embedding_backward(const Context& ctx, void* dtable, GradType gtype, const 
                         const int32_t* positions, const int32_t* group_start,
                         const int32_t* group_token, int num_groups, int C);
 
-// ---- RMSNorm (kernels/cuda/rmsnorm.cu) -------------------------------------------------------
+// ---- RMSNorm (kernels/cuda/rmsnorm.cu; C ≤ 12256, the backward's shared-memory partials) ------
 // out[N,C] = w[C] * x * rstd,  rstd[N] = 1/sqrt(mean(x²) + eps)
 void rmsnorm_forward(const Context& ctx, bf16* out, float* rstd, const bf16* x, const bf16* w,
                      int64_t N, int C, float eps);
@@ -88,8 +90,8 @@ void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* 
 // scores) for the backward, which recomputes them. HD ∈ {64, 128} (and any multiple of 8 ≤ 256).
 void attention_forward(const Context& ctx, bf16* out, float* lse, const bf16* q, const bf16* k,
                        const bf16* v, int B, int T, int NH, int NKV, int HD);
-// dq, dk, dv overwritten. scratch[attention_scratch_floats(...)] holds fp32 partial sums
-// (D = rowsum(dout ⊙ out), and dk/dv accumulators for the query heads sharing a kv head).
+// dq, dk, dv overwritten. scratch[attention_scratch_floats(...)] holds D = rowsum(dout ⊙ out),
+// [B,NH,T] fp32; dK/dV accumulate in registers over the query heads sharing a kv head.
 int64_t attention_scratch_floats(int B, int T, int NH, int NKV, int HD);
 void attention_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, float* scratch,
                         const bf16* dout, const bf16* out, const float* lse, const bf16* q,
@@ -109,7 +111,8 @@ void cross_entropy_fused(const Context& ctx, bf16* logits, float* loss, const in
 //   master != nullptr ("bf16-mixed"): master[n] fp32 is the weight; m, v fp32; param[n] (bf16,
 //     the compute copy) = round-to-nearest(master) afterwards. g is fp32.
 //   master == nullptr ("bf16"): param is the weight; m, v bf16; every store of param, m and v
-//     rounds stochastically with the stream (seed, element index). g is bf16.
+//     rounds stochastically, with streams derived from (seed, step, buffer) and the element index
+//     as the counter; callers pass a different seed per tensor. g is bf16.
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
                   int64_t n, float grad_scale, float lr, float beta1, float beta2, float eps,
                   float weight_decay, int64_t step, uint64_t seed);

@@ -86,10 +86,14 @@ Plan make_plan(const Context& ctx, const Problem& p) {
   set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_b);
   set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
   set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);  // D is C
-  // bf16 output: an in-place split-K would add its partial sums in bf16.
-  if (p.c_type == CUDA_R_16BF)
-    set_preference(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                   uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+  // Split-K only with a separate reduction pass over a workspace: an in-place reduction adds the
+  // partial sums into the output in an order that need not repeat (determinism), and in bf16
+  // outputs it would add them in bf16, so bf16 keeps fp32 partials alone.
+  set_preference(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                 p.c_type == CUDA_R_16BF
+                     ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+                     : uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+                                CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE));
 
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;

@@ -17,14 +17,14 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg) {
   if (gpu.usable && (cfg.device == "cuda" || cfg.precision != "fp32"))
     return make_cuda_backend(storage_for(cfg.precision, true));
   if (gpu.usable) {  // auto with fp32: the CPU reference is the only fp32 backend
-    std::fprintf(stderr, "grass: precision \"fp32\" runs on the CPU backend: training on the CPU "
+    std::fprintf(stderr, "grass: precision \"fp32\" runs on the CPU backend: running on the CPU "
                          "although %s is usable\n", gpu.description.c_str());
     return make_cpu_backend(storage_for(cfg.precision, false));
   }
   if (cfg.device == "cuda")
     throw UserError(where + "device: \"cuda\" but " + gpu.description +
                     "; use \"auto\" or \"cpu\" to train on the CPU");
-  std::fprintf(stderr, "grass: %s: training on the CPU\n", gpu.description.c_str());
+  std::fprintf(stderr, "grass: %s: running on the CPU\n", gpu.description.c_str());
 #else
   if (cfg.device == "cuda")
     throw UserError(where + "device: \"cuda\" but this grass was built without CUDA (no nvcc at "

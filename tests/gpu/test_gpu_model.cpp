@@ -1,0 +1,611 @@
+// The whole engine on the GPU against the CPU reference: the model's forward and backward on
+// awkward shapes, one GRASS step, 50-step training runs whose loss curves must track the CPU's,
+// bit-for-bit determinism of a GPU run, and the memory plan against what the GPU arena allocates.
+//
+// Every model here is built as src/train/trainer.cpp builds it (build_training_state in an arena
+// of the backend's memory; on the GPU one reservation of the planned size) and stepped in the
+// trainer's order: zero_grads, GRASS begin_step, forward/backward, the global norm over dense and
+// compressed gradients, clip_coefficient, GRASS step, AdamW step. Backend memory is read only
+// through the backend (read_tensor, read_grads, download): on the GPU the buffers, GRASS's G_C,
+// σ, ρ and moments included, are device pointers.
+//
+// Tolerances and why (the numbers in brackets are what a CPU emulation of the GPU's precision,
+// every activation rounded to bf16, gave on these very shapes):
+//   loss                   1e-2 relative      [≤ 1.3e-4]
+//   dense gradients        3e-2 relative L2   [≤ 1.3e-2 at init 0.04, 1.5e-2 at 0.05, 3.6e-2 at 0.1]
+//     The weights are the same bf16 values on both sides (the CPU in "bf16-mixed" rounds them as
+//     the GPU stores them), but the GPU keeps every activation and activation gradient in bf16
+//     (8 significant bits, one rounding per op, attention probabilities included) where the CPU
+//     keeps fp32; two layers of that give errors of about 1%, largest in q/k (the softmax
+//     amplifies them). Init 0.04 rather than HF's 0.02 spreads the attention scores about 4x
+//     wider (std ~0.4 instead of ~0.1), so a wrong scale or mask shows more clearly, while the
+//     bf16 noise stays well inside the bound.
+//   GRASS step             weights 1e-2 relative per tensor [≤ 2.1e-3]; σ ≥ 90% equal [112/112];
+//     the sign of each master-weight update equal in ≥ 95% of elements [≥ 99.5%]. Adam's first
+//     step moves every element by about lr·sign(g), so where |g| is below the bf16 noise the
+//     two backends move it opposite ways: a small fraction, counted, not a bug. lr 1e-3 is about
+//     4 bf16 ulps of a weight of 0.04, so a missing update (2.5% error) or a reversed one fails.
+//   50-step loss curves    5% per step over the last 10 (bf16-mixed), 10% (pure bf16)
+//     [≤ 0.8%]. lr 3e-3 keeps the runs out of the chaotic regime where tiny differences grow
+//     (at lr 1e-2 even the emulation differs by 6%), and the loss still falls to ~20-30% of start.
+//     GRASS may pick other slices on the GPU at a refresh: on the CPU, GRASS runs with entirely
+//     different selections (multinomial_nr, uniform_nr) stay within 2.5% of top_r's curve.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "config/config.h"
+#include "core/arena.h"
+#include "core/rng.h"
+#include "gpu_test_util.h"
+#include "model/llama.h"
+#include "model/storage.h"
+#include "optim/clip.h"
+#include "optim/grass.h"
+#include "train/memory_plan.h"
+#include "train/training_state.h"
+
+namespace {
+
+using namespace grass;
+using gputest::rel_error;
+
+// ---- configurations ---------------------------------------------------------------------------
+
+// A model shape for the CPU-vs-GPU comparisons. head_dim = hidden / heads.
+struct Shape {
+  const char* name;
+  int hidden, heads, kv_heads, ffn;
+};
+
+// The awkward shapes: seq_len 100 (not a multiple of the attention's 64-row tiles), micro-batch
+// 3, GQA, head dims 32, 64 and 128, and an ffn width of 347 (odd: rows of gate/up/down and of the
+// SwiGLU activations start at 2-byte boundaries, so the GEMMs and elementwise kernels take their
+// unaligned paths).
+constexpr int kBatch = 3, kSeq = 100, kVocab = 512;
+const Shape kHd32{"hidden 128, 4 heads of 32, 2 kv heads, ffn 344", 128, 4, 2, 344};
+const Shape kHd64{"hidden 256, 4 heads of 64, 2 kv heads, ffn 344", 256, 4, 2, 344};
+const Shape kHd128Odd{"hidden 256, 2 heads of 128, 1 kv head, ffn 347", 256, 2, 1, 347};
+const Shape kHd64Odd{"hidden 256, 4 heads of 64, 2 kv heads, ffn 347", 256, 4, 2, 347};
+
+ModelConfig model_config(const Shape& s, int vocab, double init) {
+  ModelConfig m;
+  m.hidden_size = s.hidden;
+  m.intermediate_size = s.ffn;
+  m.num_attention_heads = s.heads;
+  m.num_key_value_heads = s.kv_heads;
+  m.num_hidden_layers = 2;
+  m.vocab_size = vocab;
+  m.max_position_embeddings = 128;
+  m.rms_norm_eps = 1e-5;
+  m.initializer_range = init;
+  return m;
+}
+
+// A run of micro-batch B x T with one micro-batch per step; GRASS as the brief of these tests
+// says: rank 8 on all seven targets, top_r, refresh every 10 steps, scale 1.
+RunConfig run_config(const ModelConfig& m, int B, int T, const std::string& optimizer, double lr) {
+  RunConfig c;
+  c.model = m;
+  c.micro_batch_size = B;
+  c.total_batch_size = B;
+  c.seq_len = T;
+  c.seed = 3;
+  c.grad_clip = 1.0;
+  c.optimizer.name = optimizer;
+  c.optimizer.lr = lr;
+  c.optimizer.beta1 = 0.9;
+  c.optimizer.beta2 = 0.95;
+  c.optimizer.weight_decay = 0.0;
+  c.optimizer.grass.rank = 8;
+  c.optimizer.grass.update_interval = 10;
+  c.optimizer.grass.scale = 1.0;
+  c.optimizer.grass.selection = "top_r";
+  c.optimizer.grass.seed = 5;
+  return c;
+}
+
+// 16 random 6-grams over 64 tokens, concatenated in random order (tests/test_precision.cpp's
+// NgramBatches): a model that learns them predicts 5 of every 6 tokens.
+struct NgramBatches {
+  static constexpr int V = 64, K = 16, L = 6;
+  std::vector<int32_t> stream;
+  NgramBatches() {
+    std::vector<int32_t> ngrams(K * L);
+    for (int i = 0; i < K * L; i++) ngrams[i] = int32_t(uniform_open01(77, i) * V);
+    for (int i = 0; i < 4000; i++) {
+      const int k = int(uniform_open01(78, i) * K);
+      stream.insert(stream.end(), ngrams.begin() + k * L, ngrams.begin() + (k + 1) * L);
+    }
+  }
+  // batch `step`: B rows of T inputs and their next-token targets
+  void batch(int64_t step, int B, int T, std::vector<int32_t>& in, std::vector<int32_t>& tg) const {
+    in.resize(size_t(B) * T);
+    tg.resize(in.size());
+    for (int b = 0; b < B; b++) {
+      const size_t start = size_t((step * B + b) * 37 % (stream.size() - T - 1));
+      for (int t = 0; t < T; t++) {
+        in[size_t(b) * T + t] = stream[start + t];
+        tg[size_t(b) * T + t] = stream[start + t + 1];
+      }
+    }
+  }
+};
+
+// The n-gram runs: hidden 64, 4 heads of 16 (2 kv heads), ffn 172 (not a multiple of 8),
+// 8 x 64 tokens per step, lr 3e-3 (see the header), HF's init 0.02.
+RunConfig ngram_run(const std::string& optimizer) {
+  const Shape s{"ngram", 64, 4, 2, 172};
+  RunConfig c = run_config(model_config(s, NgramBatches::V, 0.02), 8, 64, optimizer, 3e-3);
+  c.model.rms_norm_eps = 1e-6;
+  c.seed = 11;
+  c.optimizer.grass.seed = 11;
+  return c;
+}
+
+// Random tokens of [0, vocab) and their targets, every 37th target ignored (-1).
+struct Batch {
+  std::vector<int32_t> inputs, targets;
+};
+Batch random_batch(int64_t n, int vocab, uint64_t seed) {
+  Batch b;
+  b.inputs.resize(size_t(n));
+  b.targets.resize(size_t(n));
+  for (int64_t i = 0; i < n; i++) {
+    b.inputs[size_t(i)] = int32_t(uniform_open01(seed, uint64_t(i)) * vocab);
+    b.targets[size_t(i)] =
+        i % 37 == 5 ? -1 : int32_t(uniform_open01(seed + 1, uint64_t(i)) * vocab);
+  }
+  return b;
+}
+
+// ---- a run on one backend -----------------------------------------------------------------------
+
+// A backend, an arena of its memory and a training state in it, built as the trainer builds
+// them: the memory plan's one reservation (a no-op on the CPU), then build_training_state, then
+// init_weights(seed), which writes the same fp32 values through either backend. Members are
+// destroyed in reverse order: the state, then the arena (handing its buffers back), then the
+// backend.
+struct Run {
+  RunConfig cfg;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Arena> arena;
+  TrainingState state;
+  double gnorm = 0;  // of the last update()
+
+  Run(const RunConfig& c, const std::string& precision, bool cuda) : cfg(c) {
+    const Storage storage = storage_for(precision, cuda);
+    backend = cuda ? make_cuda_backend(storage) : make_cpu_backend(storage);
+    const MemoryPlan plan = plan_memory(cfg, storage);
+    backend->reserve(plan.total, plan.buffers);
+    arena = std::make_unique<Arena>(false, *backend);
+    state = build_training_state(cfg, *arena, *backend);
+    model().init_weights(cfg.seed);
+  }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  LlamaModel& model() { return *state.model; }
+  GrassOptimizer& grass() { return *state.grass; }
+
+  // The trainer's first half of a step, one micro-batch: returns the loss.
+  double gradients(int64_t step, const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
+    LlamaModel& m = model();
+    m.zero_grads();
+    if (state.grass) state.grass->begin_step(step);
+    const double loss = m.forward(in.data(), tg.data(), cfg.micro_batch_size);
+    m.backward(1.0);
+    return loss;
+  }
+  // The second half: the global norm over dense and compressed gradients, clipping, GRASS's
+  // update, then AdamW's.
+  void update(int64_t step) {
+    LlamaModel& m = model();
+    gnorm = std::sqrt(backend->sum_squares(m.grads_buffer(), m.num_dense_grads()) +
+                      (state.grass ? state.grass->grad_sum_squares() : 0.0));
+    const double clip = clip_coefficient(gnorm, cfg.grad_clip);
+    if (state.grass) state.grass->step(m, clip, cfg.optimizer.lr);
+    state.adamw->step(m, clip, cfg.optimizer.lr, step + 1);
+  }
+
+  // ---- reading backend memory on the host ----
+  std::vector<float> grad(const ParamTensor& t) {
+    REQUIRE(t.dense());
+    std::vector<float> host(size_t(t.numel));
+    backend->read_grads(host.data(), model().grads_buffer(), t.grad_offset, t.numel);
+    return host;
+  }
+  std::vector<float> weights(const ParamTensor& t) { return model().read_tensor(t); }
+  // The fp32 master copy of t (empty without one)
+  std::vector<float> master(const ParamTensor& t) {
+    if (!model().master()) return {};
+    std::vector<float> host(size_t(t.numel));
+    backend->download(host.data(), model().master() + t.offset, host.size() * sizeof(float));
+    return host;
+  }
+  std::vector<int32_t> sigma(const GrassOptimizer::Target& t) {
+    std::vector<int32_t> host(size_t(cfg.optimizer.grass.rank));
+    backend->download(host.data(), t.sigma, host.size() * sizeof(int32_t));
+    return host;
+  }
+  std::vector<float> rho(const GrassOptimizer::Target& t) {
+    std::vector<float> host(size_t(cfg.optimizer.grass.rank));
+    backend->download(host.data(), t.rho, host.size() * sizeof(float));
+    return host;
+  }
+  std::vector<float> gc(const GrassOptimizer::Target& t) {
+    std::vector<float> host(size_t(t.gc_numel));
+    backend->read_grads(host.data(), t.gc, 0, t.gc_numel);
+    return host;
+  }
+};
+
+// ---- small helpers ------------------------------------------------------------------------------
+
+bool all_finite(const std::vector<float>& x) {
+  return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
+}
+
+double l2_norm(const std::vector<float>& x) {
+  double sum = 0;
+  for (float v : x) sum += double(v) * v;
+  return std::sqrt(sum);
+}
+
+double rel_diff(double got, double want) { return std::abs(got - want) / std::abs(want); }
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// Whether element (i, c) of target t's weight [out, in] lies in a slice listed in `selected`
+// (indexed by row for a rows target, by column for a columns target).
+bool in_selected(const GrassOptimizer::Target& t, const std::vector<bool>& selected, int i, int c) {
+  return selected[size_t(t.rows ? i : c)];
+}
+
+std::vector<bool> slice_mask(const GrassOptimizer::Target& t, const std::vector<int32_t>& sigma) {
+  std::vector<bool> mask(size_t(t.rows ? t.out : t.in), false);
+  for (int32_t s : sigma) mask[size_t(s)] = true;
+  return mask;
+}
+
+// The losses of `steps` training steps on the n-gram batches.
+std::vector<double> ngram_curve(const RunConfig& cfg, const std::string& precision, bool cuda,
+                                int steps) {
+  Run run(cfg, precision, cuda);
+  const NgramBatches data;
+  std::vector<int32_t> in, tg;
+  std::vector<double> losses;
+  for (int64_t step = 0; step < steps; step++) {
+    data.batch(step, cfg.micro_batch_size, cfg.seq_len, in, tg);
+    losses.push_back(run.gradients(step, in, tg));
+    run.update(step);
+  }
+  return losses;
+}
+
+// Everything a GPU run leaves behind, for the determinism test.
+struct Outcome {
+  std::vector<double> losses, gnorms;
+  std::vector<float> weights, master;
+  std::vector<int32_t> sigma;
+  std::vector<float> rho;
+};
+
+Outcome gpu_outcome(const RunConfig& cfg, const std::string& precision, int steps) {
+  Run run(cfg, precision, true);
+  const NgramBatches data;
+  std::vector<int32_t> in, tg;
+  Outcome o;
+  for (int64_t step = 0; step < steps; step++) {
+    data.batch(step, cfg.micro_batch_size, cfg.seq_len, in, tg);
+    o.losses.push_back(run.gradients(step, in, tg));
+    run.update(step);
+    o.gnorms.push_back(run.gnorm);
+  }
+  for (const ParamTensor& t : run.model().tensors()) {
+    const std::vector<float> w = run.weights(t), m = run.master(t);
+    o.weights.insert(o.weights.end(), w.begin(), w.end());
+    o.master.insert(o.master.end(), m.begin(), m.end());
+  }
+  if (run.state.grass)
+    for (const auto& t : run.grass().targets()) {
+      const std::vector<int32_t> s = run.sigma(t);
+      const std::vector<float> r = run.rho(t);
+      o.sigma.insert(o.sigma.end(), s.begin(), s.end());
+      o.rho.insert(o.rho.end(), r.begin(), r.end());
+    }
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("model: forward and backward on the GPU match the CPU reference", "[gpu]") {
+  for (const Shape& shape : {kHd32, kHd64, kHd128Odd}) {
+    INFO(shape.name);
+    const RunConfig cfg = run_config(model_config(shape, kVocab, 0.04), kBatch, kSeq, "adamw", 1e-3);
+    // The CPU in "bf16-mixed" keeps fp32 activations but rounds its weights to bf16 exactly as the
+    // GPU stores them: both run on the same weights.
+    Run cpu(cfg, "bf16-mixed", false), gpu(cfg, "bf16-mixed", true);
+    const std::vector<ParamTensor>& tensors = cpu.model().tensors();
+    REQUIRE(gpu.model().tensors().size() == tensors.size());
+    for (const ParamTensor& t : tensors) {
+      INFO(t.name);
+      REQUIRE(same_bits(gpu.weights(t), cpu.weights(t)));
+      REQUIRE(same_bits(gpu.master(t), cpu.master(t)));
+    }
+
+    const Batch batch = random_batch(int64_t(kBatch) * kSeq, kVocab, 21);
+    const double cpu_loss = cpu.gradients(0, batch.inputs, batch.targets);
+    const double gpu_loss = gpu.gradients(0, batch.inputs, batch.targets);
+    INFO("loss: GPU " << gpu_loss << ", CPU " << cpu_loss);
+    REQUIRE(std::isfinite(gpu_loss));
+    CHECK(gpu.model().valid_targets() == cpu.model().valid_targets());
+    CHECK(rel_diff(gpu_loss, cpu_loss) <= 1e-2);
+
+    // Every dense gradient: finite, not zero (each tensor got its gradient), and close.
+    double worst = 0;
+    std::string worst_name;
+    std::vector<std::vector<float>> gpu_grads;
+    for (const ParamTensor& t : tensors) {
+      INFO(t.name);
+      const std::vector<float> want = cpu.grad(t), got = gpu.grad(t);
+      REQUIRE(all_finite(got));
+      CHECK(l2_norm(want) > 0);
+      CHECK(l2_norm(got) > 0);
+      const double err = rel_error(got, want);
+      CHECK(err <= 3e-2);
+      if (err > worst) {
+        worst = err;
+        worst_name = t.name;
+      }
+      gpu_grads.push_back(got);
+    }
+    std::printf("model fwd/bwd %s: loss GPU %.6f CPU %.6f; worst gradient rel error %.2e (%s)\n",
+                shape.name, gpu_loss, cpu_loss, worst, worst_name.c_str());
+
+    // The trainer's micro-batch protocol on the GPU: two backward(0.5) accumulate into the
+    // gradients of one backward(1.0). Scaling by 1/2 is exact in every op and the GEMMs repeat
+    // their plans, so the sums agree to rounding (in practice bit for bit).
+    LlamaModel& m = gpu.model();
+    m.zero_grads();
+    for (int micro = 0; micro < 2; micro++) {
+      const double loss = m.forward(batch.inputs.data(), batch.targets.data(), kBatch);
+      CHECK(loss == gpu_loss);  // the forward is deterministic
+      m.backward(0.5);
+    }
+    for (size_t i = 0; i < tensors.size(); i++) {
+      INFO(tensors[i].name << " after two backward(0.5)");
+      CHECK(rel_error(gpu.grad(tensors[i]), gpu_grads[i]) <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("model: one GRASS step on the GPU matches the CPU reference", "[gpu][grass]") {
+  RunConfig cfg = run_config(model_config(kHd64Odd, kVocab, 0.04), kBatch, kSeq, "grass", 1e-3);
+  cfg.optimizer.weight_decay = 0.1;  // decoupled decay: selected slices only on GRASS targets
+  const int r = cfg.optimizer.grass.rank;
+  Run cpu(cfg, "bf16-mixed", false), gpu(cfg, "bf16-mixed", true);
+  const Batch batch = random_batch(int64_t(kBatch) * kSeq, kVocab, 21);
+  const double cpu_loss = cpu.gradients(0, batch.inputs, batch.targets);
+  const double gpu_loss = gpu.gradients(0, batch.inputs, batch.targets);
+  CHECK(rel_diff(gpu_loss, cpu_loss) <= 1e-2);
+
+  const auto& cpu_targets = cpu.grass().targets();
+  const auto& gpu_targets = gpu.grass().targets();
+  REQUIRE(cpu_targets.size() == 7 * size_t(cfg.model.num_hidden_layers));
+  REQUIRE(gpu_targets.size() == cpu_targets.size());
+  const std::vector<ParamTensor>& tensors = cpu.model().tensors();
+
+  // σ (top_r of the refresh gradient's slice norms): the two backends compute the norms from
+  // bf16 and fp32 activations, so two nearly equal norms at the r-th place may swap. Count.
+  std::vector<std::vector<int32_t>> gpu_sigma(gpu_targets.size());
+  std::vector<std::vector<bool>> common(gpu_targets.size());  // slices both selected
+  int64_t agreeing = 0, identical_targets = 0;
+  for (size_t k = 0; k < gpu_targets.size(); k++) {
+    const GrassOptimizer::Target &tc = cpu_targets[k], &tg = gpu_targets[k];
+    const std::string& name = tensors[size_t(tg.tensor_index)].name;
+    INFO(name);
+    REQUIRE(tg.tensor_index == tc.tensor_index);
+    REQUIRE(tg.rows == tc.rows);
+    const std::vector<int32_t> sc = cpu.sigma(tc), sg = gpu.sigma(tg);
+    // top_r: r distinct slices in ascending order, ρ = 1
+    for (int j = 0; j < r; j++) {
+      REQUIRE(sg[size_t(j)] >= 0);
+      REQUIRE(sg[size_t(j)] < (tg.rows ? tg.out : tg.in));
+      if (j > 0) REQUIRE(sg[size_t(j)] > sg[size_t(j - 1)]);
+    }
+    CHECK(gpu.rho(tg) == std::vector<float>(size_t(r), 1.0f));
+    const std::vector<bool> mask_c = slice_mask(tc, sc), mask_g = slice_mask(tg, sg);
+    common[k].resize(mask_g.size());
+    for (size_t i = 0; i < mask_g.size(); i++) {
+      common[k][i] = mask_c[i] && mask_g[i];
+      agreeing += common[k][i];
+    }
+    gpu_sigma[k] = sg;
+    if (sc == sg) {
+      identical_targets++;
+      // G_C of the refresh step: the selected slices of the full gradient
+      const std::vector<float> got = gpu.gc(tg);
+      REQUIRE(all_finite(got));
+      CHECK(rel_error(got, cpu.gc(tc)) <= 3e-2);
+    }
+  }
+  const int64_t selected = int64_t(gpu_targets.size()) * r;
+  std::printf("model GRASS step: %lld of %lld selected slices agree (%lld of %zu targets "
+              "identical); loss GPU %.6f CPU %.6f\n",
+              (long long)agreeing, (long long)selected, (long long)identical_targets,
+              gpu_targets.size(), gpu_loss, cpu_loss);
+  CHECK(double(agreeing) >= 0.9 * double(selected));
+
+  // Before the update, on both sides: the weights the forward reads and the fp32 master copy.
+  std::vector<std::vector<float>> gpu_w0, gpu_m0, cpu_m0;
+  for (const ParamTensor& t : tensors) {
+    gpu_w0.push_back(gpu.weights(t));
+    gpu_m0.push_back(gpu.master(t));
+    cpu_m0.push_back(cpu.master(t));
+  }
+  cpu.update(0);
+  gpu.update(0);
+  INFO("gradient norm: GPU " << gpu.gnorm << ", CPU " << cpu.gnorm);
+  CHECK(rel_diff(gpu.gnorm, cpu.gnorm) <= 1e-2);
+
+  // Every tensor after the step: the weights close, and the update of the master copy in the
+  // same direction on both sides (on a GRASS target: within the slices both selected).
+  std::vector<int> target_of(tensors.size(), -1);
+  for (size_t k = 0; k < gpu_targets.size(); k++) target_of[size_t(gpu_targets[k].tensor_index)] = int(k);
+  double worst = 0, worst_sign = 1;
+  for (size_t i = 0; i < tensors.size(); i++) {
+    const ParamTensor& t = tensors[i];
+    INFO(t.name);
+    const std::vector<float> got = gpu.weights(t), want = cpu.weights(t);
+    REQUIRE(all_finite(got));
+    const double err = rel_error(got, want);
+    CHECK(err <= 1e-2);
+    worst = std::max(worst, err);
+
+    const std::vector<float> gm = gpu.master(t), cm = cpu.master(t);
+    REQUIRE(all_finite(gm));
+    const int k = target_of[i];
+    const int64_t cols = t.shape.size() == 2 ? t.shape[1] : t.numel;
+    int64_t moved = 0, same_direction = 0;
+    for (int64_t e = 0; e < t.numel; e++) {
+      if (k >= 0 && !in_selected(gpu_targets[size_t(k)], common[size_t(k)], int(e / cols),
+                                 int(e % cols)))
+        continue;
+      const double dc = double(cm[size_t(e)]) - cpu_m0[i][size_t(e)];
+      const double dg = double(gm[size_t(e)]) - gpu_m0[i][size_t(e)];
+      if (dc == 0) continue;
+      moved++;
+      same_direction += dg != 0 && (dg > 0) == (dc > 0);
+    }
+    if (k < 0) REQUIRE(moved > 0);
+    if (moved == 0) continue;  // a GRASS target whose selections share no slice
+    const double agreement = double(same_direction) / double(moved);
+    INFO(same_direction << " of " << moved << " master elements moved the same way");
+    CHECK(agreement >= 0.95);
+    worst_sign = std::min(worst_sign, agreement);
+  }
+  std::printf("model GRASS step: worst weight rel error %.2e, worst update sign agreement %.4f\n",
+              worst, worst_sign);
+
+  // On the GPU only the selected slices of each target changed: bitwise, in the bf16 weights and
+  // the master copy; every element of a selected slice moved in the master.
+  for (size_t k = 0; k < gpu_targets.size(); k++) {
+    const GrassOptimizer::Target& t = gpu_targets[k];
+    const size_t i = size_t(t.tensor_index);
+    INFO(tensors[i].name);
+    const std::vector<bool> mask = slice_mask(t, gpu_sigma[k]);
+    const std::vector<float> w1 = gpu.weights(tensors[i]), m1 = gpu.master(tensors[i]);
+    int64_t unselected_changed = 0, selected_weights_changed = 0, selected_master_changed = 0;
+    for (int row = 0; row < t.out; row++)
+      for (int col = 0; col < t.in; col++) {
+        const size_t e = size_t(row) * size_t(t.in) + size_t(col);
+        const bool w_changed = std::memcmp(&w1[e], &gpu_w0[i][e], sizeof(float)) != 0;
+        const bool m_changed = std::memcmp(&m1[e], &gpu_m0[i][e], sizeof(float)) != 0;
+        if (in_selected(t, mask, row, col)) {
+          selected_weights_changed += w_changed;
+          selected_master_changed += m_changed;
+        } else {
+          unselected_changed += w_changed || m_changed;
+        }
+      }
+    CHECK(unselected_changed == 0);
+    CHECK(selected_master_changed == int64_t(r) * (t.rows ? t.in : t.out));
+    CHECK(selected_weights_changed > 0);
+  }
+}
+
+TEST_CASE("model: GPU training on repeated n-grams tracks the CPU's loss curve", "[gpu][train]") {
+  const int steps = 50;
+  struct Case {
+    const char* optimizer;
+    const char* gpu_precision;
+    double tolerance;  // relative, per step, over the last 10 steps
+  };
+  const Case cases[] = {{"adamw", "bf16-mixed", 0.05}, {"grass", "bf16-mixed", 0.05},
+                        {"adamw", "bf16", 0.10}};
+  std::map<std::string, std::vector<double>> cpu_curves;  // fp32 on the CPU, per optimizer
+  for (const Case& c : cases) {
+    INFO(c.optimizer << " " << c.gpu_precision << " on the GPU against fp32 on the CPU");
+    const RunConfig cfg = ngram_run(c.optimizer);
+    if (!cpu_curves.count(c.optimizer))
+      cpu_curves[c.optimizer] = ngram_curve(cfg, "fp32", false, steps);
+    const std::vector<double>& cpu = cpu_curves[c.optimizer];
+    const std::vector<double> gpu = ngram_curve(cfg, c.gpu_precision, true, steps);
+    REQUIRE(gpu.size() == size_t(steps));
+    std::printf("model n-grams %s %s:", c.optimizer, c.gpu_precision);
+    for (int i = 0; i < steps - 1; i += 7) std::printf(" %d: %.3f/%.3f", i, gpu[size_t(i)], cpu[size_t(i)]);
+    std::printf(" %d: %.3f/%.3f (GPU/CPU)\n", steps - 1, gpu.back(), cpu.back());
+    for (double loss : gpu) REQUIRE(std::isfinite(loss));
+    CHECK(rel_diff(gpu.front(), cpu.front()) <= 1e-2);
+    for (int i = steps - 10; i < steps; i++) {
+      INFO("step " << i << ": GPU " << gpu[size_t(i)] << ", CPU " << cpu[size_t(i)]);
+      CHECK(rel_diff(gpu[size_t(i)], cpu[size_t(i)]) <= c.tolerance);
+    }
+    CHECK(cpu.back() < 0.6 * cpu.front());
+    CHECK(gpu.back() < 0.6 * gpu.front());
+  }
+}
+
+TEST_CASE("model: the same GPU run twice gives the same bits", "[gpu][determinism]") {
+  const int steps = 10;
+  // GRASS with multinomial selection (seeded draws, ρ ≠ 1, possible repeats) refreshing at steps
+  // 0, 4 and 8; pure bf16 AdamW (stochastic rounding on every store).
+  RunConfig grass_cfg = ngram_run("grass");
+  grass_cfg.optimizer.grass.selection = "multinomial";
+  grass_cfg.optimizer.grass.update_interval = 4;
+  const std::pair<RunConfig, std::string> runs[] = {{grass_cfg, "bf16-mixed"},
+                                                    {ngram_run("adamw"), "bf16"}};
+  for (const auto& [cfg, precision] : runs) {
+    INFO(cfg.optimizer.name << " " << precision);
+    const Outcome a = gpu_outcome(cfg, precision, steps);
+    const Outcome b = gpu_outcome(cfg, precision, steps);
+    REQUIRE(a.losses.size() == size_t(steps));
+    for (double loss : a.losses) REQUIRE(std::isfinite(loss));
+    CHECK(same_bits(a.losses, b.losses));
+    CHECK(same_bits(a.gnorms, b.gnorms));
+    CHECK(same_bits(a.weights, b.weights));
+    CHECK(same_bits(a.master, b.master));
+    CHECK(same_bits(a.sigma, b.sigma));
+    CHECK(same_bits(a.rho, b.rho));
+    CHECK(a.losses.back() < a.losses.front());  // and it trained
+  }
+}
+
+TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][memory]") {
+  for (const std::string optimizer : {"adamw", "grass"})
+    for (const std::string precision : {"bf16-mixed", "bf16"}) {
+      INFO(optimizer << " " << precision);
+      const RunConfig cfg =
+          run_config(model_config(kHd64Odd, kVocab, 0.02), kBatch, kSeq, optimizer, 1e-3);
+      const Storage storage = storage_for(precision, true);
+      const MemoryPlan plan = plan_memory(cfg, storage);
+      {  // one cudaMalloc per buffer: the arena's own count
+        const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
+        Arena real(false, *backend);
+        build_training_state(cfg, real, *backend);
+        for (int c = 0; c < kMemCategories; c++) {
+          INFO(mem_category_name(MemCategory(c)));
+          CHECK(plan.bytes[size_t(c)] == real.bytes(MemCategory(c)));
+        }
+        CHECK(plan.total == real.total_bytes());
+        CHECK(plan.buffers == real.num_blocks());
+      }
+      {  // the trainer's way: one reservation of the planned size holds every aligned buffer
+        const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
+        backend->reserve(plan.total, plan.buffers);
+        Arena real(false, *backend);
+        CHECK_NOTHROW(build_training_state(cfg, real, *backend));
+        CHECK(real.total_bytes() == plan.total);
+      }
+    }
+}
