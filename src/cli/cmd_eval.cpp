@@ -1,5 +1,6 @@
 // grass eval <run.json> [--weights model.safetensors] [--tokens N] [--set key=value ...]
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "cli/options.h"
@@ -9,7 +10,9 @@
 #include "io/safetensors.h"
 #include "model/hf_weights.h"
 #include "model/llama.h"
+#include "train/checkpointing.h"
 #include "train/evaluator.h"
+#include "train/hf_interop.h"
 
 namespace grass::cli {
 
@@ -23,7 +26,9 @@ const char* kEvalUsage =
     "of them per forward pass. Prints one line on stdout.\n"
     "\n"
     "options:\n"
-    "  --weights <file>  Hugging Face safetensors weights (model.embed_tokens.weight, ...);\n"
+    "  --weights <path>  Hugging Face safetensors weights (model.embed_tokens.weight, ...): a\n"
+    "                    .safetensors file, a Hugging Face model directory (single or sharded),\n"
+    "                    a checkpoint directory, or a run's out_dir (its newest checkpoint);\n"
     "                    without it, the run's initial weights (seeded by the run's seed)\n"
     "  --tokens <n>      target tokens to evaluate (default: the run's eval_tokens)\n"
     "  --set key=value   override a run config key, as for grass train\n"
@@ -67,8 +72,15 @@ int cmd_eval(const Args& args) {
   LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len);
   if (weights.empty()) {
     model.init_weights(cfg.seed);
-  } else {
+  } else if (!std::filesystem::is_directory(weights)) {
     load_hf_weights(model, SafetensorsFile(weights));
+  } else if (!std::filesystem::exists(weights + "/manifest.json") &&
+             (std::filesystem::exists(weights + "/model.safetensors") ||
+              std::filesystem::exists(weights + "/model.safetensors.index.json"))) {
+    load_hf_model(model, weights);  // a Hugging Face model directory
+  } else {  // a checkpoint, or a run's out_dir: verified before use
+    const Checkpoint checkpoint = *newest_valid_checkpoint(weights, /*required=*/true);
+    load_hf_model(model, checkpoint.path("model.safetensors"));
   }
   const EvalResult result = evaluator.evaluate(model, cfg.micro_batch_size);
   const std::string weights_name =
