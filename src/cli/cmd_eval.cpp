@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "config/config.h"
@@ -18,7 +20,7 @@ namespace grass::cli {
 
 namespace {
 const char* kEvalUsage =
-    "usage: grass eval <run.json> [--weights model.safetensors] [--tokens N] [--set key=value ...]\n"
+    "usage: grass eval <run.json> [--weights PATH] [--tokens N] [--json] [--set key=value ...]\n"
     "\n"
     "Validation loss and perplexity of the run's model on its validation data (data.val): the\n"
     "mean token cross-entropy over the first N target tokens of the validation stream, in order,\n"
@@ -32,12 +34,14 @@ const char* kEvalUsage =
     "                    without it, the run's initial weights (seeded by the run's seed)\n"
     "  --tokens <n>      target tokens to evaluate (default: the run's eval_tokens)\n"
     "  --set key=value   override a run config key, as for grass train\n"
+    "  --json            print the result as one JSON object (full precision) instead\n"
     "  -h, --help        this help\n";
 }  // namespace
 
 int cmd_eval(const Args& args) {
   std::string run_path, weights, tokens_text, value;
   std::vector<std::string> overrides;
+  bool as_json = false;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
     if (is_help(a)) {
@@ -49,6 +53,8 @@ int cmd_eval(const Args& args) {
       tokens_text = value;
     } else if (take_option(args, i, "--set", value)) {
       overrides.push_back(value);
+    } else if (a == "--json") {
+      as_json = true;
     } else if (a.rfind("-", 0) == 0) {
       throw UserError("eval: unknown option " + a + " (see grass eval --help)");
     } else if (run_path.empty()) {
@@ -85,6 +91,13 @@ int cmd_eval(const Args& args) {
   const EvalResult result = evaluator.evaluate(model, cfg.micro_batch_size);
   const std::string weights_name =
       weights.empty() ? "initial (seed " + std::to_string(cfg.seed) + ")" : weights;
+  if (as_json) {
+    const nlohmann::json j = {{"run", run_path},         {"weights", weights_name},
+                              {"val_loss", result.loss}, {"val_perplexity", result.perplexity},
+                              {"val_tokens", result.tokens}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
   std::printf("eval %s | weights %s | val loss %.4f | ppl %.2f | %lld tokens\n", run_path.c_str(),
               weights_name.c_str(), result.loss, result.perplexity, (long long)result.tokens);
   return 0;

@@ -114,8 +114,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
                                                : newest_valid_checkpoint(options.resume, true);
   int64_t start_step = 0;
   if (resume) {
+    // Skipped damaged checkpoints aside, a named older checkpoint must not sit below newer ones.
     for (const CheckpointEntry& e : list_checkpoints(root))
-      if (e.step > resume->step())
+      if (!options.resume.empty() && e.step > resume->step())
         throw UserError(e.dir + ": a later checkpoint than " + resume->dir() + " (step " +
                         std::to_string(resume->step()) + "); resuming there would mix two " +
                         "histories in one out_dir: move the later checkpoints away or train " +
