@@ -72,15 +72,24 @@ void warn_config_changes(const Checkpoint& checkpoint, const RunConfig& cfg) {
   std::set<std::string> keys;
   for (const auto& [k, v] : saved) keys.insert(k);
   for (const auto& [k, v] : now) keys.insert(k);
+  constexpr int kShown = 8;
+  int differences = 0;
   for (const std::string& key : keys) {
     if (free_to_change(key)) continue;
     const json a = saved.count(key) ? saved[key] : json(), b = now.count(key) ? now[key] : json();
     if (a == b) continue;
+    if (++differences > kShown) continue;
+    std::string shown = key;  // from a file: no control characters on the terminal
+    std::replace_if(shown.begin(), shown.end(), [](char c) { return (unsigned char)c < 0x20; }, '?');
     std::fprintf(stderr,
                  "warning: resuming with %s = %s, but checkpoint %s was made with %s: the run "
                  "will not match an uninterrupted one\n",
-                 key.c_str(), b.dump().c_str(), checkpoint.dir().c_str(), a.dump().c_str());
+                 shown.c_str(), b.dump().c_str(), checkpoint.dir().c_str(),
+                 a.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   }
+  if (differences > kShown)
+    std::fprintf(stderr, "warning: ... and %d more run config keys differ from %s/config.json\n",
+                 differences - kShown, checkpoint.dir().c_str());
 }
 
 // Checked reading of state.json, which a damaged or hostile checkpoint may get wrong.
@@ -202,9 +211,10 @@ std::optional<Checkpoint> newest_valid_checkpoint(const std::string& path, bool 
       skipped = entry.dir;
     }
   }
-  if (required)
-    throw UserError(root + ": no complete checkpoint" +
-                    (skipped.empty() ? std::string() : " (the ones there fail verification)"));
+  if (required && skipped.empty())
+    throw UserError(path + ": no checkpoint there (a run writes them to <out_dir>/checkpoints "
+                    "when checkpoint_every > 0)");
+  if (required) throw UserError(root + ": no complete checkpoint (the ones there fail verification)");
   if (!skipped.empty())
     throw UserError(root + ": every checkpoint fails verification; move the directory away to "
                     "start the run afresh");
@@ -276,6 +286,24 @@ int64_t restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, A
                model.tensors()[mine[k].tensor_index].name + mismatch);
       counters.push_back({int64_t(r.u64(targets[k], "adam_step", where)),
                           r.boolean(targets[k], "needs_selection", where)});
+    }
+    // σ indexes rows or columns of a weight: a value out of range would address memory outside
+    // it, so a checkpoint's σ is checked like any other untrusted index.
+    for (const GrassOptimizer::Target& t : mine) {
+      const auto it = std::find_if(blocks.begin(), blocks.end(),
+                                   [&](const Arena::Block* b) { return b->ptr == t.sigma; });
+      GRASS_CHECK(it != blocks.end(), "a GRASS target's sigma is not an optimizer buffer");
+      const TensorEntry& e = buffers.get((*it)->name);
+      const int64_t r = int64_t(e.bytes.size() / sizeof(int32_t)), limit = t.rows ? t.out : t.in;
+      for (int64_t i = 0; i < r; i++) {
+        int32_t v;
+        std::memcpy(&v, e.bytes.data() + i * sizeof(int32_t), sizeof v);
+        if (v < 0 || v >= limit)
+          throw UserError(buffers.path() + ": buffer " + (*it)->name + ": index " +
+                          std::to_string(v) + " at position " + std::to_string(i) +
+                          " lies outside [0, " + std::to_string(limit) +
+                          "); the checkpoint is corrupt");
+      }
     }
   } else if (s.contains("grass_targets")) {
     r.fail("holds GRASS state, but this run's optimizer is " + cfg.optimizer.name + mismatch);

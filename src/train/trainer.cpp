@@ -123,7 +123,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
                         "into a new out_dir");
     start_step = restore_checkpoint(*resume, cfg, arena, state, loader);
   } else if (!cfg.init_from.empty()) {
-    load_hf_model(model, cfg.init_from);
+    try {
+      load_hf_model(model, cfg.init_from);
+    } catch (const UserError& e) {
+      throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "init_from: " + e.what());
+    }
   } else {
     model.init_weights(cfg.seed);
   }
@@ -132,6 +136,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   std::vector<int32_t> inputs(N), targets(N);
 
   remove_checkpoint_leftovers(root);
+  if (cfg.checkpoint_every > 0) {  // an unwritable place fails now, not after the first steps
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    if (ec) throw UserError(root + ": cannot create the checkpoint directory: " + ec.message());
+  }
   {
     const std::string path = cfg.out_dir + "/config.json";
     std::ofstream out(path);
