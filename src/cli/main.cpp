@@ -22,7 +22,7 @@ const Command kCommands[] = {
      grass::cli::cmd_train},
     {"mem", "mem <run.json> [--set key=value ...]     the memory a run will take, by category",
      grass::cli::cmd_mem},
-    {"eval", "eval <run.json> [--weights f.safetensors] [--tokens N]   validation perplexity",
+    {"eval", "eval <run.json> [--weights PATH] [--tokens N] [--json]   validation perplexity",
      grass::cli::cmd_eval},
     {"export", "export --checkpoint DIR --out HF_DIR [--dtype fp32|bf16]   a checkpoint as a Hugging Face model",
      grass::cli::cmd_export},

@@ -221,8 +221,8 @@ std::optional<Checkpoint> newest_valid_checkpoint(const std::string& path, bool 
   return std::nullopt;
 }
 
-int64_t restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, Arena& arena,
-                           TrainingState& state, TokenLoader& loader) {
+RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, Arena& arena,
+                               TrainingState& state, TokenLoader& loader) {
   LlamaModel& model = *state.model;
   const std::string mismatch =
       ": does not fit this run (was the checkpoint made with another model or optimizer? its "
@@ -271,6 +271,7 @@ int64_t restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, A
            std::to_string(position.index) + ") lies outside the " +
            std::to_string(loader.windows_per_epoch()) + " windows per epoch of " +
            loader.stream().describe() + "; was the checkpoint made with different data?");
+  const int64_t metrics_rows = int64_t(r.u64(s, "metrics_rows"));
   std::vector<GrassCounters> counters;
   if (state.grass) {
     const json& targets = r.field(s, "grass_targets", "");
@@ -323,7 +324,7 @@ int64_t restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, A
   for (size_t k = 0; k < counters.size(); k++)
     state.grass->restore_counters(k, counters[k].adam_step, counters[k].needs_selection);
   loader.set_position(position);
-  return checkpoint.step();
+  return {checkpoint.step(), metrics_rows};
 }
 
 }  // namespace grass

@@ -48,9 +48,13 @@ std::optional<Checkpoint> newest_valid_checkpoint(const std::string& path, bool 
 
 // Checks that a verified checkpoint holds exactly this run's state (same tensors and buffers,
 // same sizes, a well-formed state.json), warns about run config keys that differ from the
-// checkpoint's config.json, and only then copies it in. Returns the step it was taken after.
-// UserError naming the file for any mismatch, with nothing copied.
-int64_t restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, Arena& arena,
-                           TrainingState& state, TokenLoader& loader);
+// checkpoint's config.json, and only then copies it in. UserError naming the file for any
+// mismatch, with nothing copied.
+struct RestoredRun {
+  int64_t step = 0;          // optimizer steps done when the checkpoint was taken
+  int64_t metrics_rows = 0;  // rows metrics.jsonl had then
+};
+RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, Arena& arena,
+                               TrainingState& state, TokenLoader& loader);
 
 }  // namespace grass

@@ -112,7 +112,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   const std::optional<Checkpoint> resume = options.resume.empty()
                                                ? newest_valid_checkpoint(root, false)
                                                : newest_valid_checkpoint(options.resume, true);
-  int64_t start_step = 0;
+  int64_t start_step = 0, checkpoint_metrics_rows = 0;
   if (resume) {
     // Skipped damaged checkpoints aside, a named older checkpoint must not sit below newer ones.
     for (const CheckpointEntry& e : list_checkpoints(root))
@@ -121,7 +121,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
                         std::to_string(resume->step()) + "); resuming there would mix two " +
                         "histories in one out_dir: move the later checkpoints away or train " +
                         "into a new out_dir");
-    start_step = restore_checkpoint(*resume, cfg, arena, state, loader);
+    const RestoredRun restored = restore_checkpoint(*resume, cfg, arena, state, loader);
+    start_step = restored.step;
+    checkpoint_metrics_rows = restored.metrics_rows;
   } else if (!cfg.init_from.empty()) {
     try {
       load_hf_model(model, cfg.init_from);
@@ -151,6 +153,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
   const int64_t kept_rows = resume ? truncate_metrics_after(metrics_path, start_step) : 0;
   MetricsWriter metrics(metrics_path, resume.has_value(), kept_rows);
+  if (resume && kept_rows != checkpoint_metrics_rows)
+    std::fprintf(stderr,
+                 "warning: %s holds %lld rows up to step %lld where the checkpoint's run had "
+                 "%lld (another out_dir, or an edited file); new rows are appended after them\n",
+                 metrics_path.c_str(), (long long)kept_rows, (long long)start_step,
+                 (long long)checkpoint_metrics_rows);
   // FLOPs actually done: a GRASS target's weight gradient costs 2rn, not 2mn
   const double flops_per_token =
       model.flops_per_token() - (grass ? grass->flops_saved_per_token() : 0.0);
