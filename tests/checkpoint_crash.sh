@@ -31,16 +31,16 @@ cat >"$tmp/run.json" <<JSON
  "data": {"train": "$tmp/train.bin", "val": "$tmp/train.bin"},
  "optimizer": {"name": "grass", "rank": 8, "update_interval": 4, "lr": 3e-3},
  "schedule": {"name": "cosine", "warmup_steps": 3},
- "micro_batch_size": 8, "total_batch_size": 16, "seq_len": 64, "steps": 60,
- "eval_every": 20, "eval_tokens": 256, "log_every": 1,
- "checkpoint_every": 1, "checkpoint_keep": 2, "checkpoint_keep_every": 20,
+ "micro_batch_size": 8, "total_batch_size": 16, "seq_len": 64, "steps": 100,
+ "eval_every": 25, "eval_tokens": 256, "log_every": 1,
+ "checkpoint_every": 1, "checkpoint_keep": 2, "checkpoint_keep_every": 25,
  "out_dir": "$tmp/crash"}
 JSON
 ck="$tmp/crash/checkpoints"
-final="step_00000060"
+final="step_00000100"
 
 # The uninterrupted run (its only checkpoint is the last).
-"$GRASS" train "$tmp/run.json" --set out_dir="$tmp/ref" --set checkpoint_every=60 >"$tmp/ref.log" 2>&1 \
+"$GRASS" train "$tmp/run.json" --set out_dir="$tmp/ref" --set checkpoint_every=100 >"$tmp/ref.log" 2>&1 \
   || { echo "FAIL: the reference run failed"; cat "$tmp/ref.log"; exit 1; }
 
 newest_step() {  # the newest checkpoint under its final name, as a number; -1 when none
@@ -126,10 +126,10 @@ rows() {  # step, loss and val_loss of every metrics row, in order
 }
 if diff <(rows "$tmp/ref/metrics.jsonl") <(rows "$tmp/crash/metrics.jsonl") >"$tmp/rows.diff"; then pass
 else fail "metrics.jsonl differs from the uninterrupted run's:"; head "$tmp/rows.diff"; fi
-[ "$(grep -c . "$tmp/crash/metrics.jsonl")" = 63 ] && pass || fail "metrics.jsonl should have 60 step rows and 3 eval rows"
+[ "$(grep -c . "$tmp/crash/metrics.jsonl")" = 104 ] && pass || fail "metrics.jsonl should have 100 step rows and 4 eval rows"
 kept=$(ls -1 "$ck" | tr '\n' ' ')
-[ "$kept" = "step_00000020 step_00000040 step_00000059 step_00000060 " ] && pass \
-  || fail "checkpoints kept: $kept (expected the last 2 and every 20th)"
+[ "$kept" = "step_00000025 step_00000050 step_00000075 step_00000099 step_00000100 " ] && pass \
+  || fail "checkpoints kept: $kept (expected the last 2 and every 25th)"
 echo "$kills kills ($during_write during a checkpoint write, $((kills - during_write)) elsewhere) in $attempt runs; newest checkpoint after each:$progress"
 [ "$kills" -ge 10 ] && pass || fail "only $kills kills: the run finished too soon"
 [ "$during_write" -ge 3 ] && pass || fail "only $during_write kills landed during a checkpoint write"
@@ -141,25 +141,25 @@ code=$?
 [ "$code" = 0 ] && pass || fail "resume past a corrupt checkpoint exited $code"
 grep -q "warning: skipping checkpoint .*$final/model.safetensors: checksum mismatch" "$tmp/corrupt.err" && pass \
   || fail "no warning naming the corrupt file: $(cat "$tmp/corrupt.err")"
-grep -q "resume        from .*step_00000059 " "$tmp/corrupt.log" && pass || fail "did not fall back to step 59"
+grep -q "resume        from .*step_00000099 " "$tmp/corrupt.log" && pass || fail "did not fall back to step 99"
 cmp -s "$ck/$final/model.safetensors" "$tmp/ref/checkpoints/$final/model.safetensors" && pass \
   || fail "the run resumed past the corrupt checkpoint does not end identical"
 
 # A truncated file, named with --resume: an error naming it, exit 2, one line.
-truncate -s -16 "$ck/step_00000059/state.safetensors"
-"$GRASS" train "$tmp/run.json" --resume "$ck/step_00000059" >/dev/null 2>"$tmp/trunc.err"
+truncate -s -16 "$ck/step_00000099/state.safetensors"
+"$GRASS" train "$tmp/run.json" --resume "$ck/step_00000099" >/dev/null 2>"$tmp/trunc.err"
 code=$?
 [ "$code" = 2 ] && [ "$(wc -l <"$tmp/trunc.err")" = 1 ] \
-  && grep -q "^error: .*step_00000059/state.safetensors: .* bytes, but manifest.json records" "$tmp/trunc.err" \
+  && grep -q "^error: .*step_00000099/state.safetensors: .* bytes, but manifest.json records" "$tmp/trunc.err" \
   && pass || fail "truncated checkpoint with --resume: exit $code, $(cat "$tmp/trunc.err")"
 
 # A failing write (files limited to 300 KiB, as a full disk would refuse them): one error line,
 # exit 2, no temporary directory left, the previous checkpoint intact.
 before=$(md5sum "$ck/$final"/*)
-(trap '' XFSZ; ulimit -f 300; exec "$GRASS" train "$tmp/run.json" --set steps=62) >/dev/null 2>"$tmp/full.err"
+(trap '' XFSZ; ulimit -f 300; exec "$GRASS" train "$tmp/run.json" --set steps=102) >/dev/null 2>"$tmp/full.err"
 code=$?
 [ "$code" = 2 ] && [ "$(grep -c . "$tmp/full.err")" -le 2 ] \
-  && grep -q "^error: .*step_00000061.*: write failed: File too large" "$tmp/full.err" && pass \
+  && grep -q "^error: .*step_00000101.*: write failed: File too large" "$tmp/full.err" && pass \
   || fail "a failing checkpoint write: exit $code, $(cat "$tmp/full.err")"
 compgen -G "$ck/.tmp_step_*" >/dev/null && fail "a temporary checkpoint directory was left behind" || pass
 [ "$before" = "$(md5sum "$ck/$final"/*)" ] && "$GRASS" export --checkpoint "$ck/$final" --out "$tmp/verify" >/dev/null \

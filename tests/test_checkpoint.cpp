@@ -69,7 +69,7 @@ std::string step_dir(const RunConfig& cfg, int64_t step) {
 
 }  // namespace
 
-TEST_CASE("a resumed run continues bit for bit, and metrics.jsonl with it", "[checkpoint][train]") {
+TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[checkpoint][train]") {
   const std::string optimizer = GENERATE(as<std::string>{}, "adamw", "grass");
   const test::TempDir dir("grass_test_checkpoint");
   const RunConfig whole = parse(small_run(dir, "whole", optimizer));
@@ -171,7 +171,7 @@ TEST_CASE("damaged checkpoints are named and the previous complete one is used",
   CHECK_THAT(test::user_error_of([&] { train(cfg); }), Contains("every checkpoint fails verification"));
 }
 
-TEST_CASE("a checkpoint of another model or optimizer is refused, naming what differs",
+TEST_CASE("a checkpoint of another model or optimizer is refused naming what differs",
           "[checkpoint]") {
   const test::TempDir dir("grass_test_checkpoint");
   json run = small_run(dir, "out", "grass");
@@ -214,7 +214,7 @@ TEST_CASE("resuming from an older checkpoint beside newer ones is refused", "[ch
         read_bytes(step_dir(cfg, 4) + "/model.safetensors"));
 }
 
-TEST_CASE("old checkpoints are pruned: the last k, and every Nth forever", "[checkpoint]") {
+TEST_CASE("old checkpoints are pruned: the last k and every Nth forever", "[checkpoint]") {
   CHECK(checkpoints_to_prune({1, 2, 3, 4, 5}, 2, 0) == std::vector<int64_t>{3, 2, 1});
   CHECK(checkpoints_to_prune({10, 20, 30, 40, 50}, 1, 20) == std::vector<int64_t>{30, 10});
   CHECK(checkpoints_to_prune({5}, 3, 0).empty());

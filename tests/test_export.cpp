@@ -127,6 +127,13 @@ TEST_CASE("export writes byte for byte the model.safetensors the reference loade
     for (const auto& entry : fs::directory_iterator(out))
       CHECK(!entry.path().string().ends_with(".tmp"));
   }
+  // Never over the checkpoint itself, nor beside a sharded model that would shadow the export.
+  CHECK_THAT(test::user_error_of([&] { export_hf(checkpoint, checkpoint.dir(), false); }),
+             Contains("is the checkpoint itself"));
+  std::ofstream(dir.file("hf_fp32/model.safetensors.index.json")) << "{}";
+  CHECK_THAT(test::user_error_of([&] { export_hf(checkpoint, dir.file("hf_fp32"), false); }),
+             Contains("holds model.safetensors.index.json"));
+  CHECK(Checkpoint(checkpoint.dir()).step() == 6);  // still verifies
 }
 
 TEST_CASE("export includes the tokenizer the run trained with", "[export]") {
@@ -227,7 +234,7 @@ TEST_CASE("init_from loads single and sharded Hugging Face weights", "[export][i
   }
 }
 
-TEST_CASE("init_from refuses weights of another architecture, naming file and tensor",
+TEST_CASE("init_from refuses weights of another architecture naming file and tensor",
           "[export][init_from]") {
   const test::TempDir dir("grass_test_export");
   const ModelConfig mc = load_model_config(kFixture + "/hf_fp32/config.json");

@@ -31,11 +31,11 @@ constexpr const char* kTokenizerFile = "tokenizer.model";
 
 // The buffers saved byte for byte: weights and optimizer categories, less the parameters
 // themselves (saved as named tensors in model.safetensors).
-std::vector<const Arena::Block*> state_blocks(const Arena& arena, const float* params) {
-  std::vector<const Arena::Block*> out;
+std::vector<Arena::Block> state_blocks(const Arena& arena, const float* params) {
+  std::vector<Arena::Block> out;  // copies: the arena's list may grow while these are in use
   for (const Arena::Block& b : arena.blocks())
     if ((b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) && b.ptr != params)
-      out.push_back(&b);
+      out.push_back(b);
   return out;
 }
 
@@ -156,8 +156,8 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
     writer.add_written(kModelFile);
 
     SafetensorsWriter buffers;
-    for (const Arena::Block* b : state_blocks(arena, params))
-      buffers.add(b->name, "U8", {b->bytes}, b->ptr, size_t(b->bytes));
+    for (const Arena::Block& b : state_blocks(arena, params))
+      buffers.add(b.name, "U8", {b.bytes}, b.ptr, size_t(b.bytes));
     buffers.write(writer.file_path(kStateFile), {{"format", "grass"}});
     writer.add_written(kStateFile);
 
@@ -244,14 +244,14 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
                     mismatch);
 
   const SafetensorsFile buffers(checkpoint.path(kStateFile));
-  const std::vector<const Arena::Block*> blocks = state_blocks(arena, model.params());
-  for (const Arena::Block* b : blocks) {
-    if (!buffers.contains(b->name))
-      throw UserError(buffers.path() + ": buffer " + b->name + " is missing" + mismatch);
-    const TensorEntry& e = buffers.get(b->name);
-    if (e.dtype != "U8" || e.shape != std::vector<int64_t>{b->bytes})
-      throw UserError(buffers.path() + ": buffer " + b->name + " is " + e.dtype + " " +
-                      shape_str(e.shape) + ", this run holds U8 [" + std::to_string(b->bytes) +
+  const std::vector<Arena::Block> blocks = state_blocks(arena, model.params());
+  for (const Arena::Block& b : blocks) {
+    if (!buffers.contains(b.name))
+      throw UserError(buffers.path() + ": buffer " + b.name + " is missing" + mismatch);
+    const TensorEntry& e = buffers.get(b.name);
+    if (e.dtype != "U8" || e.shape != std::vector<int64_t>{b.bytes})
+      throw UserError(buffers.path() + ": buffer " + b.name + " is " + e.dtype + " " +
+                      shape_str(e.shape) + ", this run holds U8 [" + std::to_string(b.bytes) +
                       "]" + mismatch);
   }
   if (buffers.names().size() != blocks.size())
@@ -292,15 +292,15 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
     // it, so a checkpoint's σ is checked like any other untrusted index.
     for (const GrassOptimizer::Target& t : mine) {
       const auto it = std::find_if(blocks.begin(), blocks.end(),
-                                   [&](const Arena::Block* b) { return b->ptr == t.sigma; });
+                                   [&](const Arena::Block& b) { return b.ptr == t.sigma; });
       GRASS_CHECK(it != blocks.end(), "a GRASS target's sigma is not an optimizer buffer");
-      const TensorEntry& e = buffers.get((*it)->name);
+      const TensorEntry& e = buffers.get(it->name);
       const int64_t r = int64_t(e.bytes.size() / sizeof(int32_t)), limit = t.rows ? t.out : t.in;
       for (int64_t i = 0; i < r; i++) {
         int32_t v;
         std::memcpy(&v, e.bytes.data() + i * sizeof(int32_t), sizeof v);
         if (v < 0 || v >= limit)
-          throw UserError(buffers.path() + ": buffer " + (*it)->name + ": index " +
+          throw UserError(buffers.path() + ": buffer " + it->name + ": index " +
                           std::to_string(v) + " at position " + std::to_string(i) +
                           " lies outside [0, " + std::to_string(limit) +
                           "); the checkpoint is corrupt");
@@ -317,9 +317,9 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
     std::copy(e.bytes.begin(), e.bytes.end(),
               reinterpret_cast<std::byte*>(model.params() + t.offset));
   }
-  for (const Arena::Block* b : blocks) {
-    const TensorEntry& e = buffers.get(b->name);
-    std::copy(e.bytes.begin(), e.bytes.end(), static_cast<std::byte*>(b->ptr));
+  for (const Arena::Block& b : blocks) {
+    const TensorEntry& e = buffers.get(b.name);
+    std::copy(e.bytes.begin(), e.bytes.end(), static_cast<std::byte*>(b.ptr));
   }
   for (size_t k = 0; k < counters.size(); k++)
     state.grass->restore_counters(k, counters[k].adam_step, counters[k].needs_selection);

@@ -107,6 +107,11 @@ ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir,
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw UserError(out_dir + ": cannot create: " + ec.message());
+  if (fs::equivalent(out_dir, checkpoint.dir(), ec))
+    throw UserError(out_dir + ": is the checkpoint itself; export into another directory");
+  if (fs::exists(out_dir + "/model.safetensors.index.json", ec))
+    throw UserError(out_dir + ": holds model.safetensors.index.json, which Hugging Face would load "
+                    "instead of the exported model.safetensors; export into another directory");
 
   ExportResult result;
   SafetensorsWriter out;
