@@ -14,6 +14,7 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "data/loader.h"
+#include "io/durable_file.h"
 #include "ops.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -143,12 +144,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     std::filesystem::create_directories(root, ec);
     if (ec) throw UserError(root + ": cannot create the checkpoint directory: " + ec.message());
   }
-  {
-    const std::string path = cfg.out_dir + "/config.json";
-    std::ofstream out(path);
-    out << to_json(cfg).dump(2) << '\n';
-    if (!out) throw UserError(path + ": cannot write");
-  }
+  write_file_durably(cfg.out_dir + "/config.json", to_json(cfg).dump(2) + "\n");
   // A resumed run continues metrics.jsonl after the checkpoint's step; a fresh one starts it anew.
   const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
   const int64_t kept_rows = resume ? truncate_metrics_after(metrics_path, start_step) : 0;
