@@ -73,5 +73,27 @@ expect 2 "$tmp/cut.bin" -- train "$tmp/run.json" --set data.train="$tmp/cut.bin"
 after=$(md5sum "$tmp/out/metrics.jsonl" "$tmp/out/config.json")
 [ "$before" = "$after" ] && passes=$((passes + 1)) || { echo "FAIL: bad input changed out_dir"; failures=$((failures + 1)); }
 
+# checkpoints, resume and export
+expect 2 'checkpoint_keep' -- train "$tmp/run.json" --set checkpoint_keep=0
+expect 2 "init_from: not found: $tmp/no_hf" -- train "$tmp/run.json" --set init_from="$tmp/no_hf"
+expect 2 "$tmp/no_ckpt" -- train "$tmp/run.json" --resume "$tmp/no_ckpt"
+expect 2 '--resume needs a value' -- train "$tmp/run.json" --resume
+expect 0 "" -- export --help
+expect 2 'missing --checkpoint' -- export --out "$tmp/hf"
+expect 2 'missing --out' -- export --checkpoint "$tmp/out"
+expect 2 'expected fp32 or bf16' -- export --checkpoint "$tmp/out" --out "$tmp/hf" --dtype fp16
+expect 2 "$tmp/out: no checkpoint there" -- export --checkpoint "$tmp/out" --out "$tmp/hf"
+expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/ck" --set checkpoint_every=2
+expect 0 "" -- export --checkpoint "$tmp/ck" --out "$tmp/hf" --dtype bf16
+for f in config.json model.safetensors; do
+  [ -s "$tmp/hf/$f" ] && passes=$((passes + 1)) || { echo "FAIL: export wrote no $f"; failures=$((failures + 1)); }
+done
+grep -q '"torch_dtype": "bfloat16"' "$tmp/hf/config.json" && passes=$((passes + 1)) || { echo "FAIL: config.json lacks torch_dtype bfloat16"; failures=$((failures + 1)); }
+ls "$tmp/ck/checkpoints" | tr '\n' ' ' | grep -qx 'step_00000002 step_00000003 ' && passes=$((passes + 1)) || { echo "FAIL: expected checkpoints at steps 2 and 3"; failures=$((failures + 1)); }
+expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/ck" --set checkpoint_every=2   # nothing left to do
+grep -q "nothing to train" "$tmp/stdout" && passes=$((passes + 1)) || { echo "FAIL: a finished run should say so"; failures=$((failures + 1)); }
+expect 2 "init_from: $tmp/train.bin: header length" -- train "$tmp/run.json" --set out_dir="$tmp/init" --set init_from="$tmp/train.bin"
+expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/init" --set init_from="$tmp/hf"
+
 echo "$passes passed, $failures failed"
 [ "$failures" = 0 ]

@@ -466,6 +466,36 @@ TEST_CASE("file errors name the file", "[config]") {
   CHECK_THAT(run_error(run), Contains(run["model"].get<std::string>() + ": hidden_act: \"relu\""));
 }
 
+TEST_CASE("checkpoint keys and init_from are read and checked", "[config][checkpoint]") {
+  const InDirectory root(kSource);
+  const grass::RunConfig defaults = grass::load_run_config("configs/runs/bench_tiny.json");
+  CHECK(defaults.checkpoint_every == 0);
+  CHECK(defaults.checkpoint_keep == 3);
+  CHECK(defaults.checkpoint_keep_every == 0);
+  CHECK(defaults.init_from.empty());
+  const grass::RunConfig set = grass::load_run_config(
+      "configs/runs/bench_tiny.json",
+      {"checkpoint_every=100", "checkpoint_keep=2", "checkpoint_keep_every=1000",
+       "init_from=tests/fixtures/export_ref/hf_fp32"});
+  CHECK(set.checkpoint_every == 100);
+  CHECK(set.checkpoint_keep == 2);
+  CHECK(set.checkpoint_keep_every == 1000);
+  CHECK(set.init_from == "tests/fixtures/export_ref/hf_fp32");
+  CHECK(grass::to_json(set)["init_from"] == "tests/fixtures/export_ref/hf_fp32");
+  CHECK(!grass::to_json(defaults).contains("init_from"));
+  const auto error_of = [](const std::string& override_text) {
+    return user_error([&] { grass::load_run_config("configs/runs/bench_tiny.json", {override_text}); });
+  };
+  CHECK_THAT(error_of("checkpoint_every=-1"), Contains("bench_tiny.json: checkpoint_every"));
+  CHECK_THAT(error_of("checkpoint_every=2.5"), Contains("checkpoint_every: expected an integer"));
+  CHECK_THAT(error_of("checkpoint_keep=0"), Contains("bench_tiny.json: checkpoint_keep"));
+  CHECK_THAT(error_of("checkpoint_keep_every=-5"), Contains("checkpoint_keep_every"));
+  CHECK_THAT(error_of("checkpoint_kep=2"), Contains("did you mean \"checkpoint_keep\""));
+  CHECK_THAT(error_of("init_from=no/such/dir"),
+             Contains("bench_tiny.json: init_from: not found: no/such/dir"));
+  CHECK_THAT(error_of("init_from=[1]"), Contains("init_from: expected a string"));
+}
+
 TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
   const InDirectory root(kSource);
   grass::RunConfig original = grass::load_run_config(
@@ -473,6 +503,9 @@ TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
                                        "schedule.min_lr_ratio=0.05", "optimizer.weight_decay=0.1"});
   original.model.tie_word_embeddings = true;
   original.model.rope_theta = 500000.0;
+  original.checkpoint_every = 250;
+  original.checkpoint_keep = 5;
+  original.checkpoint_keep_every = 1000;
 
   const json written = grass::to_json(original);
   CHECK(written["model"]["hidden_size"] == 128);  // the model is inline: config.json stands alone

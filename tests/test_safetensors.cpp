@@ -204,7 +204,7 @@ TEST_CASE("safetensors reader rejects malformed headers", "[safetensors]") {
   const std::string path = dir.file("bad.safetensors");
 
   write_raw(path, R"({"x": {"dtype": "F32", "shape": [4], )", 16);
-  CHECK_THAT(open_error(path), Contains(path + ": header is not valid JSON"));
+  CHECK_THAT(open_error(path), Contains(path + ": header: invalid JSON"));
 
   write_raw(path, R"([1, 2])", 0);
   CHECK_THAT(open_error(path), Contains(path + ": header is not a JSON object"));

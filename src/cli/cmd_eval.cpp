@@ -1,5 +1,8 @@
 // grass eval <run.json> [--weights model.safetensors] [--tokens N] [--set key=value ...]
 #include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/options.h"
@@ -10,13 +13,15 @@
 #include "model/hf_weights.h"
 #include "model/llama.h"
 #include "train/backend_choice.h"
+#include "train/checkpointing.h"
 #include "train/evaluator.h"
+#include "train/hf_interop.h"
 
 namespace grass::cli {
 
 namespace {
 const char* kEvalUsage =
-    "usage: grass eval <run.json> [--weights model.safetensors] [--tokens N] [--set key=value ...]\n"
+    "usage: grass eval <run.json> [--weights PATH] [--tokens N] [--json] [--set key=value ...]\n"
     "\n"
     "Validation loss and perplexity of the run's model on its validation data (data.val): the\n"
     "mean token cross-entropy over the first N target tokens of the validation stream, in order,\n"
@@ -24,16 +29,20 @@ const char* kEvalUsage =
     "of them per forward pass. Prints one line on stdout.\n"
     "\n"
     "options:\n"
-    "  --weights <file>  Hugging Face safetensors weights (model.embed_tokens.weight, ...);\n"
+    "  --weights <path>  Hugging Face safetensors weights (model.embed_tokens.weight, ...): a\n"
+    "                    .safetensors file, a Hugging Face model directory (single or sharded),\n"
+    "                    a checkpoint directory, or a run's out_dir (its newest checkpoint);\n"
     "                    without it, the run's initial weights (seeded by the run's seed)\n"
     "  --tokens <n>      target tokens to evaluate (default: the run's eval_tokens)\n"
     "  --set key=value   override a run config key, as for grass train\n"
+    "  --json            print the result as one JSON object (full precision) instead\n"
     "  -h, --help        this help\n";
 }  // namespace
 
 int cmd_eval(const Args& args) {
   std::string run_path, weights, tokens_text, value;
   std::vector<std::string> overrides;
+  bool as_json = false;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
     if (is_help(a)) {
@@ -45,6 +54,8 @@ int cmd_eval(const Args& args) {
       tokens_text = value;
     } else if (take_option(args, i, "--set", value)) {
       overrides.push_back(value);
+    } else if (a == "--json") {
+      as_json = true;
     } else if (a.rfind("-", 0) == 0) {
       throw UserError("eval: unknown option " + a + " (see grass eval --help)");
     } else if (run_path.empty()) {
@@ -69,12 +80,26 @@ int cmd_eval(const Args& args) {
   LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len, {}, *backend);
   if (weights.empty()) {
     model.init_weights(cfg.seed);
-  } else {
+  } else if (!std::filesystem::is_directory(weights)) {
     load_hf_weights(model, SafetensorsFile(weights));
+  } else if (!std::filesystem::exists(weights + "/manifest.json") &&
+             (std::filesystem::exists(weights + "/model.safetensors") ||
+              std::filesystem::exists(weights + "/model.safetensors.index.json"))) {
+    load_hf_model(model, weights);  // a Hugging Face model directory
+  } else {  // a checkpoint, or a run's out_dir: verified before use
+    const Checkpoint checkpoint = *newest_valid_checkpoint(weights, /*required=*/true);
+    load_hf_model(model, checkpoint.path("model.safetensors"));
   }
   const EvalResult result = evaluator.evaluate(model, cfg.micro_batch_size);
   const std::string weights_name =
       weights.empty() ? "initial (seed " + std::to_string(cfg.seed) + ")" : weights;
+  if (as_json) {
+    const nlohmann::json j = {{"run", run_path},         {"weights", weights_name},
+                              {"val_loss", result.loss}, {"val_perplexity", result.perplexity},
+                              {"val_tokens", result.tokens}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
   std::printf("eval %s | weights %s | val loss %.4f | ppl %.2f | %lld tokens\n", run_path.c_str(),
               weights_name.c_str(), result.loss, result.perplexity, (long long)result.tokens);
   return 0;

@@ -1,7 +1,8 @@
-// grass train <run.json> [--set key=value ...]
+// grass train <run.json> [--resume PATH] [--set key=value ...]
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "train/trainer.h"
@@ -10,13 +11,17 @@ namespace grass::cli {
 
 namespace {
 const char* kTrainUsage =
-    "usage: grass train <run.json> [--set key=value ...]\n"
+    "usage: grass train <run.json> [--resume PATH] [--set key=value ...]\n"
     "\n"
     "Trains the model the run config names and writes <out_dir>/config.json (the full config,\n"
     "defaults filled in) and <out_dir>/metrics.jsonl (one JSON object per step). One log line per\n"
-    "log_every steps goes to stdout.\n"
+    "log_every steps goes to stdout. With checkpoint_every > 0, checkpoints go to\n"
+    "<out_dir>/checkpoints/step_XXXXXXXX. When out_dir holds a complete checkpoint, the run resumes\n"
+    "from the newest one (damaged ones are skipped with a warning) and continues exactly as if it\n"
+    "had never stopped.\n"
     "\n"
     "options:\n"
+    "  --resume PATH     resume from this checkpoint directory (or the newest in a run's out_dir)\n"
     "  --set key=value   override a config key; dotted keys reach nested ones, the value is\n"
     "                    parsed as JSON when it is valid JSON, else taken as a string:\n"
     "                      --set steps=50 --set optimizer.lr=3e-4 --set out_dir=runs/try\n"
@@ -24,7 +29,8 @@ const char* kTrainUsage =
 }  // namespace
 
 int cmd_train(const Args& args) {
-  std::string run_path;
+  std::string run_path, value;
+  TrainOptions options;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
@@ -36,6 +42,9 @@ int cmd_train(const Args& args) {
       overrides.push_back(args[++i]);
     } else if (a.rfind("--set=", 0) == 0) {
       overrides.push_back(a.substr(6));
+    } else if (take_option(args, i, "--resume", value)) {
+      if (value.empty()) throw UserError("--resume needs a checkpoint directory");
+      options.resume = value;
     } else if (a.rfind("-", 0) == 0) {
       throw UserError("train: unknown option " + a + " (see grass train --help)");
     } else if (run_path.empty()) {
@@ -45,7 +54,7 @@ int cmd_train(const Args& args) {
     }
   }
   if (run_path.empty()) throw UserError("train: missing <run.json> (see grass train --help)");
-  train(load_run_config(run_path, overrides));
+  train(load_run_config(run_path, overrides), options);
   return 0;
 }
 

@@ -14,6 +14,7 @@ int cmd_mem(const Args& args);
 int cmd_eval(const Args& args);
 int cmd_prepare(const Args& args);
 int cmd_tokenizer(const Args& args);
+int cmd_export(const Args& args);
 
 bool is_help(const std::string& arg);  // -h or --help
 

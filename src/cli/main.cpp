@@ -18,12 +18,14 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"train", "train <run.json> [--set key=value ...]   train a model from a run config",
+    {"train", "train <run.json> [--resume DIR] [--set key=value ...]   train (resumes from out_dir's checkpoints)",
      grass::cli::cmd_train},
     {"mem", "mem <run.json> [--set key=value ...]     the memory a run will take, by category",
      grass::cli::cmd_mem},
-    {"eval", "eval <run.json> [--weights f.safetensors] [--tokens N]   validation perplexity",
+    {"eval", "eval <run.json> [--weights PATH] [--tokens N] [--json]   validation perplexity",
      grass::cli::cmd_eval},
+    {"export", "export --checkpoint DIR --out HF_DIR [--dtype fp32|bf16]   a checkpoint as a Hugging Face model",
+     grass::cli::cmd_export},
     {"prepare", "prepare --input <files> --tokenizer <model> --out <dir>   tokenize text into shards",
      grass::cli::cmd_prepare},
     {"tokenizer", "tokenizer train|encode|info ...   make a SentencePiece tokenizer, or use one",

@@ -145,6 +145,10 @@ const std::vector<std::string> kRunKeys = {
     "log_every",
     "eval_every",
     "eval_tokens",
+    "checkpoint_every",
+    "checkpoint_keep",
+    "checkpoint_keep_every",
+    "init_from",
 };
 const std::vector<std::string> kOptimizers = {"adamw", "grass"};
 const std::vector<std::string> kGrassKeys = {"rank",       "update_interval", "scale", "selection",
@@ -331,6 +335,21 @@ void read_precision(const ObjectReader& run, RunConfig& c) {
                           quoted_list(kDevices) + ")");
 }
 
+void read_checkpointing(const ObjectReader& run, RunConfig& c) {
+  c.checkpoint_every = run.integer("checkpoint_every", 0, INT64_MAX).value_or(c.checkpoint_every);
+  c.checkpoint_keep = run.integer("checkpoint_keep", 1, INT64_MAX).value_or(c.checkpoint_keep);
+  c.checkpoint_keep_every =
+      run.integer("checkpoint_keep_every", 0, INT64_MAX).value_or(c.checkpoint_keep_every);
+  if (const auto init_from = run.string("init_from")) {
+    if (init_from->empty()) run.at("init_from").fail("expected a path, got an empty string");
+    std::error_code ec;
+    if (!std::filesystem::exists(*init_from, ec))
+      run.at("init_from").fail("not found: " + *init_from +
+                               " (expected a Hugging Face model directory or a .safetensors file)");
+    c.init_from = *init_from;
+  }
+}
+
 }  // namespace
 
 int64_t ModelConfig::num_parameters() const {
@@ -392,6 +411,7 @@ RunConfig parse_run_config(const json& j, const std::string& where) {
   c.log_every = int(run.integer("log_every", 1, INT_MAX).value_or(c.log_every));
   c.eval_every = run.integer("eval_every", 0, INT64_MAX).value_or(c.eval_every);
   c.eval_tokens = run.integer("eval_tokens", 1, INT64_MAX).value_or(c.eval_tokens);
+  read_checkpointing(run, c);
   return c;
 }
 
@@ -473,7 +493,7 @@ json to_json(const RunConfig& c) {
   json data = {{"train", c.train_files}, {"shuffle", c.shuffle}};
   if (!c.val_files.empty()) data["val"] = c.val_files;
   if (!c.tokenizer.empty()) data["tokenizer"] = c.tokenizer;
-  return {
+  json run = {
       {"model", to_json(c.model)},
       {"data", data},
       {"optimizer", optimizer},
@@ -491,7 +511,12 @@ json to_json(const RunConfig& c) {
       {"log_every", c.log_every},
       {"eval_every", c.eval_every},
       {"eval_tokens", c.eval_tokens},
+      {"checkpoint_every", c.checkpoint_every},
+      {"checkpoint_keep", c.checkpoint_keep},
+      {"checkpoint_keep_every", c.checkpoint_keep_every},
   };
+  if (!c.init_from.empty()) run["init_from"] = c.init_from;
+  return run;
 }
 
 }  // namespace grass

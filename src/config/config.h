@@ -92,6 +92,12 @@ struct RunConfig {
   int log_every = 1;                // print a step line every N steps (metrics.jsonl gets all)
   int64_t eval_every = 0;           // evaluate every N steps; 0: only after the last step
   int64_t eval_tokens = 10'000'000;  // validation targets per evaluation (GaLore: first 10M)
+  int64_t checkpoint_every = 0;     // save <out_dir>/checkpoints/step_N every N steps and after the
+                                    // last; 0: never
+  int64_t checkpoint_keep = 3;      // keep the newest N checkpoints ...
+  int64_t checkpoint_keep_every = 0;  // ... and, forever, those whose step is a multiple of this
+  std::string init_from;            // Hugging Face model dir (or .safetensors) to start from;
+                                    // "": weights initialised from seed
 
   int grad_accum_steps() const { return total_batch_size / micro_batch_size; }
   int64_t tokens_per_step() const { return int64_t(total_batch_size) * seq_len; }

@@ -51,13 +51,17 @@ class Arena {
   // One line per category with bytes, and the total and peak: for the start-up table.
   std::string report() const;
 
- private:
+  // Every live buffer, in allocation order: what state exists (checkpoints save the weights and
+  // optimizer categories from this list). `ptr` is null on a planning arena.
   struct Block {
     void* ptr;
     int64_t bytes;
     MemCategory cat;
     std::string name;
   };
+  const std::vector<Block>& blocks() const { return blocks_; }
+
+ private:
   std::vector<Block> blocks_;
   MemoryResource* memory_;
   bool planning_ = false;

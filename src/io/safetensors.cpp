@@ -15,6 +15,7 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
+#include "io/untrusted_json.h"
 
 namespace grass {
 
@@ -128,12 +129,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
                     " exceeds the 100 MB limit; not a safetensors file?");
 
   const auto* header_text = reinterpret_cast<const char*>(file + 8);
-  json header;
-  try {
-    header = json::parse(header_text, header_text + header_bytes);
-  } catch (const json::parse_error& e) {
-    throw UserError(path + ": header is not valid JSON: " + e.what());
-  }
+  const json header = parse_untrusted_json(std::string_view(header_text, header_bytes),
+                                           path + ": header");
   if (!header.is_object()) throw UserError(path + ": header is not a JSON object");
 
   const std::byte* data = file + 8 + header_bytes;

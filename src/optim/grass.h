@@ -54,6 +54,11 @@ class GrassOptimizer : public CompressedGradSink {
     bool needs_selection = true;
   };
   const std::vector<Target>& targets() const { return targets_; }
+  // Checkpoint restore of target k's counters (its tensors are arena blocks, restored as bytes).
+  void restore_counters(size_t k, int64_t adam_step, bool needs_selection) {
+    targets_.at(k).adam_step = adam_step;
+    targets_.at(k).needs_selection = needs_selection;
+  }
 
  private:
   void select(Target& t, const void* dy, const void* x, int64_t N);

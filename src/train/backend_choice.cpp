@@ -1,7 +1,5 @@
 #include "train/backend_choice.h"
 
-#include <cstdio>
-
 #include "core/error.h"
 #ifdef GRASS_HAVE_CUDA
 #include "cuda/device.h"
@@ -9,7 +7,9 @@
 
 namespace grass {
 
-std::unique_ptr<Backend> choose_backend(const RunConfig& cfg) {
+std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_cpu) {
+  std::string ignored;
+  std::string& why = why_cpu ? *why_cpu : ignored;
   const std::string where = (cfg.source.empty() ? std::string("run config") : cfg.source) + ": ";
   if (cfg.device == "cpu") return make_cpu_backend(storage_for(cfg.precision, false));
 #ifdef GRASS_HAVE_CUDA
@@ -17,15 +17,15 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg) {
   if (gpu.usable && (cfg.device == "cuda" || cfg.precision != "fp32"))
     return make_cuda_backend(storage_for(cfg.precision, true));
   if (gpu.usable) {  // auto with fp32: the CPU reference is the only fp32 backend
-    std::fprintf(stderr, "grass: precision \"fp32\" runs on the CPU backend: running on the CPU "
-                         "although %s is usable\n", gpu.description.c_str());
+    why = "precision fp32 runs on the CPU backend only (GPU " + gpu.description + " unused)";
     return make_cpu_backend(storage_for(cfg.precision, false));
   }
   if (cfg.device == "cuda")
     throw UserError(where + "device: \"cuda\" but " + gpu.description +
                     "; use \"auto\" or \"cpu\" to train on the CPU");
-  std::fprintf(stderr, "grass: %s: running on the CPU\n", gpu.description.c_str());
+  why = gpu.description;
 #else
+  why = "built without CUDA";
   if (cfg.device == "cuda")
     throw UserError(where + "device: \"cuda\" but this grass was built without CUDA (no nvcc at "
                     "configure time); rebuild where CUDA is installed, or use \"auto\" or \"cpu\"");

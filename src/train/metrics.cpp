@@ -1,6 +1,7 @@
 #include "train/metrics.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -66,8 +67,34 @@ std::string format_eval_line(const EvalMetrics& e) {
   return buf;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append, int64_t rows)
+    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc), rows_(append ? rows : 0) {
   if (!out_) throw UserError(path + ": cannot open for writing");
+}
+
+int64_t truncate_metrics_after(const std::string& path, int64_t step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(path + ": cannot open for reading");
+  uint64_t keep_bytes = 0;
+  int64_t rows = 0;
+  std::string line;
+  // A row is kept when it is a whole line (a kill can cut the last one short) holding a JSON
+  // object whose "step" is at most `step`; everything from the first other line on goes.
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // no newline after it: a partial row
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!row.is_object() || !row.contains("step") || !row["step"].is_number_integer() ||
+        row["step"].get<int64_t>() > step)
+      break;
+    keep_bytes += line.size() + 1;
+    rows++;
+  }
+  in.close();
+  std::filesystem::resize_file(path, keep_bytes, ec);
+  if (ec) throw UserError(path + ": cannot truncate: " + ec.message());
+  return rows;
 }
 
 void MetricsWriter::write(const StepMetrics& m) {
@@ -80,6 +107,7 @@ void MetricsWriter::write(const StepMetrics& m) {
   out_ << j.dump() << '\n';
   out_.flush();
   if (!out_) throw UserError(path_ + ": write failed (disk full?)");
+  rows_++;
 }
 
 void MetricsWriter::write_eval(const EvalMetrics& e) {
@@ -91,6 +119,7 @@ void MetricsWriter::write_eval(const EvalMetrics& e) {
   out_ << j.dump() << '\n';
   out_.flush();
   if (!out_) throw UserError(path_ + ": write failed (disk full?)");
+  rows_++;
 }
 
 }  // namespace grass

@@ -39,13 +39,23 @@ std::string format_eval_line(const EvalMetrics& e);
 
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);  // truncates: a fresh run starts a fresh log
+  // A fresh run truncates (a fresh run starts a fresh log); a resumed one appends after the rows
+  // truncate_metrics_after() kept, `rows` of them.
+  explicit MetricsWriter(const std::string& path, bool append = false, int64_t rows = 0);
   void write(const StepMetrics& m);                  // one line, flushed
   void write_eval(const EvalMetrics& e);             // one line marked "eval": true, flushed
+  int64_t rows() const { return rows_; }             // lines in the file
 
  private:
   std::string path_;
   std::ofstream out_;
+  int64_t rows_ = 0;
 };
+
+// For a run resumed after `step` steps: cuts metrics.jsonl after its last row of a step <= step,
+// dropping rows of later steps (written before the crash, and about to be written again) and a
+// partial last line. Returns the rows kept; 0 when the file does not exist. UserError naming the
+// file if it cannot be read or cut.
+int64_t truncate_metrics_after(const std::string& path, int64_t step);
 
 }  // namespace grass

@@ -12,11 +12,14 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "data/loader.h"
+#include "core/trace.h"
+#include "io/durable_file.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
-#include "core/trace.h"
 #include "train/backend_choice.h"
+#include "train/checkpointing.h"
 #include "train/evaluator.h"
+#include "train/hf_interop.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/training_state.h"
@@ -25,11 +28,13 @@ namespace grass {
 
 namespace {
 
-void print_run_table(const RunConfig& cfg, const Backend& backend, const LlamaModel& model,
+void print_run_table(const RunConfig& cfg, const Backend& backend, const std::string& why_cpu,
+                     const LlamaModel& model,
                      double flops_per_token, const TokenLoader& loader, const Arena& arena) {
   const ModelConfig& m = cfg.model;
   std::printf("grass train %s\n", cfg.source.c_str());
-  std::printf("  device        %s\n", backend.describe().c_str());
+  std::printf("  device        %s%s\n", backend.describe().c_str(),
+              why_cpu.empty() ? "" : ("; " + why_cpu).c_str());
   std::printf("  model         %s: d %d, ffn %d, heads %d (kv %d), layers %d, vocab %d%s\n",
               cfg.model_path.empty() ? "inline" : cfg.model_path.c_str(), m.hidden_size,
               m.intermediate_size, m.num_attention_heads, m.num_key_value_heads,
@@ -70,7 +75,13 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const LlamaMo
 
 }  // namespace
 
-TrainResult train(const RunConfig& cfg) {
+namespace {
+std::string run_prefix(const RunConfig& cfg) {
+  return cfg.source.empty() ? "" : cfg.source + ": ";
+}
+}  // namespace
+
+TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   // Everything that can fail on user input happens before out_dir is touched.
   TokenLoader loader(cfg.train_files, cfg.micro_batch_size, cfg.seq_len,
                      {.shuffle = cfg.shuffle, .seed = cfg.seed, .prefetch = true});
@@ -83,7 +94,12 @@ TrainResult train(const RunConfig& cfg) {
     if (!cfg.tokenizer.empty()) evaluator->stream().check_tokenizer(cfg.tokenizer);
   }
 
-  const std::unique_ptr<Backend> backend = choose_backend(cfg);
+  std::string why_cpu;
+  const std::unique_ptr<Backend> backend = choose_backend(cfg, &why_cpu);
+  if (backend->storage().cuda && cfg.checkpoint_every > 0)
+    throw UserError(run_prefix(cfg) + "checkpoint_every: checkpoints of GPU runs are not "
+                    "supported yet (the checkpoint code reads the CPU backend's memory); set it "
+                    "to 0, or train with device \"cpu\"");
   // GPU memory comes as one reservation of the planned size, cut into the named buffers.
   const MemoryPlan plan = plan_memory(cfg, backend->storage());
   backend->reserve(plan.total, plan.buffers);
@@ -92,25 +108,64 @@ TrainResult train(const RunConfig& cfg) {
   LlamaModel& model = *state.model;
   AdamW& optimizer = *state.adamw;
   GrassOptimizer* grass = state.grass.get();
-  model.init_weights(cfg.seed);
+
+  // The starting point: a checkpoint, pretrained weights, or the seed. out_dir is created and
+  // locked first, so no other run writes checkpoints while they are read; its files are not
+  // touched until the starting point has been read and checked.
+  const OutDirLock lock(cfg.out_dir);
+  const std::string root = checkpoint_root(cfg);
+  const std::optional<Checkpoint> resume = options.resume.empty()
+                                               ? newest_valid_checkpoint(root, false)
+                                               : newest_valid_checkpoint(options.resume, true);
+  int64_t start_step = 0, checkpoint_metrics_rows = 0;
+  if (resume) {
+    // Skipped damaged checkpoints aside, a named older checkpoint must not sit below newer ones.
+    for (const CheckpointEntry& e : list_checkpoints(root))
+      if (!options.resume.empty() && e.step > resume->step())
+        throw UserError(e.dir + ": a later checkpoint than " + resume->dir() + " (step " +
+                        std::to_string(resume->step()) + "); resuming there would mix two " +
+                        "histories in one out_dir: move the later checkpoints away or train " +
+                        "into a new out_dir");
+    if (backend->storage().cuda)
+      throw UserError(resume->dir() + ": resuming a GPU run from a checkpoint is not supported "
+                      "yet; export it (grass export) and start from it with init_from");
+    const RestoredRun restored = restore_checkpoint(*resume, cfg, arena, state, loader);
+    start_step = restored.step;
+    checkpoint_metrics_rows = restored.metrics_rows;
+  } else if (!cfg.init_from.empty()) {
+    try {
+      load_hf_model(model, cfg.init_from);
+    } catch (const UserError& e) {
+      throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "init_from: " + e.what());
+    }
+  } else {
+    model.init_weights(cfg.seed);
+  }
 
   const int64_t N = int64_t(cfg.micro_batch_size) * cfg.seq_len;
   std::vector<int32_t> inputs(N), targets(N);
 
-  std::error_code ec;
-  std::filesystem::create_directories(cfg.out_dir, ec);
-  if (ec) throw UserError(cfg.out_dir + ": cannot create out_dir: " + ec.message());
-  {
-    const std::string path = cfg.out_dir + "/config.json";
-    std::ofstream out(path);
-    out << to_json(cfg).dump(2) << '\n';
-    if (!out) throw UserError(path + ": cannot write");
+  remove_checkpoint_leftovers(root);
+  if (cfg.checkpoint_every > 0) {  // an unwritable place fails now, not after the first steps
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    if (ec) throw UserError(root + ": cannot create the checkpoint directory: " + ec.message());
   }
-  MetricsWriter metrics(cfg.out_dir + "/metrics.jsonl");
+  write_file_durably(cfg.out_dir + "/config.json", to_json(cfg).dump(2) + "\n");
+  // A resumed run continues metrics.jsonl after the checkpoint's step; a fresh one starts it anew.
+  const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
+  const int64_t kept_rows = resume ? truncate_metrics_after(metrics_path, start_step) : 0;
+  MetricsWriter metrics(metrics_path, resume.has_value(), kept_rows);
+  if (resume && kept_rows != checkpoint_metrics_rows)
+    std::fprintf(stderr,
+                 "warning: %s holds %lld rows up to step %lld where the checkpoint's run had "
+                 "%lld (another out_dir, or an edited file); new rows are appended after them\n",
+                 metrics_path.c_str(), (long long)kept_rows, (long long)start_step,
+                 (long long)checkpoint_metrics_rows);
   // FLOPs actually done: a GRASS target's weight gradient costs 2rn, not 2mn
   const double flops_per_token =
       model.flops_per_token() - (grass ? grass->flops_saved_per_token() : 0.0);
-  print_run_table(cfg, *backend, model, flops_per_token, loader, arena);
+  print_run_table(cfg, *backend, why_cpu, model, flops_per_token, loader, arena);
   if (evaluator) {
     std::printf("  eval          first %lld tokens of %s, %s\n", (long long)cfg.eval_tokens,
                 evaluator->stream().describe().c_str(),
@@ -119,12 +174,32 @@ TrainResult train(const RunConfig& cfg) {
                     : "after the last step");
     std::fflush(stdout);
   }
+  if (cfg.checkpoint_every > 0)
+    std::printf("  checkpoints   every %lld steps and after the last, into %s; keep the last %lld%s\n",
+                (long long)cfg.checkpoint_every, root.c_str(), (long long)cfg.checkpoint_keep,
+                cfg.checkpoint_keep_every > 0
+                    ? (" and every multiple of " + std::to_string(cfg.checkpoint_keep_every)).c_str()
+                    : "");
+  if (resume)
+    std::printf("  resume        from %s (step %lld of %lld)\n", resume->dir().c_str(),
+                (long long)start_step, (long long)cfg.steps);
+  else if (!cfg.init_from.empty())
+    std::printf("  init          weights from %s\n", cfg.init_from.c_str());
+  std::fflush(stdout);
 
   TrainResult result;
+  result.first_step = start_step;
+  if (resume) result.resumed_from = resume->dir();
+  if (start_step >= cfg.steps) {
+    std::printf("done: nothing to train, the checkpoint is at step %lld of %lld (raise steps to "
+                "train further)\n",
+                (long long)start_step, (long long)cfg.steps);
+    return result;
+  }
   std::vector<double> rates;
   double seconds_so_far = 0;
   const int accum = cfg.grad_accum_steps();
-  for (int64_t step = 0; step < cfg.steps; step++) {
+  for (int64_t step = start_step; step < cfg.steps; step++) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = schedule_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.steps);
     const TraceRange step_range("step");
@@ -167,9 +242,10 @@ TrainResult train(const RunConfig& cfg) {
     m.tokens_seen = (step + 1) * cfg.tokens_per_step();
     m.mem_bytes = arena.peak_bytes();
     seconds_so_far += seconds;
-    m.eta_s = seconds_so_far / double(step + 1) * double(cfg.steps - step - 1);
+    m.eta_s = seconds_so_far / double(step + 1 - start_step) * double(cfg.steps - step - 1);
     metrics.write(m);
-    if ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps) {
+    const bool log_now = (step + 1) % cfg.log_every == 0 || step == start_step || step + 1 == cfg.steps;
+    if (log_now) {
       std::printf("%s\n", format_step_line(m).c_str());
       std::fflush(stdout);
     }
@@ -184,7 +260,17 @@ TrainResult train(const RunConfig& cfg) {
       std::fflush(stdout);
       result.final_eval = eval;
     }
-    if (step > 0) rates.push_back(m.tokens_per_s);  // the first step warms caches and pages
+    if (cfg.checkpoint_every > 0 &&
+        ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == cfg.steps)) {
+      const auto c0 = std::chrono::steady_clock::now();
+      const std::string dir = save_checkpoint(cfg, arena, state, loader, step + 1, metrics.rows());
+      if (log_now || cfg.checkpoint_every >= cfg.log_every) {
+        std::printf("checkpoint %s (%.2f s)\n", dir.c_str(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count());
+        std::fflush(stdout);
+      }
+    }
+    if (step > start_step) rates.push_back(m.tokens_per_s);  // the first step warms caches and pages
   }
   if (!rates.empty()) {
     std::sort(rates.begin(), rates.end());
@@ -195,7 +281,7 @@ TrainResult train(const RunConfig& cfg) {
     std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%",
                   100 * result.tokens_per_second * flops_per_token / backend->peak_flops());
   std::printf("done: %lld steps, loss %.4f -> %.4f, median %.1f tok/s%s; metrics in %s/metrics.jsonl\n",
-              (long long)cfg.steps, result.losses.front(), result.losses.back(),
+              (long long)(cfg.steps - start_step), result.losses.front(), result.losses.back(),
               result.tokens_per_second, mfu, cfg.out_dir.c_str());
   return result;
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
@@ -11,12 +12,21 @@
 namespace grass {
 
 struct TrainResult {
-  std::vector<double> losses;  // mean loss of every step, before its update
+  int64_t first_step = 0;      // steps done before this call: 0, or the resumed checkpoint's step
+  std::string resumed_from;    // the checkpoint directory, "" for a fresh run
+  std::vector<double> losses;  // mean loss of every step run, before its update
   double tokens_per_second = 0;  // median over the steps after the first
   std::optional<EvalResult> final_eval;  // after the last step, when the run has data.val
 };
 
-// Everything a run needs is validated (config, data, vocabulary) before out_dir is touched.
-TrainResult train(const RunConfig& cfg);
+struct TrainOptions {
+  // A checkpoint directory (or a run's out_dir) to resume from. Empty: the newest complete
+  // checkpoint in <out_dir>/checkpoints when there is one, else a fresh start.
+  std::string resume;
+};
+
+// Everything a run needs is validated (config, data, vocabulary, the checkpoint it resumes from,
+// the weights of init_from) before out_dir's files are touched.
+TrainResult train(const RunConfig& cfg, const TrainOptions& options = {});
 
 }  // namespace grass

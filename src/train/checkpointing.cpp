@@ -1,0 +1,330 @@
+#include "train/checkpointing.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+
+namespace grass {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kStateFile = "state.safetensors";
+constexpr const char* kStateJson = "state.json";
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kTokenizerFile = "tokenizer.model";
+
+// The buffers saved byte for byte: weights and optimizer categories, less the parameters
+// themselves (saved as named tensors in model.safetensors).
+std::vector<Arena::Block> state_blocks(const Arena& arena, const float* params) {
+  std::vector<Arena::Block> out;  // copies: the arena's list may grow while these are in use
+  for (const Arena::Block& b : arena.blocks())
+    if ((b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) && b.ptr != params)
+      out.push_back(b);
+  return out;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Run config keys that may change between a run and its resumption without changing what is
+// computed (or that only say where and how often to write).
+bool free_to_change(const std::string& key) {
+  static const std::set<std::string> keys = {
+      "out_dir",          "log_every",       "eval_every",            "eval_tokens",
+      "checkpoint_every", "checkpoint_keep", "checkpoint_keep_every", "init_from"};
+  return keys.count(key) || key == "data.val" || key.starts_with("data.val[");
+}
+
+void flatten(const json& j, const std::string& prefix, std::map<std::string, json>& out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [key, value] : j.items())
+      flatten(value, prefix.empty() ? key : prefix + "." + key, out);
+  } else {
+    out[prefix] = j;
+  }
+}
+
+// One warning line per key whose value differs between the checkpoint's config and this run's.
+void warn_config_changes(const Checkpoint& checkpoint, const RunConfig& cfg) {
+  if (!checkpoint.has(kConfigFile)) return;
+  std::map<std::string, json> saved, now;
+  flatten(checkpoint.read_json(kConfigFile), "", saved);
+  flatten(to_json(cfg), "", now);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : saved) keys.insert(k);
+  for (const auto& [k, v] : now) keys.insert(k);
+  constexpr int kShown = 8;
+  int differences = 0;
+  for (const std::string& key : keys) {
+    if (free_to_change(key)) continue;
+    const json a = saved.count(key) ? saved[key] : json(), b = now.count(key) ? now[key] : json();
+    if (a == b) continue;
+    if (++differences > kShown) continue;
+    std::string shown = key;  // from a file: no control characters on the terminal
+    std::replace_if(shown.begin(), shown.end(), [](char c) { return (unsigned char)c < 0x20; }, '?');
+    std::fprintf(stderr,
+                 "warning: resuming with %s = %s, but checkpoint %s was made with %s: the run "
+                 "will not match an uninterrupted one\n",
+                 shown.c_str(), b.dump().c_str(), checkpoint.dir().c_str(),
+                 a.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+  }
+  if (differences > kShown)
+    std::fprintf(stderr, "warning: ... and %d more run config keys differ from %s/config.json\n",
+                 differences - kShown, checkpoint.dir().c_str());
+}
+
+// Checked reading of state.json, which a damaged or hostile checkpoint may get wrong.
+struct StateJsonReader {
+  std::string path;
+  [[noreturn]] void fail(const std::string& problem) const { throw UserError(path + ": " + problem); }
+  const json& field(const json& obj, const std::string& key, const std::string& where) const {
+    if (!obj.is_object() || !obj.contains(key)) fail(where + key + " is missing");
+    return obj[key];
+  }
+  uint64_t u64(const json& obj, const std::string& key, const std::string& where = "") const {
+    const json& v = field(obj, key, where);
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t(INT64_MAX))
+      fail(where + key + " is not a non-negative integer");
+    return v.get<uint64_t>();
+  }
+  bool boolean(const json& obj, const std::string& key, const std::string& where) const {
+    const json& v = field(obj, key, where);
+    if (!v.is_boolean()) fail(where + key + " is not true or false");
+    return v.get<bool>();
+  }
+};
+
+struct GrassCounters {
+  int64_t adam_step;
+  bool needs_selection;
+};
+
+}  // namespace
+
+std::string checkpoint_root(const RunConfig& cfg) { return cfg.out_dir + "/checkpoints"; }
+
+OutDirLock::OutDirLock(const std::string& out_dir) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw UserError(out_dir + ": cannot create out_dir: " + ec.message());
+  const std::string path = out_dir + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw UserError(path + ": cannot create: " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd_);
+    fd_ = -1;
+    throw UserError(out_dir + ": another grass process is training into this out_dir (it holds " +
+                    path + "); wait for it or choose another out_dir");
+  }
+}
+
+OutDirLock::~OutDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+}
+
+std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const TrainingState& state,
+                            const TokenLoader& loader, int64_t step, int64_t metrics_rows) {
+  const std::string root = checkpoint_root(cfg);
+  const LlamaModel& model = *state.model;
+  float* params = const_cast<LlamaModel&>(model).params();
+  std::string dir;
+  {
+    CheckpointWriter writer(root, step);
+    SafetensorsWriter weights;  // views of the live buffers: nothing is copied
+    for (const ParamTensor& t : model.tensors())
+      weights.add(t.name, "F32", t.shape, params + t.offset, size_t(t.numel) * sizeof(float));
+    weights.write(writer.file_path(kModelFile), {{"format", "pt"}});
+    writer.add_written(kModelFile);
+
+    SafetensorsWriter buffers;
+    for (const Arena::Block& b : state_blocks(arena, params))
+      buffers.add(b.name, "U8", {b.bytes}, b.ptr, size_t(b.bytes));
+    buffers.write(writer.file_path(kStateFile), {{"format", "grass"}});
+    writer.add_written(kStateFile);
+
+    const LoaderPosition position = loader.position();
+    json s = {{"step", step},
+              {"loader", {{"epoch", position.epoch}, {"index", position.index}}},
+              {"tokens_seen", step * cfg.tokens_per_step()},
+              {"metrics_rows", metrics_rows},
+              {"rng", "none: every random draw is a pure function of (seed, step or epoch, index); "
+                      "the seeds are in config.json"}};
+    if (state.grass) {
+      json targets = json::array();
+      for (const GrassOptimizer::Target& t : state.grass->targets())
+        targets.push_back({{"tensor", model.tensors()[t.tensor_index].name},
+                           {"adam_step", t.adam_step},
+                           {"needs_selection", t.needs_selection}});
+      s["grass_targets"] = targets;
+    }
+    writer.write_json(kStateJson, s);
+    writer.write_json(kConfigFile, to_json(cfg));
+    if (!cfg.tokenizer.empty()) writer.copy_file(kTokenizerFile, cfg.tokenizer);
+    dir = writer.commit();
+  }
+
+  std::vector<int64_t> steps;
+  for (const CheckpointEntry& e : list_checkpoints(root)) steps.push_back(e.step);
+  for (int64_t old : checkpoints_to_prune(steps, cfg.checkpoint_keep, cfg.checkpoint_keep_every))
+    if (old != step) delete_checkpoint(root + "/" + checkpoint_dir_name(old));
+  return dir;
+}
+
+std::optional<Checkpoint> newest_valid_checkpoint(const std::string& path, bool required) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / kCheckpointManifest, ec) || parse_checkpoint_dir_name(
+          fs::path(path).filename().string()))
+    return Checkpoint(path);  // one checkpoint named explicitly: any problem is an error
+  std::string root = path;
+  if (fs::is_directory(fs::path(path) / "checkpoints", ec)) root = path + "/checkpoints";
+  if (required && !fs::is_directory(root, ec))
+    throw UserError(path + ": not found, or not a checkpoint or a directory of checkpoints");
+  std::string skipped;
+  for (const CheckpointEntry& entry : list_checkpoints(root)) {
+    try {
+      Checkpoint checkpoint(entry.dir);
+      if (!skipped.empty())
+        std::fprintf(stderr, "warning: using the previous complete checkpoint, %s\n",
+                     entry.dir.c_str());
+      return checkpoint;
+    } catch (const UserError& e) {
+      std::fprintf(stderr, "warning: skipping checkpoint %s: %s\n", entry.dir.c_str(), e.what());
+      skipped = entry.dir;
+    }
+  }
+  if (required && skipped.empty())
+    throw UserError(path + ": no checkpoint there (a run writes them to <out_dir>/checkpoints "
+                    "when checkpoint_every > 0)");
+  if (required) throw UserError(root + ": no complete checkpoint (the ones there fail verification)");
+  if (!skipped.empty())
+    throw UserError(root + ": every checkpoint fails verification; move the directory away to "
+                    "start the run afresh");
+  return std::nullopt;
+}
+
+RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, Arena& arena,
+                               TrainingState& state, TokenLoader& loader) {
+  LlamaModel& model = *state.model;
+  const std::string mismatch =
+      ": does not fit this run (was the checkpoint made with another model or optimizer? its "
+      "config.json has the settings it was made with)";
+
+  // 1. Everything is checked before anything is copied.
+  const SafetensorsFile weights(checkpoint.path(kModelFile));
+  for (const ParamTensor& t : model.tensors()) {
+    if (!weights.contains(t.name))
+      throw UserError(weights.path() + ": tensor " + t.name + " is missing" + mismatch);
+    const TensorEntry& e = weights.get(t.name);
+    if (e.dtype != "F32" || e.shape != t.shape)
+      throw UserError(weights.path() + ": tensor " + t.name + " is " + e.dtype + " " +
+                      shape_str(e.shape) + ", this run needs F32 " + shape_str(t.shape) + mismatch);
+  }
+  if (weights.names().size() != model.tensors().size())
+    throw UserError(weights.path() + ": holds " + std::to_string(weights.names().size()) +
+                    " tensors, this run's model has " + std::to_string(model.tensors().size()) +
+                    mismatch);
+
+  const SafetensorsFile buffers(checkpoint.path(kStateFile));
+  const std::vector<Arena::Block> blocks = state_blocks(arena, model.params());
+  for (const Arena::Block& b : blocks) {
+    if (!buffers.contains(b.name))
+      throw UserError(buffers.path() + ": buffer " + b.name + " is missing" + mismatch);
+    const TensorEntry& e = buffers.get(b.name);
+    if (e.dtype != "U8" || e.shape != std::vector<int64_t>{b.bytes})
+      throw UserError(buffers.path() + ": buffer " + b.name + " is " + e.dtype + " " +
+                      shape_str(e.shape) + ", this run holds U8 [" + std::to_string(b.bytes) +
+                      "]" + mismatch);
+  }
+  if (buffers.names().size() != blocks.size())
+    throw UserError(buffers.path() + ": holds " + std::to_string(buffers.names().size()) +
+                    " buffers, this run has " + std::to_string(blocks.size()) + mismatch);
+
+  const StateJsonReader r{checkpoint.path(kStateJson)};
+  const json s = checkpoint.read_json(kStateJson);
+  if (!s.is_object()) r.fail("not a JSON object");
+  if (int64_t(r.u64(s, "step")) != checkpoint.step())
+    r.fail("step " + std::to_string(r.u64(s, "step")) + " differs from the manifest's " +
+           std::to_string(checkpoint.step()));
+  const LoaderPosition position{r.u64(r.field(s, "loader", ""), "epoch", "loader."),
+                                r.u64(r.field(s, "loader", ""), "index", "loader.")};
+  if (position.index >= loader.windows_per_epoch())
+    r.fail("data position (epoch " + std::to_string(position.epoch) + ", window " +
+           std::to_string(position.index) + ") lies outside the " +
+           std::to_string(loader.windows_per_epoch()) + " windows per epoch of " +
+           loader.stream().describe() + "; was the checkpoint made with different data?");
+  const int64_t metrics_rows = int64_t(r.u64(s, "metrics_rows"));
+  std::vector<GrassCounters> counters;
+  if (state.grass) {
+    const json& targets = r.field(s, "grass_targets", "");
+    const auto& mine = state.grass->targets();
+    if (!targets.is_array() || targets.size() != mine.size())
+      r.fail("grass_targets does not list this run's " + std::to_string(mine.size()) +
+             " GRASS targets" + mismatch);
+    for (size_t k = 0; k < mine.size(); k++) {
+      const std::string where = "grass_targets[" + std::to_string(k) + "].";
+      const json& tensor = r.field(targets[k], "tensor", where);
+      if (tensor != model.tensors()[mine[k].tensor_index].name)
+        r.fail(where + "tensor is " + tensor.dump() + ", this run's target is " +
+               model.tensors()[mine[k].tensor_index].name + mismatch);
+      counters.push_back({int64_t(r.u64(targets[k], "adam_step", where)),
+                          r.boolean(targets[k], "needs_selection", where)});
+    }
+    // σ indexes rows or columns of a weight: a value out of range would address memory outside
+    // it, so a checkpoint's σ is checked like any other untrusted index.
+    for (const GrassOptimizer::Target& t : mine) {
+      const auto it = std::find_if(blocks.begin(), blocks.end(),
+                                   [&](const Arena::Block& b) { return b.ptr == t.sigma; });
+      GRASS_CHECK(it != blocks.end(), "a GRASS target's sigma is not an optimizer buffer");
+      const TensorEntry& e = buffers.get(it->name);
+      const int64_t r = int64_t(e.bytes.size() / sizeof(int32_t)), limit = t.rows ? t.out : t.in;
+      for (int64_t i = 0; i < r; i++) {
+        int32_t v;
+        std::memcpy(&v, e.bytes.data() + i * sizeof(int32_t), sizeof v);
+        if (v < 0 || v >= limit)
+          throw UserError(buffers.path() + ": buffer " + it->name + ": index " +
+                          std::to_string(v) + " at position " + std::to_string(i) +
+                          " lies outside [0, " + std::to_string(limit) +
+                          "); the checkpoint is corrupt");
+      }
+    }
+  } else if (s.contains("grass_targets")) {
+    r.fail("holds GRASS state, but this run's optimizer is " + cfg.optimizer.name + mismatch);
+  }
+  warn_config_changes(checkpoint, cfg);
+
+  // 2. Copy.
+  for (const ParamTensor& t : model.tensors()) {
+    const TensorEntry& e = weights.get(t.name);
+    std::copy(e.bytes.begin(), e.bytes.end(),
+              reinterpret_cast<std::byte*>(model.params() + t.offset));
+  }
+  for (const Arena::Block& b : blocks) {
+    const TensorEntry& e = buffers.get(b.name);
+    std::copy(e.bytes.begin(), e.bytes.end(), static_cast<std::byte*>(b.ptr));
+  }
+  for (size_t k = 0; k < counters.size(); k++)
+    state.grass->restore_counters(k, counters[k].adam_step, counters[k].needs_selection);
+  loader.set_position(position);
+  return {checkpoint.step(), metrics_rows};
+}
+
+}  // namespace grass

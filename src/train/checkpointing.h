@@ -1,0 +1,60 @@
+// The run's state in and out of checkpoints (the directory format is io/checkpoint.h).
+//
+// What exists is read from the arena: every buffer of the weights and optimizer categories is
+// saved, the parameters as Hugging Face tensors in model.safetensors, every other buffer (Adam
+// moments, GRASS σ, ρ and moments, whatever a later optimizer adds) byte for byte under its arena
+// name in state.safetensors. Counters that are not buffers (the data loader's position, GRASS's
+// per-target step counters) go to state.json. Nothing else needs saving: every random draw is a
+// pure function of (seed, step or epoch, index), and the seeds are in config.json.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "config/config.h"
+#include "core/arena.h"
+#include "data/loader.h"
+#include "io/checkpoint.h"
+#include "train/training_state.h"
+
+namespace grass {
+
+std::string checkpoint_root(const RunConfig& cfg);  // <out_dir>/checkpoints
+
+// Holds an exclusive lock on <out_dir>/.lock (created with out_dir) for its lifetime, so two
+// runs never write one out_dir. UserError when another process holds it.
+class OutDirLock {
+ public:
+  explicit OutDirLock(const std::string& out_dir);
+  ~OutDirLock();
+  OutDirLock(const OutDirLock&) = delete;
+  OutDirLock& operator=(const OutDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Writes the state after `step` optimizer steps to <out_dir>/checkpoints/step_XXXXXXXX, then
+// deletes the checkpoints that checkpoint_keep / checkpoint_keep_every no longer keep. Returns
+// the directory. UserError (a full disk, no permission) leaves the earlier checkpoints intact.
+std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const TrainingState& state,
+                            const TokenLoader& loader, int64_t step, int64_t metrics_rows);
+
+// The newest checkpoint under `path` that verifies: `path` itself when it holds a manifest, else
+// the step directories in path/checkpoints or in path. Those that fail verification are skipped
+// with a warning line on stderr naming the file and the problem. nullopt when there is none; with
+// `required`, that is a UserError.
+std::optional<Checkpoint> newest_valid_checkpoint(const std::string& path, bool required);
+
+// Checks that a verified checkpoint holds exactly this run's state (same tensors and buffers,
+// same sizes, a well-formed state.json), warns about run config keys that differ from the
+// checkpoint's config.json, and only then copies it in. UserError naming the file for any
+// mismatch, with nothing copied.
+struct RestoredRun {
+  int64_t step = 0;          // optimizer steps done when the checkpoint was taken
+  int64_t metrics_rows = 0;  // rows metrics.jsonl had then
+};
+RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, Arena& arena,
+                               TrainingState& state, TokenLoader& loader);
+
+}  // namespace grass

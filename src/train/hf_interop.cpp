@@ -1,0 +1,165 @@
+#include "train/hf_interop.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "core/arena.h"
+#include "core/bf16.h"
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "io/durable_file.h"
+#include "io/hf_model_dir.h"
+#include "io/safetensors.h"
+
+namespace grass {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The keys that decide the weights' shapes and meaning, HF spelling.
+void check_hf_config(const ModelConfig& run, const std::string& config_path) {
+  const ModelConfig hf = load_model_config(config_path);
+  const json a = to_json(hf), b = to_json(run);
+  for (const char* key : {"hidden_size", "intermediate_size", "num_attention_heads",
+                          "num_key_value_heads", "num_hidden_layers", "vocab_size",
+                          "rms_norm_eps", "rope_theta", "tie_word_embeddings"})
+    if (a[key] != b[key])
+      throw UserError(config_path + ": " + key + " is " + a[key].dump() +
+                      ", but the run's model config has " + b[key].dump() +
+                      "; init_from needs weights of the same architecture");
+}
+
+}  // namespace
+
+void load_hf_model(LlamaModel& model, const std::string& path) {
+  const HfModelWeights weights(path);
+  std::error_code ec;
+  if (fs::is_directory(path, ec) && fs::exists(path + "/config.json", ec))
+    check_hf_config(model.config(), path + "/config.json");
+  std::set<std::string> used;
+  for (const ParamTensor& t : model.tensors()) {
+    if (!weights.contains(t.name))
+      throw UserError(path + ": tensor " + t.name + " is missing (the model config expects " +
+                      shape_str(t.shape) + ")");
+    const SafetensorsFile& file = weights.file_of(t.name);
+    const TensorEntry& e = file.get(t.name);
+    if (e.shape != t.shape)
+      throw UserError(file.path() + ": tensor " + t.name + " has shape " + shape_str(e.shape) +
+                      " but the model config needs " + shape_str(t.shape));
+    const std::vector<float> values = file.read_f32(t.name);
+    model.write_tensor(t, values.data());  // and the master copy, on any backend
+    used.insert(t.name);
+  }
+  for (const std::string& name : weights.names())
+    if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq"))
+      throw UserError(weights.file_of(name).path() + ": tensor " + name +
+                      " is not part of the run's model (" +
+                      std::to_string(model.config().num_hidden_layers) + " layers, " +
+                      (model.config().tie_word_embeddings ? "tied" : "untied") +
+                      " embeddings): the weights belong to another architecture");
+}
+
+ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir, bool bf16,
+                       const std::string& tokenizer) {
+  const std::string config_path = checkpoint.path("config.json");
+  const json run = checkpoint.read_json("config.json");
+  if (!run.is_object() || !run.contains("model"))
+    throw UserError(config_path + ": not a run config with an inline \"model\"");
+  const ModelConfig mc = parse_model_config(run["model"], config_path + ": model");
+  Arena planning(/*planning=*/true);
+  const LlamaModel layout(mc, planning, 1, 1);  // names and shapes only; nothing is allocated
+
+  const SafetensorsFile weights(checkpoint.path("model.safetensors"));
+  for (const ParamTensor& t : layout.tensors()) {
+    if (!weights.contains(t.name))
+      throw UserError(weights.path() + ": tensor " + t.name + " is missing");
+    const TensorEntry& e = weights.get(t.name);
+    if (e.dtype != "F32" || e.shape != t.shape)
+      throw UserError(weights.path() + ": tensor " + t.name + " is " + e.dtype + " " +
+                      shape_str(e.shape) + ", the checkpoint's config needs F32 " +
+                      shape_str(t.shape));
+  }
+
+  std::string tokenizer_path = tokenizer;
+  if (tokenizer_path.empty() && checkpoint.has("tokenizer.model"))
+    tokenizer_path = checkpoint.path("tokenizer.model");
+  std::optional<Tokenizer> tok;
+  if (!tokenizer_path.empty()) {
+    tok.emplace(tokenizer_path);
+    if (tok->vocab_size() > uint32_t(mc.vocab_size))
+      throw UserError(tokenizer_path + ": " + std::to_string(tok->vocab_size()) +
+                      " pieces, more than the model's vocab_size " + std::to_string(mc.vocab_size));
+  }
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw UserError(out_dir + ": cannot create: " + ec.message());
+  if (fs::equivalent(out_dir, checkpoint.dir(), ec))
+    throw UserError(out_dir + ": is the checkpoint itself; export into another directory");
+  if (fs::exists(out_dir + "/model.safetensors.index.json", ec))
+    throw UserError(out_dir + ": holds model.safetensors.index.json, which Hugging Face would load "
+                    "instead of the exported model.safetensors; export into another directory");
+
+  ExportResult result;
+  SafetensorsWriter out;
+  std::vector<std::vector<uint16_t>> converted;  // bf16 copies, alive until write()
+  for (const ParamTensor& t : layout.tensors()) {
+    const TensorEntry& e = weights.get(t.name);
+    result.parameters += t.numel;
+    if (!bf16) {
+      out.add(t.name, "F32", t.shape, e.bytes.data(), e.bytes.size());
+      continue;
+    }
+    const std::vector<float> values = weights.read_f32(t.name);
+    std::vector<uint16_t>& half = converted.emplace_back(values.size());
+    std::transform(values.begin(), values.end(), half.begin(), float_to_bf16);
+    out.add(t.name, "BF16", t.shape, half.data(), half.size() * sizeof(uint16_t));
+  }
+  const std::string model_path = out_dir + "/model.safetensors";
+  out.write(model_path, {{"format", "pt"}});
+  result.weight_bytes = fs::file_size(model_path, ec);
+
+  json config = to_json(mc);
+  config["torch_dtype"] = bf16 ? "bfloat16" : "float32";
+  config["use_cache"] = true;
+  if (tok) {
+    if (tok->bos_id() >= 0) config["bos_token_id"] = tok->bos_id();
+    if (tok->eos_id() >= 0) config["eos_token_id"] = tok->eos_id();
+  }
+  write_file_durably(out_dir + "/config.json", config.dump(2) + "\n");
+
+  if (tok) {
+    const auto piece = [&](int id) -> json {
+      return id >= 0 ? json(tok->pieces({id})[0]) : json(nullptr);
+    };
+    const json tokenizer_config = {{"tokenizer_class", "LlamaTokenizer"},
+                                   {"bos_token", piece(tok->bos_id())},
+                                   {"eos_token", piece(tok->eos_id())},
+                                   {"unk_token", piece(tok->unk_id())},
+                                   {"pad_token", nullptr},
+                                   {"add_bos_token", tok->bos_id() >= 0},
+                                   {"add_eos_token", false},
+                                   {"model_max_length", mc.max_position_embeddings},
+                                   {"clean_up_tokenization_spaces", false}};
+    copy_file_durably(tokenizer_path, out_dir + "/tokenizer.model");
+    write_file_durably(out_dir + "/tokenizer_config.json", tokenizer_config.dump(2) + "\n");
+    result.tokenizer = tokenizer_path;
+  }
+  fsync_directory(out_dir);
+  return result;
+}
+
+}  // namespace grass

@@ -1,0 +1,33 @@
+// Hugging Face interop: a run's weights from a Hugging Face model directory (`init_from`), and a
+// checkpoint exported as one (`grass export`): config.json (LlamaConfig), model.safetensors with
+// HF tensor names and the tokenizer, which transformers loads as LlamaForCausalLM.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "io/checkpoint.h"
+#include "model/llama.h"
+
+namespace grass {
+
+// Copies every parameter of `model` from the HF model directory (or .safetensors file) at
+// `path`, single-file or sharded. UserError naming the file and tensor for a missing tensor, a
+// shape that differs from the model config, a non-float dtype, or a tensor the model does not
+// have (another layer count, an lm_head for tied embeddings); and, when the directory holds a
+// config.json, for an architecture key that differs from the run's model config.
+void load_hf_model(LlamaModel& model, const std::string& path);
+
+struct ExportResult {
+  int64_t parameters = 0;
+  uint64_t weight_bytes = 0;  // of model.safetensors
+  std::string tokenizer;      // the tokenizer model copied, "" when none
+};
+
+// Writes config.json, model.safetensors ("F32" or "BF16", round to nearest even) and, when the
+// checkpoint carries a tokenizer or `tokenizer` names one, tokenizer.model and
+// tokenizer_config.json into out_dir (created). Every file goes through a temporary name, so
+// an existing export is replaced file by file and a failure leaves no partial file.
+ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir, bool bf16,
+                       const std::string& tokenizer = "");
+
+}  // namespace grass

@@ -1,0 +1,305 @@
+// Checkpoints: a resumed run continues bit for bit (losses, weights, optimizer state,
+// metrics.jsonl), damaged checkpoints are caught by their manifest and skipped, interrupted writes
+// leave nothing under a final name, and old checkpoints are pruned as configured.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "io/checkpoint.h"
+#include "test_util.h"
+#include "train/checkpointing.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+using namespace grass;
+using Catch::Matchers::Contains;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::vector<json> read_rows(const std::string& path) {
+  std::vector<json> rows;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) rows.push_back(json::parse(line));
+  return rows;
+}
+
+// A small run on a random shard in `dir`: 2 micro-batches per step, shuffled, prefetching.
+json small_run(const test::TempDir& dir, const std::string& out, const std::string& optimizer) {
+  const std::string shard = dir.file("train.bin");
+  if (!fs::exists(shard)) test::write_shard(shard, test::random_tokens(6000, 128, 11), {.vocab_size = 128});
+  json run = {{"model", {{"hidden_size", 32}, {"intermediate_size", 40}, {"num_attention_heads", 4},
+                         {"num_key_value_heads", 2}, {"num_hidden_layers", 2}, {"vocab_size", 128},
+                         {"max_position_embeddings", 32}}},
+              {"data", {{"train", shard}, {"val", shard}}},
+              {"optimizer", {{"name", optimizer}, {"lr", 3e-3}, {"weight_decay", 0.1}}},
+              {"schedule", {{"name", "cosine"}, {"warmup_steps", 2}}},
+              {"micro_batch_size", 2}, {"total_batch_size", 4}, {"seq_len", 16}, {"steps", 9},
+              {"eval_every", 3}, {"eval_tokens", 64}, {"log_every", 100},
+              {"checkpoint_every", 2}, {"checkpoint_keep", 100},
+              {"out_dir", dir.file(out)}};
+  if (optimizer == "grass")
+    run["optimizer"].update({{"rank", 4}, {"update_interval", 3}, {"selection", "multinomial"}});
+  return run;
+}
+
+RunConfig parse(const json& run) { return parse_run_config(run, ""); }
+
+// The checkpoint directory of `step` in a run's out_dir.
+std::string step_dir(const RunConfig& cfg, int64_t step) {
+  return checkpoint_root(cfg) + "/" + checkpoint_dir_name(step);
+}
+
+}  // namespace
+
+TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[checkpoint][train]") {
+  const std::string optimizer = GENERATE(as<std::string>{}, "adamw", "grass");
+  const test::TempDir dir("grass_test_checkpoint");
+  const RunConfig whole = parse(small_run(dir, "whole", optimizer));
+  const TrainResult uninterrupted = train(whole);
+  REQUIRE(uninterrupted.losses.size() == 9);
+
+  // Resume after step 4 (inside a GRASS selection interval of 3) and after step 6 (a refresh is
+  // the next step), each in a fresh out_dir holding that checkpoint and the whole run's metrics,
+  // as a crash after step 9 would leave them, plus a half-written row.
+  for (const int64_t at : {4, 6}) {
+    INFO(optimizer << ", resumed after step " << at);
+    const RunConfig resumed = parse(small_run(dir, "resumed" + std::to_string(at), optimizer));
+    fs::create_directories(checkpoint_root(resumed));
+    fs::copy(step_dir(whole, at), step_dir(resumed, at));
+    fs::copy_file(whole.out_dir + "/metrics.jsonl", resumed.out_dir + "/metrics.jsonl");
+    std::ofstream(resumed.out_dir + "/metrics.jsonl", std::ios::app) << "{\"step\": 10, \"lo";
+
+    const TrainResult rest = train(resumed);
+    CHECK(rest.first_step == at);
+    CHECK(rest.resumed_from == step_dir(resumed, at));
+    REQUIRE(rest.losses.size() == size_t(9 - at));
+    for (size_t i = 0; i < rest.losses.size(); i++) CHECK(rest.losses[i] == uninterrupted.losses[at + i]);
+    for (const char* file : {"model.safetensors", "state.safetensors", "state.json"})
+      CHECK(read_bytes(step_dir(resumed, 9) + "/" + file) == read_bytes(step_dir(whole, 9) + "/" + file));
+    REQUIRE(rest.final_eval.has_value());
+    CHECK(rest.final_eval->loss == uninterrupted.final_eval->loss);
+
+    // The same rows, in the same order, with the same values (timings aside).
+    const std::vector<json> a = read_rows(whole.out_dir + "/metrics.jsonl");
+    const std::vector<json> b = read_rows(resumed.out_dir + "/metrics.jsonl");
+    REQUIRE(a.size() == b.size());
+    CHECK(a.size() == 9 + 3);  // a row per step and an evaluation every 3 steps
+    for (size_t i = 0; i < a.size(); i++) {
+      CHECK(a[i]["step"] == b[i]["step"]);
+      for (const char* key : {"loss", "lr", "grad_norm", "tokens", "val_loss", "eval"})
+        CHECK(a[i].value(key, json()) == b[i].value(key, json()));
+    }
+  }
+}
+
+TEST_CASE("metrics.jsonl is cut after the checkpoint's step", "[checkpoint]") {
+  const test::TempDir dir("grass_test_checkpoint");
+  const std::string path = dir.file("metrics.jsonl");
+  write_bytes(path, "{\"step\":1,\"loss\":5}\n{\"step\":2,\"loss\":4}\n{\"step\":2,\"eval\":true}\n"
+                    "{\"step\":3,\"loss\":3}\n{\"step\":4,\"loss\":2}\n{\"step\":5,\"lo");
+  CHECK(truncate_metrics_after(path, 2) == 3);
+  CHECK(read_bytes(path) == "{\"step\":1,\"loss\":5}\n{\"step\":2,\"loss\":4}\n{\"step\":2,\"eval\":true}\n");
+  CHECK(truncate_metrics_after(path, 0) == 0);
+  CHECK(read_bytes(path).empty());
+  CHECK(truncate_metrics_after(dir.file("absent.jsonl"), 3) == 0);
+  write_bytes(path, "{\"step\":1}\n{\"step\":2}");  // a last row cut short by a kill
+  CHECK(truncate_metrics_after(path, 10) == 1);
+  CHECK(read_bytes(path) == "{\"step\":1}\n");
+}
+
+TEST_CASE("damaged checkpoints are named and the previous complete one is used",
+          "[checkpoint]") {
+  const test::TempDir dir("grass_test_checkpoint");
+  json run = small_run(dir, "out", "adamw");
+  run["steps"] = 3;
+  run["checkpoint_every"] = 1;
+  const RunConfig cfg = parse(run);
+  train(cfg);
+  const std::string root = checkpoint_root(cfg);
+  CHECK(newest_valid_checkpoint(root, false)->step() == 3);
+
+  // A flipped byte: the checksum catches it, and the file is named.
+  const std::string state3 = step_dir(cfg, 3) + "/state.safetensors";
+  std::string bytes = read_bytes(state3);
+  bytes[bytes.size() / 2] ^= 0x10;
+  write_bytes(state3, bytes);
+  CHECK_THAT(test::user_error_of([&] { Checkpoint c(step_dir(cfg, 3)); }),
+             Contains(state3 + ": checksum mismatch"));
+  CHECK(newest_valid_checkpoint(root, false)->step() == 2);
+  // Named explicitly, a damaged checkpoint is an error, not a fallback.
+  CHECK_THAT(test::user_error_of([&] { newest_valid_checkpoint(step_dir(cfg, 3), true); }),
+             Contains(state3));
+
+  // A truncated file.
+  const std::string model2 = step_dir(cfg, 2) + "/model.safetensors";
+  bytes = read_bytes(model2);
+  write_bytes(model2, bytes.substr(0, bytes.size() - 100));
+  CHECK_THAT(test::user_error_of([&] { Checkpoint c(step_dir(cfg, 2)); }),
+             Contains(model2 + ": " + std::to_string(bytes.size() - 100) +
+                      " bytes, but manifest.json records " + std::to_string(bytes.size())));
+
+  // A training run resumes from the one complete checkpoint, and the warnings name the others.
+  const TrainResult resumed = train(cfg);
+  CHECK(resumed.first_step == 1);
+  CHECK(resumed.losses.size() == 2);
+  CHECK(newest_valid_checkpoint(root, false)->step() == 3);  // rewritten
+
+  // No manifest: incomplete. When nothing verifies, the run stops rather than start afresh.
+  for (int64_t s : {1, 2, 3}) fs::remove(step_dir(cfg, s) + "/manifest.json");
+  CHECK_THAT(test::user_error_of([&] { Checkpoint c(step_dir(cfg, 1)); }),
+             Contains("manifest.json: missing: the checkpoint is incomplete"));
+  CHECK_THAT(test::user_error_of([&] { newest_valid_checkpoint(root, false); }),
+             Contains(root + ": every checkpoint fails verification"));
+  CHECK_THAT(test::user_error_of([&] { train(cfg); }), Contains("every checkpoint fails verification"));
+}
+
+TEST_CASE("a checkpoint of another model or optimizer is refused naming what differs",
+          "[checkpoint]") {
+  const test::TempDir dir("grass_test_checkpoint");
+  json run = small_run(dir, "out", "grass");
+  run["steps"] = 2;
+  train(parse(run));
+
+  json other = run;
+  other["model"]["intermediate_size"] = 48;
+  CHECK_THAT(test::user_error_of([&] { train(parse(other)); }),
+             Contains("model.safetensors: tensor model.layers.0.mlp.gate_proj.weight is F32 [40, "
+                      "32], this run needs F32 [48, 32]") &&
+                 Contains("does not fit this run"));
+  json adamw = run;
+  adamw["optimizer"] = {{"name", "adamw"}};
+  CHECK_THAT(test::user_error_of([&] { train(parse(adamw)); }),
+             Contains("state.safetensors: buffer adamw.m is U8") && Contains("does not fit"));
+  json fewer_targets = run;
+  fewer_targets["optimizer"]["targets"] = {"q", "k"};
+  CHECK_THAT(test::user_error_of([&] { train(parse(fewer_targets)); }),
+             Contains("state.safetensors") && Contains("does not fit"));
+}
+
+TEST_CASE("resuming from an older checkpoint beside newer ones is refused", "[checkpoint]") {
+  const test::TempDir dir("grass_test_checkpoint");
+  json run = small_run(dir, "out", "adamw");
+  run["steps"] = 4;
+  const RunConfig cfg = parse(run);
+  train(cfg);
+  CHECK_THAT(test::user_error_of([&] { train(cfg, {.resume = step_dir(cfg, 2)}); }),
+             Contains(step_dir(cfg, 4) + ": a later checkpoint than " + step_dir(cfg, 2)));
+  // A finished run has nothing left to do.
+  const TrainResult again = train(cfg);
+  CHECK(again.first_step == 4);
+  CHECK(again.losses.empty());
+  // --resume from another run's checkpoint, into a fresh out_dir.
+  run["out_dir"] = dir.file("branch");
+  const TrainResult branch = train(parse(run), {.resume = step_dir(cfg, 2)});
+  CHECK(branch.first_step == 2);
+  CHECK(read_bytes(dir.file("branch/checkpoints/step_00000004/model.safetensors")) ==
+        read_bytes(step_dir(cfg, 4) + "/model.safetensors"));
+}
+
+TEST_CASE("old checkpoints are pruned: the last k and every Nth forever", "[checkpoint]") {
+  CHECK(checkpoints_to_prune({1, 2, 3, 4, 5}, 2, 0) == std::vector<int64_t>{3, 2, 1});
+  CHECK(checkpoints_to_prune({10, 20, 30, 40, 50}, 1, 20) == std::vector<int64_t>{30, 10});
+  CHECK(checkpoints_to_prune({5}, 3, 0).empty());
+
+  const test::TempDir dir("grass_test_checkpoint");
+  json run = small_run(dir, "out", "adamw");
+  run["steps"] = 10;
+  run["checkpoint_every"] = 1;
+  run["checkpoint_keep"] = 2;
+  run["checkpoint_keep_every"] = 4;
+  const RunConfig cfg = parse(run);
+  train(cfg);
+  std::vector<int64_t> steps;
+  for (const CheckpointEntry& e : list_checkpoints(checkpoint_root(cfg))) steps.push_back(e.step);
+  CHECK(steps == std::vector<int64_t>{10, 9, 8, 4});
+  for (const auto& entry : fs::directory_iterator(checkpoint_root(cfg)))
+    CHECK(entry.path().filename().string().starts_with("step_"));  // no leftovers
+}
+
+TEST_CASE("an interrupted checkpoint write leaves nothing under a final name", "[checkpoint]") {
+  const test::TempDir dir("grass_test_checkpoint");
+  const std::string root = dir.file("checkpoints");
+  {
+    CheckpointWriter done(root, 1);
+    done.write_json("a.json", {{"x", 1}});
+    done.commit();
+  }
+  {
+    CheckpointWriter abandoned(root, 2);  // an exception before commit() unwinds through here
+    abandoned.write_json("a.json", {{"x", 2}});
+  }
+  CHECK(!fs::exists(root + "/.tmp_step_00000002"));
+  // What a kill leaves: a temporary directory, which listing ignores and the next run removes.
+  fs::create_directories(root + "/.tmp_step_00000003");
+  write_bytes(root + "/.tmp_step_00000003/a.json", "{\"x\"");
+  fs::create_directories(root + "/.trash_step_00000000");
+  REQUIRE(list_checkpoints(root).size() == 1);
+  CHECK(list_checkpoints(root)[0].step == 1);
+  CHECK(Checkpoint(root + "/step_00000001").read_json("a.json")["x"] == 1);
+  remove_checkpoint_leftovers(root);
+  CHECK(!fs::exists(root + "/.tmp_step_00000003"));
+  CHECK(!fs::exists(root + "/.trash_step_00000000"));
+
+  // A second checkpoint of one step replaces the first whole.
+  {
+    CheckpointWriter again(root, 1);
+    again.write_json("b.json", {{"y", 3}});
+    again.commit();
+  }
+  const Checkpoint replaced(root + "/step_00000001");
+  CHECK(!replaced.has("a.json"));
+  CHECK(replaced.read_json("b.json")["y"] == 3);
+  CHECK(!fs::exists(root + "/step_00000001/a.json"));
+
+  // Directory names: one spelling per step.
+  CHECK(parse_checkpoint_dir_name("step_00000100") == 100);
+  CHECK(parse_checkpoint_dir_name("step_123456789") == 123456789);
+  CHECK(!parse_checkpoint_dir_name("step_0000100"));
+  CHECK(!parse_checkpoint_dir_name("step_000000100"));
+  CHECK(!parse_checkpoint_dir_name("step_0000010x"));
+  CHECK(!parse_checkpoint_dir_name(".tmp_step_00000100"));
+}
+
+TEST_CASE("a manifest of another format or version is refused", "[checkpoint]") {
+  const test::TempDir dir("grass_test_checkpoint");
+  const std::string root = dir.file("checkpoints");
+  {
+    CheckpointWriter w(root, 7);
+    w.write_json("a.json", json::object());
+    w.commit();
+  }
+  const std::string manifest = root + "/step_00000007/manifest.json";
+  json m = json::parse(read_bytes(manifest));
+  m["version"] = 2;
+  write_bytes(manifest, m.dump());
+  CHECK_THAT(test::user_error_of([&] { Checkpoint c(root + "/step_00000007"); }),
+             Contains(manifest + ": checkpoint format version 2 (this grass reads version 1)"));
+  m["version"] = 1;
+  m["step"] = 8;
+  write_bytes(manifest, m.dump());
+  CHECK_THAT(test::user_error_of([&] { Checkpoint c(root + "/step_00000007"); }),
+             Contains("step 8 differs from the directory name step_00000007"));
+  m["step"] = 7;
+  m["files"][0]["name"] = "../a.json";
+  write_bytes(manifest, m.dump());
+  CHECK_THAT(test::user_error_of([&] { Checkpoint c(root + "/step_00000007"); }),
+             Contains("files[0].name is not a plain file name"));
+}
