@@ -31,12 +31,17 @@ constexpr const char* kTokenizerFile = "tokenizer.model";
 
 // The buffers saved byte for byte: weights and optimizer categories, less the parameters
 // themselves (saved as named tensors in model.safetensors).
-std::vector<Arena::Block> state_blocks(const Arena& arena, const float* params) {
+std::vector<Arena::Block> state_blocks(const Arena& arena, const void* params) {
   std::vector<Arena::Block> out;  // copies: the arena's list may grow while these are in use
   for (const Arena::Block& b : arena.blocks())
     if ((b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) && b.ptr != params)
       out.push_back(b);
   return out;
+}
+
+// The weights as the forward reads them: fp32 on the CPU, bf16 on the GPU (exact bits either way).
+const char* weight_dtype(const LlamaModel& model) {
+  return model.storage().weight_bytes == 2 ? "BF16" : "F32";
 }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -144,20 +149,34 @@ OutDirLock::~OutDirLock() {
 std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const TrainingState& state,
                             const TokenLoader& loader, int64_t step, int64_t metrics_rows) {
   const std::string root = checkpoint_root(cfg);
-  const LlamaModel& model = *state.model;
-  float* params = const_cast<LlamaModel&>(model).params();
+  LlamaModel& model = *state.model;
+  const void* params = model.weights();
+  // On the CPU the writers take views of the live buffers (nothing is copied); GPU buffers are
+  // brought to the host first, each into one of these.
+  const bool on_host = !model.storage().cuda;
+  std::vector<std::vector<std::byte>> host_copies;
+  auto host_view = [&](const void* p, int64_t bytes) -> const void* {
+    if (on_host) return p;
+    host_copies.emplace_back(size_t(bytes));
+    model.backend().download(host_copies.back().data(), p, size_t(bytes));
+    return host_copies.back().data();
+  };
+  const int wbytes = model.storage().weight_bytes;
   std::string dir;
   {
     CheckpointWriter writer(root, step);
-    SafetensorsWriter weights;  // views of the live buffers: nothing is copied
+    SafetensorsWriter weights;
+    const auto* weight_bytes =
+        static_cast<const std::byte*>(host_view(params, model.num_params() * wbytes));
     for (const ParamTensor& t : model.tensors())
-      weights.add(t.name, "F32", t.shape, params + t.offset, size_t(t.numel) * sizeof(float));
+      weights.add(t.name, weight_dtype(model), t.shape, weight_bytes + t.offset * wbytes,
+                  size_t(t.numel) * wbytes);
     weights.write(writer.file_path(kModelFile), {{"format", "pt"}});
     writer.add_written(kModelFile);
 
     SafetensorsWriter buffers;
     for (const Arena::Block& b : state_blocks(arena, params))
-      buffers.add(b.name, "U8", {b.bytes}, b.ptr, size_t(b.bytes));
+      buffers.add(b.name, "U8", {b.bytes}, host_view(b.ptr, b.bytes), size_t(b.bytes));
     buffers.write(writer.file_path(kStateFile), {{"format", "grass"}});
     writer.add_written(kStateFile);
 
@@ -234,9 +253,10 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
     if (!weights.contains(t.name))
       throw UserError(weights.path() + ": tensor " + t.name + " is missing" + mismatch);
     const TensorEntry& e = weights.get(t.name);
-    if (e.dtype != "F32" || e.shape != t.shape)
+    if (e.dtype != weight_dtype(model) || e.shape != t.shape)
       throw UserError(weights.path() + ": tensor " + t.name + " is " + e.dtype + " " +
-                      shape_str(e.shape) + ", this run needs F32 " + shape_str(t.shape) + mismatch);
+                      shape_str(e.shape) + ", this run needs " + weight_dtype(model) + " " +
+                      shape_str(t.shape) + mismatch);
   }
   if (weights.names().size() != model.tensors().size())
     throw UserError(weights.path() + ": holds " + std::to_string(weights.names().size()) +
@@ -244,7 +264,7 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
                     mismatch);
 
   const SafetensorsFile buffers(checkpoint.path(kStateFile));
-  const std::vector<Arena::Block> blocks = state_blocks(arena, model.params());
+  const std::vector<Arena::Block> blocks = state_blocks(arena, model.weights());
   for (const Arena::Block& b : blocks) {
     if (!buffers.contains(b.name))
       throw UserError(buffers.path() + ": buffer " + b.name + " is missing" + mismatch);
@@ -311,15 +331,16 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
   }
   warn_config_changes(checkpoint, cfg);
 
-  // 2. Copy.
+  // 2. Copy, through the backend (a memcpy on the CPU, an upload to the GPU).
+  Backend& backend = model.backend();
   for (const ParamTensor& t : model.tensors()) {
     const TensorEntry& e = weights.get(t.name);
-    std::copy(e.bytes.begin(), e.bytes.end(),
-              reinterpret_cast<std::byte*>(model.params() + t.offset));
+    backend.upload(static_cast<std::byte*>(model.weights()) + t.offset * model.storage().weight_bytes,
+                   e.bytes.data(), e.bytes.size());
   }
   for (const Arena::Block& b : blocks) {
     const TensorEntry& e = buffers.get(b.name);
-    std::copy(e.bytes.begin(), e.bytes.end(), static_cast<std::byte*>(b.ptr));
+    backend.upload(b.ptr, e.bytes.data(), e.bytes.size());
   }
   for (size_t k = 0; k < counters.size(); k++)
     state.grass->restore_counters(k, counters[k].adam_step, counters[k].needs_selection);

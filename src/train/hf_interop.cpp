@@ -87,9 +87,9 @@ ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir,
     if (!weights.contains(t.name))
       throw UserError(weights.path() + ": tensor " + t.name + " is missing");
     const TensorEntry& e = weights.get(t.name);
-    if (e.dtype != "F32" || e.shape != t.shape)
+    if ((e.dtype != "F32" && e.dtype != "BF16") || e.shape != t.shape)  // CPU runs, GPU runs
       throw UserError(weights.path() + ": tensor " + t.name + " is " + e.dtype + " " +
-                      shape_str(e.shape) + ", the checkpoint's config needs F32 " +
+                      shape_str(e.shape) + ", the checkpoint's config needs F32 or BF16 " +
                       shape_str(t.shape));
   }
 
@@ -115,18 +115,25 @@ ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir,
 
   ExportResult result;
   SafetensorsWriter out;
-  std::vector<std::vector<uint16_t>> converted;  // bf16 copies, alive until write()
+  // Tensors already in the wanted dtype are written from the file's mapping; the others are
+  // converted into copies that stay alive until write().
+  std::vector<std::vector<uint16_t>> to_bf16;
+  std::vector<std::vector<float>> to_f32;
+  const std::string wanted = bf16 ? "BF16" : "F32";
   for (const ParamTensor& t : layout.tensors()) {
     const TensorEntry& e = weights.get(t.name);
     result.parameters += t.numel;
-    if (!bf16) {
-      out.add(t.name, "F32", t.shape, e.bytes.data(), e.bytes.size());
-      continue;
+    if (e.dtype == wanted) {
+      out.add(t.name, wanted, t.shape, e.bytes.data(), e.bytes.size());
+    } else if (bf16) {
+      const std::vector<float> values = weights.read_f32(t.name);
+      std::vector<uint16_t>& half = to_bf16.emplace_back(values.size());
+      std::transform(values.begin(), values.end(), half.begin(), float_to_bf16);
+      out.add(t.name, "BF16", t.shape, half.data(), half.size() * sizeof(uint16_t));
+    } else {  // bf16 widens to fp32 exactly
+      const std::vector<float>& values = to_f32.emplace_back(weights.read_f32(t.name));
+      out.add(t.name, "F32", t.shape, values.data(), values.size() * sizeof(float));
     }
-    const std::vector<float> values = weights.read_f32(t.name);
-    std::vector<uint16_t>& half = converted.emplace_back(values.size());
-    std::transform(values.begin(), values.end(), half.begin(), float_to_bf16);
-    out.add(t.name, "BF16", t.shape, half.data(), half.size() * sizeof(uint16_t));
   }
   const std::string model_path = out_dir + "/model.safetensors";
   out.write(model_path, {{"format", "pt"}});

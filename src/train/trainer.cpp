@@ -75,12 +75,6 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
 
 }  // namespace
 
-namespace {
-std::string run_prefix(const RunConfig& cfg) {
-  return cfg.source.empty() ? "" : cfg.source + ": ";
-}
-}  // namespace
-
 TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   // Everything that can fail on user input happens before out_dir is touched.
   TokenLoader loader(cfg.train_files, cfg.micro_batch_size, cfg.seq_len,
@@ -96,10 +90,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
 
   std::string why_cpu;
   const std::unique_ptr<Backend> backend = choose_backend(cfg, &why_cpu);
-  if (backend->storage().cuda && cfg.checkpoint_every > 0)
-    throw UserError(run_prefix(cfg) + "checkpoint_every: checkpoints of GPU runs are not "
-                    "supported yet (the checkpoint code reads the CPU backend's memory); set it "
-                    "to 0, or train with device \"cpu\"");
   // GPU memory comes as one reservation of the planned size, cut into the named buffers.
   const MemoryPlan plan = plan_memory(cfg, backend->storage());
   backend->reserve(plan.total, plan.buffers);
@@ -126,9 +116,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
                         std::to_string(resume->step()) + "); resuming there would mix two " +
                         "histories in one out_dir: move the later checkpoints away or train " +
                         "into a new out_dir");
-    if (backend->storage().cuda)
-      throw UserError(resume->dir() + ": resuming a GPU run from a checkpoint is not supported "
-                      "yet; export it (grass export) and start from it with init_from");
     const RestoredRun restored = restore_checkpoint(*resume, cfg, arena, state, loader);
     start_step = restored.step;
     checkpoint_metrics_rows = restored.metrics_rows;
