@@ -15,8 +15,10 @@
 #include "ops.h"
 #include "optim/clip.h"
 #include "train/training_state.h"
+#include "ngram_batches.h"
 
 using namespace grass;
+using grass::test::NgramBatches;
 
 namespace {
 
@@ -35,33 +37,6 @@ std::pair<float, float> bf16_neighbours(float x) {
   const float up = (bits & 0xffffu) ? std::bit_cast<float>((bits & 0xffff0000u) + 0x10000u) : down;
   return {down, up};
 }
-
-// 16 random 6-grams over 64 tokens, concatenated in random order (as tests/test_training.cpp):
-// a model that learns them predicts 5 of every 6 tokens.
-struct NgramBatches {
-  static constexpr int V = 64, K = 16, L = 6;
-  std::vector<int32_t> stream;
-  NgramBatches() {
-    std::vector<int32_t> ngrams(K * L);
-    for (int i = 0; i < K * L; i++) ngrams[i] = int32_t(uniform_open01(77, i) * V);
-    for (int i = 0; i < 4000; i++) {
-      const int k = int(uniform_open01(78, i) * K);
-      stream.insert(stream.end(), ngrams.begin() + k * L, ngrams.begin() + (k + 1) * L);
-    }
-  }
-  // batch `step`: B rows of T inputs and their next-token targets
-  void batch(int64_t step, int B, int T, std::vector<int32_t>& in, std::vector<int32_t>& tg) const {
-    in.resize(size_t(B) * T);
-    tg.resize(in.size());
-    for (int b = 0; b < B; b++) {
-      const size_t start = size_t((step * B + b) * 37 % (stream.size() - T - 1));
-      for (int t = 0; t < T; t++) {
-        in[size_t(b) * T + t] = stream[start + t];
-        tg[size_t(b) * T + t] = stream[start + t + 1];
-      }
-    }
-  }
-};
 
 RunConfig tiny_run(const std::string& optimizer) {
   RunConfig c;

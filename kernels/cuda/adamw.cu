@@ -68,36 +68,9 @@ __global__ void adamw_pure_kernel(bf16* param, const bf16* g, bf16* m, bf16* v, 
   param[i] = stochastic_round_bf16(p, seed_param, uint64_t(i));
 }
 
-// SplitMix64's finaliser: spreads every input bit over the whole output.
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// The seed of one rounding stream (0 param, 1 m, 2 v) at one step. The step is mixed in so that a
-// caller passing the same seed every step still gets fresh draws each step: the same draw for an
-// element step after step would bias a slowly moving weight.
-uint64_t stream_seed(uint64_t seed, int64_t step, uint64_t stream) {
-  return mix64(mix64(seed + stream * 0x9E3779B97F4A7C15ull) ^ uint64_t(step));
-}
-
 __device__ __forceinline__ double square(float x) { return double(x) * double(x); }
 __device__ __forceinline__ double square(bf16 x) { return square(__bfloat162float(x)); }
 
-// Sum of v over the block (blockDim.x a multiple of 32), returned to every thread. The tree is
-// fixed: a butterfly in each warp, then the warp sums in warp order. At most one call per kernel
-// (there is no barrier after the last read of warp_sums).
-__device__ double block_sum(double v) {
-  __shared__ double warp_sums[32];
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < int(blockDim.x / 32); w++) total += warp_sums[w];
-  return total;
-}
 
 // Stage 1: partial[b] = Σ x[i]² over the grid-stride slice of block b (i ≡ thread's index).
 //   partial[gridDim.x], x[n]
@@ -157,7 +130,8 @@ void adamw_update(const Context& ctx, bf16* param, float* master, const void* g,
   else
     adamw_pure_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(
         param, static_cast<const bf16*>(g), static_cast<bf16*>(m), static_cast<bf16*>(v), n, k,
-        stream_seed(seed, step, 0), stream_seed(seed, step, 1), stream_seed(seed, step, 2));
+        rounding_stream_seed(seed, step, 0), rounding_stream_seed(seed, step, 1),
+        rounding_stream_seed(seed, step, 2));
   GRASS_LAUNCH_CHECK();
 }
 

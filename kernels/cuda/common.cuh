@@ -35,6 +35,48 @@ using bf16 = __nv_bfloat16;
 #define GRASS_LAUNCH_CHECK() GRASS_CUDA_CHECK(cudaGetLastError())
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- shared device helpers -------------------------------------------------------------------
+// VEC bf16 values moved as one load or store (16 bytes when VEC = 8).
+template <int VEC>
+struct alignas(2 * VEC) BF16Pack {
+  bf16 v[VEC];
+};
+
+// A parameter gradient += v, in its storage type (bf16 rounds once, at this store).
+__device__ __forceinline__ void accumulate_grad(float* g, float v) { *g += v; }
+__device__ __forceinline__ void accumulate_grad(bf16* g, float v) {
+  *g = __float2bfloat16_rn(__bfloat162float(*g) + v);
+}
+
+// Sum of v over the block (blockDim.x a multiple of 32), returned to every thread. The tree is
+// fixed (an xor butterfly in each warp, then the warp sums in warp order), so the bits are too.
+// Every thread of the block must call it; it may be called repeatedly.
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T warp_sums[32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  T total = T(0);
+  for (int w = 0; w < int(blockDim.x / 32); w++) total += warp_sums[w];
+  __syncthreads();  // the next call overwrites warp_sums
+  return total;
+}
+
+// The seed of one stochastic-rounding stream (0 param, 1 m, 2 v) of an optimizer store at one
+// step (SplitMix64's finaliser twice): buffers never share a draw, and the step is mixed in so
+// that a caller passing the same seed every step still gets fresh draws each step.
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+inline uint64_t rounding_stream_seed(uint64_t seed, int64_t step, uint64_t stream) {
+  return mix64(mix64(seed + stream * 0x9E3779B97F4A7C15ull) ^ uint64_t(step));
+}
 
 // ---- stochastic rounding (kernels/stochastic_round.h: the same bits as the CPU's emulation) ----
 __device__ __forceinline__ uint32_t hash_u32(uint64_t seed, uint64_t index) {

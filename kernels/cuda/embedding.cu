@@ -17,12 +17,6 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 
-// VEC bf16 values moved as one load or store (16 bytes when VEC = 8).
-template <int VEC>
-struct alignas(2 * VEC) BF16Pack {
-  bf16 v[VEC];
-};
-
 // out[N, C] = table[tokens[n], :]; one block per row, each thread copies packs of VEC channels.
 template <int VEC>
 __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* table,
@@ -32,12 +26,6 @@ __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const
       reinterpret_cast<const BF16Pack<VEC>*>(table + int64_t(tokens[row]) * C);
   BF16Pack<VEC>* dst = reinterpret_cast<BF16Pack<VEC>*>(out + row * C);
   for (int p = threadIdx.x; p < C / VEC; p += blockDim.x) dst[p] = src[p];
-}
-
-// A gradient element += v: fp32 directly, bf16 rounded to nearest once.
-__device__ __forceinline__ void accumulate_grad(float* g, float v) { *g += v; }
-__device__ __forceinline__ void accumulate_grad(bf16* g, float v) {
-  *g = __float2bfloat16_rn(__bfloat162float(*g) + v);
 }
 
 // Block (g, y) owns channels [y·blockDim, (y+1)·blockDim) of group g's row of dtable; each thread
@@ -57,7 +45,6 @@ __global__ void embedding_backward_kernel(GradT* dtable, const bf16* dout, const
   accumulate_grad(dtable + int64_t(group_token[group]) * C + c, sum);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

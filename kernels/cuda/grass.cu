@@ -160,18 +160,6 @@ __global__ void grass_adam_kernel(bf16* param, float* master, const S* gc, S* m,
   }
 }
 
-// An independent rounding stream per buffer (0 param, 1 m, 2 v) from the call's seed and step
-// (SplitMix64's finaliser), so param, m and v never share a draw. The step is mixed in as
-// adamw_update does; it restarts at every refresh, so the caller's seed must change per
-// optimizer step for the draws to be fresh every step.
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-uint64_t buffer_seed(uint64_t seed, int64_t step, uint64_t buffer) {
-  return mix64(mix64(seed + buffer * 0x9E3779B97F4A7C15ull) ^ uint64_t(step));
-}
 
 }  // namespace
 
@@ -232,9 +220,9 @@ void grass_adam_update(const Context& ctx, bf16* param, float* master, const voi
   k.step_size = float(double(lr) * alpha);
   k.decay = float(1.0 - double(lr) * weight_decay);
   k.apply_decay = weight_decay > 0;
-  k.seed_param = buffer_seed(seed, step, 0);
-  k.seed_m = buffer_seed(seed, step, 1);
-  k.seed_v = buffer_seed(seed, step, 2);
+  k.seed_param = rounding_stream_seed(seed, step, 0);
+  k.seed_m = rounding_stream_seed(seed, step, 1);
+  k.seed_v = rounding_stream_seed(seed, step, 2);
 
   // rows: grid.y walks the r occurrences; cols: one flat index over gc[out, r].
   GRASS_CHECK(!rows || r <= 65535, "grass_adam_update: rank above the grid's y limit");

@@ -30,32 +30,6 @@ constexpr int kMaxC = (48 * 1024 - 32 * int(sizeof(float))) / int(sizeof(float))
 constexpr int kReduceCols = 32;
 constexpr int kReduceLanes = 16;
 
-// VEC bf16 values moved as one load or store (16 bytes when VEC = 8).
-template <int VEC>
-struct alignas(2 * VEC) BF16Pack {
-  bf16 v[VEC];
-};
-
-// A gradient element += v: fp32 directly, bf16 rounded to nearest once.
-__device__ __forceinline__ void accumulate_grad(float* g, float v) { *g += v; }
-__device__ __forceinline__ void accumulate_grad(bf16* g, float v) {
-  *g = __float2bfloat16_rn(__bfloat162float(*g) + v);
-}
-
-// Sum of v over the block (blockDim.x a multiple of 32), returned to every thread. The tree is
-// fixed (xor butterfly in each warp, then the warp sums in warp order), so the bits are too.
-// Every thread of the block must call it; it may be called repeatedly.
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[32];
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-  for (int i = 0; i < int(blockDim.x / 32); i++) total += warp_sums[i];
-  __syncthreads();  // the next call overwrites warp_sums
-  return total;
-}
 
 // out[N, C], rstd[N], x[N, C], w[C]; block = one row, thread t = packs t, t + blockDim, ...
 template <int VEC>
@@ -168,7 +142,6 @@ __global__ void rmsnorm_dw_reduce_kernel(GradT* dw, const float* dw_partial, int
   accumulate_grad(dw + c, total);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Threads for a row of `packs` packs: whole warps, at most kMaxThreads.
 int row_threads(int packs) { return int(std::min<int64_t>(kMaxThreads, ceil_div(packs, 32) * 32)); }

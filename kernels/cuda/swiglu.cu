@@ -17,12 +17,6 @@ constexpr int kThreads = 256;
 // sigmoid identically: sigmoid(-200) = 1/(1 + e^80), never 1/(1 + inf).
 constexpr float kExpClamp = 80.0f;
 
-// VEC bf16 values moved as one load or store (16 bytes when VEC = 8).
-template <int VEC>
-struct alignas(2 * VEC) BF16Pack {
-  bf16 v[VEC];
-};
-
 // out[n] = gate·sigmoid(gate)·up;  n = packs·VEC
 template <int VEC>
 __global__ void swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t packs) {

@@ -16,11 +16,12 @@ namespace {
 std::string errno_text() { return std::strerror(errno); }
 }  // namespace
 
-void write_file_durably(const std::string& path, std::string_view bytes) {
+void write_durably(const std::string& path, const std::function<bool(std::FILE*)>& write) {
   const std::string tmp_path = path + ".tmp";
   std::FILE* file = std::fopen(tmp_path.c_str(), "wb");
   if (!file) throw UserError(tmp_path + ": cannot create: " + errno_text());
-  bool written = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), file) == bytes.size();
+  bool written = write(file);
+  // fsync before the rename: after a crash the final name holds the old file or the new one.
   written = written && std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
   const std::string write_error = written ? "" : errno_text();
   const bool closed = std::fclose(file) == 0;
@@ -34,6 +35,12 @@ void write_file_durably(const std::string& path, std::string_view bytes) {
     std::remove(tmp_path.c_str());
     throw UserError(path + ": cannot rename " + tmp_path + " into place: " + reason);
   }
+}
+
+void write_file_durably(const std::string& path, std::string_view bytes) {
+  write_durably(path, [&](std::FILE* file) {
+    return bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), file) == bytes.size();
+  });
 }
 
 void copy_file_durably(const std::string& source, const std::string& destination) {

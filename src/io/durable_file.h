@@ -2,10 +2,15 @@
 // mix: write to "<path>.tmp", fsync, rename over <path>, and fsync the directory so the rename
 // itself is on disk. Used for checkpoints and exports.
 #pragma once
+#include <cstdio>
+#include <functional>
 #include <string>
 #include <string_view>
 
 namespace grass {
+
+// Writes path as above, its contents from `write`, which returns false when an fwrite failed.
+void write_durably(const std::string& path, const std::function<bool(std::FILE*)>& write);
 
 // Writes `bytes` to path as above. UserError naming the file on any failure (a full disk, no
 // permission); the temporary file is removed and an existing <path> is left as it was.

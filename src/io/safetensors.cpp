@@ -1,10 +1,7 @@
 #include "io/safetensors.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +12,7 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
+#include "io/durable_file.h"
 #include "io/untrusted_json.h"
 
 namespace grass {
@@ -30,8 +28,6 @@ using nlohmann::json;
 // Hugging Face's own reader refuses headers above 100 MB; a larger length means the file is
 // not safetensors (or is damaged), and parsing it would only waste memory.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-
-std::string errno_text() { return std::strerror(errno); }
 
 // Product of the dims, or false if a dim is negative or the product overflows 64 bits.
 bool checked_numel(const std::vector<int64_t>& shape, uint64_t& numel) {
@@ -267,29 +263,15 @@ void SafetensorsWriter::write(const std::string& path,
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const uint64_t header_bytes = header_text.size();
 
-  const std::string tmp_path = path + ".tmp";
-  std::FILE* file = std::fopen(tmp_path.c_str(), "wb");
-  if (!file) throw UserError(tmp_path + ": cannot create: " + errno_text());
-  bool written = std::fwrite(&header_bytes, 8, 1, file) == 1 &&
-                 std::fwrite(header_text.data(), 1, header_text.size(), file) == header_text.size();
-  for (auto it = tensors_.begin(); written && it != tensors_.end(); ++it) {
-    const Pending& tensor = it->second;  // empty tensors may have a null data pointer
-    written = tensor.bytes == 0 || std::fwrite(tensor.data, 1, tensor.bytes, file) == tensor.bytes;
-  }
-  // fsync before the rename: after a crash the final name holds the old file or the new one.
-  written = written && std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
-  const std::string write_error = written ? "" : errno_text();
-  const bool closed = std::fclose(file) == 0;
-  if (!written || !closed) {
-    const std::string reason = written ? errno_text() : write_error;
-    std::remove(tmp_path.c_str());
-    throw UserError(tmp_path + ": write failed: " + reason);
-  }
-  if (std::rename(tmp_path.c_str(), path.c_str()) != 0) {
-    const std::string rename_reason = errno_text();
-    std::remove(tmp_path.c_str());
-    throw UserError(path + ": cannot rename " + tmp_path + " into place: " + rename_reason);
-  }
+  write_durably(path, [&](std::FILE* file) {
+    bool written = std::fwrite(&header_bytes, 8, 1, file) == 1 &&
+                   std::fwrite(header_text.data(), 1, header_text.size(), file) == header_text.size();
+    for (auto it = tensors_.begin(); written && it != tensors_.end(); ++it) {
+      const Pending& tensor = it->second;  // empty tensors may have a null data pointer
+      written = tensor.bytes == 0 || std::fwrite(tensor.data, 1, tensor.bytes, file) == tensor.bytes;
+    }
+    return written;
+  });
 }
 
 }  // namespace grass

@@ -50,10 +50,12 @@
 #include "optim/grass.h"
 #include "train/memory_plan.h"
 #include "train/training_state.h"
+#include "../ngram_batches.h"
 
 namespace {
 
 using namespace grass;
+using grass::test::NgramBatches;
 using gputest::rel_error;
 
 // ---- configurations ---------------------------------------------------------------------------
@@ -110,33 +112,6 @@ RunConfig run_config(const ModelConfig& m, int B, int T, const std::string& opti
   c.optimizer.grass.seed = 5;
   return c;
 }
-
-// 16 random 6-grams over 64 tokens, concatenated in random order (tests/test_precision.cpp's
-// NgramBatches): a model that learns them predicts 5 of every 6 tokens.
-struct NgramBatches {
-  static constexpr int V = 64, K = 16, L = 6;
-  std::vector<int32_t> stream;
-  NgramBatches() {
-    std::vector<int32_t> ngrams(K * L);
-    for (int i = 0; i < K * L; i++) ngrams[i] = int32_t(uniform_open01(77, i) * V);
-    for (int i = 0; i < 4000; i++) {
-      const int k = int(uniform_open01(78, i) * K);
-      stream.insert(stream.end(), ngrams.begin() + k * L, ngrams.begin() + (k + 1) * L);
-    }
-  }
-  // batch `step`: B rows of T inputs and their next-token targets
-  void batch(int64_t step, int B, int T, std::vector<int32_t>& in, std::vector<int32_t>& tg) const {
-    in.resize(size_t(B) * T);
-    tg.resize(in.size());
-    for (int b = 0; b < B; b++) {
-      const size_t start = size_t((step * B + b) * 37 % (stream.size() - T - 1));
-      for (int t = 0; t < T; t++) {
-        in[size_t(b) * T + t] = stream[start + t];
-        tg[size_t(b) * T + t] = stream[start + t + 1];
-      }
-    }
-  }
-};
 
 // The n-gram runs: hidden 64, 4 heads of 16 (2 kv heads), ffn 172 (not a multiple of 8),
 // 8 x 64 tokens per step, lr 3e-3 (see the header), HF's init 0.02.
