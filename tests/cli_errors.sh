@@ -73,6 +73,22 @@ expect 2 "$tmp/cut.bin" -- train "$tmp/run.json" --set data.train="$tmp/cut.bin"
 after=$(md5sum "$tmp/out/metrics.jsonl" "$tmp/out/config.json")
 [ "$before" = "$after" ] && passes=$((passes + 1)) || { echo "FAIL: bad input changed out_dir"; failures=$((failures + 1)); }
 
+# memory: a cap the plan exceeds stops the run before out_dir exists, with the breakdown on stdout
+expect 2 'memory_limit: the run plans' -- train "$tmp/run.json" --memory-limit 1MiB --set out_dir="$tmp/capped"
+grep -q "memory plan of $tmp/run.json" "$tmp/stdout" && grep -q "optimizer" "$tmp/stdout" &&
+  passes=$((passes + 1)) || { echo "FAIL: a refused run should print its breakdown"; failures=$((failures + 1)); }
+[ ! -e "$tmp/capped" ] && passes=$((passes + 1)) || { echo "FAIL: a refused run created out_dir"; failures=$((failures + 1)); }
+expect 2 'memory_limit: expected a size such as' -- train "$tmp/run.json" --memory-limit lots
+expect 0 "" -- mem "$tmp/run.json" --memory-limit 1GiB
+grep -q "memory_limit 1.00 GiB: fits" "$tmp/stdout" && passes=$((passes + 1)) || { echo "FAIL: mem --memory-limit should say it fits"; failures=$((failures + 1)); }
+expect 0 "" -- mem "$tmp/run.json" --json --memory-limit 1GiB
+grep -q '"fits":true' "$tmp/stdout" && passes=$((passes + 1)) || { echo "FAIL: mem --json lacks fits"; failures=$((failures + 1)); }
+expect 2 'fused_update: "on" needs one micro-batch per step' -- train "$tmp/run.json" --set fused_update=on
+expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/lean" --set total_batch_size=2 \
+  --set activation_checkpointing=layer --set fused_update=on --memory-limit 1GiB
+grep -q "checkpointed per layer (recomputed in the backward); updates fused" "$tmp/stdout" &&
+  passes=$((passes + 1)) || { echo "FAIL: the start-up table should name the memory options"; failures=$((failures + 1)); }
+
 # checkpoints, resume and export
 expect 2 'checkpoint_keep' -- train "$tmp/run.json" --set checkpoint_keep=0
 expect 2 "init_from: not found: $tmp/no_hf" -- train "$tmp/run.json" --set init_from="$tmp/no_hf"

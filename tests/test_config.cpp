@@ -496,6 +496,64 @@ TEST_CASE("checkpoint keys and init_from are read and checked", "[config][checkp
   CHECK_THAT(error_of("init_from=[1]"), Contains("init_from: expected a string"));
 }
 
+TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[config][memory]") {
+  json run = tiny_run();
+  grass::RunConfig c = grass::parse_run_config(run, "");
+  CHECK(c.activation_checkpointing == "none");
+  CHECK(c.fused_update == "auto");
+  CHECK(c.memory_limit == 0);
+
+  run["activation_checkpointing"] = "layer";
+  run["total_batch_size"] = run["micro_batch_size"];
+  run["fused_update"] = "on";
+  run["memory_limit"] = "40GiB";
+  c = grass::parse_run_config(run, "");
+  CHECK(c.activation_checkpointing == "layer");
+  CHECK(c.fused_update == "on");
+  CHECK(c.memory_limit == int64_t(40) << 30);
+
+  run["activation_checkpointing"] = "full";
+  CHECK(run_error(run) == "run.json: activation_checkpointing: unknown mode \"full\" "
+                          "(supported: \"none\", \"layer\")");
+  run = tiny_run();
+  run["micro_batch_size"] = 2;
+  run["total_batch_size"] = 4;
+  run["fused_update"] = "on";
+  CHECK(run_error(run) ==
+        "run.json: fused_update: \"on\" needs one micro-batch per step (total_batch_size 4 is 2 "
+        "micro-batches of 2): the gradients of several micro-batches must be summed before they "
+        "are applied");
+  run["fused_update"] = "auto";  // auto simply stays off with accumulation
+  CHECK(grass::parse_run_config(run, "").fused_update == "auto");
+
+  for (const char* bad : {"40 parsecs", "GiB", "-1GiB", "", "1e30GB"}) {
+    run["memory_limit"] = bad;
+    CHECK_THAT(run_error(run), Contains("run.json: memory_limit: expected a size such as"));
+  }
+  run["memory_limit"] = 3.5;
+  CHECK_THAT(run_error(run), Contains("got number 3.5"));
+}
+
+TEST_CASE("memory sizes parse and print back exactly", "[config][memory]") {
+  using grass::format_memory_size;
+  using grass::parse_memory_size;
+  CHECK(parse_memory_size("40GiB") == int64_t(40) << 30);
+  CHECK(parse_memory_size("40 GiB") == int64_t(40) << 30);
+  CHECK(parse_memory_size("1.5TiB") == int64_t(3) << 39);
+  CHECK(parse_memory_size("512MiB") == int64_t(512) << 20);
+  CHECK(parse_memory_size("40GB") == int64_t(40'000'000'000));
+  CHECK(parse_memory_size("4096") == 4096);
+  CHECK(parse_memory_size("12 KB") == 12000);
+  CHECK_FALSE(parse_memory_size("12 kb"));
+  CHECK_FALSE(parse_memory_size("GiB"));
+  CHECK(format_memory_size(int64_t(40) << 30) == "40GiB");
+  CHECK(format_memory_size(int64_t(1536) << 20) == "1536MiB");
+  CHECK(format_memory_size(40'000'000'000) == "39062500KiB");
+  CHECK(format_memory_size(40'000'000'001) == "40000000001B");
+  for (const int64_t bytes : {int64_t(1), int64_t(1000), int64_t(3) << 39, int64_t(12345) << 10})
+    CHECK(parse_memory_size(format_memory_size(bytes)) == bytes);
+}
+
 TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
   const InDirectory root(kSource);
   grass::RunConfig original = grass::load_run_config(
@@ -506,6 +564,9 @@ TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
   original.checkpoint_every = 250;
   original.checkpoint_keep = 5;
   original.checkpoint_keep_every = 1000;
+  original.activation_checkpointing = "layer";
+  original.fused_update = "off";
+  original.memory_limit = int64_t(40) << 30;
 
   const json written = grass::to_json(original);
   CHECK(written["model"]["hidden_size"] == 128);  // the model is inline: config.json stands alone

@@ -4,10 +4,12 @@
 
 #include "config/config.h"
 #include "core/arena.h"
+#include "core/error.h"
 #include "train/memory_plan.h"
 #include "train/training_state.h"
 
 using namespace grass;
+using Catch::Matchers::Contains;
 
 namespace {
 
@@ -32,9 +34,13 @@ RunConfig small_run(const std::string& optimizer) {
 
 TEST_CASE("the memory plan equals what a run allocates, category by category", "[memory]") {
   for (const std::string optimizer : {"adamw", "grass"})
-  for (const std::string precision : {"fp32", "bf16-mixed", "bf16"}) {
-    INFO(optimizer << " " << precision);
-    const RunConfig cfg = small_run(optimizer);
+  for (const std::string precision : {"fp32", "bf16-mixed", "bf16"})
+  for (const std::string checkpointing : {"none", "layer"})
+  for (const std::string fused : {"off", "on"}) {
+    INFO(optimizer << " " << precision << ", checkpointing " << checkpointing << ", fused " << fused);
+    RunConfig cfg = small_run(optimizer);
+    cfg.activation_checkpointing = checkpointing;
+    cfg.fused_update = fused;
     const Storage cpu = storage_for(precision, false);
     const MemoryPlan plan = plan_memory(cfg, cpu);
     const std::unique_ptr<Backend> backend = make_cpu_backend(cpu);
@@ -95,4 +101,89 @@ TEST_CASE("planning LLaMA-13B with GRASS allocates nothing and reports GRASS.md'
                        gpu.bytes[int(MemCategory::CompressedGradients)] +
                        gpu.bytes[int(MemCategory::Optimizer)];
   CHECK(double(held) < 40e9);
+}
+
+TEST_CASE("per-layer checkpointing keeps each layer's input and one layer's activations",
+          "[memory]") {
+  RunConfig cfg = small_run("adamw");
+  cfg.model.num_hidden_layers = 4;
+  const Storage storage = storage_for("bf16", true);
+  const MemoryPlan kept = plan_memory(cfg, storage);
+  cfg.activation_checkpointing = "layer";
+  const MemoryPlan layer = plan_memory(cfg, storage);
+  // a layer's set (all but x_in, [N, C] bf16) is held once instead of L times
+  const int64_t N = int64_t(cfg.micro_batch_size) * cfg.seq_len, L = 4;
+  RunConfig one_layer = small_run("adamw");
+  one_layer.model.num_hidden_layers = 1;
+  const int64_t per_layer = plan_memory(one_layer, storage).bytes[int(MemCategory::Activations)] -
+                            [&] {
+                              RunConfig none = one_layer;
+                              none.model.num_hidden_layers = 0;
+                              return plan_memory(none, storage).bytes[int(MemCategory::Activations)];
+                            }();
+  const int64_t x_in = N * cfg.model.hidden_size * 2;
+  CHECK(kept.bytes[int(MemCategory::Activations)] - layer.bytes[int(MemCategory::Activations)] ==
+        (L - 1) * (per_layer - x_in));
+  for (int c = 0; c < kMemCategories; c++)
+    if (MemCategory(c) != MemCategory::Activations) CHECK(kept.bytes[c] == layer.bytes[c]);
+}
+
+TEST_CASE("the 13B GRASS run plans under 32 GiB at 256 tokens and under 40 GiB at 2048",
+          "[memory]") {
+  // configs/runs/llama_13b_grass.json as `grass mem` reads it: pure bf16 on the GPU, GRASS r=256,
+  // per-layer checkpointing, fused updates (pure bf16, one micro-batch).
+  const RunConfig cfg =
+      load_run_config(std::string(GRASS_SOURCE_DIR) + "/configs/runs/llama_13b_grass.json",
+                      {"model=" + std::string(GRASS_SOURCE_DIR) + "/configs/models/llama_13b.json"});
+  REQUIRE(cfg.micro_batch_size * cfg.seq_len == 256);
+  REQUIRE(cfg.activation_checkpointing == "layer");
+  const Storage storage = planned_storage(cfg);
+  REQUIRE(storage.pure_bf16());
+  const double GiB = 1024.0 * 1024 * 1024;
+  const MemoryPlan at256 = plan_memory(cfg, storage);
+  CHECK(at256.total / GiB < 32.0);
+  CHECK(at256.bytes[int(MemCategory::CompressedGradients)] < 16 << 20);  // one target's G_C
+  RunConfig big = cfg;
+  big.micro_batch_size = big.total_batch_size = 8;  // 2048 tokens
+  CHECK(plan_memory(big, storage).total / GiB < 40.0);
+  CHECK(largest_micro_batch(cfg, storage, int64_t(40) << 30) >= 8);
+}
+
+TEST_CASE("a memory limit refuses a run that does not fit, naming the largest micro-batch",
+          "[memory]") {
+  RunConfig cfg = small_run("grass");
+  cfg.source = "run.json";
+  cfg.micro_batch_size = cfg.total_batch_size = 8;
+  const Storage storage = storage_for("bf16", true);
+  const MemoryPlan plan = plan_memory(cfg, storage);
+  cfg.memory_limit = plan.total;
+  CHECK_NOTHROW(check_memory_limit(cfg, storage, plan));
+
+  cfg.memory_limit = plan.total - 1;
+  const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
+  REQUIRE(largest == 7);  // every micro-batch costs activations
+  try {
+    check_memory_limit(cfg, storage, plan);
+    FAIL("expected a UserError");
+  } catch (const UserError& e) {
+    const std::string message = e.what();
+    CHECK(message.find('\n') == std::string::npos);
+    CHECK_THAT(message, Contains("run.json: memory_limit: the run plans " + format_bytes(plan.total) +
+                                 ", over the limit of "));
+    CHECK_THAT(message, Contains("the largest micro_batch_size that fits is 7 (112 tokens)"));
+    CHECK_THAT(message, Contains("with activation_checkpointing \"layer\": "));
+  }
+  // the boundary is exact: the largest fits, one more does not
+  for (const int64_t limit : {plan.total / 2, plan.total / 3, plan.total * 3}) {
+    const int micro = largest_micro_batch(cfg, storage, limit);
+    INFO("limit " << limit << ": " << micro);
+    RunConfig c = cfg;
+    c.micro_batch_size = c.total_batch_size = micro;
+    if (micro > 0) CHECK(plan_memory(c, storage).total <= limit);
+    c.micro_batch_size = c.total_batch_size = micro + 1;
+    CHECK(plan_memory(c, storage).total > limit);
+  }
+  cfg.memory_limit = plan.bytes[int(MemCategory::Weights)];
+  CHECK_THROWS_WITH(check_memory_limit(cfg, storage, plan),
+                    Contains("not even micro_batch_size 1 fits"));
 }

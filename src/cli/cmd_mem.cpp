@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "train/memory_plan.h"
@@ -10,7 +11,8 @@ namespace grass::cli {
 
 namespace {
 const char* kMemUsage =
-    "usage: grass mem <run.json> [--set key=value ...]\n"
+    "usage: grass mem <run.json> [--device cpu|cuda] [--memory-limit SIZE] [--json]\n"
+    "                 [--set key=value ...]\n"
     "\n"
     "Prints the memory the run will take, by category (weights, dense and compressed gradients,\n"
     "optimizer states, activations, workspace), beside full AdamW on the same model and batch.\n"
@@ -19,11 +21,16 @@ const char* kMemUsage =
     "storage as the run's precision says) unless the run's device is \"cpu\" or --device cpu is\n"
     "given.\n"
     "\n"
-    "  --device cpu|cuda   plan for this backend instead of the run's\n";
+    "  --device cpu|cuda     plan for this backend instead of the run's\n"
+    "  --memory-limit SIZE   as the run key memory_limit (\"40GiB\", \"32GiB\", \"40GB\"): says\n"
+    "                        whether the run fits and the largest micro_batch_size that does\n"
+    "  --json                one JSON object (the run's plan in bytes) instead of the table\n"
+    "  --set key=value       override a run config key, as for grass train\n";
 }  // namespace
 
 int cmd_mem(const Args& args) {
-  std::string run_path, device;
+  std::string run_path, device, value;
+  bool json = false;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
@@ -33,6 +40,10 @@ int cmd_mem(const Args& args) {
     } else if (a == "--set") {
       if (i + 1 >= args.size()) throw UserError("--set needs key=value");
       overrides.push_back(args[++i]);
+    } else if (a == "--json") {
+      json = true;
+    } else if (take_option(args, i, "--memory-limit", value)) {
+      overrides.push_back("memory_limit=" + value);
     } else if (a == "--device") {
       if (i + 1 >= args.size()) throw UserError("--device needs cpu or cuda");
       device = args[++i];
@@ -50,7 +61,8 @@ int cmd_mem(const Args& args) {
   const RunConfig cfg = load_run_config(run_path, overrides);
   const Storage storage =
       device.empty() ? planned_storage(cfg) : storage_for(cfg.precision, device == "cuda");
-  std::fputs(format_memory_plans(cfg, storage).c_str(), stdout);
+  std::fputs((json ? memory_plan_json(cfg, storage) : format_memory_plans(cfg, storage)).c_str(),
+             stdout);
   return 0;
 }
 

@@ -11,7 +11,7 @@ namespace grass::cli {
 
 namespace {
 const char* kTrainUsage =
-    "usage: grass train <run.json> [--resume PATH] [--set key=value ...]\n"
+    "usage: grass train <run.json> [--resume PATH] [--memory-limit SIZE] [--set key=value ...]\n"
     "\n"
     "Trains the model the run config names and writes <out_dir>/config.json (the full config,\n"
     "defaults filled in) and <out_dir>/metrics.jsonl (one JSON object per step). One log line per\n"
@@ -22,6 +22,10 @@ const char* kTrainUsage =
     "\n"
     "options:\n"
     "  --resume PATH     resume from this checkpoint directory (or the newest in a run's out_dir)\n"
+    "  --memory-limit SIZE\n"
+    "                    cap the run's memory (\"40GiB\" emulates a 40 GB card on a larger one):\n"
+    "                    a run whose plan is over it stops before training, with the breakdown\n"
+    "                    and the largest micro_batch_size that fits (as the key memory_limit)\n"
     "  --set key=value   override a config key; dotted keys reach nested ones, the value is\n"
     "                    parsed as JSON when it is valid JSON, else taken as a string:\n"
     "                      --set steps=50 --set optimizer.lr=3e-4 --set out_dir=runs/try\n"
@@ -42,6 +46,8 @@ int cmd_train(const Args& args) {
       overrides.push_back(args[++i]);
     } else if (a.rfind("--set=", 0) == 0) {
       overrides.push_back(a.substr(6));
+    } else if (take_option(args, i, "--memory-limit", value)) {
+      overrides.push_back("memory_limit=" + value);
     } else if (take_option(args, i, "--resume", value)) {
       if (value.empty()) throw UserError("--resume needs a checkpoint directory");
       options.resume = value;

@@ -140,6 +140,9 @@ const std::vector<std::string> kRunKeys = {
     "steps",
     "precision",
     "device",
+    "activation_checkpointing",
+    "fused_update",
+    "memory_limit",
     "seed",
     "out_dir",
     "log_every",
@@ -160,6 +163,8 @@ const std::vector<std::string> kGrassTargets = {"q", "k", "v", "o", "gate", "up"
 const std::vector<std::string> kSchedules = {"cosine", "constant"};
 const std::vector<std::string> kPrecisions = {"auto", "fp32", "bf16-mixed", "bf16"};
 const std::vector<std::string> kDevices = {"auto", "cpu", "cuda"};
+const std::vector<std::string> kActivationCheckpointing = {"none", "layer"};
+const std::vector<std::string> kFusedUpdate = {"auto", "on", "off"};
 
 std::string quoted_list(const std::vector<std::string>& names) {
   std::string text;
@@ -335,6 +340,28 @@ void read_precision(const ObjectReader& run, RunConfig& c) {
                           quoted_list(kDevices) + ")");
 }
 
+void read_memory(const ObjectReader& run, RunConfig& c) {
+  c.activation_checkpointing = read_choice(run, "activation_checkpointing", "mode",
+                                           kActivationCheckpointing, c.activation_checkpointing);
+  c.fused_update = read_choice(run, "fused_update", "mode", kFusedUpdate, c.fused_update);
+  if (c.fused_update == "on" && c.grad_accum_steps() > 1)
+    run.at("fused_update")
+        .fail("\"on\" needs one micro-batch per step (total_batch_size " +
+              std::to_string(c.total_batch_size) + " is " + std::to_string(c.grad_accum_steps()) +
+              " micro-batches of " + std::to_string(c.micro_batch_size) +
+              "): the gradients of several micro-batches must be summed before they are applied");
+  if (const json* limit = run.find("memory_limit")) {
+    std::optional<int64_t> bytes;
+    if (limit->is_number_integer() && limit->get<int64_t>() >= 0) bytes = limit->get<int64_t>();
+    else if (limit->is_string()) bytes = parse_memory_size(limit->get<std::string>());
+    if (!bytes)
+      run.at("memory_limit")
+          .fail("expected a size such as \"40GiB\", \"512MiB\" or \"40GB\", got " +
+                describe(*limit));
+    c.memory_limit = *bytes;
+  }
+}
+
 void read_checkpointing(const ObjectReader& run, RunConfig& c) {
   c.checkpoint_every = run.integer("checkpoint_every", 0, INT64_MAX).value_or(c.checkpoint_every);
   c.checkpoint_keep = run.integer("checkpoint_keep", 1, INT64_MAX).value_or(c.checkpoint_keep);
@@ -404,6 +431,7 @@ RunConfig parse_run_config(const json& j, const std::string& where) {
                            std::to_string(c.model.max_position_embeddings) + ")");
   c.steps = run.integer("steps", 1, INT64_MAX).value_or(c.steps);
   read_precision(run, c);
+  read_memory(run, c);
   c.seed = uint64_t(run.integer("seed", 0, INT64_MAX).value_or(int64_t(c.seed)));
   if (c.optimizer.name == "grass") check_grass_against_model(run, c);
   c.out_dir = run.string("out_dir").value_or(c.out_dir);
@@ -506,6 +534,8 @@ json to_json(const RunConfig& c) {
       {"steps", c.steps},
       {"precision", c.precision},
       {"device", c.device},
+      {"activation_checkpointing", c.activation_checkpointing},
+      {"fused_update", c.fused_update},
       {"seed", c.seed},
       {"out_dir", c.out_dir},
       {"log_every", c.log_every},
@@ -516,7 +546,49 @@ json to_json(const RunConfig& c) {
       {"checkpoint_keep_every", c.checkpoint_keep_every},
   };
   if (!c.init_from.empty()) run["init_from"] = c.init_from;
+  if (c.memory_limit > 0) run["memory_limit"] = format_memory_size(c.memory_limit);
   return run;
+}
+
+namespace {
+struct SizeUnit {
+  const char* name;
+  double bytes;
+};
+// Longest names first, so "GiB" is not read as "G" followed by junk.
+const SizeUnit kSizeUnits[] = {{"TiB", 1099511627776.0}, {"GiB", 1073741824.0},
+                               {"MiB", 1048576.0},       {"KiB", 1024.0},
+                               {"TB", 1e12},             {"GB", 1e9},
+                               {"MB", 1e6},              {"KB", 1e3},
+                               {"B", 1.0}};
+}  // namespace
+
+std::optional<int64_t> parse_memory_size(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  std::string unit = text.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  double scale = unit.empty() ? 1.0 : 0.0;
+  for (const SizeUnit& u : kSizeUnits)
+    if (unit == u.name) scale = u.bytes;
+  const double bytes = value * scale;
+  if (scale == 0 || !(bytes >= 0) || bytes > 9e18) return std::nullopt;
+  return int64_t(bytes);
+}
+
+std::string format_memory_size(int64_t bytes) {
+  for (const SizeUnit& u : kSizeUnits) {
+    const int64_t unit = int64_t(u.bytes);
+    const bool binary = u.name[1] == 'i' || unit == 1;
+    if (binary && bytes >= unit && bytes % unit == 0)
+      return std::to_string(bytes / unit) + u.name;
+  }
+  return std::to_string(bytes) + "B";
 }
 
 }  // namespace grass

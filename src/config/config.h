@@ -5,6 +5,7 @@
 // every key with its default.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,6 +88,15 @@ struct RunConfig {
   // weights and states, stochastic rounding) | "auto": bf16-mixed on a GPU, fp32 on the CPU.
   std::string precision = "auto";
   std::string device = "auto";      // "auto" (the GPU when one is usable) | "cpu" | "cuda"
+  // "none" | "layer": keep only each layer's input and recompute the rest of the layer in the
+  // backward (one layer's activations at a time instead of every layer's).
+  std::string activation_checkpointing = "none";
+  // "auto" | "on" | "off": apply each gradient as soon as the backward forms it, so no gradient
+  // buffer for the whole model exists (needs one micro-batch per step; auto: on in pure bf16).
+  std::string fused_update = "auto";
+  // The most bytes the run's memory plan may take (its device arena is exactly the plan); 0: no
+  // cap. JSON: "40GiB", "32 GiB", "512MiB", "40GB" (10^9) or a number of bytes.
+  int64_t memory_limit = 0;
   uint64_t seed = 42;
   std::string out_dir = "runs/default";
   int log_every = 1;                // print a step line every N steps (metrics.jsonl gets all)
@@ -119,6 +129,11 @@ RunConfig parse_run_config(const nlohmann::json& j, const std::string& where);
 // created where absent (parse_run_config then rejects unknown keys). Throws UserError naming a
 // malformed override, or one whose path runs through a value that is not an object.
 void apply_overrides(nlohmann::json& run, const std::vector<std::string>& overrides);
+
+// "40GiB", "40 GiB", "512MiB", "40GB", "1.5TiB", "1073741824" -> bytes; nullopt when malformed.
+std::optional<int64_t> parse_memory_size(const std::string& text);
+// Bytes as the shortest exact size text parse_memory_size reads back: "40GiB", "1536MiB", "1000B".
+std::string format_memory_size(int64_t bytes);
 
 // The run config as JSON (all keys, defaults filled in): written to <out_dir>/config.json.
 nlohmann::json to_json(const RunConfig& c);

@@ -43,8 +43,9 @@ void LlamaModel::add_tensor(const std::string& name, std::vector<int64_t> shape,
 }
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
-                       const std::vector<std::string>& compressed, Backend& backend)
-    : cfg_(cfg), max_B_(max_batch), T_(seq_len), backend_(&backend) {
+                       const std::vector<std::string>& compressed, Backend& backend,
+                       ModelMemoryOptions memory)
+    : cfg_(cfg), max_B_(max_batch), T_(seq_len), memory_(memory), backend_(&backend) {
   const Storage& storage = backend.storage();
   const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
   const int64_t HD = cfg.head_dim(), QD = cfg.num_attention_heads * HD,
@@ -88,35 +89,30 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   params_ = arena.alloc_bytes(MemCategory::Weights, "parameters", num_params_ * storage.weight_bytes);
   if (storage.master)  // counted with the optimizer states, as ZeRO does: only the optimizer reads it
     master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)", num_params_);
-  grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradients", num_dense_grads_ * storage.grad_bytes);
+  if (!memory.fused_update) {
+    grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradients",
+                               num_dense_grads_ * storage.grad_bytes);
+  } else {
+    // One dense gradient at a time; tied embeddings hold the table's from lm_head to embedding.
+    int64_t largest = 0;
+    for (const ParamTensor& t : tensors_)
+      if (t.dense() && !(cfg.tie_word_embeddings && t.offset == off_embed_))
+        largest = std::max(largest, t.numel);
+    grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradient (one tensor at a time)",
+                               largest * storage.grad_bytes);
+    if (cfg.tie_word_embeddings && tensors_[0].dense())
+      tied_grad_ = arena.alloc_bytes(MemCategory::Gradients, "gradient (tied embedding)",
+                                     tensors_[0].numel * storage.grad_bytes);
+  }
 
   const int64_t N = int64_t(max_batch) * seq_len, NH = cfg.num_attention_heads;
+  allocate_activations(arena, N, int(NH));
   auto act = [&](const std::string& name, int64_t count) {
     return arena.alloc_bytes(MemCategory::Activations, name, count * storage.act_bytes);
   };
   auto act_f32 = [&](const std::string& name, int64_t count) {
     return arena.alloc<float>(MemCategory::Activations, name, count);
   };
-  acts_.resize(L);
-  for (int l = 0; l < L; l++) {
-    LayerActs& a = acts_[l];
-    const std::string p = "layer" + std::to_string(l) + ".";
-    a.x_in = act(p + "x_in", N * C);
-    a.rstd1 = act_f32(p + "rstd1", N);
-    a.n1 = act(p + "n1", N * C);
-    a.q = act(p + "q", N * QD);
-    a.k = act(p + "k", N * KVD);
-    a.v = act(p + "v", N * KVD);
-    a.saved = arena.alloc_bytes(MemCategory::Activations, p + "attention_saved",
-                                attention_saved_bytes(storage, max_batch, seq_len, int(NH)));
-    a.att = act(p + "att", N * QD);
-    a.h = act(p + "h", N * C);
-    a.rstd2 = act_f32(p + "rstd2", N);
-    a.n2 = act(p + "n2", N * C);
-    a.gate = act(p + "gate", N * F);
-    a.up = act(p + "up", N * F);
-    a.act = act(p + "act", N * F);
-  }
   inputs_ = arena.alloc<int32_t>(MemCategory::Activations, "inputs", N);
   targets_ = arena.alloc<int32_t>(MemCategory::Activations, "targets", N);
   x_out_ = act("x_out", N * C);
@@ -155,6 +151,46 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   if (!arena.planning()) backend.bind_workspace(scratch_, scratch_shape_);
 }
 
+void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
+  const Storage& storage = backend_->storage();
+  const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size, HD = cfg_.head_dim();
+  const int64_t QD = NH * HD, KVD = cfg_.num_key_value_heads * HD;
+  auto act = [&](const std::string& name, int64_t count) {
+    return arena.alloc_bytes(MemCategory::Activations, name, count * storage.act_bytes);
+  };
+  auto act_f32 = [&](const std::string& name, int64_t count) {
+    return arena.alloc<float>(MemCategory::Activations, name, count);
+  };
+  const int L = cfg_.num_hidden_layers;
+  acts_.resize(L);
+  for (int l = 0; l < L; l++) {
+    LayerActs& a = acts_[l];
+    const std::string p = "layer" + std::to_string(l) + ".";
+    a.x_in = act(p + "x_in", N * C);
+    if (memory_.checkpoint_layers && l > 0) {  // one set of the rest, recomputed per layer
+      void* x_in = a.x_in;
+      a = acts_[0];
+      a.x_in = x_in;
+      continue;
+    }
+    const std::string q = memory_.checkpoint_layers ? "layer." : p;  // the shared set's names
+    a.rstd1 = act_f32(q + "rstd1", N);
+    a.n1 = act(q + "n1", N * C);
+    a.q = act(q + "q", N * QD);
+    a.k = act(q + "k", N * KVD);
+    a.v = act(q + "v", N * KVD);
+    a.saved = arena.alloc_bytes(MemCategory::Activations, q + "attention_saved",
+                                attention_saved_bytes(storage, max_B_, T_, NH));
+    a.att = act(q + "att", N * QD);
+    a.h = act(q + "h", N * C);
+    a.rstd2 = act_f32(q + "rstd2", N);
+    a.n2 = act(q + "n2", N * C);
+    a.gate = act(q + "gate", N * F);
+    a.up = act(q + "up", N * F);
+    a.act = act(q + "act", N * F);
+  }
+}
+
 const ParamTensor& LlamaModel::tensor(const std::string& name) const {
   for (const auto& t : tensors_)
     if (t.name == name) return t;
@@ -170,7 +206,9 @@ void* at(void* base, int64_t elements, int bytes) {
 void* LlamaModel::weight(const ParamTensor& t) { return at(params_, t.offset, storage().weight_bytes); }
 
 void* LlamaModel::grad(const ParamTensor& t) {
-  return t.dense() ? at(grads_, t.grad_offset, storage().grad_bytes) : nullptr;
+  if (!t.dense()) return nullptr;
+  if (!memory_.fused_update) return at(grads_, t.grad_offset, storage().grad_bytes);
+  return tied_grad_ && t.offset == off_embed_ ? tied_grad_ : grads_;
 }
 
 float* LlamaModel::params() {
@@ -194,19 +232,35 @@ LlamaModel::LayerWeights LlamaModel::layer_weights(int l) {
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]};
 }
 
-LlamaModel::LayerWeights LlamaModel::layer_grads(int l) {
-  void* g[kTensorsPerLayer];
-  for (int i = 0; i < kTensorsPerLayer; i++) g[i] = grad(tensors_[layer_tensor_index(l, i)]);
-  return {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
+void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w,
+                                 const void* dy, const void* x, int64_t N, int in, int out) {
+  const int index = layer_tensor_index(l, i);
+  if (tensors_[index].dense()) {
+    backend_->linear_backward(dx, begin_gradient(index), dy, x, w, N, in, out, accumulate_dx);
+    end_gradient(index);
+    return;
+  }
+  backend_->linear_backward(dx, nullptr, dy, x, w, N, in, out, accumulate_dx);  // dx only
+  GRASS_CHECK(sink_, "a compressed tensor needs a CompressedGradSink");
+  sink_->accumulate(index, dy, x, N);
 }
 
-void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w,
-                                 void* dw, const void* dy, const void* x, int64_t N, int in,
-                                 int out) {
-  backend_->linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);  // dw null: dx only
-  if (dw) return;
-  GRASS_CHECK(sink_, "a compressed tensor needs a CompressedGradSink");
-  sink_->accumulate(layer_tensor_index(l, i), dy, x, N);
+void* LlamaModel::begin_gradient(int index) {
+  const ParamTensor& t = tensors_[index];
+  void* g = grad(t);
+  // the tied table's gradient is zeroed once per backward: it gathers lm_head's and the embedding's
+  if (memory_.fused_update && g != tied_grad_)
+    backend_->zero(g, size_t(t.numel) * storage().grad_bytes);
+  return g;
+}
+
+void LlamaModel::end_gradient(int index) {
+  if (!memory_.fused_update) return;  // the whole buffer is stored after the backward
+  const ParamTensor& t = tensors_[index];
+  GRASS_CHECK(fused_sink_, "fused updates need a FusedGradSink");
+  void* g = grad(t);
+  backend_->store_gradients(g, t.numel);
+  fused_sink_->dense_ready(index, g);
 }
 
 void LlamaModel::init_weights(uint64_t seed) {
@@ -242,6 +296,7 @@ void LlamaModel::weights_written() {
 }
 
 void LlamaModel::zero_grads() {
+  if (memory_.fused_update) return;  // each gradient's buffer is zeroed as it is formed
   backend_->zero(grads_, size_t(num_dense_grads_) * storage().grad_bytes);
 }
 
@@ -254,15 +309,42 @@ double LlamaModel::flops_per_token() const {
   return 6.0 * double(matmul_params) + attention;
 }
 
+void LlamaModel::layer_forward(int l, int B, bool to_output) {
+  Backend& be = *backend_;
+  const int T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size;
+  const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
+  const int64_t N = int64_t(B) * T;
+  const double eps = cfg_.rms_norm_eps, theta = cfg_.rope_theta;
+  const LayerWeights w = layer_weights(l);
+  LayerActs& a = acts_[l];
+  // attention block: h = x + o_proj(attn(rope(q), rope(k), v)) on n1 = rmsnorm(x)
+  be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
+  be.linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
+  be.linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
+  be.linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
+  be.rope_forward(a.q, B, T, NH, HD, theta);
+  be.rope_forward(a.k, B, T, NKV, HD, theta);
+  be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD);
+  be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
+  be.residual_forward(a.h, a.x_in, ws_.proj, N * C);
+  // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h)
+  be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
+  be.linear_forward(a.gate, a.n2, w.wgate, N, C, F);
+  be.linear_forward(a.up, a.n2, w.wup, N, C, F);
+  be.swiglu_forward(a.act, a.gate, a.up, N * F);
+  if (!to_output) return;
+  void* x_next = l + 1 < cfg_.num_hidden_layers ? acts_[l + 1].x_in : x_out_;
+  be.linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
+  be.residual_forward(x_next, a.h, ws_.proj, N * C);
+}
+
 double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B) {
   GRASS_CHECK(B >= 1 && B <= max_B_, "micro-batch larger than the activations allocated");
   const TraceRange range("forward");
   B_ = B;
   Backend& be = *backend_;
-  const int T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
-  const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
+  const int T = T_, C = cfg_.hidden_size, V = cfg_.vocab_size;
   const int64_t N = int64_t(B) * T;
-  const double eps = cfg_.rms_norm_eps, theta = cfg_.rope_theta;
   be.bind_workspace(scratch_, scratch_shape_);  // the backend may serve other models too
   host_inputs_.assign(inputs, inputs + N);
   host_targets_.assign(targets, targets + N);
@@ -272,29 +354,11 @@ double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B)
   void* x = acts_.empty() ? x_out_ : acts_[0].x_in;
   be.embedding_forward(x, inputs_, weight(tensors_[0]), N, C);
   for (int l = 0; l < cfg_.num_hidden_layers; l++) {
-    const TraceRange range(trace_names_[size_t(l)].c_str());
-    const LayerWeights w = layer_weights(l);
-    LayerActs& a = acts_[l];
-    void* x_next = l + 1 < cfg_.num_hidden_layers ? acts_[l + 1].x_in : x_out_;
-    // attention block: h = x + o_proj(attn(rope(q), rope(k), v)) on n1 = rmsnorm(x)
-    be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
-    be.linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
-    be.linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
-    be.linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
-    be.rope_forward(a.q, B, T, NH, HD, theta);
-    be.rope_forward(a.k, B, T, NKV, HD, theta);
-    be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD);
-    be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
-    be.residual_forward(a.h, a.x_in, ws_.proj, N * C);
-    // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h)
-    be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
-    be.linear_forward(a.gate, a.n2, w.wgate, N, C, F);
-    be.linear_forward(a.up, a.n2, w.wup, N, C, F);
-    be.swiglu_forward(a.act, a.gate, a.up, N * F);
-    be.linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
-    be.residual_forward(x_next, a.h, ws_.proj, N * C);
+    const TraceRange layer_range(trace_names_[size_t(l)].c_str());
+    layer_forward(l, B, true);
   }
-  be.rmsnorm_forward(nf_, rstdf_, x_out_, at(params_, off_norm_, storage().weight_bytes), N, C, eps);
+  be.rmsnorm_forward(nf_, rstdf_, x_out_, at(params_, off_norm_, storage().weight_bytes), N, C,
+                     cfg_.rms_norm_eps);
   const double loss_sum =
       be.head_forward(logits_, lse_, &valid_, nf_, at(params_, off_lm_head_, storage().weight_bytes),
                       targets_, host_targets_.data(), N, C, V);
@@ -309,43 +373,54 @@ void LlamaModel::backward(double loss_scale) {
   const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
   const int64_t N = int64_t(B) * T;
   const double theta = cfg_.rope_theta;
+  const int L = cfg_.num_hidden_layers;
   if (valid_ == 0) return;  // every target ignored: the loss is a constant
   be.bind_workspace(scratch_, scratch_shape_);
 
   // through the head (cross-entropy, lm_head) and the final norm into the residual stream
-  void* dlm_head =
-      grad(tensor(cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"));
-  be.head_backward(ws_.dnorm, dlm_head, logits_, lse_, nf_,
+  const int embed = 0, final_norm = int(tensors_.size()) - (cfg_.tie_word_embeddings ? 1 : 2);
+  const int lm_head = cfg_.tie_word_embeddings ? embed : int(tensors_.size()) - 1;
+  if (tied_grad_) be.zero(tied_grad_, size_t(tensors_[embed].numel) * storage().grad_bytes);
+  be.head_backward(ws_.dnorm, begin_gradient(lm_head), logits_, lse_, nf_,
                    at(params_, off_lm_head_, storage().weight_bytes), targets_, N, C, V,
                    loss_scale / double(valid_));
+  if (lm_head != embed) end_gradient(lm_head);  // a tied table waits for the embedding's part
   be.zero(ws_.dres, size_t(N) * C * storage().act_bytes);
-  be.rmsnorm_backward(ws_.dres, grad(tensor("model.norm.weight")), ws_.dnorm, x_out_,
+  be.rmsnorm_backward(ws_.dres, begin_gradient(final_norm), ws_.dnorm, x_out_,
                       at(params_, off_norm_, storage().weight_bytes), rstdf_, N, C);
+  end_gradient(final_norm);
 
-  for (int l = cfg_.num_hidden_layers - 1; l >= 0; l--) {
-    const TraceRange range(trace_names_[size_t(cfg_.num_hidden_layers + l)].c_str());
+  for (int l = L - 1; l >= 0; l--) {
+    const TraceRange layer_range(trace_names_[size_t(L + l)].c_str());
+    // Checkpointing: the shared activations hold the last layer's after the forward; the others
+    // are recomputed from their input.
+    if (memory_.checkpoint_layers && l < L - 1) layer_forward(l, B, false);
     const LayerWeights w = layer_weights(l);
-    const LayerWeights g = layer_grads(l);
     const LayerActs& a = acts_[l];
     // MLP block; dres holds d(x_next) and becomes d(h)
-    linear_backward(ws_.dact, false, l, kDown, w.wdown, g.wdown, ws_.dres, a.act, N, F, C);
+    linear_backward(ws_.dact, false, l, kDown, w.wdown, ws_.dres, a.act, N, F, C);
     be.swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gate, a.up, N * F);
-    linear_backward(ws_.dnorm, false, l, kGate, w.wgate, g.wgate, ws_.dgate, a.n2, N, C, F);
-    linear_backward(ws_.dnorm, true, l, kUp, w.wup, g.wup, ws_.dup, a.n2, N, C, F);
-    be.rmsnorm_backward(ws_.dres, g.mlp_norm, ws_.dnorm, a.h, w.mlp_norm, a.rstd2, N, C);
+    linear_backward(ws_.dnorm, false, l, kGate, w.wgate, ws_.dgate, a.n2, N, C, F);
+    linear_backward(ws_.dnorm, true, l, kUp, w.wup, ws_.dup, a.n2, N, C, F);
+    be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, kMlpNorm)), ws_.dnorm, a.h,
+                        w.mlp_norm, a.rstd2, N, C);
+    end_gradient(layer_tensor_index(l, kMlpNorm));
     // attention block; dres becomes d(x_in)
-    linear_backward(ws_.datt, false, l, kO, w.wo, g.wo, ws_.dres, a.att, N, NH * HD, C);
+    linear_backward(ws_.datt, false, l, kO, w.wo, ws_.dres, a.att, N, NH * HD, C);
     be.attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.datt, a.att, a.saved, a.q, a.k, a.v, B, T,
                           NH, NKV, HD);
     be.rope_backward(ws_.dq, B, T, NH, HD, theta);
     be.rope_backward(ws_.dk, B, T, NKV, HD, theta);
-    linear_backward(ws_.dnorm, false, l, kQ, w.wq, g.wq, ws_.dq, a.n1, N, C, NH * HD);
-    linear_backward(ws_.dnorm, true, l, kK, w.wk, g.wk, ws_.dk, a.n1, N, C, NKV * HD);
-    linear_backward(ws_.dnorm, true, l, kV, w.wv, g.wv, ws_.dv, a.n1, N, C, NKV * HD);
-    be.rmsnorm_backward(ws_.dres, g.attn_norm, ws_.dnorm, a.x_in, w.attn_norm, a.rstd1, N, C);
+    linear_backward(ws_.dnorm, false, l, kQ, w.wq, ws_.dq, a.n1, N, C, NH * HD);
+    linear_backward(ws_.dnorm, true, l, kK, w.wk, ws_.dk, a.n1, N, C, NKV * HD);
+    linear_backward(ws_.dnorm, true, l, kV, w.wv, ws_.dv, a.n1, N, C, NKV * HD);
+    be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, kAttnNorm)), ws_.dnorm,
+                        a.x_in, w.attn_norm, a.rstd1, N, C);
+    end_gradient(layer_tensor_index(l, kAttnNorm));
   }
-  be.embedding_backward(grad(tensors_[0]), ws_.dres, inputs_, host_inputs_.data(), N, C);
-  be.store_gradients(grads_, num_dense_grads_);
+  be.embedding_backward(begin_gradient(embed), ws_.dres, inputs_, host_inputs_.data(), N, C);
+  end_gradient(embed);
+  if (!memory_.fused_update) be.store_gradients(grads_, num_dense_grads_);
   B_ = 0;  // on the CPU the logits now hold their gradient: a second backward() needs a forward()
 }
 

@@ -38,6 +38,25 @@ class CompressedGradSink {
   virtual void accumulate(int tensor_index, const void* dy, const void* x, int64_t N) = 0;
 };
 
+// Fused updates: the model hands every gradient to this as soon as the backward has formed it,
+// and the optimizer applies it at once, so no gradient buffer for the whole model exists.
+class FusedGradSink : public CompressedGradSink {
+ public:
+  // Tensor tensor_index's dense gradient is complete in `grad` (grad-typed, its numel elements);
+  // the buffer is reused for the next tensor as soon as this returns.
+  virtual void dense_ready(int tensor_index, void* grad) = 0;
+};
+
+// How the model holds its memory (both change memory and time, never the numbers computed).
+struct ModelMemoryOptions {
+  // Keep only each layer's input from the forward; the backward recomputes the rest of the
+  // layer's activations, one layer at a time.
+  bool checkpoint_layers = false;
+  // No gradient buffer for the whole model: each dense gradient is formed in a buffer the size of
+  // the largest dense tensor and handed to the FusedGradSink (one backward per optimizer step).
+  bool fused_update = false;
+};
+
 // The HF tensor names of the GRASS targets ("q", "k", "v", "o", "gate", "up", "down") in every
 // layer.
 std::vector<std::string> grass_target_tensor_names(int num_layers,
@@ -53,8 +72,15 @@ class LlamaModel {
   // must hand out the backend's memory.
   LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
              const std::vector<std::string>& compressed = {},
-             Backend& backend = default_cpu_backend());
+             Backend& backend = default_cpu_backend(), ModelMemoryOptions memory = {});
   void set_compressed_sink(CompressedGradSink* sink) { sink_ = sink; }
+  // Fused updates: receives the compressed and the dense gradients (instead of the compressed
+  // sink and the gradient buffer).
+  void set_fused_sink(FusedGradSink* sink) {
+    sink_ = sink;
+    fused_sink_ = sink;
+  }
+  const ModelMemoryOptions& memory_options() const { return memory_; }
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
@@ -64,11 +90,11 @@ class LlamaModel {
   Backend& backend() const { return *backend_; }
   const Storage& storage() const { return backend_->storage(); }
   // The backend's buffers: weights [num_params] (weight-typed), the fp32 master copy (or null),
-  // dense gradients [num_dense_grads] (grad-typed).
+  // dense gradients [num_dense_grads] (grad-typed; with fused updates, only the one being formed).
   void* weights() { return params_; }
   float* master() { return master_; }
   void* grads_buffer() { return grads_; }
-  void* grad(const ParamTensor& t);  // null for a compressed tensor
+  void* grad(const ParamTensor& t);  // null for a compressed tensor; fused: the shared buffer
   void* weight(const ParamTensor& t);
   // The same as float* on the CPU backend, for tests and tools that read or write them in place
   // (after writing weights, call weights_written()). InternalError on another backend.
@@ -101,7 +127,7 @@ class LlamaModel {
   double flops_per_token() const;
 
  private:
-  struct LayerWeights {  // views into the flat weight (or gradient) buffer
+  struct LayerWeights {  // views into the flat weight buffer
     void *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown;
   };
   struct LayerActs {  // act-typed unless said otherwise
@@ -121,11 +147,18 @@ class LlamaModel {
     void* act;       // [N, F] silu(gate) * up, input of down_proj
   };
   LayerWeights layer_weights(int l);
-  LayerWeights layer_grads(int l);  // null for compressed tensors
   void add_tensor(const std::string& name, std::vector<int64_t> shape, bool is_norm);
+  void allocate_activations(Arena& arena, int64_t N, int NH);
+  // Layer l's forward from acts_[l].x_in; `to_output` false stops after what the backward reads
+  // (the recomputation of activation checkpointing: down_proj and the residual are not needed).
+  void layer_forward(int l, int B, bool to_output);
   // dx (overwritten, or accumulated) and the weight gradient of layer l's i-th tensor, y = x·wᵀ
-  void linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w, void* dw,
-                       const void* dy, const void* x, int64_t N, int in, int out);
+  void linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w, const void* dy,
+                       const void* x, int64_t N, int in, int out);
+  // Where tensors_[index]'s gradient is to be formed (fused: the shared buffer, zeroed), and the
+  // signal that it is complete (fused: rounded to its storage and handed to the sink).
+  void* begin_gradient(int index);
+  void end_gradient(int index);
 
   ModelConfig cfg_;
   int max_B_, T_;
@@ -134,14 +167,19 @@ class LlamaModel {
   int64_t num_params_ = 0;
   int64_t num_dense_grads_ = 0;
   CompressedGradSink* sink_ = nullptr;
+  FusedGradSink* fused_sink_ = nullptr;
+  ModelMemoryOptions memory_;
   Backend* backend_;
   void* params_ = nullptr;
   float* master_ = nullptr;
   void* grads_ = nullptr;
+  void* tied_grad_ = nullptr;  // fused with tied embeddings: the table's gradient [V, C], held
+                               // from the lm_head's backward to the embedding's
   // offsets of the tensors that are not per layer
   int64_t off_embed_ = 0, off_norm_ = 0, off_lm_head_ = 0;
   std::vector<int64_t> off_layer_;  // offset of each layer's first tensor
 
+  // With checkpoint_layers every layer has its own x_in but shares the rest with the others.
   std::vector<LayerActs> acts_;
   int32_t* inputs_ = nullptr;   // [N] backend memory
   int32_t* targets_ = nullptr;  // [N] backend memory

@@ -12,20 +12,22 @@ AdamW::AdamW(const OptimizerConfig& cfg, const LlamaModel& model, Arena& arena, 
 }
 
 void AdamW::step(LlamaModel& model, double grad_scale, double lr, int64_t step) {
-  const int state_bytes = model.storage().state_bytes;
-  for (size_t i = 0; i < model.tensors().size(); i++) {
-    const ParamTensor& t = model.tensors()[i];
-    if (!t.dense()) continue;
-    const double wd = t.is_norm ? 0.0 : cfg_.weight_decay;
-    const int64_t state_offset = t.grad_offset * state_bytes;
-    float* master = model.master() ? model.master() + t.offset : nullptr;
-    // pure bf16's stochastic rounding: one stream per (step, tensor)
-    const uint64_t seed = derive_seed(derive_seed(seed_, uint64_t(step)), i);
-    model.backend().adamw_update(model.weight(t), master, model.grad(t),
-                                 static_cast<char*>(m_) + state_offset,
-                                 static_cast<char*>(v_) + state_offset, t.numel, grad_scale, lr,
-                                 cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step, seed);
-  }
+  for (size_t i = 0; i < model.tensors().size(); i++)
+    if (model.tensors()[i].dense())
+      update_tensor(model, int(i), model.grad(model.tensors()[i]), grad_scale, lr, step);
+}
+
+void AdamW::update_tensor(LlamaModel& model, int index, const void* grad, double grad_scale,
+                          double lr, int64_t step) {
+  const ParamTensor& t = model.tensors()[size_t(index)];
+  const double wd = t.is_norm ? 0.0 : cfg_.weight_decay;
+  const int64_t state_offset = t.grad_offset * model.storage().state_bytes;
+  float* master = model.master() ? model.master() + t.offset : nullptr;
+  // pure bf16's stochastic rounding: one stream per (step, tensor)
+  const uint64_t seed = derive_seed(derive_seed(seed_, uint64_t(step)), uint64_t(index));
+  model.backend().adamw_update(model.weight(t), master, grad, static_cast<char*>(m_) + state_offset,
+                               static_cast<char*>(v_) + state_offset, t.numel, grad_scale, lr,
+                               cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step, seed);
 }
 
 }  // namespace grass

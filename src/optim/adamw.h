@@ -21,6 +21,10 @@ class AdamW {
   // One update of the dense tensors from the model's gradients·grad_scale (the clipping
   // coefficient) at learning rate lr; step counts from 1.
   void step(LlamaModel& model, double grad_scale, double lr, int64_t step);
+  // The same update for one dense tensor (tensors()[index]) from its gradient `grad`: what step()
+  // does for each, and what a fused update does as the backward forms each gradient.
+  void update_tensor(LlamaModel& model, int index, const void* grad, double grad_scale, double lr,
+                     int64_t step);
 
  private:
   OptimizerConfig cfg_;

@@ -9,9 +9,9 @@
 namespace grass {
 
 GrassOptimizer::GrassOptimizer(const OptimizerConfig& cfg, const LlamaModel& model,
-                               int64_t max_tokens, Arena& arena)
+                               int64_t max_tokens, Arena& arena, bool shared_gc)
     : cfg_(cfg), rank_(cfg.grass.rank), target_of_tensor_(model.tensors().size(), -1),
-      backend_(&model.backend()) {
+      backend_(&model.backend()), shared_gc_(shared_gc) {
   const int r = rank_;
   const Storage& storage = model.storage();
   int64_t largest = 0;
@@ -27,8 +27,9 @@ GrassOptimizer::GrassOptimizer(const OptimizerConfig& cfg, const LlamaModel& mod
     t.rows = cfg.grass.selects_rows(t.out, t.in);
     GRASS_CHECK(r <= (t.rows ? t.out : t.in), "rank exceeds the selectable side of " + p.name);
     t.gc_numel = int64_t(r) * (t.rows ? t.in : t.out);
-    t.gc = arena.alloc_bytes(MemCategory::CompressedGradients, p.name + ".G_C",
-                             t.gc_numel * storage.grad_bytes);
+    if (!shared_gc)
+      t.gc = arena.alloc_bytes(MemCategory::CompressedGradients, p.name + ".G_C",
+                               t.gc_numel * storage.grad_bytes);
     t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.m",
                             t.gc_numel * storage.state_bytes);
     t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.v",
@@ -40,6 +41,13 @@ GrassOptimizer::GrassOptimizer(const OptimizerConfig& cfg, const LlamaModel& mod
     targets_.push_back(t);
   }
   GRASS_CHECK(!targets_.empty(), "the GRASS optimizer has no target tensors");
+  if (shared_gc) {
+    int64_t largest_gc = 0;
+    for (const Target& t : targets_) largest_gc = std::max(largest_gc, t.gc_numel);
+    void* gc = arena.alloc_bytes(MemCategory::CompressedGradients, "grass.G_C (one target at a time)",
+                                 largest_gc * storage.grad_bytes);
+    for (Target& t : targets_) t.gc = gc;
+  }
   scratch_ = arena.alloc_bytes(MemCategory::Workspace, "grass.gather",
                                max_tokens * r * storage.act_bytes);
   full_grad_ = arena.alloc<float>(MemCategory::Workspace, "grass.refresh_gradient", largest);
@@ -49,7 +57,7 @@ void GrassOptimizer::begin_step(int64_t step) {
   step_ = step;
   const bool refresh = step % cfg_.grass.update_interval == 0;
   for (Target& t : targets_) {
-    backend_->zero(t.gc, size_t(t.gc_numel) * backend_->storage().grad_bytes);
+    if (!shared_gc_) backend_->zero(t.gc, size_t(t.gc_numel) * backend_->storage().grad_bytes);
     if (refresh) t.needs_selection = true;
   }
 }
@@ -58,6 +66,7 @@ void GrassOptimizer::accumulate(int tensor_index, const void* dy, const void* x,
   const int k = target_of_tensor_.at(tensor_index);
   GRASS_CHECK(k >= 0, "accumulate() for a tensor that is not a GRASS target");
   Target& t = targets_[k];
+  if (shared_gc_) backend_->zero(t.gc, size_t(t.gc_numel) * backend_->storage().grad_bytes);
   if (t.needs_selection) {
     select(t, dy, x, N);
     return;
@@ -93,25 +102,34 @@ double GrassOptimizer::flops_saved_per_token() const {
   return saved;
 }
 
+double GrassOptimizer::gc_sum_squares(size_t k) const {
+  return backend_->sum_squares(targets_.at(k).gc, targets_[k].gc_numel);
+}
+
 double GrassOptimizer::grad_sum_squares() const {
+  GRASS_CHECK(!shared_gc_, "grad_sum_squares() with a shared G_C: fused updates take it per target");
   double total = 0;
-  for (const Target& t : targets_) total += backend_->sum_squares(t.gc, t.gc_numel);
+  for (size_t k = 0; k < targets_.size(); k++) total += gc_sum_squares(k);
   return total;
 }
 
 void GrassOptimizer::step(LlamaModel& model, double grad_scale, double lr) {
-  for (Target& t : targets_) {
-    GRASS_CHECK(!t.needs_selection, "GRASS step() before any backward selected rows");
-    t.adam_step++;
-    const ParamTensor& p = model.tensors()[t.tensor_index];
-    float* master = model.master() ? model.master() + p.offset : nullptr;
-    // pure bf16's stochastic rounding: one stream per (step, target)
-    const uint64_t seed =
-        derive_seed(derive_seed(cfg_.grass.seed ^ 0x5eed, uint64_t(step_)), t.tensor_index);
-    backend_->grass_adam_update(model.weight(p), master, t.gc, t.m, t.v, t.sigma, t.rho, t.out,
-                                t.in, rank_, t.rows, grad_scale, lr, cfg_.grass.scale, cfg_.beta1,
-                                cfg_.beta2, cfg_.eps, cfg_.weight_decay, t.adam_step, seed);
-  }
+  GRASS_CHECK(!shared_gc_, "step() with a shared G_C: fused updates apply each target at once");
+  for (size_t k = 0; k < targets_.size(); k++) update_target(k, model, grad_scale, lr);
+}
+
+void GrassOptimizer::update_target(size_t k, LlamaModel& model, double grad_scale, double lr) {
+  Target& t = targets_.at(k);
+  GRASS_CHECK(!t.needs_selection, "GRASS step() before any backward selected rows");
+  t.adam_step++;
+  const ParamTensor& p = model.tensors()[t.tensor_index];
+  float* master = model.master() ? model.master() + p.offset : nullptr;
+  // pure bf16's stochastic rounding: one stream per (step, target)
+  const uint64_t seed =
+      derive_seed(derive_seed(cfg_.grass.seed ^ 0x5eed, uint64_t(step_)), t.tensor_index);
+  backend_->grass_adam_update(model.weight(p), master, t.gc, t.m, t.v, t.sigma, t.rho, t.out, t.in,
+                              rank_, t.rows, grad_scale, lr, cfg_.grass.scale, cfg_.beta1,
+                              cfg_.beta2, cfg_.eps, cfg_.weight_decay, t.adam_step, seed);
 }
 
 }  // namespace grass

@@ -23,8 +23,10 @@ class GrassOptimizer : public CompressedGradSink {
  public:
   // The model must have been built with grass_target_tensor_names(...) as its compressed tensors.
   // max_tokens: the largest micro-batch, in tokens (B x T), for the gather scratch.
+  // shared_gc: one G_C buffer (the largest target's) serves every target in turn, for fused
+  // updates, where each target's G_C is applied (update_target) as soon as accumulate() formed it.
   GrassOptimizer(const OptimizerConfig& cfg, const LlamaModel& model, int64_t max_tokens,
-                 Arena& arena);
+                 Arena& arena, bool shared_gc = false);
 
   void begin_step(int64_t step);  // zeroes G_C; a refresh step re-selects on the next accumulate
   void accumulate(int tensor_index, const void* dy, const void* x, int64_t N) override;
@@ -37,6 +39,10 @@ class GrassOptimizer : public CompressedGradSink {
   // copy's rows change and params() re-rounds them, or, in pure bf16, params() and the moments
   // are stored with stochastic rounding.
   void step(LlamaModel& model, double grad_scale, double lr);
+  // step() for one target, targets()[k]
+  void update_target(size_t k, LlamaModel& model, double grad_scale, double lr);
+  int target_of_tensor(int tensor_index) const { return target_of_tensor_.at(size_t(tensor_index)); }
+  double gc_sum_squares(size_t k) const;  // Σ G_C² of targets()[k]
 
   struct Target {
     int tensor_index;
@@ -45,7 +51,7 @@ class GrassOptimizer : public CompressedGradSink {
     bool rows;             // selects rows (out) rather than columns (in)
     int64_t gc_numel;      // r·in (rows) or out·r (cols)
     // backend memory (host on the CPU): G_C grad-typed, moments state-typed
-    void* gc;              // compressed gradient
+    void* gc;              // compressed gradient (shared_gc: the one buffer of every target)
     void* m;               // Adam moments, shaped like gc
     void* v;
     int32_t* sigma;        // [r] selected slices, ascending
@@ -71,6 +77,7 @@ class GrassOptimizer : public CompressedGradSink {
   void* scratch_ = nullptr;            // [max_tokens, r] gathered columns (act-typed)
   float* full_grad_ = nullptr;         // [largest out x in]: the transient gradient at a refresh
   int64_t step_ = 0;
+  bool shared_gc_ = false;
 };
 
 }  // namespace grass

@@ -1,7 +1,12 @@
 #include "train/memory_plan.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
 #include "train/training_state.h"
 
 namespace grass {
@@ -15,6 +20,56 @@ MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage) {
   plan.total = planning.total_bytes();
   plan.buffers = planning.num_blocks();
   return plan;
+}
+
+int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t limit) {
+  const int accum = cfg.grad_accum_steps();
+  const auto fits = [&](int64_t micro) {
+    RunConfig c = cfg;
+    c.micro_batch_size = int(micro);
+    c.total_batch_size = int(micro * accum);
+    return plan_memory(c, storage).total <= limit;
+  };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;  // fits(lo), and then !fits(hi)
+  const int64_t most = INT32_MAX / std::max(accum, 1);
+  while (hi <= most && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  if (hi > most) return int(lo);
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return int(lo);
+}
+
+void check_memory_limit(const RunConfig& cfg, const Storage& storage, const MemoryPlan& plan) {
+  if (cfg.memory_limit <= 0 || plan.total <= cfg.memory_limit) return;
+  // The breakdown on stdout, as the start-up table would have shown it; the error line on stderr.
+  std::printf("memory plan of %s, %s:\n", cfg.source.c_str(), storage.describe());
+  for (int c = 0; c < kMemCategories; c++)
+    std::printf("  %-12s %12s\n", mem_category_name(MemCategory(c)),
+                format_bytes(plan.bytes[c]).c_str());
+  std::printf("  %-12s %12s\n", "total", format_bytes(plan.total).c_str());
+  std::fflush(stdout);
+  const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
+  std::string advice =
+      largest > 0 ? "the largest micro_batch_size that fits is " + std::to_string(largest) + " (" +
+                        std::to_string(int64_t(largest) * cfg.seq_len) + " tokens)"
+                  : "not even micro_batch_size 1 fits";
+  if (cfg.activation_checkpointing == "none") {
+    RunConfig layer = cfg;
+    layer.activation_checkpointing = "layer";
+    const int with_layer = largest_micro_batch(layer, storage, cfg.memory_limit);
+    if (with_layer > largest)
+      advice += "; with activation_checkpointing \"layer\": " + std::to_string(with_layer);
+  }
+  throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "memory_limit: the run plans " +
+                  format_bytes(plan.total) + ", over the limit of " +
+                  format_bytes(cfg.memory_limit) + " (breakdown above); " + advice +
+                  " (grass mem <run.json> --memory-limit SIZE explores the options)");
 }
 
 Storage planned_storage(const RunConfig& cfg) {
@@ -38,6 +93,11 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   out += std::string("storage ") + (storage.cuda ? "CUDA backend, " : "CPU backend, ") +
          storage.describe() + (storage.master ? "; the master copy counts as optimizer state" : "") +
          "\n";
+  const ModelMemoryOptions memory = model_memory_options(cfg, storage);
+  out += std::string("memory  activations ") +
+         (memory.checkpoint_layers ? "checkpointed per layer" : "kept for the backward") +
+         ", updates " + (memory.fused_update ? "fused into the backward" : "after the backward") +
+         "\n";
   std::snprintf(line, sizeof line, "%-22s %14s %14s\n", "", label.c_str(), "adamw");
   out += line;
   const char* rows[kMemCategories] = {"weights", "gradients (dense)", "gradients (compressed)",
@@ -50,7 +110,45 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   std::snprintf(line, sizeof line, "%-22s %14s %14s\n", "total", format_bytes(run.total).c_str(),
                 format_bytes(adamw.total).c_str());
   out += line;
+  if (cfg.memory_limit > 0) {
+    const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
+    std::snprintf(line, sizeof line, "memory_limit %s: %s; the largest micro_batch_size that fits: ",
+                  format_bytes(cfg.memory_limit).c_str(),
+                  run.total <= cfg.memory_limit
+                      ? ("fits, " + format_bytes(cfg.memory_limit - run.total) + " to spare").c_str()
+                      : ("does not fit, " + format_bytes(run.total - cfg.memory_limit) + " over").c_str());
+    out += line;
+    out += largest > 0 ? std::to_string(largest) + " (" +
+                             std::to_string(int64_t(largest) * cfg.seq_len) + " tokens)\n"
+                       : "none\n";
+  }
   return out;
+}
+
+std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
+  const MemoryPlan plan = plan_memory(cfg, storage);
+  const ModelMemoryOptions memory = model_memory_options(cfg, storage);
+  nlohmann::json bytes = nlohmann::json::object();
+  for (int c = 0; c < kMemCategories; c++) bytes[mem_category_name(MemCategory(c))] = plan.bytes[c];
+  nlohmann::json out = {
+      {"parameters", cfg.model.num_parameters()},
+      {"optimizer", cfg.optimizer.name},
+      {"micro_batch_size", cfg.micro_batch_size},
+      {"seq_len", cfg.seq_len},
+      {"device", storage.cuda ? "cuda" : "cpu"},
+      {"storage", storage.describe()},
+      {"activation_checkpointing", memory.checkpoint_layers ? "layer" : "none"},
+      {"fused_update", memory.fused_update},
+      {"bytes", bytes},
+      {"total", plan.total},
+  };
+  if (cfg.optimizer.name == "grass") out["rank"] = cfg.optimizer.grass.rank;
+  if (cfg.memory_limit > 0) {
+    out["memory_limit"] = cfg.memory_limit;
+    out["fits"] = plan.total <= cfg.memory_limit;
+    out["largest_micro_batch"] = largest_micro_batch(cfg, storage, cfg.memory_limit);
+  }
+  return out.dump() + "\n";
 }
 
 }  // namespace grass

@@ -19,11 +19,26 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage);
 
+// The largest micro_batch_size whose plan fits in `limit` bytes, the number of micro-batches per
+// step kept; 0 when not even one sequence fits.
+int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t limit);
+
+// cfg.memory_limit against the plan: UserError when the plan is over it, with the breakdown and the
+// largest micro-batch that would fit (and what activation checkpointing would allow).
+void check_memory_limit(const RunConfig& cfg, const Storage& storage, const MemoryPlan& plan);
+
 // The storage `grass mem` plans for: the CPU backend's for device "cpu", else the GPU's.
 Storage planned_storage(const RunConfig& cfg);
 
 // The table `grass mem` prints: the run's plan beside full AdamW's on the same model, batch and
 // storage.
+// With cfg.memory_limit set, a last line says whether the run fits and the largest micro-batch
+// that does.
 std::string format_memory_plans(const RunConfig& cfg, const Storage& storage);
+
+// The run's plan as one JSON object (for scripts: scripts/experiments/memory_limit.sh): the
+// categories in bytes, the total, the memory options in force, and, with a memory_limit, whether
+// it fits and the largest micro-batch that does.
+std::string memory_plan_json(const RunConfig& cfg, const Storage& storage);
 
 }  // namespace grass

@@ -62,6 +62,15 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
               cfg.schedule.min_lr_ratio, (long long)cfg.steps);
   std::printf("  precision     %s, seed %llu\n", backend.storage().describe(),
               (unsigned long long)cfg.seed);
+  const ModelMemoryOptions& memory = model.memory_options();
+  std::printf("  activations   %s; updates %s\n",
+              memory.checkpoint_layers ? "checkpointed per layer (recomputed in the backward)"
+                                       : "kept for the backward",
+              memory.fused_update ? "fused into the backward (per-tensor clipping)"
+                                  : "after the backward (global-norm clipping)");
+  if (cfg.memory_limit > 0)
+    std::printf("  memory_limit  %s (the plan takes %s)\n", format_bytes(cfg.memory_limit).c_str(),
+                format_bytes(arena.total_bytes()).c_str());
   std::printf("  FLOPs/token   %.4g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
               flops_per_token,
               cfg.optimizer.name == "grass" ? ", less 2mn - 2rn per GRASS target" : "");
@@ -92,11 +101,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   const std::unique_ptr<Backend> backend = choose_backend(cfg, &why_cpu);
   // GPU memory comes as one reservation of the planned size, cut into the named buffers.
   const MemoryPlan plan = plan_memory(cfg, backend->storage());
+  check_memory_limit(cfg, backend->storage(), plan);
   backend->reserve(plan.total, plan.buffers);
   Arena arena(false, *backend);
   TrainingState state = build_training_state(cfg, arena, *backend);
   LlamaModel& model = *state.model;
-  AdamW& optimizer = *state.adamw;
   GrassOptimizer* grass = state.grass.get();
 
   // The starting point: a checkpoint, pretrained weights, or the seed. out_dir is created and
@@ -129,8 +138,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     model.init_weights(cfg.seed);
   }
 
-  const int64_t N = int64_t(cfg.micro_batch_size) * cfg.seq_len;
-  std::vector<int32_t> inputs(N), targets(N);
 
   remove_checkpoint_leftovers(root);
   if (cfg.checkpoint_every > 0) {  // an unwritable place fails now, not after the first steps
@@ -185,32 +192,17 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   }
   std::vector<double> rates;
   double seconds_so_far = 0;
-  const int accum = cfg.grad_accum_steps();
   for (int64_t step = start_step; step < cfg.steps; step++) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = schedule_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.steps);
     const TraceRange step_range("step");
-    model.zero_grads();
-    if (grass) grass->begin_step(step);
-    double loss = 0;
-    for (int micro = 0; micro < accum; micro++) {
-      loader.next_batch(inputs.data(), targets.data());
-      loss += model.forward(inputs.data(), targets.data(), cfg.micro_batch_size) / accum;
-      model.backward(1.0 / accum);  // the step's loss is the mean over its micro-batches
-    }
+    const StepOutcome outcome = train_step(state, cfg, step, lr, [&](int32_t* in, int32_t* tg) {
+      loader.next_batch(in, tg);
+    });
+    const double loss = outcome.loss, gnorm = outcome.grad_norm;
     if (!std::isfinite(loss))
       throw UserError("step " + std::to_string(step + 1) + ": loss is " + std::to_string(loss) +
                       " (diverged): lower optimizer.lr or set grad_clip");
-    // one global norm over the dense and the compressed gradients
-    const double gnorm =
-        std::sqrt(model.backend().sum_squares(model.grads_buffer(), model.num_dense_grads()) +
-                  (grass ? grass->grad_sum_squares() : 0.0));
-    const double clip = clip_coefficient(gnorm, cfg.grad_clip);
-    {
-      const TraceRange range("optimizer");
-      if (grass) grass->step(model, clip, lr);
-      optimizer.step(model, clip, lr, step + 1);
-    }
     backend->synchronize();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

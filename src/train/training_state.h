@@ -2,12 +2,14 @@
 // plan make the same allocations in the same order: the model (weights, dense gradients,
 // activations, workspace), dense AdamW, and the GRASS optimizer when the run uses it.
 #pragma once
+#include <functional>
 #include <memory>
 
 #include "config/config.h"
 #include "core/arena.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "optim/fused_update.h"
 #include "optim/grass.h"
 
 namespace grass {
@@ -16,10 +18,25 @@ struct TrainingState {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<AdamW> adamw;          // dense tensors (all of them without GRASS)
   std::unique_ptr<GrassOptimizer> grass; // GRASS targets; null for optimizer "adamw"
+  std::unique_ptr<FusedUpdate> fused;    // fused per-layer updates; null when off
 };
+
+// How the run's model holds its memory: activation_checkpointing, and fused_update resolved for
+// the storage ("auto": on in pure bf16 when a step is one micro-batch).
+ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage);
 
 // Allocates from `arena` (the backend's memory) with the element sizes of the backend's storage;
 // with a planning arena nothing is allocated or initialised.
 TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend);
+
+// One optimizer step as the trainer takes it: the forward and backward of every micro-batch
+// (next_batch fills inputs and targets, [micro_batch_size, seq_len] each), the global gradient
+// norm, clipping and the updates (made during the backward with fused updates). step counts from 0.
+struct StepOutcome {
+  double loss = 0;       // mean over the step's micro-batches
+  double grad_norm = 0;  // global L2 norm of the unclipped gradients, dense and compressed
+};
+StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, double lr,
+                       const std::function<void(int32_t* inputs, int32_t* targets)>& next_batch);
 
 }  // namespace grass

@@ -1,0 +1,196 @@
+// The memory features change where numbers live, never the numbers: per-layer activation
+// checkpointing recomputes exactly what the forward kept, and fused per-layer updates apply exactly
+// the unfused step whenever global-norm clipping would not clip. Both checked bit for bit on the
+// CPU backend, in every precision, through the trainer's own step (train_step).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "config/config.h"
+#include "core/arena.h"
+#include "ngram_batches.h"
+#include "train/training_state.h"
+
+using namespace grass;
+
+namespace {
+
+RunConfig small_run(const std::string& optimizer, const std::string& precision) {
+  RunConfig c;
+  c.model.hidden_size = 32;
+  c.model.intermediate_size = 86;
+  c.model.num_attention_heads = 4;
+  c.model.num_key_value_heads = 2;
+  c.model.num_hidden_layers = 3;
+  c.model.vocab_size = test::NgramBatches::V;
+  c.model.max_position_embeddings = 64;
+  c.model.initializer_range = 0.1;
+  c.micro_batch_size = 2;
+  c.total_batch_size = 2;
+  c.seq_len = 16;
+  c.precision = precision;
+  c.grad_clip = 0;
+  c.optimizer.name = optimizer;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.weight_decay = 0.1;
+  c.optimizer.grass.rank = 4;
+  c.optimizer.grass.update_interval = 3;  // refreshes at steps 0 and 3
+  c.optimizer.grass.seed = 11;
+  c.optimizer.grass.targets = {"q", "k", "o", "gate", "down"};  // v and up stay dense
+  return c;
+}
+
+// What a run leaves: its losses and norms per step, and every byte of its state.
+struct RunRecord {
+  std::vector<double> losses, norms;
+  std::vector<int> clipped;
+  std::vector<std::vector<char>> state;  // the weights and optimizer blocks, in order
+  std::vector<std::string> state_names;
+};
+
+RunRecord train(const RunConfig& cfg, int steps) {
+  const Storage storage = storage_for(cfg.precision, false);
+  const std::unique_ptr<Backend> backend = make_cpu_backend(storage);
+  Arena arena(false, *backend);
+  TrainingState s = build_training_state(cfg, arena, *backend);
+  s.model->init_weights(3);
+  const test::NgramBatches data;
+  RunRecord record;
+  int64_t batch = 0;
+  for (int64_t step = 0; step < steps; step++) {
+    const StepOutcome out = train_step(s, cfg, step, cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
+      std::vector<int32_t> inputs, targets;
+      data.batch(batch++, cfg.micro_batch_size, cfg.seq_len, inputs, targets);
+      std::copy(inputs.begin(), inputs.end(), in);
+      std::copy(targets.begin(), targets.end(), tg);
+    });
+    record.losses.push_back(out.loss);
+    record.norms.push_back(out.grad_norm);
+    record.clipped.push_back(s.fused ? s.fused->clipped_tensors() : -1);
+  }
+  for (const Arena::Block& b : arena.blocks())
+    if (b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) {
+      const char* p = static_cast<const char*>(b.ptr);
+      record.state.emplace_back(p, p + b.bytes);
+      record.state_names.push_back(b.name);
+    }
+  return record;
+}
+
+void require_same_state(const RunRecord& a, const RunRecord& b) {
+  REQUIRE(a.state_names == b.state_names);
+  for (size_t i = 0; i < a.state.size(); i++) {
+    INFO(a.state_names[i]);
+    CHECK(a.state[i] == b.state[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("per-layer activation checkpointing gives identical losses and weights", "[memory]") {
+  for (const std::string optimizer : {"adamw", "grass"})
+    for (const std::string precision : {"fp32", "bf16"})
+      for (const int micro_batches : {1, 2}) {
+        INFO(optimizer << " " << precision << ", " << micro_batches << " micro-batch(es)");
+        RunConfig kept = small_run(optimizer, precision);
+        kept.total_batch_size = kept.micro_batch_size * micro_batches;
+        kept.grad_clip = 1.0;
+        RunConfig recomputed = kept;
+        recomputed.activation_checkpointing = "layer";
+        const RunRecord a = train(kept, 5), b = train(recomputed, 5);
+        CHECK(a.losses == b.losses);
+        CHECK(a.norms == b.norms);
+        require_same_state(a, b);
+        CHECK(a.losses.back() < a.losses.front());  // it trained
+      }
+}
+
+TEST_CASE("fused per-layer updates give the same weights as the unfused step", "[memory]") {
+  for (const std::string optimizer : {"adamw", "grass"})
+    for (const std::string precision : {"fp32", "bf16-mixed", "bf16"})
+      for (const bool tied : {false, true})
+        for (const double clip : {0.0, 1e6}) {  // clipping off, and on but never reached
+          INFO(optimizer << " " << precision << (tied ? " tied" : " untied") << " clip " << clip);
+          RunConfig unfused = small_run(optimizer, precision);
+          unfused.model.tie_word_embeddings = tied;
+          unfused.grad_clip = clip;
+          unfused.fused_update = "off";
+          RunConfig fused = unfused;
+          fused.fused_update = "on";
+          fused.activation_checkpointing = "layer";  // and both memory features together
+          const RunRecord a = train(unfused, 5), b = train(fused, 5);
+          CHECK(a.losses == b.losses);
+          for (size_t i = 0; i < a.norms.size(); i++)  // summed per tensor: another order
+            CHECK(b.norms[i] == Approx(a.norms[i]).epsilon(1e-12));
+          require_same_state(a, b);
+          CHECK(b.clipped == std::vector<int>(5, 0));
+        }
+}
+
+TEST_CASE("pure bf16 with one micro-batch fuses its updates by default", "[memory]") {
+  const RunConfig cfg = small_run("grass", "bf16");
+  CHECK(model_memory_options(cfg, storage_for("bf16", false)).fused_update);
+  CHECK(model_memory_options(cfg, storage_for("bf16", true)).fused_update);
+  CHECK_FALSE(model_memory_options(cfg, storage_for("bf16-mixed", true)).fused_update);
+  RunConfig accumulating = cfg;
+  accumulating.total_batch_size = 2 * cfg.micro_batch_size;
+  CHECK_FALSE(model_memory_options(accumulating, storage_for("bf16", true)).fused_update);
+  // ... and so no gradient buffer for the whole model exists: one tensor's, and one G_C
+  const Storage storage = storage_for("bf16", true);
+  const std::unique_ptr<Backend> sizes = make_planning_backend(storage);
+  Arena fused(true), unfused(true);
+  const TrainingState probe = build_training_state(cfg, fused, *sizes);
+  RunConfig off = cfg;
+  off.fused_update = "off";
+  build_training_state(off, unfused, *sizes);
+  int64_t largest_dense = 0, largest_gc = 0;
+  for (const ParamTensor& t : probe.model->tensors())
+    if (t.dense()) largest_dense = std::max(largest_dense, t.numel);
+  for (const auto& t : probe.grass->targets()) largest_gc = std::max(largest_gc, t.gc_numel);
+  CHECK(fused.bytes(MemCategory::Gradients) == 2 * largest_dense);
+  CHECK(fused.bytes(MemCategory::CompressedGradients) == 2 * largest_gc);
+  CHECK(unfused.bytes(MemCategory::Gradients) == 2 * probe.model->num_dense_grads());
+}
+
+TEST_CASE("fused updates clip each tensor's gradient on its own", "[memory]") {
+  // The per-tensor norms of step 1's gradient, from an unfused fp32 run that stops after the
+  // backward; a max norm between the smallest and the largest clips exactly those above it.
+  RunConfig cfg = small_run("grass", "fp32");
+  cfg.fused_update = "off";
+  const Storage storage = storage_for("fp32", false);
+  const std::unique_ptr<Backend> backend = make_cpu_backend(storage);
+  Arena arena(false, *backend);
+  TrainingState s = build_training_state(cfg, arena, *backend);
+  s.model->init_weights(3);
+  const test::NgramBatches data;
+  std::vector<int32_t> in, tg;
+  data.batch(0, cfg.micro_batch_size, cfg.seq_len, in, tg);
+  s.model->zero_grads();
+  s.grass->begin_step(0);
+  s.model->forward(in.data(), tg.data(), cfg.micro_batch_size);
+  s.model->backward(1.0);
+  std::vector<double> norms;
+  for (const ParamTensor& t : s.model->tensors())
+    if (t.dense()) norms.push_back(std::sqrt(backend->sum_squares(s.model->grad(t), t.numel)));
+  for (size_t k = 0; k < s.grass->targets().size(); k++)
+    norms.push_back(std::sqrt(s.grass->gc_sum_squares(k)));
+  std::vector<double> sorted = norms;
+  std::sort(sorted.begin(), sorted.end());
+  const double max_norm = 0.5 * (sorted[sorted.size() / 2] + sorted[sorted.size() / 2 + 1]);
+  const int above = int(std::count_if(norms.begin(), norms.end(), [&](double n) { return n > max_norm; }));
+  REQUIRE(above > 0);
+  REQUIRE(above < int(norms.size()));
+
+  RunConfig fused = small_run("grass", "fp32");
+  fused.fused_update = "on";
+  fused.grad_clip = max_norm;
+  const RunRecord clipped = train(fused, 1);
+  CHECK(clipped.clipped[0] == above);
+  double global = 0;
+  for (double n : norms) global += n * n;
+  CHECK(clipped.norms[0] == Approx(std::sqrt(global)).epsilon(1e-9));  // the unclipped norm
+}
