@@ -55,8 +55,12 @@ class Backend : public MemoryResource {
   virtual std::string describe() const = 0;
   // Dense bf16 peak of the device in FLOP/s, for MFU; 0 when unknown (MFU is then n/a).
   virtual double peak_flops() const = 0;
-  // The device's memory in bytes (0 on the CPU, where the arena's figure is the one shown).
-  virtual int64_t device_memory_bytes() const = 0;
+  // The device's memory as its driver reports it, every process's allocations and the CUDA
+  // context included (zeros on the CPU, where the arena's figure is the one shown).
+  struct DeviceMemory {
+    int64_t used = 0, total = 0;
+  };
+  virtual DeviceMemory device_memory() const = 0;
   // Waits for the queued work: step times measure work done, not work launched.
   virtual void synchronize() = 0;
 

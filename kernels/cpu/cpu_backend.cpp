@@ -32,7 +32,7 @@ class CpuBackend final : public Backend {
   }
 
   double peak_flops() const override { return 0; }  // no agreed CPU peak: MFU is a GPU figure
-  int64_t device_memory_bytes() const override { return 0; }
+  DeviceMemory device_memory() const override { return {}; }
   void synchronize() override {}
 
   // ---- memory ---------------------------------------------------------------------------------

@@ -55,10 +55,10 @@ class CudaBackend final : public Backend {
     if (gpu_.find("A100") != std::string::npos) return 312e12;
     return 0;
   }
-  int64_t device_memory_bytes() const override {
+  DeviceMemory device_memory() const override {
     size_t free_bytes = 0, total_bytes = 0;
     GRASS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    return int64_t(total_bytes);
+    return {int64_t(total_bytes - free_bytes), int64_t(total_bytes)};
   }
   void synchronize() override { sync(); }
 

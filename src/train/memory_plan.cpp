@@ -48,7 +48,8 @@ int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t li
 void check_memory_limit(const RunConfig& cfg, const Storage& storage, const MemoryPlan& plan) {
   if (cfg.memory_limit <= 0 || plan.total <= cfg.memory_limit) return;
   // The breakdown on stdout, as the start-up table would have shown it; the error line on stderr.
-  std::printf("memory plan of %s, %s:\n", cfg.source.c_str(), storage.describe());
+  std::printf("memory plan of %s, %s, %s:\n", cfg.source.c_str(),
+              storage.cuda ? "CUDA backend" : "CPU backend", storage.describe());
   for (int c = 0; c < kMemCategories; c++)
     std::printf("  %-12s %12s\n", mem_category_name(MemCategory(c)),
                 format_bytes(plan.bytes[c]).c_str());

@@ -43,11 +43,11 @@ std::string format_step_line(const StepMetrics& m) {
   else if (m.mem_device_bytes > 0) std::snprintf(mfu, sizeof mfu, " | MFU n/a");  // unknown GPU
   else mfu[0] = '\0';  // the CPU: no agreed peak
   std::string mem = format_bytes(m.mem_bytes);
-  if (m.mem_device_bytes > 0) {  // "31.40/79.11 GiB"
+  if (m.mem_device_bytes > 0) {  // the arena, then the device as its driver sees it
     const double GiB = 1024.0 * 1024 * 1024;
-    char dev[64];
-    std::snprintf(dev, sizeof dev, "%.2f/%.2f GiB", double(m.mem_bytes) / GiB,
-                  double(m.mem_device_bytes) / GiB);
+    char dev[96];
+    std::snprintf(dev, sizeof dev, "%.2f GiB (device %.2f/%.2f GiB)", double(m.mem_bytes) / GiB,
+                  double(m.mem_device_used_bytes) / GiB, double(m.mem_device_bytes) / GiB);
     mem = dev;
   }
   std::snprintf(buf, sizeof buf,
@@ -104,6 +104,10 @@ void MetricsWriter::write(const StepMetrics& m) {
                       {"gflops_per_s", m.gflops_per_s}, {"tokens", m.tokens_seen},
                       {"mem_bytes", m.mem_bytes}};
   if (m.mfu >= 0) j["mfu"] = m.mfu;
+  if (m.mem_device_bytes > 0) {
+    j["mem_device_used_bytes"] = m.mem_device_used_bytes;
+    j["mem_device_bytes"] = m.mem_device_bytes;
+  }
   out_ << j.dump() << '\n';
   out_.flush();
   if (!out_) throw UserError(path_ + ": write failed (disk full?)");

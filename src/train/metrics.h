@@ -18,7 +18,8 @@ struct StepMetrics {
   double mfu = -1;          // achieved / the device's dense bf16 peak; < 0: unknown (n/a)
   int64_t tokens_seen = 0;  // cumulative
   int64_t mem_bytes = 0;    // arena peak
-  int64_t mem_device_bytes = 0;  // the device's memory; 0 on the CPU
+  int64_t mem_device_used_bytes = 0;  // the device's memory in use (cudaMemGetInfo); 0 on the CPU
+  int64_t mem_device_bytes = 0;       // the device's memory; 0 on the CPU
   double eta_s = 0;         // time left at the mean step time so far (step line only)
 };
 

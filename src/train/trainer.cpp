@@ -217,7 +217,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     m.tokens_per_s = double(cfg.tokens_per_step()) / seconds;
     m.gflops_per_s = m.tokens_per_s * flops_per_token / 1e9;
     if (backend->peak_flops() > 0) m.mfu = m.gflops_per_s * 1e9 / backend->peak_flops();
-    m.mem_device_bytes = backend->device_memory_bytes();
+    const Backend::DeviceMemory device = backend->device_memory();
+    m.mem_device_used_bytes = device.used;
+    m.mem_device_bytes = device.total;
     m.tokens_seen = (step + 1) * cfg.tokens_per_step();
     m.mem_bytes = arena.peak_bytes();
     seconds_so_far += seconds;

@@ -1,6 +1,7 @@
 // The whole engine on the GPU against the CPU reference: the model's forward and backward on
 // awkward shapes, one GRASS step, 50-step training runs whose loss curves must track the CPU's,
-// bit-for-bit determinism of a GPU run, and the memory plan against what the GPU arena allocates.
+// bit-for-bit determinism of a GPU run, checkpointed and fused runs against the plain one, and the
+// memory plan against what the GPU arena allocates.
 //
 // Every model here is built as src/train/trainer.cpp builds it (build_training_state in an arena
 // of the backend's memory; on the GPU one reservation of the planned size) and stepped in the
@@ -110,6 +111,7 @@ RunConfig run_config(const ModelConfig& m, int B, int T, const std::string& opti
   c.optimizer.grass.scale = 1.0;
   c.optimizer.grass.selection = "top_r";
   c.optimizer.grass.seed = 5;
+  c.fused_update = "off";  // the tests compare the two halves of a step; fused runs have their own
   return c;
 }
 
@@ -556,12 +558,56 @@ TEST_CASE("model: the same GPU run twice gives the same bits", "[gpu][determinis
   }
 }
 
-TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][memory]") {
+TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[gpu][memory]") {
+  // The trainer's own step (train_step). Recomputation repeats the forward's kernels on the same
+  // inputs, and a fused update applies each gradient as the unfused step would (clipping on but
+  // never reached), so losses, weights and master weights must be identical.
   for (const std::string optimizer : {"adamw", "grass"})
     for (const std::string precision : {"bf16-mixed", "bf16"}) {
       INFO(optimizer << " " << precision);
-      const RunConfig cfg =
+      RunConfig plain = ngram_run(optimizer);
+      plain.optimizer.grass.update_interval = 4;
+      plain.grad_clip = 1e6;
+      RunConfig lean = plain;
+      lean.activation_checkpointing = "layer";
+      lean.fused_update = "on";
+      std::vector<double> losses[2];
+      std::vector<float> weights[2], master[2];
+      const RunConfig* cfgs[2] = {&plain, &lean};
+      for (int k = 0; k < 2; k++) {
+        Run run(*cfgs[k], precision, true);
+        REQUIRE(bool(run.state.fused) == (k == 1));
+        const NgramBatches data;
+        for (int64_t step = 0; step < 6; step++)
+          losses[k].push_back(
+              train_step(run.state, run.cfg, step, run.cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
+                std::vector<int32_t> i, t;
+                data.batch(step, run.cfg.micro_batch_size, run.cfg.seq_len, i, t);
+                std::copy(i.begin(), i.end(), in);
+                std::copy(t.begin(), t.end(), tg);
+              }).loss);
+        for (const ParamTensor& t : run.model().tensors()) {
+          const std::vector<float> w = run.weights(t), m = run.master(t);
+          weights[k].insert(weights[k].end(), w.begin(), w.end());
+          master[k].insert(master[k].end(), m.begin(), m.end());
+        }
+      }
+      CHECK(same_bits(losses[0], losses[1]));
+      CHECK(same_bits(weights[0], weights[1]));
+      CHECK(same_bits(master[0], master[1]));
+      CHECK(losses[0].back() < losses[0].front());
+    }
+}
+
+TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][memory]") {
+  for (const std::string optimizer : {"adamw", "grass"})
+  for (const std::string precision : {"bf16-mixed", "bf16"})
+  for (const std::string lean : {"off", "on"}) {
+      INFO(optimizer << " " << precision << " checkpointing and fused " << lean);
+      RunConfig cfg =
           run_config(model_config(kHd64Odd, kVocab, 0.02), kBatch, kSeq, optimizer, 1e-3);
+      cfg.fused_update = lean;
+      cfg.activation_checkpointing = lean == "on" ? "layer" : "none";
       const Storage storage = storage_for(precision, true);
       const MemoryPlan plan = plan_memory(cfg, storage);
       {  // one cudaMalloc per buffer: the arena's own count
