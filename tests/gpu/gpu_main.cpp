@@ -1,5 +1,6 @@
 // Runner for the GPU tests: exits 77 (ctest's SKIP_RETURN_CODE) when no GPU is usable, so a
-// machine without one reports these tests as skipped, never as passed.
+// machine without one reports these tests as skipped, never as passed. Both lines go to stderr:
+// stdout is Catch's (ctest lists the test names from it).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -10,9 +11,9 @@
 int main(int argc, char** argv) {
   const grass::cuda::DeviceProbe probe = grass::cuda::probe_device();
   if (!probe.usable) {
-    std::printf("skipped: %s\n", probe.description.c_str());
+    std::fprintf(stderr, "skipped: %s\n", probe.description.c_str());
     return 77;
   }
-  std::printf("GPU: %s\n", probe.description.c_str());
+  std::fprintf(stderr, "GPU: %s\n", probe.description.c_str());
   return Catch::Session().run(argc, argv);
 }

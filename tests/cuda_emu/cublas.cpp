@@ -1,0 +1,257 @@
+// cuda_emu's cuBLAS(Lt): column-major D = alpha·op(A)·op(B) + beta·C with fp32 accumulation, the
+// descriptors checked as cuBLASLt documents them (see include/cublasLt.h).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cublas_v2.h"
+#include "cuda_bf16.h"
+
+struct cublasLtContext {};
+struct cublasContext {};
+struct cublasLtMatmulDescOpaque {
+  cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+};
+struct cublasLtMatrixLayoutOpaque {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct cublasLtMatmulPreferenceOpaque {
+  uint64_t workspace = 0;
+  uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D: cuBLASLt's default assumption
+};
+
+namespace {
+
+cublasStatus_t invalid(const std::string& why) {
+  std::fprintf(stderr, "cuda_emu: cuBLAS: %s\n", why.c_str());
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+size_t element_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+float load(const void* p, cudaDataType_t t, int64_t i) {
+  return t == CUDA_R_32F ? static_cast<const float*>(p)[i]
+                         : float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+void store(void* p, cudaDataType_t t, int64_t i, float v) {
+  if (t == CUDA_R_32F)
+    static_cast<float*>(p)[i] = v;
+  else
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+}
+
+struct Operand {
+  const void* ptr;
+  cudaDataType_t type;
+  int64_t rows, cols, ld;  // as stored, column-major
+  const char* name;
+};
+
+// The stored matrix lies inside one device allocation, with ld covering a column.
+cublasStatus_t check_operand(const Operand& o) {
+  if (o.type != CUDA_R_32F && o.type != CUDA_R_16BF) return invalid(std::string(o.name) + ": type");
+  if (o.ld < std::max<int64_t>(1, o.rows))
+    return invalid(std::string(o.name) + ": leading dimension " + std::to_string(o.ld) + " < rows " +
+                   std::to_string(o.rows));
+  const size_t bytes = size_t((o.cols - 1) * o.ld + o.rows) * element_bytes(o.type);
+  if (!cuda_emu::is_device_range(o.ptr, bytes))
+    return invalid(std::string(o.name) + ": " + std::to_string(o.rows) + "x" +
+                   std::to_string(o.cols) + " (ld " + std::to_string(o.ld) +
+                   ") is not inside one device allocation");
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// D[m,n] = alpha·op(A)[m,k]·op(B)[k,n] + beta·C (C is not read when beta is 0, as in cuBLAS).
+cublasStatus_t gemm(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, const Operand& a, const Operand& b, float beta,
+                    const Operand& c, void* d) {
+  const bool ta = op_a == CUBLAS_OP_T, tb = op_b == CUBLAS_OP_T;
+  if (a.rows != (ta ? k : m) || a.cols != (ta ? m : k))
+    return invalid("A is " + std::to_string(a.rows) + "x" + std::to_string(a.cols) +
+                   ", op(A) must be " + std::to_string(m) + "x" + std::to_string(k));
+  if (b.rows != (tb ? n : k) || b.cols != (tb ? k : n))
+    return invalid("B is " + std::to_string(b.rows) + "x" + std::to_string(b.cols) +
+                   ", op(B) must be " + std::to_string(k) + "x" + std::to_string(n));
+  if (c.rows != m || c.cols != n) return invalid("C/D shape");
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (k > 0) {
+    if (cublasStatus_t s = check_operand(a)) return s;
+    if (cublasStatus_t s = check_operand(b)) return s;
+  }
+  if (cublasStatus_t s = check_operand(c)) return s;
+  // op(A) as rows of k and op(B) as columns of k, widened once: the inner loop is a plain dot.
+  std::vector<float> a_rows(size_t(m * k)), b_cols(size_t(n * k));
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t p = 0; p < k; p++)
+      a_rows[size_t(i * k + p)] = load(a.ptr, a.type, ta ? p + i * a.ld : i + p * a.ld);
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t p = 0; p < k; p++)
+      b_cols[size_t(j * k + p)] = load(b.ptr, b.type, tb ? j + p * b.ld : p + j * b.ld);
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < n; j++)
+    for (int64_t i = 0; i < m; i++) {
+      const float* ar = &a_rows[size_t(i * k)];
+      const float* bc = &b_cols[size_t(j * k)];
+      float sum = 0.0f;
+      for (int64_t p = 0; p < k; p++) sum += ar[p] * bc[p];
+      float out = alpha * sum;
+      if (beta != 0.0f) out += beta * load(c.ptr, c.type, i + j * c.ld);
+      store(d, c.type, i + j * c.ld, out);
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+const char* cublasGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+  }
+  return "unknown cuBLAS status";
+}
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  *handle = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+  if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return invalid("compute/scale type");
+  *desc = new cublasLtMatmulDescOpaque;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t size) {
+  if (size != sizeof(cublasOperation_t)) return invalid("matmul desc attribute size");
+  cublasOperation_t op;
+  std::memcpy(&op, buf, size);
+  if (attr == CUBLASLT_MATMUL_DESC_TRANSA)
+    desc->trans_a = op;
+  else if (attr == CUBLASLT_MATMUL_DESC_TRANSB)
+    desc->trans_b = op;
+  else
+    return invalid("matmul desc attribute");
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  *layout = new cublasLtMatrixLayoutOpaque{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  *pref = new cublasLtMatmulPreferenceOpaque;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t size) {
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      if (size != 8) return invalid("workspace attribute size");
+      std::memcpy(&pref->workspace, buf, 8);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+      return size == 4 ? CUBLAS_STATUS_SUCCESS : invalid("reduction mask size");
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      if (size != 4) return invalid("alignment attribute size");
+      std::memcpy(&pref->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, 4);
+      return CUBLAS_STATUS_SUCCESS;
+  }
+  return invalid("preference attribute");
+}
+// One "algorithm" per problem: the alignments it was chosen for, which cublasLtMatmul holds the
+// operands to (a real kernel would read misaligned rows wrongly or fault).
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t* results,
+                                              int* returned) {
+  if (requested < 1) return invalid("heuristic: requested < 1");
+  *returned = 0;
+  for (uint32_t a : pref->align)
+    if (a < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
+  results[0] = {};
+  for (int i = 0; i < 4; i++) results[0].algo.data[i] = pref->align[i];
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* a, cublasLtMatrixLayout_t al, const void* b,
+                              cublasLtMatrixLayout_t bl, const void* beta, const void* c,
+                              cublasLtMatrixLayout_t cl, void* d, cublasLtMatrixLayout_t dl,
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+  if (!handle || !algo) return invalid("cublasLtMatmul: no handle or algorithm");
+  if (c != d || cl->rows != dl->rows || cl->cols != dl->cols || cl->ld != dl->ld ||
+      cl->type != dl->type)
+    return invalid("cublasLtMatmul: the emulation takes D = C only");
+  const void* ptrs[4] = {a, b, c, d};
+  const int64_t lds[4] = {al->ld, bl->ld, cl->ld, dl->ld};
+  const cudaDataType_t types[4] = {al->type, bl->type, cl->type, dl->type};
+  for (int i = 0; i < 4; i++) {
+    const uint64_t bits = uint64_t(reinterpret_cast<uintptr_t>(ptrs[i])) |
+                          uint64_t(lds[i]) * element_bytes(types[i]);
+    if (bits % algo->data[i] != 0)
+      return invalid("cublasLtMatmul: operand " + std::to_string(i) + " is less aligned than the " +
+                     std::to_string(algo->data[i]) + " bytes its algorithm was chosen for");
+  }
+  const bool ta = desc->trans_a == CUBLAS_OP_T;
+  const int64_t m = int64_t(dl->rows), n = int64_t(dl->cols);
+  const int64_t k = int64_t(ta ? al->rows : al->cols);
+  return gemm(desc->trans_a, desc->trans_b, m, n, k, *static_cast<const float*>(alpha),
+              {a, al->type, int64_t(al->rows), int64_t(al->cols), al->ld, "A"},
+              {b, bl->type, int64_t(bl->rows), int64_t(bl->cols), bl->ld, "B"},
+              *static_cast<const float*>(beta),
+              {c, cl->type, int64_t(cl->rows), int64_t(cl->cols), cl->ld, "C"}, d);
+}
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void* workspace, size_t bytes) {
+  if (bytes && !cuda_emu::is_device_range(workspace, bytes)) return invalid("workspace");
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b,
+                            int m, int n, int k, const void* alpha, const void* a,
+                            cudaDataType_t a_type, int lda, const void* b, cudaDataType_t b_type,
+                            int ldb, const void* beta, void* c, cudaDataType_t c_type, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+  if (!handle || compute != CUBLAS_COMPUTE_32F) return invalid("cublasGemmEx: handle or compute");
+  const bool ta = op_a == CUBLAS_OP_T, tb = op_b == CUBLAS_OP_T;
+  return gemm(op_a, op_b, m, n, k, *static_cast<const float*>(alpha),
+              {a, a_type, ta ? k : m, ta ? m : k, lda, "A"},
+              {b, b_type, tb ? n : k, tb ? k : n, ldb, "B"}, *static_cast<const float*>(beta),
+              {c, c_type, m, n, ldc, "C"}, c);
+}

@@ -1,0 +1,17 @@
+// cuda_emu: cuBLAS's cublasGemmEx (the fallback of kernels/cuda/gemm.cu) on the CPU.
+#pragma once
+#include "cublasLt.h"
+
+struct cublasContext;
+using cublasHandle_t = cublasContext*;
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes);
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b,
+                            int m, int n, int k, const void* alpha, const void* a,
+                            cudaDataType_t a_type, int lda, const void* b, cudaDataType_t b_type,
+                            int ldb, const void* beta, void* c, cudaDataType_t c_type, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo);

@@ -1,0 +1,195 @@
+// cuda_emu: the CUDA runtime as the grass kernels use it, emulated on the CPU, so that CI (which
+// has no GPU) runs the real kernel sources against the CPU reference. Not a general emulator: it
+// covers what kernels/cuda uses, and fails loudly on what it does not know.
+//
+// Execution model (tests/cuda_emu/runtime.cpp): the blocks of a grid run one after another; the
+// threads of a block run as fibers (ucontext) on one OS thread, switching only at __syncthreads,
+// __syncwarp and warp shuffles. __shared__ variables become static thread_local: one copy per
+// block at a time, which is what a block sees on the GPU. The emulator checks what it can see:
+// launch limits, a __syncthreads or warp operation that not every thread reaches (a deadlock or
+// an early return on the GPU), and device buffers are fenced by guard pages.
+//
+// Kernel launches are rewritten at build time (tests/cuda_emu/translate.cmake):
+//   kernel<<<grid, block, smem, stream>>>(args);
+//     ->  ::cuda_emu::launch("kernel", &kernel or nullptr, {grid, block, smem, stream}, [&] { kernel(args); });
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <utility>
+
+// ---- qualifiers -------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __shared__ static thread_local
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __restrict__ __restrict
+
+// ---- vector types and built-in variables -----------------------------------------------------
+struct uint3 {
+  unsigned x, y, z;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+extern thread_local uint3 threadIdx;
+extern thread_local uint3 blockIdx;
+extern thread_local dim3 blockDim;
+extern thread_local dim3 gridDim;
+
+// ---- errors, streams, devices ----------------------------------------------------------------
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorLaunchFailure = 719,
+};
+using cudaError = cudaError_t;
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+using cudaDataType = cudaDataType_t;
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  int major, minor;
+  int multiProcessorCount;
+};
+
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorString(cudaError_t err);
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+template <typename T>
+cudaError_t cudaMalloc(T** ptr, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(ptr), bytes);
+}
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* dst, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaMemset2DAsync(void* dst, size_t pitch, int value, size_t width, size_t height,
+                              cudaStream_t stream = nullptr);
+
+namespace cuda_emu {
+// Checks the device-memory range [p, p + bytes) lies inside one live cudaMalloc block; a host
+// pointer or an overrun fails the call that was given it.
+bool is_device_range(const void* p, size_t bytes);
+cudaError_t set_max_dynamic_shared(const void* kernel, int bytes);
+
+struct LaunchConfig {
+  dim3 grid, block;
+  size_t shared_bytes;
+  const void* kernel;
+  const char* name;
+};
+// Runs body once per thread of the grid (threadIdx & co. set); records a launch error if the
+// configuration is invalid or the block does not synchronise consistently.
+void run_grid(const LaunchConfig& cfg, const std::function<void()>& body);
+// The block's dynamic shared memory (extern __shared__).
+unsigned char* dynamic_shared_memory();
+// Block- and warp-wide barriers, and the exchange area a warp's shuffles go through.
+void block_barrier();
+void warp_barrier();
+uint64_t* warp_exchange();  // 2 x 32 slots of 8 bytes for the calling thread's warp
+int lane_id();
+unsigned shuffle_round();  // the calling thread's shuffle count so far, then counted up
+
+struct LaunchDims {
+  dim3 grid, block;
+  size_t shared_bytes;
+  LaunchDims(dim3 g, dim3 b, size_t shared = 0, cudaStream_t = nullptr)
+      : grid(g), block(b), shared_bytes(shared) {}
+};
+// kernel: the kernel's address where the launch names one instantiation (cudaFuncSetAttribute
+// is keyed by it), else nullptr; body: the kernel called with the launch's arguments.
+inline void launch(const char* name, const void* kernel, const LaunchDims& dims,
+                   const std::function<void()>& body) {
+  run_grid({dims.grid, dims.block, dims.shared_bytes, kernel, name}, body);
+}
+}  // namespace cuda_emu
+
+template <typename... Params>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+  return cuda_emu::set_max_dynamic_shared(reinterpret_cast<const void*>(kernel), value);
+}
+
+// ---- device intrinsics -----------------------------------------------------------------------
+inline void __syncthreads() { cuda_emu::block_barrier(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { cuda_emu::warp_barrier(); }
+
+// Every lane of the warp must call it (the mask must be full: partial masks are not emulated).
+// Successive shuffles alternate between two rounds of slots: a lane writes round p again only
+// after the next shuffle's barrier, which every lane reaches after reading round p.
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+  static_assert(sizeof(T) <= 8, "cuda_emu: shuffles of at most 8 bytes");
+  if (mask != 0xffffffffu || width != 32) std::abort();
+  uint64_t* slots = cuda_emu::warp_exchange() + 32 * (cuda_emu::shuffle_round() & 1);
+  const int lane = cuda_emu::lane_id();
+  std::memcpy(&slots[lane], &value, sizeof(T));
+  cuda_emu::warp_barrier();
+  T out;
+  std::memcpy(&out, &slots[lane ^ lane_mask], sizeof(T));
+  return out;
+}
+
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }

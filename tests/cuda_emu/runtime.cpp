@@ -1,0 +1,508 @@
+// cuda_emu's runtime: device memory fenced by guard pages, one device, synchronous streams, and
+// kernels run block by block with each thread a fiber (see include/cuda_runtime.h).
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <array>
+#include <deque>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_runtime.h"
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr size_t kTotalMemory = size_t(16) << 30;  // what cudaMemGetInfo reports as the card
+constexpr int kMaxSharedOptin = 232448;             // sm_90: 227 KiB of shared memory per block
+constexpr int kDefaultMaxShared = 48 << 10;
+
+cudaError_t last_error = cudaSuccess;
+void set_error(cudaError_t err) {
+  if (last_error == cudaSuccess) last_error = err;
+}
+
+// ---- device memory ---------------------------------------------------------------------------
+// Each allocation ends (rounded up to 256 bytes, cudaMalloc's alignment) right before a
+// PROT_NONE page, so a kernel that runs past the end of a buffer faults at once. New memory is
+// 0xFF everywhere (NaN as fp32 and bf16), as GPU memory is never zero-initialised by promise.
+struct Allocation {
+  char* base;  // the mapping
+  size_t mapped;
+  size_t bytes;  // as asked
+};
+std::mutex memory_mutex;
+std::map<uintptr_t, Allocation> allocations;  // keyed by the pointer handed out
+size_t allocated_bytes = 0;
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+const Allocation* find_allocation(const void* p, uintptr_t* start) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations.upper_bound(addr);
+  if (it == allocations.begin()) return nullptr;
+  --it;
+  *start = it->first;
+  return &it->second;
+}
+
+}  // namespace
+
+namespace cuda_emu {
+
+bool is_device_range(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  uintptr_t start = 0;
+  const Allocation* a = find_allocation(p, &start);
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+  return a && addr + bytes <= start + round_up(std::max<size_t>(a->bytes, 1), 256);
+}
+
+}  // namespace cuda_emu
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  const size_t used = round_up(std::max<size_t>(bytes, 1), 256);
+  const size_t body = round_up(used, kPage);
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  if (allocated_bytes + body > kTotalMemory) {
+    *ptr = nullptr;
+    set_error(cudaErrorMemoryAllocation);
+    return cudaErrorMemoryAllocation;
+  }
+  void* map = mmap(nullptr, body + kPage, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (map == MAP_FAILED) {
+    *ptr = nullptr;
+    set_error(cudaErrorMemoryAllocation);
+    return cudaErrorMemoryAllocation;
+  }
+  char* base = static_cast<char*>(map);
+  mprotect(base + body, kPage, PROT_NONE);
+  char* p = base + (body - used);
+  std::memset(p, 0xFF, used);
+  allocations[reinterpret_cast<uintptr_t>(p)] = {base, body + kPage, bytes};
+  allocated_bytes += body;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  auto it = allocations.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocations.end()) {
+    std::fprintf(stderr, "cuda_emu: cudaFree of a pointer cudaMalloc did not return\n");
+    set_error(cudaErrorInvalidValue);
+    return cudaErrorInvalidValue;
+  }
+  allocated_bytes -= it->second.mapped - kPage;
+  munmap(it->second.base, it->second.mapped);
+  allocations.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  *total_bytes = kTotalMemory;
+  *free_bytes = kTotalMemory - allocated_bytes;
+  return cudaSuccess;
+}
+
+namespace {
+// The device side of a copy or memset must lie inside one allocation.
+cudaError_t check_device(const void* p, size_t bytes, const char* what) {
+  if (bytes == 0 || cuda_emu::is_device_range(p, bytes)) return cudaSuccess;
+  std::fprintf(stderr, "cuda_emu: %s of %zu bytes outside any device allocation\n", what, bytes);
+  set_error(cudaErrorInvalidValue);
+  return cudaErrorInvalidValue;
+}
+}  // namespace
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (dst_device)
+    if (cudaError_t e = check_device(dst, bytes, "cudaMemcpy destination")) return e;
+  if (src_device)
+    if (cudaError_t e = check_device(src, bytes, "cudaMemcpy source")) return e;
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  if (cudaError_t e = check_device(dst, bytes, "cudaMemset")) return e;
+  if (bytes) std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  return cudaMemsetAsync(dst, value, bytes, nullptr);
+}
+cudaError_t cudaMemset2DAsync(void* dst, size_t pitch, int value, size_t width, size_t height,
+                              cudaStream_t) {
+  if (height == 0 || width == 0) return cudaSuccess;
+  if (width > pitch) return cudaErrorInvalidValue;
+  if (cudaError_t e = check_device(dst, pitch * (height - 1) + width, "cudaMemset2D")) return e;
+  for (size_t r = 0; r < height; r++) std::memset(static_cast<char*>(dst) + r * pitch, value, width);
+  return cudaSuccess;
+}
+
+// ---- errors, device, streams -----------------------------------------------------------------
+cudaError_t cudaGetLastError() {
+  const cudaError_t err = last_error;
+  last_error = cudaSuccess;
+  return err;
+}
+cudaError_t cudaPeekAtLastError() { return last_error; }
+const char* cudaGetErrorString(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+  }
+  return "unknown error";
+}
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidValue;
+  *prop = {};
+  std::snprintf(prop->name, sizeof prop->name, "cuda_emu (CPU emulation)");
+  prop->totalGlobalMem = kTotalMemory;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0 || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
+  *value = kMaxSharedOptin;
+  return cudaSuccess;
+}
+// Every call runs to completion before it returns: streams and synchronisation are no-ops.
+cudaError_t cudaDeviceSynchronize() { return last_error; }
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  static char tag;
+  *stream = reinterpret_cast<cudaStream_t>(&tag);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return last_error; }
+
+// ---- fibers ----------------------------------------------------------------------------------
+// Every emulated thread is a fiber, so a switch must be cheap: on x86-64 a few instructions save
+// the callee-saved registers and the stack pointer (ucontext's swapcontext also makes a signal-mask
+// system call each time, which made thread-heavy kernels ten times slower). The floating-point
+// control words are not switched: nothing here changes them. Elsewhere, ucontext.
+namespace {
+
+constexpr size_t kStackBytes = 64 << 10;  // the attention kernels' fragments take ~16 KiB
+
+#if defined(__x86_64__)
+extern "C" void cuda_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+.text
+.p2align 4
+.globl cuda_emu_switch
+.type cuda_emu_switch,@function
+cuda_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size cuda_emu_switch, .-cuda_emu_switch
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+// A fresh stack that cuda_emu_switch "returns" into entry (which must never return).
+void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  auto* top = reinterpret_cast<uint64_t*>(
+      (reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15)) - 16);
+  top[0] = reinterpret_cast<uint64_t>(entry);  // 16-aligned: entry starts as if called
+  top[1] = 0;
+  uint64_t* sp = top - 6;  // r15 r14 r13 r12 rbx rbp
+  for (int i = 0; i < 6; i++) sp[i] = 0;
+  c.sp = sp;
+}
+void switch_context(Context& from, Context& to) { cuda_emu_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+}  // namespace
+
+// ---- kernels ---------------------------------------------------------------------------------
+namespace {
+
+struct Barrier {
+  int arrived = 0;
+  int expected = 0;
+  std::vector<int> waiters;  // fibers suspended here, released together by the last arrival
+};
+
+struct Fiber {
+  Context context;
+  uint3 tid{};
+  int warp = 0;
+  bool done = false;
+  unsigned shuffles = 0;  // how many shuffles it has made: picks the exchange round
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  Barrier block_barrier;
+  std::vector<Barrier> warp_barriers;
+  std::vector<int> warp_exited;
+  std::vector<std::array<uint64_t, 64>> exchange;  // two rounds of 32 slots per warp
+  std::vector<unsigned char> dynamic_shared;
+  std::deque<int> ready;  // fibers to run, in order
+  int current = 0;
+  int exited = 0;
+  Context scheduler;
+  const std::function<void()>* body = nullptr;
+  std::string error;  // set by a fiber: the launch fails
+};
+thread_local Block* running = nullptr;
+thread_local std::vector<char*> stacks;  // each kStackBytes above a guard page; reused
+
+char* stack_for(size_t i) {
+  while (stacks.size() <= i) {
+    void* map = mmap(nullptr, kStackBytes + kPage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (map == MAP_FAILED) {
+      std::fprintf(stderr, "cuda_emu: cannot map a fiber stack\n");
+      std::abort();
+    }
+    mprotect(map, kPage, PROT_NONE);
+    stacks.push_back(static_cast<char*>(map) + kPage);
+  }
+  return stacks[i];
+}
+
+std::mutex attribute_mutex;
+std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute per kernel
+
+// A fiber that broke a rule: note it and hand control back for good (the launch is abandoned).
+[[noreturn]] void fail_fiber(const std::string& why) {
+  Block& b = *running;
+  if (b.error.empty()) b.error = why;
+  Fiber& me = b.fibers[size_t(b.current)];
+  switch_context(me.context, b.scheduler);
+  std::abort();  // never resumed
+}
+
+[[noreturn]] void fiber_entry() {
+  Block& b = *running;
+  try {
+    (*b.body)();
+  } catch (const std::exception& e) {
+    fail_fiber(std::string("exception in the kernel: ") + e.what());
+  }
+  Fiber& me = b.fibers[size_t(b.current)];
+  me.done = true;
+  b.exited++;
+  b.warp_exited[size_t(me.warp)]++;
+  switch_context(me.context, b.scheduler);
+  std::abort();  // a finished fiber is never resumed
+}
+
+// The last thread to arrive releases the others and goes on; the others wait for it.
+void arrive(Barrier& bar) {
+  Block& b = *running;
+  if (++bar.arrived == bar.expected) {
+    bar.arrived = 0;
+    b.ready.insert(b.ready.end(), bar.waiters.begin(), bar.waiters.end());
+    bar.waiters.clear();
+    return;
+  }
+  bar.waiters.push_back(b.current);
+  switch_context(b.fibers[size_t(b.current)].context, b.scheduler);
+}
+
+std::string describe_thread(const Fiber& f) {
+  return "thread (" + std::to_string(f.tid.x) + "," + std::to_string(f.tid.y) + "," +
+         std::to_string(f.tid.z) + ")";
+}
+
+// Runs one block to completion; returns "" or what went wrong.
+std::string run_block(Block& b, int threads) {
+  b.ready.clear();
+  for (int i = 0; i < threads; i++) {
+    Fiber& f = b.fibers[size_t(i)];
+    f.done = false;
+    f.shuffles = 0;
+    make_context(f.context, stack_for(size_t(i)), kStackBytes, fiber_entry);
+    b.ready.push_back(i);
+  }
+  while (!b.ready.empty()) {
+    const int i = b.ready.front();
+    b.ready.pop_front();
+    b.current = i;
+    threadIdx = b.fibers[size_t(i)].tid;
+    switch_context(b.scheduler, b.fibers[size_t(i)].context);
+    if (!b.error.empty()) return b.error;
+  }
+  if (b.exited == threads) return "";
+  size_t at_warp = 0;
+  for (const Barrier& w : b.warp_barriers) at_warp += w.waiters.size();
+  return "deadlock: " + std::to_string(b.block_barrier.waiters.size()) +
+         " threads wait at __syncthreads, " + std::to_string(at_warp) + " at a warp barrier, " +
+         std::to_string(b.exited) + " have returned";
+}
+
+}  // namespace
+
+namespace cuda_emu {
+
+cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
+  if (bytes < 0 || bytes > kMaxSharedOptin) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(attribute_mutex);
+  max_dynamic_shared[kernel] = bytes;
+  return cudaSuccess;
+}
+
+unsigned char* dynamic_shared_memory() { return running->dynamic_shared.data(); }
+
+void block_barrier() {
+  Block& b = *running;
+  if (b.exited > 0)
+    fail_fiber("__syncthreads() reached by " + describe_thread(b.fibers[size_t(b.current)]) +
+               " after " + std::to_string(b.exited) + " threads of its block returned");
+  arrive(b.block_barrier);
+}
+
+void warp_barrier() {
+  Block& b = *running;
+  const Fiber& me = b.fibers[size_t(b.current)];
+  if (b.warp_exited[size_t(me.warp)] > 0)
+    fail_fiber("a warp-wide operation reached by " + describe_thread(me) +
+               " after lanes of its warp returned");
+  arrive(b.warp_barriers[size_t(me.warp)]);
+}
+
+uint64_t* warp_exchange() {
+  Block& b = *running;
+  const Fiber& me = b.fibers[size_t(b.current)];
+  if (b.warp_barriers[size_t(me.warp)].expected != 32)
+    fail_fiber("a full-mask shuffle in a warp of fewer than 32 threads");
+  return b.exchange[size_t(b.fibers[size_t(b.current)].warp)].data();
+}
+
+int lane_id() { return running->current % 32; }
+
+unsigned shuffle_round() { return running->fibers[size_t(running->current)].shuffles++; }
+
+void run_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
+  const dim3 g = cfg.grid, bd = cfg.block;
+  const uint64_t threads = uint64_t(bd.x) * bd.y * bd.z;
+  auto reject = [&](cudaError_t err, const std::string& why) {
+    std::fprintf(stderr, "cuda_emu: launch of %s: %s\n", cfg.name, why.c_str());
+    set_error(err);
+  };
+  if (g.x == 0 || g.y == 0 || g.z == 0 || threads == 0 || threads > 1024 || bd.z > 64 ||
+      g.x > 2147483647u || g.y > 65535 || g.z > 65535)
+    return reject(cudaErrorInvalidConfiguration,
+                  "grid (" + std::to_string(g.x) + "," + std::to_string(g.y) + "," +
+                      std::to_string(g.z) + ") block (" + std::to_string(bd.x) + "," +
+                      std::to_string(bd.y) + "," + std::to_string(bd.z) + ")");
+  int shared_limit = kDefaultMaxShared;
+  {
+    std::lock_guard<std::mutex> lock(attribute_mutex);
+    auto it = max_dynamic_shared.find(cfg.kernel);
+    if (it != max_dynamic_shared.end()) shared_limit = std::max(shared_limit, it->second);
+  }
+  if (cfg.shared_bytes > size_t(shared_limit))
+    return reject(cudaErrorInvalidValue, std::to_string(cfg.shared_bytes) +
+                                             " bytes of dynamic shared memory, the kernel may use " +
+                                             std::to_string(shared_limit));
+  if (running) {
+    std::fprintf(stderr, "cuda_emu: a kernel launched from a kernel\n");
+    std::abort();
+  }
+
+  Block b;
+  b.body = &body;
+  b.fibers.resize(threads);
+  const int warps = int((threads + 31) / 32);
+  b.warp_barriers.resize(size_t(warps));
+  b.warp_exited.assign(size_t(warps), 0);
+  b.exchange.resize(size_t(warps));
+  b.block_barrier.expected = int(threads);
+  for (int w = 0; w < warps; w++) b.warp_barriers[size_t(w)].expected = std::min(32, int(threads) - 32 * w);
+  for (unsigned z = 0, i = 0; z < bd.z; z++)
+    for (unsigned y = 0; y < bd.y; y++)
+      for (unsigned x = 0; x < bd.x; x++, i++) {
+        b.fibers[i].tid = {x, y, z};
+        b.fibers[i].warp = int(i / 32);
+      }
+  gridDim = g;
+  blockDim = bd;
+  running = &b;
+  std::string error;
+  for (unsigned z = 0; z < g.z && error.empty(); z++)
+    for (unsigned y = 0; y < g.y && error.empty(); y++)
+      for (unsigned x = 0; x < g.x && error.empty(); x++) {
+        blockIdx = {x, y, z};
+        b.dynamic_shared.assign(cfg.shared_bytes, 0xFF);  // uninitialised shared memory is NaN
+        b.exited = 0;
+        std::fill(b.warp_exited.begin(), b.warp_exited.end(), 0);
+        b.block_barrier.arrived = 0;
+        b.block_barrier.waiters.clear();
+        for (Barrier& w : b.warp_barriers) {
+          w.arrived = 0;
+          w.waiters.clear();
+        }
+        error = run_block(b, int(threads));
+        if (!error.empty())
+          error = "block (" + std::to_string(x) + "," + std::to_string(y) + "," +
+                  std::to_string(z) + "): " + error;
+      }
+  running = nullptr;
+  if (!error.empty()) reject(cudaErrorLaunchFailure, error);
+}
+
+}  // namespace cuda_emu

@@ -1,0 +1,24 @@
+# cuda_emu: turns one kernels/cuda/*.cu file into C++ that g++ compiles against the emulator's
+# headers (include/). Two rewrites, nothing else changes (a #line keeps the original file and line
+# numbers in messages):
+#   kernel<<<grid, block, smem, stream>>>(args);
+#     ->  ::cuda_emu::launch("kernel", &kernel, ::cuda_emu::LaunchDims(grid, block, smem, stream), [&] { kernel(args); });
+#     (the address only where the launch names the instantiation: kernel<8>; a template kernel
+#     deduced from its arguments has none, and the call inside the lambda deduces it as nvcc does)
+#   extern __shared__ [__align__(n)] T name[];
+#     ->  T* name = reinterpret_cast<T*>(::cuda_emu::dynamic_shared_memory());
+# Usage: cmake -DIN=file.cu -DOUT=file.cpp -P translate.cmake
+file(READ "${IN}" text)
+set(ws "[ \t\r\n]*")
+string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*<[^<>;]*>)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
+       "::cuda_emu::launch(\"\\1\", reinterpret_cast<const void*>(&\\1), ::cuda_emu::LaunchDims(\\2), [&] { \\1(\\3); });"
+       text "${text}")
+string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
+       "::cuda_emu::launch(\"\\1\", nullptr, ::cuda_emu::LaunchDims(\\2), [&] { \\1(\\3); });" text "${text}")
+string(REGEX REPLACE "extern __shared__ (__align__\\([0-9]+\\) )?([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_]) ([A-Za-z_][A-Za-z0-9_]*)\\[\\];"
+       "\\2* \\3 = reinterpret_cast<\\2*>(::cuda_emu::dynamic_shared_memory());" text "${text}")
+if(text MATCHES "<<<|>>>|extern __shared__")
+  message(FATAL_ERROR "cuda_emu: ${IN} has a launch or extern __shared__ the translation does not know")
+endif()
+file(WRITE "${OUT}.tmp" "#line 1 \"${IN}\"\n${text}")
+file(RENAME "${OUT}.tmp" "${OUT}")
