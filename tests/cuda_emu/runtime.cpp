@@ -4,6 +4,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <deque>
 #include <cstdio>
@@ -378,6 +379,14 @@ std::string run_block(Block& b, int threads) {
     make_context(f.context, stack_for(size_t(i)), kStackBytes, fiber_entry);
     b.ready.push_back(i);
   }
+  // CUDA_EMU_ORDER=reverse starts the threads last to first: a race between two threads of one
+  // phase (a read of what another thread writes, with no barrier between) that the first-to-last
+  // order hides shows up in the other.
+  static const bool reverse = [] {
+    const char* order = std::getenv("CUDA_EMU_ORDER");
+    return order && std::string(order) == "reverse";
+  }();
+  if (reverse) std::reverse(b.ready.begin(), b.ready.end());
   while (!b.ready.empty()) {
     const int i = b.ready.front();
     b.ready.pop_front();
