@@ -1,7 +1,7 @@
 // The backend: where the ops run and how their tensors are stored. The model and the optimizers
 // call only this interface, so they never branch on the device. Two implementations:
 //   CpuBackend  (kernels/cpu/cpu_backend.cpp): the reference, fp32 memory, kernels/ops.h; in the
-//               bf16 precisions it rounds what the GPU would store in bf16 (model/storage.h).
+//               bf16 precisions it rounds what the GPU would store in bf16 (kernels/storage.h).
 //   CudaBackend (kernels/cuda/cuda_backend.cu): bf16 activations and weights on the GPU,
 //               kernels/cuda/cuda_ops.h.
 //
@@ -17,10 +17,27 @@
 #include <memory>
 #include <string>
 
+#include "adam_args.h"
 #include "core/arena.h"
-#include "model/storage.h"
+#include "storage.h"
 
 namespace grass {
+
+// The weight an optimizer update writes: the weights the forward reads (weight-typed) and the fp32
+// master copy of the same elements (null without one).
+struct WeightRef {
+  void* weights = nullptr;
+  float* master = nullptr;
+};
+
+// One GRASS target: w[out, in] trains the r slices σ (rows when `rows`, else columns), each
+// scaled by ρ (backend memory: sigma int32 [r], rho fp32 [r]).
+struct GrassSlices {
+  const int32_t* sigma = nullptr;
+  const float* rho = nullptr;
+  int out = 0, in = 0, r = 0;
+  bool rows = true;
+};
 
 // The shapes a model's backward workspace must serve (the largest micro-batch).
 struct WorkspaceShape {
@@ -128,11 +145,11 @@ class Backend : public MemoryResource {
   // ---- optimizer ops ------------------------------------------------------------------------------
   // Σ x² of a grad-typed buffer, deterministic, on the host.
   virtual double sum_squares(const void* grads, int64_t n) = 0;
-  // AdamW (ops::adamw_update's formula) on the weight: master when there is one (then
-  // weights = its rounding), else weights itself (stochastically rounded in pure bf16, with m, v).
-  virtual void adamw_update(void* weights, float* master, const void* g, void* m, void* v, int64_t n,
-                            double grad_scale, double lr, double beta1, double beta2, double eps,
-                            double weight_decay, int64_t step, uint64_t seed) = 0;
+  // AdamW (ops::adamw_update's formula) on n elements of the weight: the master copy when there
+  // is one (then the weights take its rounding), else the weights themselves (stochastically
+  // rounded in pure bf16, with m and v, from the stream `seed`).
+  virtual void adamw_update(WeightRef w, const void* g, void* m, void* v, int64_t n,
+                            const AdamArgs& a, uint64_t seed) = 0;
   // GRASS (ops.h): gc += the compressed gradient straight from the activations
   virtual void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
                                      const int32_t* sigma, const float* rho, int64_t N, int in,
@@ -145,13 +162,10 @@ class Backend : public MemoryResource {
                                  bool rows) = 0;
   virtual void grass_gather(void* gc, const float* g, const int32_t* sigma, const float* rho,
                             int out, int in, int r, bool rows) = 0;
-  // The sparse Adam update of one target; weights/master as in adamw_update. gc may be
-  // overwritten.
-  virtual void grass_adam_update(void* weights, float* master, void* gc, void* m, void* v,
-                                 const int32_t* sigma, const float* rho, int out, int in, int r,
-                                 bool rows, double grad_scale, double lr, double alpha,
-                                 double beta1, double beta2, double eps, double weight_decay,
-                                 int64_t step, uint64_t seed) = 0;
+  // The sparse Adam update of one target (ops::grass_adam_update), the weight w[out, in] as in
+  // adamw_update. gc may be overwritten.
+  virtual void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,
+                                 double alpha, const AdamArgs& a, uint64_t seed) = 0;
 
  protected:
   explicit Backend(const Storage& storage) : storage_(storage) {}

@@ -14,6 +14,8 @@
 #pragma once
 #include <cstdint>
 
+#include "adam_args.h"
+
 namespace grass::ops {
 
 // ---- linear (kernels/cpu/linear.cpp) ---------------------------------------------------------
@@ -93,10 +95,9 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 // One decoupled-AdamW step, torch.optim.AdamW's formula, on the gradient g·grad_scale (the
 // clipping coefficient, applied here so clipping costs no extra pass over the gradients):
 //   p -= lr·wd·p;  m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;
-//   p -= (lr / (1-b1^t)) · m / (sqrt(v) / sqrt(1-b2^t) + eps)        (t = step, from 1)
+//   p -= (lr / (1-b1^t)) · m / (sqrt(v) / sqrt(1-b2^t) + eps)        (t = a.step, from 1)
 template <typename T>
-void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double grad_scale, double lr,
-                  double beta1, double beta2, double eps, double weight_decay, int64_t step);
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a);
 // ---- GRASS (kernels/cpu/grass.cpp; the method: ../shared/GRASS.md, docs/grass.md) -----------
 // A GRASS linear y = x·wᵀ, w [out,in], trains r selected slices of w: rows σ ⊂ [out] (rows=true)
 // or columns σ ⊂ [in] (rows=false), each scaled by ρ_j. Its compressed gradient is
@@ -122,8 +123,7 @@ void grass_gather(T* gc, const T* g, const int32_t* sigma, const T* rho, int out
 // coefficient) and overwritten with Δ.
 template <typename T>
 void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* rho, int out, int in,
-                       int r, bool rows, double grad_scale, double lr, double alpha, double beta1,
-                       double beta2, double eps, double weight_decay, int64_t step);
+                       int r, bool rows, double alpha, const AdamArgs& a);
 
 // ---- bf16 storage, emulated in fp32 memory (kernels/cpu/bf16_storage.cpp) -------------------
 // x[i] = the bf16 value nearest x[i] (ties to even): what a bf16 store keeps.

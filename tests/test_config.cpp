@@ -590,8 +590,9 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
   CHECK(c.optimizer.grass.rank == 16);
   CHECK(c.optimizer.grass.update_interval == 50);
   CHECK(c.optimizer.grass.scale == 0.5);
-  CHECK(c.optimizer.grass.selection == "multinomial_nr");
-  CHECK(c.optimizer.grass.targets == std::vector<std::string>{"q", "down"});
+  CHECK(c.optimizer.grass.selection == grass::Selection::MultinomialNR);
+  CHECK(c.optimizer.grass.targets ==
+        std::vector<grass::ProjectionTarget>{grass::ProjectionTarget::Q, grass::ProjectionTarget::Down});
   CHECK(c.optimizer.grass.seed == c.seed);  // the selection seed defaults to the run's
   // the round trip keeps every grass key
   CHECK(grass::parse_run_config(grass::to_json(c), "") .optimizer == c.optimizer);

@@ -18,6 +18,8 @@
 #include "optim/clip.h"
 #include "optim/grass.h"
 #include "optim/grass_selection.h"
+#include "optim/step.h"
+#include "named_choice.h"
 
 using namespace grass;
 
@@ -42,14 +44,14 @@ ModelConfig small_config() {
 OptimizerConfig grass_config(int rank, const std::string& selection, const std::string& dim,
                              int64_t interval) {
   OptimizerConfig o;
-  o.name = "grass";
+  o.kind = OptimizerKind::Grass;
   o.lr = 1e-2;
   o.beta1 = 0.9;
   o.beta2 = 0.95;
   o.weight_decay = 0.0;
   o.grass.rank = rank;
-  o.grass.selection = selection;
-  o.grass.select_dim = dim;
+  o.grass.selection = test::named<Selection>(selection);
+  o.grass.select_dim = test::named<SelectDim>(dim);
   o.grass.update_interval = interval;
   o.grass.scale = 1.0;
   o.grass.seed = 9;
@@ -62,32 +64,37 @@ std::vector<int32_t> tokens(size_t n, int vocab, uint64_t seed) {
   return t;
 }
 
-// A model with its optimizers: dense AdamW for everything (grass == nullptr), or GRASS targets.
+// A model with its optimizers: dense AdamW for everything (grass == nullptr), or GRASS targets;
+// deferred steps without clipping.
 struct Rig {
   Arena arena;
   std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<AdamW> adamw;
-  std::unique_ptr<GrassOptimizer> grass;
+  std::unique_ptr<OptimizerSet> optimizers;
+  Grass* grass = nullptr;
+  std::unique_ptr<DeferredStep> step;
   OptimizerConfig opt;
   int T;
 
   Rig(const ModelConfig& cfg, const OptimizerConfig& o, int max_batch, int T_, bool use_grass)
       : opt(o), T(T_) {
-    const auto names = use_grass ? grass_target_tensor_names(cfg.num_hidden_layers, o.grass.targets)
+    const auto names = use_grass ? projection_tensor_names(cfg.num_hidden_layers, o.grass.targets)
                                  : std::vector<std::string>{};
     model = std::make_unique<LlamaModel>(cfg, arena, max_batch, T, names);
     model->init_weights(5);
-    adamw = std::make_unique<AdamW>(o, *model, arena, 5);
+    optimizers = std::make_unique<OptimizerSet>(model->tensors().size());
+    optimizers->add(std::make_unique<AdamW>(o, *model, arena, 5));
     if (use_grass) {
-      grass = std::make_unique<GrassOptimizer>(o, *model, int64_t(max_batch) * T, arena);
-      model->set_compressed_sink(grass.get());
+      auto g = std::make_unique<Grass>(o, *model, int64_t(max_batch) * T, arena);
+      grass = g.get();
+      optimizers->add(std::move(g));
     }
+    step = std::make_unique<DeferredStep>(*model, *optimizers, /*max_norm=*/0.0, arena);
+    model->set_gradient_sink(step.get());
   }
   // forward + backward of `micro` micro-batches of B/micro sequences each (no update)
-  double gradients(int64_t step, const std::vector<int32_t>& in, const std::vector<int32_t>& tg,
-                   int B, int micro = 1) {
-    model->zero_grads();
-    if (grass) grass->begin_step(step);
+  double gradients(int64_t step_index, const std::vector<int32_t>& in,
+                   const std::vector<int32_t>& tg, int B, int micro = 1) {
+    step->begin(step_index, opt.lr);
     double loss = 0;
     const int b = B / micro;
     for (int k = 0; k < micro; k++) {
@@ -96,10 +103,10 @@ struct Rig {
     }
     return loss;
   }
-  void update(int64_t step) {
-    const double clip = 1.0;
-    if (grass) grass->step(*model, clip, opt.lr);
-    adamw->step(*model, clip, opt.lr, step + 1);
+  void update() { step->finish(); }
+  // target t's G_C as the step accumulated it
+  const float* gc(const Grass::Target& t) const {
+    return static_cast<const float*>(step->projected_gradient(t.tensor_index));
   }
   std::vector<float> weights(const std::string& name) {
     const ParamTensor& t = model->tensor(name);
@@ -117,7 +124,7 @@ double rel_err(const float* a, const float* b, int64_t n) {
 }
 
 // ρ-scaled selected rows (gc[r, in]) or columns (gc[out, r]) of a dense gradient g[out, in]
-std::vector<float> expected_gc(const float* g, const GrassOptimizer::Target& t, int r) {
+std::vector<float> expected_gc(const float* g, const Grass::Target& t, int r) {
   std::vector<float> gc(t.gc_numel);
   for (int j = 0; j < r; j++)
     if (t.rows)
@@ -147,7 +154,7 @@ TEST_CASE("G_C equals rho times the selected slices of the dense gradient", "[gr
         INFO(p.name);
         CHECK(t.rows == (dim == std::string("rows")));
         const auto want = expected_gc(dense.model->cpu_grad(p), t, r);
-        CHECK(rel_err(static_cast<const float*>(t.gc), want.data(), t.gc_numel) < 1e-5);
+        CHECK(rel_err(sparse.gc(t), want.data(), t.gc_numel) < 1e-5);
       }
     }
   }
@@ -167,7 +174,7 @@ TEST_CASE("a GRASS step changes only the selected rows or columns", "[grass]") {
         before[rig.model->tensors()[t.tensor_index].name] =
             rig.weights(rig.model->tensors()[t.tensor_index].name);
       rig.gradients(0, in, tg, B);
-      rig.update(0);
+      rig.update();
       for (const auto& t : rig.grass->targets()) {
         const std::string& name = rig.model->tensors()[t.tensor_index].name;
         const auto after = rig.weights(name);
@@ -218,7 +225,7 @@ TEST_CASE("multinomial draws follow q and the estimator is unbiased", "[grass][s
   const int m = int(norms_sq.size()), r = 3, trials = 20000;
   std::vector<double> count(m, 0.0), weight(m, 0.0);  // draws, and Σ ρ_j² per slice
   for (int s = 0; s < trials; s++) {
-    const SliceSelection sel = select_slices("multinomial", norms_sq, r, uint64_t(1000 + s));
+    const SliceSelection sel = select_slices(test::named<Selection>("multinomial"), norms_sq, r, uint64_t(1000 + s));
     for (int j = 0; j < r; j++) {
       count[sel.sigma[j]] += 1;
       weight[sel.sigma[j]] += double(sel.rho[j]) * sel.rho[j];
@@ -254,8 +261,8 @@ TEST_CASE("selection methods give r sorted slices with their scales and the same
   const int r = 10;
   for (const std::string method : {"top_r", "multinomial", "multinomial_nr", "uniform", "uniform_nr"}) {
     INFO(method);
-    const SliceSelection a = select_slices(method, norms_sq, r, 77);
-    const SliceSelection b = select_slices(method, norms_sq, r, 77);
+    const SliceSelection a = select_slices(test::named<Selection>(method), norms_sq, r, 77);
+    const SliceSelection b = select_slices(test::named<Selection>(method), norms_sq, r, 77);
     REQUIRE(a.sigma.size() == size_t(r));
     CHECK(a.sigma == b.sigma);  // same seed, same selection (every rank agrees)
     CHECK(std::is_sorted(a.sigma.begin(), a.sigma.end()));
@@ -268,7 +275,7 @@ TEST_CASE("selection methods give r sorted slices with their scales and the same
       for (float rho : a.rho) CHECK(rho == Approx(std::sqrt(50.0 / r)));
   }
   // all-zero norms: the multinomial methods fall back to uniform ones
-  const SliceSelection z = select_slices("multinomial", std::vector<double>(50, 0.0), r, 3);
+  const SliceSelection z = select_slices(test::named<Selection>("multinomial"), std::vector<double>(50, 0.0), r, 3);
   for (float rho : z.rho) CHECK(rho == Approx(std::sqrt(50.0 / r)));
 }
 
@@ -279,7 +286,7 @@ TEST_CASE("a refresh re-selects and resets the moments and the step counter", "[
   Rig rig(cfg, grass_config(r, "uniform_nr", "rows", 2), B, T, true);
   for (int64_t step = 0; step < 2; step++) {
     rig.gradients(step, in, tg, B);
-    rig.update(step);
+    rig.update();
   }
   const auto& t = rig.grass->targets()[0];
   CHECK(t.adam_step == 2);
@@ -292,7 +299,7 @@ TEST_CASE("a refresh re-selects and resets the moments and the step counter", "[
   CHECK(t.adam_step == 0);
   for (int64_t i = 0; i < t.gc_numel; i++) REQUIRE((m[i] == 0 && v[i] == 0));
   CHECK(std::vector<int32_t>(t.sigma, t.sigma + r) != old_sigma);  // uniform_nr, a new seed
-  rig.update(2);
+  rig.update();
   CHECK(t.adam_step == 1);
 }
 
@@ -303,8 +310,8 @@ TEST_CASE("at full rank GRASS reproduces dense AdamW step for step", "[grass]") 
     DYNAMIC_SECTION("select_dim " << dim) {
       // rank = the selectable side of every target: 16 rows or 16 columns of each projection
       OptimizerConfig o = grass_config(16, "top_r", dim, 1000);
-      o.grass.targets = dim == std::string("rows") ? std::vector<std::string>{"q", "o", "down"}
-                                                  : std::vector<std::string>{"q", "o", "gate", "up"};
+      o.grass.targets = dim == std::string("rows") ? test::named_targets({"q", "o", "down"})
+                                                  : test::named_targets({"q", "o", "gate", "up"});
       o.weight_decay = 0.05;
       Rig dense(cfg, o, B, T, false), sparse(cfg, o, B, T, true);
       for (int64_t step = 0; step < 4; step++) {
@@ -312,8 +319,8 @@ TEST_CASE("at full rank GRASS reproduces dense AdamW step for step", "[grass]") 
         const double ld = dense.gradients(step, in, tg, B);
         const double ls = sparse.gradients(step, in, tg, B);
         CHECK(ls == Approx(ld).epsilon(1e-6));
-        dense.update(step);
-        sparse.update(step);
+        dense.update();
+        sparse.update();
       }
       for (const ParamTensor& p : dense.model->tensors()) {
         INFO(p.name);
@@ -332,19 +339,18 @@ TEST_CASE("4 accumulated micro-batches equal one concatenated batch between refr
   const auto in0 = tokens(B * T, 40, 11), tg0 = tokens(B * T, 40, 12);
   whole.gradients(0, in0, tg0, B);  // step 0 (a refresh): the same batch and selection for both
   micro.gradients(0, in0, tg0, B);
-  whole.update(0);
-  micro.update(0);
+  whole.update();
+  micro.update();
   const auto in1 = tokens(B * T, 40, 13), tg1 = tokens(B * T, 40, 14);
   whole.gradients(1, in1, tg1, B);
   micro.gradients(1, in1, tg1, B, 4);
   for (size_t k = 0; k < whole.grass->targets().size(); k++) {
     const auto& a = micro.grass->targets()[k];
     const auto& b = whole.grass->targets()[k];
-    CHECK(rel_err(static_cast<const float*>(a.gc), static_cast<const float*>(b.gc), a.gc_numel) <
-          1e-5);
+    CHECK(rel_err(micro.gc(a), whole.gc(b), a.gc_numel) < 1e-5);
   }
-  whole.update(1);
-  micro.update(1);
+  whole.update();
+  micro.update();
   for (const ParamTensor& p : whole.model->tensors()) {
     INFO(p.name);
     CHECK(rel_err(micro.model->params() + p.offset, whole.model->params() + p.offset, p.numel) < 1e-5);

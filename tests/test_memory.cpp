@@ -13,7 +13,9 @@
 #include "config/config.h"
 #include "core/arena.h"
 #include "ngram_batches.h"
+#include "optim/grass.h"
 #include "train/training_state.h"
+#include "named_choice.h"
 
 using namespace grass;
 
@@ -32,15 +34,15 @@ RunConfig small_run(const std::string& optimizer, const std::string& precision) 
   c.micro_batch_size = 2;
   c.total_batch_size = 2;
   c.seq_len = 16;
-  c.precision = precision;
+  c.precision = test::named<PrecisionChoice>(precision);
   c.grad_clip = 0;
-  c.optimizer.name = optimizer;
+  c.optimizer.kind = test::named<OptimizerKind>(optimizer);
   c.optimizer.lr = 1e-2;
   c.optimizer.weight_decay = 0.1;
   c.optimizer.grass.rank = 4;
   c.optimizer.grass.update_interval = 3;  // refreshes at steps 0 and 3
   c.optimizer.grass.seed = 11;
-  c.optimizer.grass.targets = {"q", "k", "o", "gate", "down"};  // v and up stay dense
+  c.optimizer.grass.targets = test::named_targets({"q", "k", "o", "gate", "down"});  // v and up stay dense
   return c;
 }
 
@@ -70,7 +72,7 @@ RunRecord train(const RunConfig& cfg, int steps) {
     });
     record.losses.push_back(out.loss);
     record.norms.push_back(out.grad_norm);
-    record.clipped.push_back(s.fused ? s.fused->clipped_tensors() : -1);
+    record.clipped.push_back(s.step->clipped_tensors());
   }
   for (const Arena::Block& b : arena.blocks())
     if (b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) {
@@ -133,14 +135,14 @@ TEST_CASE("fused per-layer updates give the same weights as the unfused step", "
 
 TEST_CASE("pure bf16 with one micro-batch fuses its updates by default", "[memory]") {
   const RunConfig cfg = small_run("grass", "bf16");
-  CHECK(model_memory_options(cfg, storage_for("bf16", false)).fused_update);
-  CHECK(model_memory_options(cfg, storage_for("bf16", true)).fused_update);
-  CHECK_FALSE(model_memory_options(cfg, storage_for("bf16-mixed", true)).fused_update);
+  CHECK(model_memory_options(cfg, storage_for(PrecisionChoice::Bf16, false)).fused_update);
+  CHECK(model_memory_options(cfg, storage_for(PrecisionChoice::Bf16, true)).fused_update);
+  CHECK_FALSE(model_memory_options(cfg, storage_for(PrecisionChoice::Bf16Mixed, true)).fused_update);
   RunConfig accumulating = cfg;
   accumulating.total_batch_size = 2 * cfg.micro_batch_size;
-  CHECK_FALSE(model_memory_options(accumulating, storage_for("bf16", true)).fused_update);
+  CHECK_FALSE(model_memory_options(accumulating, storage_for(PrecisionChoice::Bf16, true)).fused_update);
   // ... and so no gradient buffer for the whole model exists: one tensor's, and one G_C
-  const Storage storage = storage_for("bf16", true);
+  const Storage storage = storage_for(PrecisionChoice::Bf16, true);
   const std::unique_ptr<Backend> sizes = make_planning_backend(storage);
   Arena fused(true), unfused(true);
   const TrainingState probe = build_training_state(cfg, fused, *sizes);
@@ -150,7 +152,8 @@ TEST_CASE("pure bf16 with one micro-batch fuses its updates by default", "[memor
   int64_t largest_dense = 0, largest_gc = 0;
   for (const ParamTensor& t : probe.model->tensors())
     if (t.dense()) largest_dense = std::max(largest_dense, t.numel);
-  for (const auto& t : probe.grass->targets()) largest_gc = std::max(largest_gc, t.gc_numel);
+  for (const auto& t : probe.optimizers->find<Grass>()->targets())
+    largest_gc = std::max(largest_gc, t.gc_numel);
   CHECK(fused.bytes(MemCategory::Gradients) == 2 * largest_dense);
   CHECK(fused.bytes(MemCategory::CompressedGradients) == 2 * largest_gc);
   CHECK(unfused.bytes(MemCategory::Gradients) == 2 * probe.model->num_dense_grads());
@@ -161,7 +164,7 @@ TEST_CASE("fused updates clip each tensor's gradient on its own", "[memory]") {
   // backward; a max norm between the smallest and the largest clips exactly those above it.
   RunConfig cfg = small_run("grass", "fp32");
   cfg.fused_update = "off";
-  const Storage storage = storage_for("fp32", false);
+  const Storage storage = storage_for(PrecisionChoice::F32, false);
   const std::unique_ptr<Backend> backend = make_cpu_backend(storage);
   Arena arena(false, *backend);
   TrainingState s = build_training_state(cfg, arena, *backend);
@@ -169,15 +172,16 @@ TEST_CASE("fused updates clip each tensor's gradient on its own", "[memory]") {
   const test::NgramBatches data;
   std::vector<int32_t> in, tg;
   data.batch(0, cfg.micro_batch_size, cfg.seq_len, in, tg);
-  s.model->zero_grads();
-  s.grass->begin_step(0);
+  s.step->begin(0, cfg.optimizer.lr);
   s.model->forward(in.data(), tg.data(), cfg.micro_batch_size);
   s.model->backward(1.0);
+  const auto& deferred = dynamic_cast<const DeferredStep&>(*s.step);
   std::vector<double> norms;
   for (const ParamTensor& t : s.model->tensors())
     if (t.dense()) norms.push_back(std::sqrt(backend->sum_squares(s.model->grad(t), t.numel)));
-  for (size_t k = 0; k < s.grass->targets().size(); k++)
-    norms.push_back(std::sqrt(s.grass->gc_sum_squares(k)));
+  for (const auto& t : s.optimizers->find<Grass>()->targets())
+    norms.push_back(std::sqrt(backend->sum_squares(deferred.projected_gradient(t.tensor_index),
+                                                   t.gc_numel)));
   std::vector<double> sorted = norms;
   std::sort(sorted.begin(), sorted.end());
   const double max_norm = 0.5 * (sorted[sorted.size() / 2] + sorted[sorted.size() / 2 + 1]);

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "train/memory_plan.h"
 #include "train/training_state.h"
+#include "named_choice.h"
 
 using namespace grass;
 using Catch::Matchers::Contains;
@@ -24,9 +25,9 @@ RunConfig small_run(const std::string& optimizer) {
   c.model.max_position_embeddings = 64;
   c.micro_batch_size = 2;
   c.seq_len = 16;
-  c.optimizer.name = optimizer;
+  c.optimizer.kind = test::named<OptimizerKind>(optimizer);
   c.optimizer.grass.rank = 4;
-  c.optimizer.grass.targets = {"q", "v", "gate", "down"};
+  c.optimizer.grass.targets = test::named_targets({"q", "v", "gate", "down"});
   return c;
 }
 
@@ -41,7 +42,7 @@ TEST_CASE("the memory plan equals what a run allocates, category by category", "
     RunConfig cfg = small_run(optimizer);
     cfg.activation_checkpointing = checkpointing;
     cfg.fused_update = fused;
-    const Storage cpu = storage_for(precision, false);
+    const Storage cpu = storage_for(test::named<PrecisionChoice>(precision), false);
     const MemoryPlan plan = plan_memory(cfg, cpu);
     const std::unique_ptr<Backend> backend = make_cpu_backend(cpu);
     Arena real(false, *backend);
@@ -57,7 +58,7 @@ TEST_CASE("the memory plan equals what a run allocates, category by category", "
 TEST_CASE("planned weights and gradients and optimizer states follow GRASS.md's arithmetic",
           "[memory]") {
   const RunConfig cfg = small_run("grass");
-  const MemoryPlan plan = plan_memory(cfg, storage_for("fp32", false));
+  const MemoryPlan plan = plan_memory(cfg, storage_for(PrecisionChoice::F32, false));
   const int64_t P = cfg.model.num_parameters(), r = cfg.optimizer.grass.rank, L = 2;
   // auto selects the smaller side: q [32,32] rows (r x 32), v [16,32] rows (r x 32),
   // gate [86,32] columns (86 x r), down [32,86] rows (r x 86)
@@ -79,9 +80,9 @@ TEST_CASE("planning LLaMA-13B with GRASS allocates nothing and reports GRASS.md'
   cfg.model = load_model_config(std::string(GRASS_SOURCE_DIR) + "/configs/models/llama_13b.json");
   cfg.micro_batch_size = 1;
   cfg.seq_len = 256;
-  cfg.optimizer.name = "grass";
+  cfg.optimizer.kind = OptimizerKind::Grass;
   cfg.optimizer.grass.rank = 256;
-  const MemoryPlan plan = plan_memory(cfg, storage_for("fp32", false));
+  const MemoryPlan plan = plan_memory(cfg, storage_for(PrecisionChoice::F32, false));
   CHECK(plan.bytes[int(MemCategory::Weights)] == 4 * int64_t(13015864320));
   // GRASS.md: r=256, auto: 634 M elements per moment (2.36 GiB bf16, 4.72 GiB fp32)
   const double moment_elements = double(plan.bytes[int(MemCategory::CompressedGradients)]) / 4;
@@ -89,7 +90,7 @@ TEST_CASE("planning LLaMA-13B with GRASS allocates nothing and reports GRASS.md'
 
   // Pure bf16 on the GPU (GRASS.md's memory arithmetic): 24.24 GiB of weights, bf16 moments,
   // no master copy; weights + gradients + optimizer states fit in 40 GB with room to spare.
-  const MemoryPlan gpu = plan_memory(cfg, storage_for("bf16", true));
+  const MemoryPlan gpu = plan_memory(cfg, storage_for(PrecisionChoice::Bf16, true));
   const double GiB = 1024.0 * 1024 * 1024;
   CHECK(gpu.bytes[int(MemCategory::Weights)] == 2 * int64_t(13015864320));
   CHECK(gpu.bytes[int(MemCategory::Weights)] / GiB == Approx(24.24).epsilon(0.001));
@@ -107,7 +108,7 @@ TEST_CASE("per-layer checkpointing keeps each layer's input and one layer's acti
           "[memory]") {
   RunConfig cfg = small_run("adamw");
   cfg.model.num_hidden_layers = 4;
-  const Storage storage = storage_for("bf16", true);
+  const Storage storage = storage_for(PrecisionChoice::Bf16, true);
   const MemoryPlan kept = plan_memory(cfg, storage);
   cfg.activation_checkpointing = "layer";
   const MemoryPlan layer = plan_memory(cfg, storage);
@@ -154,7 +155,7 @@ TEST_CASE("a memory limit refuses a run that does not fit, naming the largest mi
   RunConfig cfg = small_run("grass");
   cfg.source = "run.json";
   cfg.micro_batch_size = cfg.total_batch_size = 8;
-  const Storage storage = storage_for("bf16", true);
+  const Storage storage = storage_for(PrecisionChoice::Bf16, true);
   const MemoryPlan plan = plan_memory(cfg, storage);
   cfg.memory_limit = plan.total;
   CHECK_NOTHROW(check_memory_limit(cfg, storage, plan));

@@ -20,7 +20,9 @@ TEST_CASE("adamw_update follows torch.optim.AdamW step by step", "[ops][optim]")
     std::vector<double> g(n);
     for (int i = 0; i < n; i++) g[i] = normal(100 + step, i);
     const double clip = step == 2 ? 0.3 : 1.0;  // the clipping coefficient scales g first
-    ops::adamw_update(p.data(), g.data(), m.data(), v.data(), n, clip, lr, b1, b2, eps, wd, step);
+    ops::adamw_update(p.data(), g.data(), m.data(), v.data(), n,
+                      {.grad_scale = clip, .lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps,
+                       .weight_decay = wd, .step = step});
     for (int i = 0; i < n; i++) g[i] *= clip;
     for (int i = 0; i < n; i++) {
       pr[i] *= 1 - lr * wd;

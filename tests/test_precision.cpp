@@ -13,9 +13,11 @@
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "ops.h"
-#include "optim/clip.h"
+#include "optim/grass.h"
+#include "optim/step.h"
 #include "train/training_state.h"
 #include "ngram_batches.h"
+#include "named_choice.h"
 
 using namespace grass;
 using grass::test::NgramBatches;
@@ -50,7 +52,7 @@ RunConfig tiny_run(const std::string& optimizer) {
   c.micro_batch_size = 8;
   c.seq_len = 32;
   c.seed = 11;
-  c.optimizer.name = optimizer;
+  c.optimizer.kind = test::named<OptimizerKind>(optimizer);
   c.optimizer.lr = 1e-2;
   c.optimizer.beta2 = 0.95;
   c.optimizer.grass.rank = 8;
@@ -64,31 +66,30 @@ RunConfig tiny_run(const std::string& optimizer) {
 std::vector<double> train_checked(const std::string& optimizer, const std::string& precision,
                                   int steps) {
   const RunConfig cfg = tiny_run(optimizer);
-  const Storage storage = storage_for(precision, false);
+  const Storage storage = storage_for(test::named<PrecisionChoice>(precision), false);
   const std::unique_ptr<Backend> backend = make_cpu_backend(storage);
   Arena arena(false, *backend);
   TrainingState s = build_training_state(cfg, arena, *backend);
   LlamaModel& model = *s.model;
+  DeferredStep& deferred = dynamic_cast<DeferredStep&>(*s.step);  // the gradients, then the update
+  const Grass* grass = s.optimizers->find<Grass>();
   model.init_weights(cfg.seed);
   const NgramBatches data;
   std::vector<int32_t> in, tg;
   std::vector<double> losses;
   for (int64_t step = 0; step < steps; step++) {
-    model.zero_grads();
-    if (s.grass) s.grass->begin_step(step);
+    deferred.begin(step, cfg.optimizer.lr);
     data.batch(step, cfg.micro_batch_size, cfg.seq_len, in, tg);
     losses.push_back(model.forward(in.data(), tg.data(), cfg.micro_batch_size));
     model.backward(1.0);
     if (storage.pure_bf16()) {
       REQUIRE(all_bf16(model.grads(), model.num_dense_grads()));
-      if (s.grass)
-        for (const auto& t : s.grass->targets()) REQUIRE(all_bf16(static_cast<const float*>(t.gc), t.gc_numel));
+      if (grass)
+        for (const auto& t : grass->targets())
+          REQUIRE(all_bf16(static_cast<const float*>(deferred.projected_gradient(t.tensor_index)),
+                           t.gc_numel));
     }
-    const double norm = std::sqrt(ops::sum_squares(model.grads(), model.num_dense_grads()) +
-                                  (s.grass ? s.grass->grad_sum_squares() : 0.0));
-    const double clip = clip_coefficient(norm, 1.0);
-    if (s.grass) s.grass->step(model, clip, cfg.optimizer.lr);
-    s.adamw->step(model, clip, cfg.optimizer.lr, step + 1);
+    deferred.finish();
 
     const float* p = model.params();
     const int64_t P = model.num_params();
@@ -102,8 +103,8 @@ std::vector<double> train_checked(const std::string& optimizer, const std::strin
       }
       REQUIRE(finer > P / 2);
     }
-    if (storage.pure_bf16() && s.grass)
-      for (const auto& t : s.grass->targets()) {
+    if (storage.pure_bf16() && grass)
+      for (const auto& t : grass->targets()) {
         REQUIRE(all_bf16(static_cast<const float*>(t.m), t.gc_numel));
         REQUIRE(all_bf16(static_cast<const float*>(t.v), t.gc_numel));
       }
@@ -178,7 +179,7 @@ TEST_CASE("bf16-mixed and pure bf16 keep their storage and learn like fp32", "[p
 
 TEST_CASE("a pure bf16 GRASS step changes only the selected rows or columns", "[precision][grass]") {
   RunConfig cfg = tiny_run("grass");
-  const std::unique_ptr<Backend> backend = make_cpu_backend(storage_for("bf16", false));
+  const std::unique_ptr<Backend> backend = make_cpu_backend(storage_for(PrecisionChoice::Bf16, false));
   Arena arena(false, *backend);
   TrainingState s = build_training_state(cfg, arena, *backend);
   LlamaModel& model = *s.model;
@@ -186,20 +187,19 @@ TEST_CASE("a pure bf16 GRASS step changes only the selected rows or columns", "[
   const NgramBatches data;
   std::vector<int32_t> in, tg;
   for (int64_t step = 0; step < 3; step++) {  // a refresh step, then two on the same selection
-    model.zero_grads();
-    s.grass->begin_step(step);
+    s.step->begin(step, cfg.optimizer.lr);
     data.batch(step, cfg.micro_batch_size, cfg.seq_len, in, tg);
     model.forward(in.data(), tg.data(), cfg.micro_batch_size);
     model.backward(1.0);
     const std::vector<float> before(model.params(), model.params() + model.num_params());
-    s.grass->step(model, 1.0, cfg.optimizer.lr);
-    for (const auto& t : s.grass->targets()) {
+    s.step->finish();  // AdamW moves the dense tensors; only the GRASS targets are looked at
+    for (const auto& t : s.optimizers->find<Grass>()->targets()) {
       std::vector<bool> selected(t.rows ? t.out : t.in, false);
       for (int j = 0; j < cfg.optimizer.grass.rank; j++) selected[t.sigma[j]] = true;
       int64_t changed = 0;
       for (int i = 0; i < t.out; i++)
         for (int c = 0; c < t.in; c++) {
-          const int64_t k = t.param_offset + int64_t(i) * t.in + c;
+          const int64_t k = model.tensors()[size_t(t.tensor_index)].offset + int64_t(i) * t.in + c;
           if (before[k] == model.params()[k]) continue;
           changed++;
           REQUIRE(selected[t.rows ? i : c]);

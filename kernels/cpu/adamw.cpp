@@ -6,13 +6,12 @@
 namespace grass::ops {
 
 template <typename T>
-void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double grad_scale, double lr,
-                  double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  const T b1 = T(beta1), b2 = T(beta2);
-  const T decay = T(1.0 - lr * weight_decay);
-  const T step_size = T(lr / (1.0 - std::pow(beta1, double(step))));
-  const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(beta2, double(step))));
-  const T e = T(eps), gs = T(grad_scale);
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a) {
+  const T b1 = T(a.beta1), b2 = T(a.beta2);
+  const T decay = T(1.0 - a.lr * a.weight_decay);
+  const T step_size = T(a.lr / (1.0 - std::pow(a.beta1, double(a.step))));
+  const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(a.beta2, double(a.step))));
+  const T e = T(a.eps), gs = T(a.grad_scale);
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
     const T gi = g[i] * gs;
@@ -24,9 +23,8 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, double grad_scale, do
   }
 }
 
-template void adamw_update<float>(float*, const float*, float*, float*, int64_t, double, double,
-                                  double, double, double, double, int64_t);
-template void adamw_update<double>(double*, const double*, double*, double*, int64_t, double,
-                                   double, double, double, double, double, int64_t);
+template void adamw_update<float>(float*, const float*, float*, float*, int64_t, const AdamArgs&);
+template void adamw_update<double>(double*, const double*, double*, double*, int64_t,
+                                   const AdamArgs&);
 
 }  // namespace grass::ops

@@ -1,5 +1,5 @@
 // The CPU backend: the reference ops of kernels/ops.h on fp32 host memory. In the bf16 precisions
-// it rounds what the GPU stores in bf16 (model/storage.h): the weights after every write, pure
+// it rounds what the GPU stores in bf16 (kernels/storage.h): the weights after every write, pure
 // bf16's gradients, G_C and optimizer moments (stochastically for what the optimizer stores).
 // Activations stay fp32.
 #include <omp.h>
@@ -130,13 +130,11 @@ class CpuBackend final : public Backend {
   // ---- optimizer ops --------------------------------------------------------------------------
   double sum_squares(const void* grads, int64_t n) override { return ops::sum_squares(f(grads), n); }
 
-  void adamw_update(void* weights, float* master, const void* g, void* m, void* v, int64_t n,
-                    double grad_scale, double lr, double beta1, double beta2, double eps,
-                    double weight_decay, int64_t step, uint64_t seed) override {
-    float* w = master ? master : f(weights);
-    ops::adamw_update(w, f(g), f(m), f(v), n, grad_scale, lr, beta1, beta2, eps, weight_decay,
-                      step);
-    if (master) round_from_master(f(weights), master, n);
+  void adamw_update(WeightRef weight, const void* g, void* m, void* v, int64_t n,
+                    const AdamArgs& a, uint64_t seed) override {
+    float* w = weight.master ? weight.master : f(weight.weights);
+    ops::adamw_update(w, f(g), f(m), f(v), n, a);
+    if (weight.master) round_from_master(f(weight.weights), weight.master, n);
     if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), n, n, seed);
   }
 
@@ -160,22 +158,21 @@ class CpuBackend final : public Backend {
     ops::grass_gather(f(gc), g, sigma, rho, out, in, r, rows);
     if (storage_.pure_bf16()) ops::round_to_bf16(f(gc), int64_t(r) * (rows ? in : out));
   }
-  void grass_adam_update(void* weights, float* master, void* gc, void* m, void* v,
-                         const int32_t* sigma, const float* rho, int out, int in, int r, bool rows,
-                         double grad_scale, double lr, double alpha, double beta1, double beta2,
-                         double eps, double weight_decay, int64_t step, uint64_t seed) override {
-    float* w = master ? master : f(weights);
-    ops::grass_adam_update(w, f(gc), f(m), f(v), sigma, rho, out, in, r, rows, grad_scale, lr,
-                           alpha, beta1, beta2, eps, weight_decay, step);
-    const int64_t numel = int64_t(out) * in, gc_numel = int64_t(r) * (rows ? in : out);
+  void grass_adam_update(WeightRef weight, void* gc, void* m, void* v, const GrassSlices& s,
+                         double alpha, const AdamArgs& a, uint64_t seed) override {
+    float* const master = weight.master;
+    float* w = master ? master : f(weight.weights);
+    ops::grass_adam_update(w, f(gc), f(m), f(v), s.sigma, s.rho, s.out, s.in, s.r, s.rows, alpha,
+                           a);
+    const int64_t numel = int64_t(s.out) * s.in, gc_numel = int64_t(s.r) * (s.rows ? s.in : s.out);
     if (master) {  // re-round what changed: the selected rows, or (columns) every row
-      if (rows)
-        for (int j = 0; j < r; j++) {
-          const int64_t first = int64_t(sigma[j]) * in;
-          round_from_master(f(weights) + first, master + first, in);
+      if (s.rows)
+        for (int j = 0; j < s.r; j++) {
+          const int64_t first = int64_t(s.sigma[j]) * s.in;
+          round_from_master(f(weight.weights) + first, master + first, s.in);
         }
       else
-        round_from_master(f(weights), master, numel);
+        round_from_master(f(weight.weights), master, numel);
     }
     // Stochastic rounding leaves a bf16 value as it is, so rounding the whole weight changes
     // only the selected slices.

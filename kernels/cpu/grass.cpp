@@ -57,13 +57,13 @@ void grass_gather(T* gc, const T* g, const int32_t* sigma, const T* rho, int out
 
 template <typename T>
 void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* rho, int out, int in,
-                       int r, bool rows, double grad_scale, double lr, double alpha, double beta1,
-                       double beta2, double eps, double weight_decay, int64_t step) {
+                       int r, bool rows, double alpha, const AdamArgs& a) {
   // 1. Adam on the compressed gradient; gc becomes the direction Δ.
   const int64_t n = int64_t(r) * (rows ? in : out);
-  const T b1 = T(beta1), b2 = T(beta2), gs = T(grad_scale), e = T(eps);
-  const T bc1 = T(1.0 - std::pow(beta1, double(step)));
-  const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(beta2, double(step))));
+  const T b1 = T(a.beta1), b2 = T(a.beta2), gs = T(a.grad_scale), e = T(a.eps);
+  const T bc1 = T(1.0 - std::pow(a.beta1, double(a.step)));
+  const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(a.beta2, double(a.step))));
+  const double lr = a.lr, weight_decay = a.weight_decay;
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
     const T g = gc[i] * gs;
@@ -117,8 +117,7 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* r
   template void grass_slice_norms<T>(double*, const T*, int, int, bool);                         \
   template void grass_gather<T>(T*, const T*, const int32_t*, const T*, int, int, int, bool);    \
   template void grass_adam_update<T>(T*, T*, T*, T*, const int32_t*, const T*, int, int, int,    \
-                                     bool, double, double, double, double, double, double,       \
-                                     double, int64_t);
+                                     bool, double, const AdamArgs&);
 INSTANTIATE(float)
 INSTANTIATE(double)
 

@@ -111,8 +111,10 @@ unsigned grid_for(int64_t n) {
 }  // namespace
 
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
-                  int64_t n, float grad_scale, float lr, float beta1, float beta2, float eps,
-                  float weight_decay, int64_t step, uint64_t seed) {
+                  int64_t n, const AdamArgs& a, uint64_t seed) {
+  const float grad_scale = float(a.grad_scale), lr = float(a.lr), beta1 = float(a.beta1),
+              beta2 = float(a.beta2), eps = float(a.eps), weight_decay = float(a.weight_decay);
+  const int64_t step = a.step;
   GRASS_CHECK(n >= 0 && step >= 1, "adamw_update: bad size or step (steps count from 1)");
   if (n == 0) return;
   AdamScalars k;

@@ -261,11 +261,9 @@ class CudaBackend final : public Backend {
     download(&host, result, sizeof host);
     return host;
   }
-  void adamw_update(void* weights, float* master, const void* g, void* m, void* v, int64_t n,
-                    double grad_scale, double lr, double beta1, double beta2, double eps,
-                    double weight_decay, int64_t step, uint64_t seed) override {
-    cuda::adamw_update(ctx_, b(weights), master, g, m, v, n, float(grad_scale), float(lr),
-                       float(beta1), float(beta2), float(eps), float(weight_decay), step, seed);
+  void adamw_update(WeightRef w, const void* g, void* m, void* v, int64_t n, const AdamArgs& a,
+                    uint64_t seed) override {
+    cuda::adamw_update(ctx_, b(w.weights), w.master, g, m, v, n, a, seed);
   }
   void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
                              const int32_t* sigma, const float* rho, int64_t N, int in, int out,
@@ -292,13 +290,10 @@ class CudaBackend final : public Backend {
                     int in, int r, bool rows) override {
     cuda::grass_gather(ctx_, gc, grad_type(), g, sigma, rho, out, in, r, rows);
   }
-  void grass_adam_update(void* weights, float* master, void* gc, void* m, void* v,
-                         const int32_t* sigma, const float* rho, int out, int in, int r, bool rows,
-                         double grad_scale, double lr, double alpha, double beta1, double beta2,
-                         double eps, double weight_decay, int64_t step, uint64_t seed) override {
-    cuda::grass_adam_update(ctx_, b(weights), master, gc, m, v, sigma, rho, out, in, r, rows,
-                            float(grad_scale), float(lr), float(alpha), float(beta1), float(beta2),
-                            float(eps), float(weight_decay), step, seed);
+  void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,
+                         double alpha, const AdamArgs& a, uint64_t seed) override {
+    cuda::grass_adam_update(ctx_, b(w.weights), w.master, gc, m, v, s.sigma, s.rho, s.out, s.in,
+                            s.r, s.rows, alpha, a, seed);
   }
 
  private:

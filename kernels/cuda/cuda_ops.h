@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "adam_args.h"
+
 namespace grass::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -113,9 +115,10 @@ void cross_entropy_fused(const Context& ctx, bf16* logits, float* loss, const in
 //   master == nullptr ("bf16"): param is the weight; m, v bf16; every store of param, m and v
 //     rounds stochastically, with streams derived from (seed, step, buffer) and the element index
 //     as the counter; callers pass a different seed per tensor. g is bf16.
+// The kernels take every scalar of `a` narrowed to fp32 first, and compute the step-dependent
+// ones from those in double on the host.
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
-                  int64_t n, float grad_scale, float lr, float beta1, float beta2, float eps,
-                  float weight_decay, int64_t step, uint64_t seed);
+                  int64_t n, const AdamArgs& a, uint64_t seed);
 
 // Σ x² over n elements of fp32 or bf16 (gtype), deterministically: fixed blocks, then one block
 // sums the partials in order. Writes the double result to *out (device memory).
@@ -150,9 +153,9 @@ void grass_gather(const Context& ctx, void* gc, GradType gtype, const float* g,
 // Storage as in adamw_update: master != nullptr: the weight is master (fp32, [out,in]), m, v, gc
 // fp32, and the touched slices of param are re-rounded from master; master == nullptr: the
 // weight is param (bf16), m, v, gc bf16, with stochastic rounding on every store.
+// Scalars narrowed as in adamw_update (alpha too).
 void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
                        void* v, const int32_t* sigma, const float* rho, int out, int in, int r,
-                       bool rows, float grad_scale, float lr, float alpha, float beta1, float beta2,
-                       float eps, float weight_decay, int64_t step, uint64_t seed);
+                       bool rows, double alpha, const AdamArgs& a, uint64_t seed);
 
 }  // namespace grass::cuda

@@ -206,8 +206,11 @@ void grass_gather(const Context& ctx, void* gc, GradType gtype, const float* g,
 
 void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
                        void* v, const int32_t* sigma, const float* rho, int out, int in, int r,
-                       bool rows, float grad_scale, float lr, float alpha, float beta1, float beta2,
-                       float eps, float weight_decay, int64_t step, uint64_t seed) {
+                       bool rows, double alpha_arg, const AdamArgs& a, uint64_t seed) {
+  const float grad_scale = float(a.grad_scale), lr = float(a.lr), alpha = float(alpha_arg),
+              beta1 = float(a.beta1), beta2 = float(a.beta2), eps = float(a.eps),
+              weight_decay = float(a.weight_decay);
+  const int64_t step = a.step;
   GRASS_CHECK(step >= 1, "grass_adam_update: step counts from 1");
   if (r == 0 || (rows ? in : out) == 0) return;
   AdamStep k;

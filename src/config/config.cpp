@@ -153,15 +153,9 @@ const std::vector<std::string> kRunKeys = {
     "checkpoint_keep_every",
     "init_from",
 };
-const std::vector<std::string> kOptimizers = {"adamw", "grass"};
 const std::vector<std::string> kGrassKeys = {"rank",       "update_interval", "scale", "selection",
                                              "select_dim", "targets",         "seed"};
-const std::vector<std::string> kGrassSelections = {"top_r", "multinomial", "multinomial_nr",
-                                                   "uniform", "uniform_nr"};
-const std::vector<std::string> kGrassSelectDims = {"auto", "rows", "cols"};
-const std::vector<std::string> kGrassTargets = {"q", "k", "v", "o", "gate", "up", "down"};
 const std::vector<std::string> kSchedules = {"cosine", "constant"};
-const std::vector<std::string> kPrecisions = {"auto", "fp32", "bf16-mixed", "bf16"};
 const std::vector<std::string> kDevices = {"auto", "cpu", "cuda"};
 const std::vector<std::string> kActivationCheckpointing = {"none", "layer"};
 const std::vector<std::string> kFusedUpdate = {"auto", "on", "off"};
@@ -180,6 +174,17 @@ std::string read_choice(const ObjectReader& obj, const std::string& key, const s
     obj.at(key).fail("unknown " + what + " \"" + value +
                      "\" (supported: " + quoted_list(supported) + ")");
   return value;
+}
+
+// A choice of enum E by its name (config/choices.h), e.g. optimizer.name.
+template <typename E>
+E read_enum(const ObjectReader& obj, const std::string& key, const std::string& what, E fallback) {
+  const std::string value = obj.string(key).value_or(name_of(fallback));
+  const std::optional<E> choice = choice_from_name<E>(value);
+  if (!choice)
+    obj.at(key).fail("unknown " + what + " \"" + value + "\" (supported: " + choice_list<E>() +
+                     ")");
+  return *choice;
 }
 
 void read_model(const ObjectReader& run, RunConfig& c) {
@@ -234,7 +239,7 @@ void read_data(const ObjectReader& run, RunConfig& c) {
 
 // The GRASS keys of the optimizer object; they mean nothing to AdamW, so they are refused there.
 void read_grass(const ObjectReader& obj, GrassConfig& g) {
-  if (obj.find("name") == nullptr || obj.required("name") != "grass") {
+  if (obj.find("name") == nullptr || obj.required("name") != name_of(OptimizerKind::Grass)) {
     for (const std::string& key : kGrassKeys)
       if (obj.find(key)) obj.at(key).fail("only the grass optimizer uses this key");
     return;
@@ -243,23 +248,24 @@ void read_grass(const ObjectReader& obj, GrassConfig& g) {
   g.update_interval = obj.integer("update_interval", 1, INT64_MAX).value_or(g.update_interval);
   g.scale = obj.number("scale").value_or(g.scale);
   require(g.scale > 0, obj.at("scale"), "positive", g.scale);
-  g.selection = read_choice(obj, "selection", "selection", kGrassSelections, g.selection);
-  g.select_dim = read_choice(obj, "select_dim", "select_dim", kGrassSelectDims, g.select_dim);
+  g.selection = read_enum(obj, "selection", "selection", g.selection);
+  g.select_dim = read_enum(obj, "select_dim", "select_dim", g.select_dim);
   g.seed = uint64_t(obj.integer("seed", 0, INT64_MAX).value_or(int64_t(g.seed)));
   if (const json* targets = obj.find("targets")) {
     const Location at = obj.at("targets");
     if (!targets->is_array() || targets->empty())
-      at.fail("expected a non-empty array of target names (" + quoted_list(kGrassTargets) +
+      at.fail("expected a non-empty array of target names (" + choice_list<ProjectionTarget>() +
               "), got " + describe(*targets));
     g.targets.clear();
     for (size_t i = 0; i < targets->size(); ++i) {
       const std::string name = json_check::to_string((*targets)[i], at.element(i));
-      if (std::find(kGrassTargets.begin(), kGrassTargets.end(), name) == kGrassTargets.end())
+      const std::optional<ProjectionTarget> target = choice_from_name<ProjectionTarget>(name);
+      if (!target)
         at.element(i).fail("unknown target \"" + name + "\" (supported: " +
-                           quoted_list(kGrassTargets) + ")");
-      if (std::find(g.targets.begin(), g.targets.end(), name) != g.targets.end())
+                           choice_list<ProjectionTarget>() + ")");
+      if (std::find(g.targets.begin(), g.targets.end(), *target) != g.targets.end())
         at.element(i).fail("target \"" + name + "\" is listed twice");
-      g.targets.push_back(name);
+      g.targets.push_back(*target);
     }
   }
 }
@@ -269,15 +275,15 @@ void check_grass_against_model(const ObjectReader& run, RunConfig& c) {
   GrassConfig& g = c.optimizer.grass;
   const ObjectReader optimizer(run.required("optimizer"), run.at("optimizer"));
   if (!optimizer.find("seed")) g.seed = c.seed;
-  for (const std::string& target : g.targets) {
+  for (const ProjectionTarget target : g.targets) {
     const auto [out, in] = c.model.linear_shape(target);
     const bool rows = g.selects_rows(out, in);
     const int selectable = rows ? out : in;
     if (g.rank > selectable)
       optimizer.at("rank").fail(std::to_string(g.rank) + " exceeds the " + std::to_string(selectable) +
                                 " selectable " + (rows ? "rows" : "columns") + " of target " +
-                                target + " (" + std::to_string(out) + " x " + std::to_string(in) +
-                                ", select_dim " + g.select_dim + ")");
+                                name_of(target) + " (" + std::to_string(out) + " x " +
+                                std::to_string(in) + ", select_dim " + name_of(g.select_dim) + ")");
   }
 }
 
@@ -285,7 +291,7 @@ void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
   std::vector<std::string> keys = {"name", "lr", "betas", "eps", "weight_decay"};
   keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
   obj.reject_unknown_keys(keys);
-  o.name = read_choice(obj, "name", "optimizer", kOptimizers, o.name);
+  o.kind = read_enum(obj, "name", "optimizer", o.kind);
   read_grass(obj, o.grass);
   o.lr = obj.number("lr").value_or(o.lr);
   require(o.lr > 0, obj.at("lr"), "positive", o.lr);
@@ -329,11 +335,13 @@ void read_batch(const ObjectReader& run, RunConfig& c) {
 }
 
 void read_precision(const ObjectReader& run, RunConfig& c) {
-  c.precision = run.string("precision").value_or(c.precision);
-  if (std::find(kPrecisions.begin(), kPrecisions.end(), c.precision) == kPrecisions.end())
+  const std::string precision = run.string("precision").value_or(name_of(c.precision));
+  const std::optional<PrecisionChoice> choice = choice_from_name<PrecisionChoice>(precision);
+  if (!choice)
     run.at("precision")
-        .fail("\"" + c.precision + "\" is not a precision (supported: " + quoted_list(kPrecisions) +
-              ")");
+        .fail("\"" + precision + "\" is not a precision (supported: " +
+              choice_list<PrecisionChoice>() + ")");
+  c.precision = *choice;
   c.device = run.string("device").value_or(c.device);
   if (std::find(kDevices.begin(), kDevices.end(), c.device) == kDevices.end())
     run.at("device").fail("\"" + c.device + "\" is not a device (supported: " +
@@ -390,15 +398,19 @@ int64_t ModelConfig::num_parameters() const {
   return embeddings + num_hidden_layers * layer + d + lm_head;
 }
 
-std::pair<int, int> ModelConfig::linear_shape(const std::string& target) const {
+std::pair<int, int> ModelConfig::linear_shape(ProjectionTarget target) const {
   const int d = hidden_size, f = intermediate_size;
   const int q_width = num_attention_heads * head_dim(), kv_width = num_key_value_heads * head_dim();
-  if (target == "q") return {q_width, d};
-  if (target == "k" || target == "v") return {kv_width, d};
-  if (target == "o") return {d, q_width};
-  if (target == "gate" || target == "up") return {f, d};
-  if (target == "down") return {d, f};
-  throw InternalError("linear_shape: unknown target " + target);
+  switch (target) {
+    case ProjectionTarget::Q: return {q_width, d};
+    case ProjectionTarget::K:
+    case ProjectionTarget::V: return {kv_width, d};
+    case ProjectionTarget::O: return {d, q_width};
+    case ProjectionTarget::Gate:
+    case ProjectionTarget::Up: return {f, d};
+    case ProjectionTarget::Down: return {d, f};
+  }
+  throw InternalError("linear_shape: unknown target");
 }
 
 ModelConfig parse_model_config(const json& j, const std::string& where) {
@@ -433,7 +445,7 @@ RunConfig parse_run_config(const json& j, const std::string& where) {
   read_precision(run, c);
   read_memory(run, c);
   c.seed = uint64_t(run.integer("seed", 0, INT64_MAX).value_or(int64_t(c.seed)));
-  if (c.optimizer.name == "grass") check_grass_against_model(run, c);
+  if (c.optimizer.kind == OptimizerKind::Grass) check_grass_against_model(run, c);
   c.out_dir = run.string("out_dir").value_or(c.out_dir);
   if (c.out_dir.empty()) run.at("out_dir").fail("must not be empty");
   c.log_every = int(run.integer("log_every", 1, INT_MAX).value_or(c.log_every));
@@ -506,16 +518,21 @@ json to_json(const ModelConfig& m) {
 json to_json(const RunConfig& c) {
   const OptimizerConfig& o = c.optimizer;
   const ScheduleConfig& s = c.schedule;
-  json optimizer = {{"name", o.name},
+  json optimizer = {{"name", name_of(o.kind)},
                     {"lr", o.lr},
                     {"betas", json::array({o.beta1, o.beta2})},
                     {"eps", o.eps},
                     {"weight_decay", o.weight_decay}};
-  if (o.name == "grass") {
+  if (o.kind == OptimizerKind::Grass) {
     const GrassConfig& g = o.grass;
-    optimizer.update({{"rank", g.rank},           {"update_interval", g.update_interval},
-                      {"scale", g.scale},         {"selection", g.selection},
-                      {"select_dim", g.select_dim}, {"targets", g.targets},
+    json targets = json::array();
+    for (const ProjectionTarget t : g.targets) targets.push_back(name_of(t));
+    optimizer.update({{"rank", g.rank},
+                      {"update_interval", g.update_interval},
+                      {"scale", g.scale},
+                      {"selection", name_of(g.selection)},
+                      {"select_dim", name_of(g.select_dim)},
+                      {"targets", targets},
                       {"seed", g.seed}});
   }
   json data = {{"train", c.train_files}, {"shuffle", c.shuffle}};
@@ -532,7 +549,7 @@ json to_json(const RunConfig& c) {
       {"total_batch_size", c.total_batch_size},
       {"seq_len", c.seq_len},
       {"steps", c.steps},
-      {"precision", c.precision},
+      {"precision", name_of(c.precision)},
       {"device", c.device},
       {"activation_checkpointing", c.activation_checkpointing},
       {"fused_update", c.fused_update},

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/choices.h"
+
 namespace grass {
 
 struct ModelConfig {
@@ -28,8 +30,8 @@ struct ModelConfig {
   double initializer_range = 0.02;
 
   int head_dim() const { return hidden_size / num_attention_heads; }
-  // [out, in] of a projection by its GRASS target name: q k v o gate up down.
-  std::pair<int, int> linear_shape(const std::string& target) const;
+  // [out, in] of a projection
+  std::pair<int, int> linear_shape(ProjectionTarget target) const;
   int64_t num_parameters() const;   // every trainable element, embeddings and norms included
   bool operator==(const ModelConfig&) const = default;
 };
@@ -39,25 +41,28 @@ struct GrassConfig {
   int rank = 128;                   // r: rows (or columns) trained per refresh
   int64_t update_interval = 200;    // K: steps between refreshes of the selection
   double scale = 0.25;              // α: the update is lr·α·ρ·Δ
-  std::string selection = "top_r";  // top_r | multinomial | multinomial_nr | uniform | uniform_nr
-  std::string select_dim = "auto";  // rows | cols | auto (the smaller of out and in features)
-  std::vector<std::string> targets = {"q", "k", "v", "o", "gate", "up", "down"};
+  Selection selection = Selection::TopR;
+  SelectDim select_dim = SelectDim::Auto;  // Auto: the smaller of out and in features
+  std::vector<ProjectionTarget> targets = {ProjectionTarget::Q,    ProjectionTarget::K,
+                                           ProjectionTarget::V,    ProjectionTarget::O,
+                                           ProjectionTarget::Gate, ProjectionTarget::Up,
+                                           ProjectionTarget::Down};
   uint64_t seed = 0;                // selection randomness, shared by all ranks (default: run seed)
   bool operator==(const GrassConfig&) const = default;
 
   // Whether a weight of out x in features selects rows (out) rather than columns (in).
   bool selects_rows(int out, int in) const {
-    return select_dim == "rows" || (select_dim == "auto" && out <= in);
+    return select_dim == SelectDim::Rows || (select_dim == SelectDim::Auto && out <= in);
   }
 };
 
 struct OptimizerConfig {
-  std::string name = "adamw";       // "adamw" | "grass" (GRASS targets; the rest dense AdamW)
+  OptimizerKind kind = OptimizerKind::AdamW;  // JSON "name"; grass: GRASS targets, the rest AdamW
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;  // JSON: "betas": [b1, b2]
   double eps = 1e-8;
   double weight_decay = 0.0;        // decoupled; never applied to RMSNorm gains
-  GrassConfig grass;                // used when name == "grass"
+  GrassConfig grass;                // used when kind is Grass
   bool operator==(const OptimizerConfig&) const = default;
 };
 
@@ -84,9 +89,9 @@ struct RunConfig {
                                     // JSON without it means micro_batch_size: no accumulation)
   int seq_len = 256;
   int64_t steps = 100;
-  // "fp32" | "bf16-mixed" (bf16 weights, fp32 master weights and states) | "bf16" (bf16
-  // weights and states, stochastic rounding) | "auto": bf16-mixed on a GPU, fp32 on the CPU.
-  std::string precision = "auto";
+  // fp32 | bf16-mixed (bf16 weights, fp32 master weights and states) | bf16 (bf16 weights
+  // and states, stochastic rounding) | auto: bf16-mixed on a GPU, fp32 on the CPU.
+  PrecisionChoice precision = PrecisionChoice::Auto;
   std::string device = "auto";      // "auto" (the GPU when one is usable) | "cpu" | "cuda"
   // "none" | "layer": keep only each layer's input and recompute the rest of the layer in the
   // backward (one layer's activations at a time instead of every layer's).

@@ -22,28 +22,30 @@ enum LayerTensor { kAttnNorm, kQ, kK, kV, kO, kMlpNorm, kGate, kUp, kDown };
 int layer_tensor_index(int l, int i) { return 1 + l * kTensorsPerLayer + i; }
 }  // namespace
 
-std::vector<std::string> grass_target_tensor_names(int num_layers,
-                                                   const std::vector<std::string>& targets) {
-  const std::vector<std::pair<std::string, int>> by_target = {
-      {"q", kQ}, {"k", kK}, {"v", kV}, {"o", kO}, {"gate", kGate}, {"up", kUp}, {"down", kDown}};
+std::vector<std::string> projection_tensor_names(int num_layers,
+                                                 const std::vector<ProjectionTarget>& targets) {
+  const auto layer_tensor = [](ProjectionTarget target) {
+    switch (target) {
+      case ProjectionTarget::Q: return kQ;
+      case ProjectionTarget::K: return kK;
+      case ProjectionTarget::V: return kV;
+      case ProjectionTarget::O: return kO;
+      case ProjectionTarget::Gate: return kGate;
+      case ProjectionTarget::Up: return kUp;
+      case ProjectionTarget::Down: return kDown;
+    }
+    throw InternalError("projection_tensor_names: unknown target");
+  };
   std::vector<std::string> names;
   for (int l = 0; l < num_layers; l++)
-    for (const std::string& target : targets)
-      for (const auto& [name, i] : by_target)
-        if (name == target)
-          names.push_back("model.layers." + std::to_string(l) + "." + kLayerTensorNames[i]);
+    for (const ProjectionTarget target : targets)
+      names.push_back("model.layers." + std::to_string(l) + "." +
+                      kLayerTensorNames[layer_tensor(target)]);
   return names;
 }
 
-void LlamaModel::add_tensor(const std::string& name, std::vector<int64_t> shape, bool is_norm) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  tensors_.push_back({name, std::move(shape), num_params_, numel, is_norm});
-  num_params_ += numel;
-}
-
 LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
-                       const std::vector<std::string>& compressed, Backend& backend,
+                       const std::vector<std::string>& projected, Backend& backend,
                        ModelMemoryOptions memory)
     : cfg_(cfg), max_B_(max_batch), T_(seq_len), memory_(memory), backend_(&backend) {
   const Storage& storage = backend.storage();
@@ -52,46 +54,40 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
                 KVD = cfg.num_key_value_heads * HD;
   const int L = cfg.num_hidden_layers;
 
-  off_embed_ = num_params_;
-  add_tensor("model.embed_tokens.weight", {V, C}, false);
+  ParameterSet& ts = tensors_;
+  off_embed_ = ts.num_params();
+  ts.add("model.embed_tokens.weight", {V, C}, false);
   for (int l = 0; l < L; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    off_layer_.push_back(num_params_);
-    add_tensor(p + kLayerTensorNames[0], {C}, true);
-    add_tensor(p + kLayerTensorNames[1], {QD, C}, false);
-    add_tensor(p + kLayerTensorNames[2], {KVD, C}, false);
-    add_tensor(p + kLayerTensorNames[3], {KVD, C}, false);
-    add_tensor(p + kLayerTensorNames[4], {C, QD}, false);
-    add_tensor(p + kLayerTensorNames[5], {C}, true);
-    add_tensor(p + kLayerTensorNames[6], {F, C}, false);
-    add_tensor(p + kLayerTensorNames[7], {F, C}, false);
-    add_tensor(p + kLayerTensorNames[8], {C, F}, false);
+    off_layer_.push_back(ts.num_params());
+    ts.add(p + kLayerTensorNames[0], {C}, true);
+    ts.add(p + kLayerTensorNames[1], {QD, C}, false);
+    ts.add(p + kLayerTensorNames[2], {KVD, C}, false);
+    ts.add(p + kLayerTensorNames[3], {KVD, C}, false);
+    ts.add(p + kLayerTensorNames[4], {C, QD}, false);
+    ts.add(p + kLayerTensorNames[5], {C}, true);
+    ts.add(p + kLayerTensorNames[6], {F, C}, false);
+    ts.add(p + kLayerTensorNames[7], {F, C}, false);
+    ts.add(p + kLayerTensorNames[8], {C, F}, false);
   }
-  off_norm_ = num_params_;
-  add_tensor("model.norm.weight", {C}, true);
+  off_norm_ = ts.num_params();
+  ts.add("model.norm.weight", {C}, true);
   off_lm_head_ = off_embed_;  // tied: lm_head reads (and trains) the embedding table
   if (!cfg.tie_word_embeddings) {
-    off_lm_head_ = num_params_;
-    add_tensor("lm_head.weight", {V, C}, false);
+    off_lm_head_ = ts.num_params();
+    ts.add("lm_head.weight", {V, C}, false);
   }
-  GRASS_CHECK(num_params_ == cfg.num_parameters(), "parameter layout disagrees with the config");
-  size_t compressed_found = 0;
-  for (ParamTensor& t : tensors_) {
-    const bool is_compressed =
-        std::find(compressed.begin(), compressed.end(), t.name) != compressed.end();
-    compressed_found += is_compressed;
-    t.grad_offset = is_compressed ? -1 : num_dense_grads_;
-    if (!is_compressed) num_dense_grads_ += t.numel;
-  }
-  GRASS_CHECK(compressed_found == compressed.size(), "a compressed tensor name is not in the model");
+  GRASS_CHECK(ts.num_params() == cfg.num_parameters(), "parameter layout disagrees with the config");
+  ts.set_projected(projected);
+  const int64_t num_params = ts.num_params(), num_dense_grads = ts.num_dense_grads();
 
   // Element sizes are the backend's: fp32 on the CPU, bf16 activations and weights on the GPU.
-  params_ = arena.alloc_bytes(MemCategory::Weights, "parameters", num_params_ * storage.weight_bytes);
+  params_ = arena.alloc_bytes(MemCategory::Weights, "parameters", num_params * storage.weight_bytes);
   if (storage.master)  // counted with the optimizer states, as ZeRO does: only the optimizer reads it
-    master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)", num_params_);
+    master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)", num_params);
   if (!memory.fused_update) {
     grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradients",
-                               num_dense_grads_ * storage.grad_bytes);
+                               num_dense_grads * storage.grad_bytes);
   } else {
     // One dense gradient at a time; tied embeddings hold the table's from lm_head to embedding.
     int64_t largest = 0;
@@ -191,12 +187,6 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
   }
 }
 
-const ParamTensor& LlamaModel::tensor(const std::string& name) const {
-  for (const auto& t : tensors_)
-    if (t.name == name) return t;
-  throw InternalError("no parameter named " + name);
-}
-
 namespace {
 void* at(void* base, int64_t elements, int bytes) {
   return base ? static_cast<char*>(base) + elements * bytes : nullptr;
@@ -241,8 +231,8 @@ void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, int i, con
     return;
   }
   backend_->linear_backward(dx, nullptr, dy, x, w, N, in, out, accumulate_dx);  // dx only
-  GRASS_CHECK(sink_, "a compressed tensor needs a CompressedGradSink");
-  sink_->accumulate(index, dy, x, N);
+  GRASS_CHECK(sink_, "a projected tensor needs a GradientSink");
+  sink_->projected(index, dy, x, N);
 }
 
 void* LlamaModel::begin_gradient(int index) {
@@ -257,10 +247,10 @@ void* LlamaModel::begin_gradient(int index) {
 void LlamaModel::end_gradient(int index) {
   if (!memory_.fused_update) return;  // the whole buffer is stored after the backward
   const ParamTensor& t = tensors_[index];
-  GRASS_CHECK(fused_sink_, "fused updates need a FusedGradSink");
+  GRASS_CHECK(sink_, "fused updates need a GradientSink");
   void* g = grad(t);
   backend_->store_gradients(g, t.numel);
-  fused_sink_->dense_ready(index, g);
+  sink_->dense_ready(index, g);
 }
 
 void LlamaModel::init_weights(uint64_t seed) {
@@ -297,7 +287,7 @@ void LlamaModel::weights_written() {
 
 void LlamaModel::zero_grads() {
   if (memory_.fused_update) return;  // each gradient's buffer is zeroed as it is formed
-  backend_->zero(grads_, size_t(num_dense_grads_) * storage().grad_bytes);
+  backend_->zero(grads_, size_t(num_dense_grads()) * storage().grad_bytes);
 }
 
 double LlamaModel::flops_per_token() const {
@@ -420,7 +410,7 @@ void LlamaModel::backward(double loss_scale) {
   }
   be.embedding_backward(begin_gradient(embed), ws_.dres, inputs_, host_inputs_.data(), N, C);
   end_gradient(embed);
-  if (!memory_.fused_update) be.store_gradients(grads_, num_dense_grads_);
+  if (!memory_.fused_update) be.store_gradients(grads_, num_dense_grads());
   B_ = 0;  // on the CPU the logits now hold their gradient: a second backward() needs a forward()
 }
 

@@ -13,39 +13,11 @@
 #include "config/config.h"
 #include "backend.h"
 #include "core/arena.h"
-#include "model/storage.h"
+#include "model/gradient_sink.h"
+#include "model/parameter_set.h"
+#include "storage.h"
 
 namespace grass {
-
-// One named parameter tensor inside the flat parameter buffer (and, at the same offset, inside
-// the gradient and optimizer buffers). Names are Hugging Face's, so weights load and export as is.
-struct ParamTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  int64_t offset = 0;       // in elements, into params()
-  int64_t numel = 0;
-  bool is_norm = false;     // RMSNorm gains: no weight decay
-  int64_t grad_offset = 0;  // into grads(); -1 for a compressed (GRASS) tensor, which has none
-  bool dense() const { return grad_offset >= 0; }
-};
-
-// Receives the weight gradient of the linear layers that have no dense gradient (GRASS targets):
-// the upstream gradient and the layer input, from which it forms what it needs.
-class CompressedGradSink {
- public:
-  virtual ~CompressedGradSink() = default;
-  // dy[N, out], x[N, in] (act-typed backend memory) of tensors()[tensor_index], a weight [out, in]
-  virtual void accumulate(int tensor_index, const void* dy, const void* x, int64_t N) = 0;
-};
-
-// Fused updates: the model hands every gradient to this as soon as the backward has formed it,
-// and the optimizer applies it at once, so no gradient buffer for the whole model exists.
-class FusedGradSink : public CompressedGradSink {
- public:
-  // Tensor tensor_index's dense gradient is complete in `grad` (grad-typed, its numel elements);
-  // the buffer is reused for the next tensor as soon as this returns.
-  virtual void dense_ready(int tensor_index, void* grad) = 0;
-};
 
 // How the model holds its memory (both change memory and time, never the numbers computed).
 struct ModelMemoryOptions {
@@ -53,40 +25,35 @@ struct ModelMemoryOptions {
   // layer's activations, one layer at a time.
   bool checkpoint_layers = false;
   // No gradient buffer for the whole model: each dense gradient is formed in a buffer the size of
-  // the largest dense tensor and handed to the FusedGradSink (one backward per optimizer step).
+  // the largest dense tensor and handed to the GradientSink (one backward per optimizer step).
   bool fused_update = false;
 };
 
-// The HF tensor names of the GRASS targets ("q", "k", "v", "o", "gate", "up", "down") in every
-// layer.
-std::vector<std::string> grass_target_tensor_names(int num_layers,
-                                                   const std::vector<std::string>& targets);
+// The HF tensor names of the projection targets in every layer.
+std::vector<std::string> projection_tensor_names(int num_layers,
+                                                 const std::vector<ProjectionTarget>& targets);
 
 class LlamaModel {
  public:
   // Allocates weights and gradients, and activations for micro-batches of up to max_batch x seq_len.
-  // Tensors named in `compressed` get no dense gradient: backward() hands their dy and x to the
-  // sink set with set_compressed_sink() instead. The backend's storage sizes every buffer and
-  // says what is bf16 (model/storage.h); with a master copy, master() holds the fp32 weights the
-  // optimizers update and the weights their bf16 rounding, which the forward reads. The arena
-  // must hand out the backend's memory.
+  // Tensors named in `projected` get no dense gradient: backward() hands their dy and x to the
+  // gradient sink instead. The backend's storage sizes every buffer and says what is bf16
+  // (kernels/storage.h); with a master copy, master() holds the fp32 weights the optimizers update
+  // and the weights their bf16 rounding, which the forward reads. The arena must hand out the
+  // backend's memory.
   LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
-             const std::vector<std::string>& compressed = {},
+             const std::vector<std::string>& projected = {},
              Backend& backend = default_cpu_backend(), ModelMemoryOptions memory = {});
-  void set_compressed_sink(CompressedGradSink* sink) { sink_ = sink; }
-  // Fused updates: receives the compressed and the dense gradients (instead of the compressed
-  // sink and the gradient buffer).
-  void set_fused_sink(FusedGradSink* sink) {
-    sink_ = sink;
-    fused_sink_ = sink;
-  }
+  // Where the backward hands projected tensors' dy and x and, with fused updates, each dense
+  // gradient as it completes (model/gradient_sink.h).
+  void set_gradient_sink(GradientSink* sink) { sink_ = sink; }
   const ModelMemoryOptions& memory_options() const { return memory_; }
 
   const ModelConfig& config() const { return cfg_; }
-  const std::vector<ParamTensor>& tensors() const { return tensors_; }
-  const ParamTensor& tensor(const std::string& name) const;
-  int64_t num_params() const { return num_params_; }
-  int64_t num_dense_grads() const { return num_dense_grads_; }  // elements of grads()
+  const ParameterSet& tensors() const { return tensors_; }
+  const ParamTensor& tensor(const std::string& name) const { return tensors_[tensors_.index_of(name)]; }
+  int64_t num_params() const { return tensors_.num_params(); }
+  int64_t num_dense_grads() const { return tensors_.num_dense_grads(); }  // elements of grads()
   Backend& backend() const { return *backend_; }
   const Storage& storage() const { return backend_->storage(); }
   // The backend's buffers: weights [num_params] (weight-typed), the fp32 master copy (or null),
@@ -94,8 +61,12 @@ class LlamaModel {
   void* weights() { return params_; }
   float* master() { return master_; }
   void* grads_buffer() { return grads_; }
-  void* grad(const ParamTensor& t);  // null for a compressed tensor; fused: the shared buffer
+  void* grad(const ParamTensor& t);  // null for a projected tensor; fused: the shared buffer
   void* weight(const ParamTensor& t);
+  // What an optimizer update of t writes: its weights and, with a master copy, its fp32 master.
+  WeightRef weight_ref(const ParamTensor& t) {
+    return {weight(t), master_ ? master_ + t.offset : nullptr};
+  }
   // The same as float* on the CPU backend, for tests and tools that read or write them in place
   // (after writing weights, call weights_written()). InternalError on another backend.
   float* params();
@@ -147,7 +118,6 @@ class LlamaModel {
     void* act;       // [N, F] silu(gate) * up, input of down_proj
   };
   LayerWeights layer_weights(int l);
-  void add_tensor(const std::string& name, std::vector<int64_t> shape, bool is_norm);
   void allocate_activations(Arena& arena, int64_t N, int NH);
   // Layer l's forward from acts_[l].x_in; `to_output` false stops after what the backward reads
   // (the recomputation of activation checkpointing: down_proj and the residual are not needed).
@@ -156,18 +126,16 @@ class LlamaModel {
   void linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w, const void* dy,
                        const void* x, int64_t N, int in, int out);
   // Where tensors_[index]'s gradient is to be formed (fused: the shared buffer, zeroed), and the
-  // signal that it is complete (fused: rounded to its storage and handed to the sink).
+  // signal that it is complete (fused: rounded to its storage and handed to the sink's
+  // dense_ready).
   void* begin_gradient(int index);
   void end_gradient(int index);
 
   ModelConfig cfg_;
   int max_B_, T_;
   int B_ = 0;  // batch of the last forward
-  std::vector<ParamTensor> tensors_;
-  int64_t num_params_ = 0;
-  int64_t num_dense_grads_ = 0;
-  CompressedGradSink* sink_ = nullptr;
-  FusedGradSink* fused_sink_ = nullptr;
+  ParameterSet tensors_;
+  GradientSink* sink_ = nullptr;
   ModelMemoryOptions memory_;
   Backend* backend_;
   void* params_ = nullptr;

@@ -4,30 +4,26 @@
 
 namespace grass {
 
-AdamW::AdamW(const OptimizerConfig& cfg, const LlamaModel& model, Arena& arena, uint64_t seed)
-    : cfg_(cfg), seed_(seed) {
+AdamW::AdamW(const OptimizerConfig& cfg, LlamaModel& model, Arena& arena, uint64_t seed)
+    : cfg_(cfg), model_(model), seed_(seed) {
+  for (size_t i = 0; i < model.tensors().size(); i++)
+    if (model.tensors()[i].dense()) tensors_.push_back(int(i));
   const int64_t bytes = model.num_dense_grads() * model.storage().state_bytes;
   m_ = arena.alloc_bytes(MemCategory::Optimizer, "adamw.m", bytes);
   v_ = arena.alloc_bytes(MemCategory::Optimizer, "adamw.v", bytes);
 }
 
-void AdamW::step(LlamaModel& model, double grad_scale, double lr, int64_t step) {
-  for (size_t i = 0; i < model.tensors().size(); i++)
-    if (model.tensors()[i].dense())
-      update_tensor(model, int(i), model.grad(model.tensors()[i]), grad_scale, lr, step);
-}
-
-void AdamW::update_tensor(LlamaModel& model, int index, const void* grad, double grad_scale,
-                          double lr, int64_t step) {
-  const ParamTensor& t = model.tensors()[size_t(index)];
-  const double wd = t.is_norm ? 0.0 : cfg_.weight_decay;
-  const int64_t state_offset = t.grad_offset * model.storage().state_bytes;
-  float* master = model.master() ? model.master() + t.offset : nullptr;
+void AdamW::update(int tensor, void* g, double grad_scale, double lr) {
+  const ParamTensor& t = model_.tensors()[size_t(tensor)];
+  const int64_t state_offset = t.grad_offset * model_.storage().state_bytes;
+  const int64_t step = step_ + 1;
   // pure bf16's stochastic rounding: one stream per (step, tensor)
-  const uint64_t seed = derive_seed(derive_seed(seed_, uint64_t(step)), uint64_t(index));
-  model.backend().adamw_update(model.weight(t), master, grad, static_cast<char*>(m_) + state_offset,
-                               static_cast<char*>(v_) + state_offset, t.numel, grad_scale, lr,
-                               cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step, seed);
+  const uint64_t seed = derive_seed(derive_seed(seed_, uint64_t(step)), uint64_t(tensor));
+  const AdamArgs args{.grad_scale = grad_scale, .lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2,
+                      .eps = cfg_.eps, .weight_decay = t.is_norm ? 0.0 : cfg_.weight_decay,
+                      .step = step};
+  model_.backend().adamw_update(model_.weight_ref(t), g, static_cast<char*>(m_) + state_offset,
+                                static_cast<char*>(v_) + state_offset, t.numel, args, seed);
 }
 
 }  // namespace grass

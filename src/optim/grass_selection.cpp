@@ -51,32 +51,37 @@ std::vector<int32_t> draw_without_replacement(const std::vector<double>& weights
 
 }  // namespace
 
-SliceSelection select_slices(const std::string& method, const std::vector<double>& norms_sq, int r,
+SliceSelection select_slices(Selection method, const std::vector<double>& norms_sq, int r,
                              uint64_t seed) {
   const int m = int(norms_sq.size());
   GRASS_CHECK(r >= 1 && r <= m, "select_slices: rank outside [1, slices]");
   const double total = std::accumulate(norms_sq.begin(), norms_sq.end(), 0.0);
-  std::string how = method;
-  if (total == 0 && how == "multinomial") how = "uniform";
-  if (total == 0 && how == "multinomial_nr") how = "uniform_nr";
+  Selection how = method;
+  if (total == 0 && how == Selection::Multinomial) how = Selection::Uniform;
+  if (total == 0 && how == Selection::MultinomialNR) how = Selection::UniformNR;
 
   std::vector<int32_t> sigma;
   std::vector<float> rho;
-  if (how == "top_r") {
-    sigma = top_keys(norms_sq, r);
-    rho.assign(r, 1.0f);
-  } else if (how == "multinomial" || how == "uniform") {
-    std::vector<double> q(m, 1.0 / m);
-    if (how == "multinomial")
-      for (int i = 0; i < m; i++) q[i] = norms_sq[i] / total;
-    sigma = draw_with_replacement(q, r, seed);
-    for (int32_t i : sigma) rho.push_back(float(1.0 / std::sqrt(double(r) * q[i])));
-  } else if (how == "multinomial_nr" || how == "uniform_nr") {
-    sigma = draw_without_replacement(how == "uniform_nr" ? std::vector<double>(m, 1.0) : norms_sq,
-                                     r, seed);
-    rho.assign(r, 1.0f);
-  } else {
-    throw InternalError("select_slices: unknown method " + method);
+  switch (how) {
+    case Selection::TopR:
+      sigma = top_keys(norms_sq, r);
+      rho.assign(r, 1.0f);
+      break;
+    case Selection::Multinomial:
+    case Selection::Uniform: {
+      std::vector<double> q(m, 1.0 / m);
+      if (how == Selection::Multinomial)
+        for (int i = 0; i < m; i++) q[i] = norms_sq[i] / total;
+      sigma = draw_with_replacement(q, r, seed);
+      for (int32_t i : sigma) rho.push_back(float(1.0 / std::sqrt(double(r) * q[i])));
+      break;
+    }
+    case Selection::MultinomialNR:
+    case Selection::UniformNR:
+      sigma = draw_without_replacement(
+          how == Selection::UniformNR ? std::vector<double>(m, 1.0) : norms_sq, r, seed);
+      rho.assign(r, 1.0f);
+      break;
   }
 
   // ascending σ: sequential memory in the gather and the update

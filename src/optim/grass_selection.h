@@ -9,8 +9,9 @@
 // If every norm is zero, the multinomial methods fall back to their uniform counterparts.
 #pragma once
 #include <cstdint>
-#include <string>
 #include <vector>
+
+#include "config/choices.h"
 
 namespace grass {
 
@@ -21,7 +22,7 @@ struct SliceSelection {
 
 // Random draws come from the counter-based stream `seed`: the same seed gives the same σ on
 // every rank.
-SliceSelection select_slices(const std::string& method, const std::vector<double>& norms_sq, int r,
+SliceSelection select_slices(Selection method, const std::vector<double>& norms_sq, int r,
                              uint64_t seed);
 
 }  // namespace grass

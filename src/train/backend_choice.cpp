@@ -14,7 +14,7 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
   if (cfg.device == "cpu") return make_cpu_backend(storage_for(cfg.precision, false));
 #ifdef GRASS_HAVE_CUDA
   const cuda::DeviceProbe gpu = cuda::probe_device();
-  if (gpu.usable && (cfg.device == "cuda" || cfg.precision != "fp32"))
+  if (gpu.usable && (cfg.device == "cuda" || cfg.precision != PrecisionChoice::F32))
     return make_cuda_backend(storage_for(cfg.precision, true));
   if (gpu.usable) {  // auto with fp32: the CPU reference is the only fp32 backend
     why = "precision fp32 runs on the CPU backend only (GPU " + gpu.description + " unused)";

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -97,31 +96,36 @@ void warn_config_changes(const Checkpoint& checkpoint, const RunConfig& cfg) {
                  differences - kShown, checkpoint.dir().c_str());
 }
 
-// Checked reading of state.json, which a damaged or hostile checkpoint may get wrong.
-struct StateJsonReader {
-  std::string path;
-  [[noreturn]] void fail(const std::string& problem) const { throw UserError(path + ": " + problem); }
-  const json& field(const json& obj, const std::string& key, const std::string& where) const {
-    if (!obj.is_object() || !obj.contains(key)) fail(where + key + " is missing");
-    return obj[key];
+// state.json and state.safetensors of a checkpoint being restored, as the optimizers read them.
+class CheckpointStateReader final : public StateReader {
+ public:
+  CheckpointStateReader(std::string json_path, const SafetensorsFile& buffers,
+                        const std::vector<Arena::Block>& blocks)
+      : json_path_(std::move(json_path)), buffers_(buffers), blocks_(blocks) {}
+  [[noreturn]] void fail(const std::string& problem) const override {
+    throw UserError(json_path_ + ": " + problem);
   }
-  uint64_t u64(const json& obj, const std::string& key, const std::string& where = "") const {
-    const json& v = field(obj, key, where);
-    if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t(INT64_MAX))
-      fail(where + key + " is not a non-negative integer");
-    return v.get<uint64_t>();
+  [[noreturn]] void fail_buffer(const void* buffer, const std::string& problem) const override {
+    throw UserError(buffers_.path() + ": buffer " + block(buffer).name + ": " + problem);
   }
-  bool boolean(const json& obj, const std::string& key, const std::string& where) const {
-    const json& v = field(obj, key, where);
-    if (!v.is_boolean()) fail(where + key + " is not true or false");
-    return v.get<bool>();
+  std::span<const std::byte> saved_bytes(const void* buffer) const override {
+    return buffers_.get(block(buffer).name).bytes;
   }
+
+ private:
+  const Arena::Block& block(const void* buffer) const {
+    const auto it = std::find_if(blocks_.begin(), blocks_.end(),
+                                 [&](const Arena::Block& b) { return b.ptr == buffer; });
+    GRASS_CHECK(it != blocks_.end(), "an optimizer's buffer is not a saved arena block");
+    return *it;
+  }
+  std::string json_path_;
+  const SafetensorsFile& buffers_;
+  const std::vector<Arena::Block>& blocks_;
 };
 
-struct GrassCounters {
-  int64_t adam_step;
-  bool needs_selection;
-};
+// state.json's keys that are not an optimizer's
+const std::set<std::string> kRunStateKeys = {"step", "loader", "tokens_seen", "metrics_rows", "rng"};
 
 }  // namespace
 
@@ -187,14 +191,8 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
               {"metrics_rows", metrics_rows},
               {"rng", "none: every random draw is a pure function of (seed, step or epoch, index); "
                       "the seeds are in config.json"}};
-    if (state.grass) {
-      json targets = json::array();
-      for (const GrassOptimizer::Target& t : state.grass->targets())
-        targets.push_back({{"tensor", model.tensors()[t.tensor_index].name},
-                           {"adam_step", t.adam_step},
-                           {"needs_selection", t.needs_selection}});
-      s["grass_targets"] = targets;
-    }
+    for (const auto& o : state.optimizers->all())
+      if (o->state_key()) s[o->state_key()] = o->save_state();
     writer.write_json(kStateJson, s);
     writer.write_json(kConfigFile, to_json(cfg));
     if (!cfg.tokenizer.empty()) writer.copy_file(kTokenizerFile, cfg.tokenizer);
@@ -278,11 +276,11 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
     throw UserError(buffers.path() + ": holds " + std::to_string(buffers.names().size()) +
                     " buffers, this run has " + std::to_string(blocks.size()) + mismatch);
 
-  const StateJsonReader r{checkpoint.path(kStateJson)};
+  const CheckpointStateReader r(checkpoint.path(kStateJson), buffers, blocks);
   const json s = checkpoint.read_json(kStateJson);
   if (!s.is_object()) r.fail("not a JSON object");
-  if (int64_t(r.u64(s, "step")) != checkpoint.step())
-    r.fail("step " + std::to_string(r.u64(s, "step")) + " differs from the manifest's " +
+  if (int64_t(r.u64(s, "step", "")) != checkpoint.step())
+    r.fail("step " + std::to_string(r.u64(s, "step", "")) + " differs from the manifest's " +
            std::to_string(checkpoint.step()));
   const LoaderPosition position{r.u64(r.field(s, "loader", ""), "epoch", "loader."),
                                 r.u64(r.field(s, "loader", ""), "index", "loader.")};
@@ -291,44 +289,17 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
            std::to_string(position.index) + ") lies outside the " +
            std::to_string(loader.windows_per_epoch()) + " windows per epoch of " +
            loader.stream().describe() + "; was the checkpoint made with different data?");
-  const int64_t metrics_rows = int64_t(r.u64(s, "metrics_rows"));
-  std::vector<GrassCounters> counters;
-  if (state.grass) {
-    const json& targets = r.field(s, "grass_targets", "");
-    const auto& mine = state.grass->targets();
-    if (!targets.is_array() || targets.size() != mine.size())
-      r.fail("grass_targets does not list this run's " + std::to_string(mine.size()) +
-             " GRASS targets" + mismatch);
-    for (size_t k = 0; k < mine.size(); k++) {
-      const std::string where = "grass_targets[" + std::to_string(k) + "].";
-      const json& tensor = r.field(targets[k], "tensor", where);
-      if (tensor != model.tensors()[mine[k].tensor_index].name)
-        r.fail(where + "tensor is " + tensor.dump() + ", this run's target is " +
-               model.tensors()[mine[k].tensor_index].name + mismatch);
-      counters.push_back({int64_t(r.u64(targets[k], "adam_step", where)),
-                          r.boolean(targets[k], "needs_selection", where)});
-    }
-    // σ indexes rows or columns of a weight: a value out of range would address memory outside
-    // it, so a checkpoint's σ is checked like any other untrusted index.
-    for (const GrassOptimizer::Target& t : mine) {
-      const auto it = std::find_if(blocks.begin(), blocks.end(),
-                                   [&](const Arena::Block& b) { return b.ptr == t.sigma; });
-      GRASS_CHECK(it != blocks.end(), "a GRASS target's sigma is not an optimizer buffer");
-      const TensorEntry& e = buffers.get(it->name);
-      const int64_t r = int64_t(e.bytes.size() / sizeof(int32_t)), limit = t.rows ? t.out : t.in;
-      for (int64_t i = 0; i < r; i++) {
-        int32_t v;
-        std::memcpy(&v, e.bytes.data() + i * sizeof(int32_t), sizeof v);
-        if (v < 0 || v >= limit)
-          throw UserError(buffers.path() + ": buffer " + it->name + ": index " +
-                          std::to_string(v) + " at position " + std::to_string(i) +
-                          " lies outside [0, " + std::to_string(limit) +
-                          "); the checkpoint is corrupt");
-      }
-    }
-  } else if (s.contains("grass_targets")) {
-    r.fail("holds GRASS state, but this run's optimizer is " + cfg.optimizer.name + mismatch);
+  const int64_t metrics_rows = int64_t(r.u64(s, "metrics_rows", ""));
+  std::set<std::string> claimed = kRunStateKeys;
+  for (const auto& o : state.optimizers->all()) {
+    const char* key = o->state_key();
+    o->check_state(key && s.contains(key) ? &s[key] : nullptr, r);
+    if (key) claimed.insert(key);
   }
+  for (const auto& [key, value] : s.items())
+    if (!claimed.count(key))
+      r.fail("holds " + key + " state, but this run's optimizer is " + name_of(cfg.optimizer.kind) +
+             mismatch);
   warn_config_changes(checkpoint, cfg);
 
   // 2. Copy, through the backend (a memcpy on the CPU, an upload to the GPU).
@@ -342,8 +313,8 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
     const TensorEntry& e = buffers.get(b.name);
     backend.upload(b.ptr, e.bytes.data(), e.bytes.size());
   }
-  for (size_t k = 0; k < counters.size(); k++)
-    state.grass->restore_counters(k, counters[k].adam_step, counters[k].needs_selection);
+  for (const auto& o : state.optimizers->all())
+    if (o->state_key()) o->restore_state(s[o->state_key()]);
   loader.set_position(position);
   return {checkpoint.step(), metrics_rows};
 }

@@ -79,10 +79,10 @@ Storage planned_storage(const RunConfig& cfg) {
 
 std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   RunConfig adamw_cfg = cfg;
-  adamw_cfg.optimizer.name = "adamw";
+  adamw_cfg.optimizer.kind = OptimizerKind::AdamW;
   const MemoryPlan run = plan_memory(cfg, storage), adamw = plan_memory(adamw_cfg, storage);
-  std::string label = cfg.optimizer.name;
-  if (cfg.optimizer.name == "grass") label += " r=" + std::to_string(cfg.optimizer.grass.rank);
+  std::string label = name_of(cfg.optimizer.kind);
+  if (cfg.optimizer.kind == OptimizerKind::Grass) label += " r=" + std::to_string(cfg.optimizer.grass.rank);
 
   char line[200];
   std::string out;
@@ -133,7 +133,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
   for (int c = 0; c < kMemCategories; c++) bytes[mem_category_name(MemCategory(c))] = plan.bytes[c];
   nlohmann::json out = {
       {"parameters", cfg.model.num_parameters()},
-      {"optimizer", cfg.optimizer.name},
+      {"optimizer", name_of(cfg.optimizer.kind)},
       {"micro_batch_size", cfg.micro_batch_size},
       {"seq_len", cfg.seq_len},
       {"device", storage.cuda ? "cuda" : "cpu"},
@@ -143,7 +143,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"bytes", bytes},
       {"total", plan.total},
   };
-  if (cfg.optimizer.name == "grass") out["rank"] = cfg.optimizer.grass.rank;
+  if (cfg.optimizer.kind == OptimizerKind::Grass) out["rank"] = cfg.optimizer.grass.rank;
   if (cfg.memory_limit > 0) {
     out["memory_limit"] = cfg.memory_limit;
     out["fits"] = plan.total <= cfg.memory_limit;

@@ -7,7 +7,7 @@
 
 #include "config/config.h"
 #include "core/arena.h"
-#include "model/storage.h"
+#include "storage.h"
 
 namespace grass {
 

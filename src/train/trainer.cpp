@@ -46,16 +46,17 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
               cfg.grad_accum_steps(), cfg.micro_batch_size, cfg.micro_batch_size, cfg.seq_len,
               (long long)cfg.tokens_per_step());
   std::printf("  optimizer     %s lr %.1e betas (%.3g, %.3g) eps %.0e wd %.3g, clip %.3g\n",
-              cfg.optimizer.name.c_str(), cfg.optimizer.lr, cfg.optimizer.beta1,
+              name_of(cfg.optimizer.kind), cfg.optimizer.lr, cfg.optimizer.beta1,
               cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay, cfg.grad_clip);
-  if (cfg.optimizer.name == "grass") {
+  if (cfg.optimizer.kind == OptimizerKind::Grass) {
     const GrassConfig& g = cfg.optimizer.grass;
     std::string targets;
-    for (const std::string& t : g.targets) targets += (targets.empty() ? "" : ",") + t;
+    for (const ProjectionTarget t : g.targets)
+      targets += (targets.empty() ? "" : ",") + std::string(name_of(t));
     std::printf("  grass         rank %d, refresh every %lld steps, scale %.3g, %s, select_dim %s, "
                 "targets %s (the rest: dense AdamW)\n",
-                g.rank, (long long)g.update_interval, g.scale, g.selection.c_str(),
-                g.select_dim.c_str(), targets.c_str());
+                g.rank, (long long)g.update_interval, g.scale, name_of(g.selection),
+                name_of(g.select_dim), targets.c_str());
   }
   std::printf("  schedule      %s, warmup %lld, min_lr_ratio %.3g, %lld steps\n",
               cfg.schedule.name.c_str(), (long long)cfg.schedule.warmup_steps,
@@ -73,7 +74,7 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
                 format_bytes(arena.total_bytes()).c_str());
   std::printf("  FLOPs/token   %.4g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
               flops_per_token,
-              cfg.optimizer.name == "grass" ? ", less 2mn - 2rn per GRASS target" : "");
+              cfg.optimizer.kind == OptimizerKind::Grass ? ", less 2mn - 2rn per GRASS target" : "");
   if (backend.peak_flops() > 0)
     std::printf("  MFU           achieved FLOP/s over %.0f TFLOP/s (the device's dense bf16 peak)\n",
                 backend.peak_flops() / 1e12);
@@ -106,7 +107,6 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   Arena arena(false, *backend);
   TrainingState state = build_training_state(cfg, arena, *backend);
   LlamaModel& model = *state.model;
-  GrassOptimizer* grass = state.grass.get();
 
   // The starting point: a checkpoint, pretrained weights, or the seed. out_dir is created and
   // locked first, so no other run writes checkpoints while they are read; its files are not
@@ -158,7 +158,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
                  (long long)checkpoint_metrics_rows);
   // FLOPs actually done: a GRASS target's weight gradient costs 2rn, not 2mn
   const double flops_per_token =
-      model.flops_per_token() - (grass ? grass->flops_saved_per_token() : 0.0);
+      model.flops_per_token() - state.optimizers->flops_saved_per_token();
   print_run_table(cfg, *backend, why_cpu, model, flops_per_token, loader, arena);
   if (evaluator) {
     std::printf("  eval          first %lld tokens of %s, %s\n", (long long)cfg.eval_tokens,

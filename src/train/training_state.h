@@ -1,6 +1,6 @@
 // Everything a training step holds, built in one place so that a real run and `grass mem`'s
 // plan make the same allocations in the same order: the model (weights, dense gradients,
-// activations, workspace), dense AdamW, and the GRASS optimizer when the run uses it.
+// activations, workspace), the optimizers that train its tensors, and the step strategy.
 #pragma once
 #include <functional>
 #include <memory>
@@ -8,17 +8,15 @@
 #include "config/config.h"
 #include "core/arena.h"
 #include "model/llama.h"
-#include "optim/adamw.h"
-#include "optim/fused_update.h"
-#include "optim/grass.h"
+#include "optim/optimizer.h"
+#include "optim/step.h"
 
 namespace grass {
 
 struct TrainingState {
   std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<AdamW> adamw;          // dense tensors (all of them without GRASS)
-  std::unique_ptr<GrassOptimizer> grass; // GRASS targets; null for optimizer "adamw"
-  std::unique_ptr<FusedUpdate> fused;    // fused per-layer updates; null when off
+  std::unique_ptr<OptimizerSet> optimizers;  // dense AdamW, and the projected optimizer if any
+  std::unique_ptr<StepStrategy> step;        // the model's gradient sink
 };
 
 // How the run's model holds its memory: activation_checkpointing, and fused_update resolved for
@@ -30,11 +28,11 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
 TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend);
 
 // One optimizer step as the trainer takes it: the forward and backward of every micro-batch
-// (next_batch fills inputs and targets, [micro_batch_size, seq_len] each), the global gradient
-// norm, clipping and the updates (made during the backward with fused updates). step counts from 0.
+// (next_batch fills inputs and targets, [micro_batch_size, seq_len] each), then the step
+// strategy's norm, clipping and updates (made during the backward when fused). step counts from 0.
 struct StepOutcome {
   double loss = 0;       // mean over the step's micro-batches
-  double grad_norm = 0;  // global L2 norm of the unclipped gradients, dense and compressed
+  double grad_norm = 0;  // global L2 norm of the unclipped gradients, dense and projected
 };
 StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, double lr,
                        const std::function<void(int32_t* inputs, int32_t* targets)>& next_batch);

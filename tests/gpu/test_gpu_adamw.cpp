@@ -80,16 +80,19 @@ size_t count_not_nearest(const std::vector<float>& got, const std::vector<float>
   return n;
 }
 
-struct AdamArgs {
+// The update's scalars as the GPU narrows them (fp32), widened exactly for the calls.
+struct AdamFloats {
   float grad_scale = 0.7f, lr = 0.05f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f,
         weight_decay = 0.1f;
+  AdamArgs at(int64_t step) const {
+    return {grad_scale, lr, beta1, beta2, eps, weight_decay, step};
+  }
 };
 
 // The CPU step on fp32 copies, with the GPU's float arguments widened exactly.
 void cpu_adamw(std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m,
-               std::vector<float>& v, const AdamArgs& a, int64_t step) {
-  ops::adamw_update<float>(p.data(), g.data(), m.data(), v.data(), int64_t(p.size()), a.grad_scale,
-                           a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, step);
+               std::vector<float>& v, const AdamFloats& a, int64_t step) {
+  ops::adamw_update<float>(p.data(), g.data(), m.data(), v.data(), int64_t(p.size()), a.at(step));
 }
 
 // Moments as after some training: m ~ gradients, v ~ squared gradients (never negative).
@@ -103,7 +106,7 @@ std::vector<float> random_v(size_t n) {
 
 TEST_CASE("gpu adamw bf16-mixed updates the fp32 master as the CPU, param = RN(master)", "[gpu]") {
   gputest::TestContext tc;
-  const AdamArgs a;
+  const AdamFloats a;
   const int64_t n = 100003;
   for (const int64_t step : {int64_t(1), int64_t(7)}) {
     CAPTURE(step);
@@ -118,7 +121,7 @@ TEST_CASE("gpu adamw bf16-mixed updates the fp32 master as the CPU, param = RN(m
     d_v.upload(v0);
     d_param.poison();
     cuda::adamw_update(tc.ctx, d_param.ptr, d_master.ptr, d_g.ptr, d_m.ptr, d_v.ptr, n,
-                       a.grad_scale, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, step,
+                       a.at(step),
                        /*seed=*/12345);
     const std::vector<float> master = d_master.download(), m = d_m.download(), v = d_v.download();
 
@@ -142,7 +145,7 @@ TEST_CASE("gpu adamw bf16-mixed updates the fp32 master as the CPU, param = RN(m
 TEST_CASE("gpu adamw bf16 rounds param, m and v stochastically to a neighbour of the fp32 step",
           "[gpu]") {
   gputest::TestContext tc;
-  const AdamArgs a;
+  const AdamFloats a;
   const int64_t n = 100003, step = 3;
   const std::vector<float> p0 = gputest::bf16_rounded(gputest::randn(n, 0.1));
   const std::vector<float> g = gputest::bf16_rounded(gputest::randn(n));
@@ -156,7 +159,7 @@ TEST_CASE("gpu adamw bf16 rounds param, m and v stochastically to a neighbour of
     put(d_m, m0);
     put(d_v, v0);
     cuda::adamw_update(tc.ctx, d_p.ptr, /*master=*/nullptr, d_g.ptr, d_m.ptr, d_v.ptr, n,
-                       a.grad_scale, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, step, seed);
+                       a.at(step), seed);
     return std::vector<std::vector<float>>{get(d_p), get(d_m), get(d_v)};
   };
   const std::vector<std::vector<float>> got = run(2024);
@@ -188,7 +191,7 @@ TEST_CASE("gpu adamw bf16 rounds param, m and v stochastically to a neighbour of
 TEST_CASE("gpu adamw bf16 stochastic rounding is unbiased over seeds, streams independent",
           "[gpu]") {
   gputest::TestContext tc;
-  const AdamArgs a;
+  const AdamFloats a;
   const int64_t n = 4096, step = 5;
   const int seeds = 256;
   const std::vector<float> p0 = gputest::bf16_rounded(gputest::randn(n, 0.1));
@@ -210,8 +213,7 @@ TEST_CASE("gpu adamw bf16 stochastic rounding is unbiased over seeds, streams in
     put(d_p, p0);
     put(d_m, m0);
     put(d_v, v0);
-    cuda::adamw_update(tc.ctx, d_p.ptr, nullptr, d_g.ptr, d_m.ptr, d_v.ptr, n, a.grad_scale, a.lr,
-                       a.beta1, a.beta2, a.eps, a.weight_decay, step, /*seed=*/1000 + s);
+    cuda::adamw_update(tc.ctx, d_p.ptr, nullptr, d_g.ptr, d_m.ptr, d_v.ptr, n, a.at(step), /*seed=*/1000 + s);
     const std::vector<float> got[3] = {get(d_p), get(d_m), get(d_v)};
     for (int64_t i = 0; i < n; i++) {
       bool away[3];

@@ -81,10 +81,12 @@ void upload(DeviceBuffer<bf16>& d, const std::vector<float>& x) { d.upload(to_bf
 
 // The Adam hyperparameters of the update tests: step 3 (bias corrections not 1), clipping on,
 // weight decay on.
+// The update's scalars as the GPU narrows them (fp32), widened exactly for the calls.
 struct Hyper {
   float grad_scale = 0.7f, lr = 1e-2f, alpha = 0.25f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f,
         weight_decay = 0.1f;
   int64_t step = 3;
+  AdamArgs adam() const { return {grad_scale, lr, beta1, beta2, eps, weight_decay, step}; }
 };
 
 }  // namespace
@@ -191,13 +193,11 @@ TEST_CASE("grass: Adam with an fp32 master moves exactly the selected slices", "
     upload(d_sigma, sigma);
     upload(d_rho, rho);
     cuda::grass_adam_update(tc.ctx, d_param.ptr, d_master.ptr, d_gc.ptr, d_m.ptr, d_v.ptr,
-                            d_sigma.ptr, d_rho.ptr, kOut, kIn, kRank, rows, h.grad_scale, h.lr,
-                            h.alpha, h.beta1, h.beta2, h.eps, h.weight_decay, h.step, 123);
+                            d_sigma.ptr, d_rho.ptr, kOut, kIn, kRank, rows, h.alpha, h.adam(), 123);
 
     std::vector<float> w = master0, cpu_gc = gc, m = m0, v = v0;
     ops::grass_adam_update<float>(w.data(), cpu_gc.data(), m.data(), v.data(), sigma.data(),
-                                  rho.data(), kOut, kIn, kRank, rows, h.grad_scale, h.lr, h.alpha,
-                                  h.beta1, h.beta2, h.eps, h.weight_decay, h.step);
+                                  rho.data(), kOut, kIn, kRank, rows, h.alpha, h.adam());
     CHECK(rel_error(d_m.download(), m) <= 1e-5);
     CHECK(rel_error(d_v.download(), v) <= 1e-5);
     CHECK(same_bits(d_gc.download(), gc));  // read only
@@ -253,13 +253,11 @@ TEST_CASE("grass: Adam in pure bf16 rounds stochastically and matches the CPU", 
     upload(d_sigma, sigma);
     upload(d_rho, rho);
     cuda::grass_adam_update(tc.ctx, d_param.ptr, nullptr, d_gc.ptr, d_m.ptr, d_v.ptr, d_sigma.ptr,
-                            d_rho.ptr, kOut, kIn, kRank, rows, h.grad_scale, h.lr, h.alpha, h.beta1,
-                            h.beta2, h.eps, h.weight_decay, h.step, 77);
+                            d_rho.ptr, kOut, kIn, kRank, rows, h.alpha, h.adam(), 77);
 
     std::vector<float> w = param0, cpu_gc = gc, m = m0, v = v0;
     ops::grass_adam_update<float>(w.data(), cpu_gc.data(), m.data(), v.data(), sigma.data(),
-                                  rho.data(), kOut, kIn, kRank, rows, h.grad_scale, h.lr, h.alpha,
-                                  h.beta1, h.beta2, h.eps, h.weight_decay, h.step);
+                                  rho.data(), kOut, kIn, kRank, rows, h.alpha, h.adam());
     const std::vector<float> got_m = to_f32(d_m.download());
     CHECK(rel_error(got_m, m) <= 1e-2);
     CHECK(rel_error(to_f32(d_v.download()), v) <= 1e-2);
@@ -324,8 +322,7 @@ TEST_CASE("grass: the same calls twice give the same bits", "[gpu]") {
     upload(d_m, m0);
     upload(d_v, v0);
     cuda::grass_adam_update(tc.ctx, d_param.ptr, nullptr, d_gc.ptr, d_m.ptr, d_v.ptr, d_sigma.ptr,
-                            d_rho.ptr, kOut, kIn, kRank, rows, h.grad_scale, h.lr, h.alpha, h.beta1,
-                            h.beta2, h.eps, h.weight_decay, h.step, 5);
+                            d_rho.ptr, kOut, kIn, kRank, rows, h.alpha, h.adam(), 5);
     param[run] = d_param.download();
     m[run] = d_m.download();
     v[run] = d_v.download();

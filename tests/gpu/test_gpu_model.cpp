@@ -5,8 +5,9 @@
 //
 // Every model here is built as src/train/trainer.cpp builds it (build_training_state in an arena
 // of the backend's memory; on the GPU one reservation of the planned size) and stepped in the
-// trainer's order: zero_grads, GRASS begin_step, forward/backward, the global norm over dense and
-// compressed gradients, clip_coefficient, GRASS step, AdamW step. Backend memory is read only
+// trainer's order: the deferred step's begin (gradients zeroed, GRASS's refresh flags),
+// forward/backward, then its finish (the global norm over dense and compressed gradients,
+// clipping, every tensor's update). Backend memory is read only
 // through the backend (read_tensor, read_grads, download): on the GPU the buffers, GRASS's G_C,
 // σ, ρ and moments included, are device pointers.
 //
@@ -46,12 +47,13 @@
 #include "core/rng.h"
 #include "gpu_test_util.h"
 #include "model/llama.h"
-#include "model/storage.h"
-#include "optim/clip.h"
+#include "storage.h"
 #include "optim/grass.h"
+#include "optim/step.h"
 #include "train/memory_plan.h"
 #include "train/training_state.h"
 #include "../ngram_batches.h"
+#include "../named_choice.h"
 
 namespace {
 
@@ -101,7 +103,7 @@ RunConfig run_config(const ModelConfig& m, int B, int T, const std::string& opti
   c.seq_len = T;
   c.seed = 3;
   c.grad_clip = 1.0;
-  c.optimizer.name = optimizer;
+  c.optimizer.kind = test::named<OptimizerKind>(optimizer);
   c.optimizer.lr = lr;
   c.optimizer.beta1 = 0.9;
   c.optimizer.beta2 = 0.95;
@@ -109,7 +111,7 @@ RunConfig run_config(const ModelConfig& m, int B, int T, const std::string& opti
   c.optimizer.grass.rank = 8;
   c.optimizer.grass.update_interval = 10;
   c.optimizer.grass.scale = 1.0;
-  c.optimizer.grass.selection = "top_r";
+  c.optimizer.grass.selection = Selection::TopR;
   c.optimizer.grass.seed = 5;
   c.fused_update = "off";  // the tests compare the two halves of a step; fused runs have their own
   return c;
@@ -157,7 +159,7 @@ struct Run {
   double gnorm = 0;  // of the last update()
 
   Run(const RunConfig& c, const std::string& precision, bool cuda) : cfg(c) {
-    const Storage storage = storage_for(precision, cuda);
+    const Storage storage = storage_for(test::named<PrecisionChoice>(precision), cuda);
     backend = cuda ? make_cuda_backend(storage) : make_cpu_backend(storage);
     const MemoryPlan plan = plan_memory(cfg, storage);
     backend->reserve(plan.total, plan.buffers);
@@ -169,27 +171,20 @@ struct Run {
   Run& operator=(const Run&) = delete;
 
   LlamaModel& model() { return *state.model; }
-  GrassOptimizer& grass() { return *state.grass; }
+  Grass& grass() { return *state.optimizers->find<Grass>(); }
+  DeferredStep& deferred() { return dynamic_cast<DeferredStep&>(*state.step); }
 
   // The trainer's first half of a step, one micro-batch: returns the loss.
   double gradients(int64_t step, const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
     LlamaModel& m = model();
-    m.zero_grads();
-    if (state.grass) state.grass->begin_step(step);
+    deferred().begin(step, cfg.optimizer.lr);
     const double loss = m.forward(in.data(), tg.data(), cfg.micro_batch_size);
     m.backward(1.0);
     return loss;
   }
-  // The second half: the global norm over dense and compressed gradients, clipping, GRASS's
-  // update, then AdamW's.
-  void update(int64_t step) {
-    LlamaModel& m = model();
-    gnorm = std::sqrt(backend->sum_squares(m.grads_buffer(), m.num_dense_grads()) +
-                      (state.grass ? state.grass->grad_sum_squares() : 0.0));
-    const double clip = clip_coefficient(gnorm, cfg.grad_clip);
-    if (state.grass) state.grass->step(m, clip, cfg.optimizer.lr);
-    state.adamw->step(m, clip, cfg.optimizer.lr, step + 1);
-  }
+  // The second half: the global norm over dense and compressed gradients, clipping, and every
+  // tensor's update.
+  void update() { gnorm = deferred().finish(); }
 
   // ---- reading backend memory on the host ----
   std::vector<float> grad(const ParamTensor& t) {
@@ -206,19 +201,19 @@ struct Run {
     backend->download(host.data(), model().master() + t.offset, host.size() * sizeof(float));
     return host;
   }
-  std::vector<int32_t> sigma(const GrassOptimizer::Target& t) {
+  std::vector<int32_t> sigma(const Grass::Target& t) {
     std::vector<int32_t> host(size_t(cfg.optimizer.grass.rank));
     backend->download(host.data(), t.sigma, host.size() * sizeof(int32_t));
     return host;
   }
-  std::vector<float> rho(const GrassOptimizer::Target& t) {
+  std::vector<float> rho(const Grass::Target& t) {
     std::vector<float> host(size_t(cfg.optimizer.grass.rank));
     backend->download(host.data(), t.rho, host.size() * sizeof(float));
     return host;
   }
-  std::vector<float> gc(const GrassOptimizer::Target& t) {
+  std::vector<float> gc(const Grass::Target& t) {
     std::vector<float> host(size_t(t.gc_numel));
-    backend->read_grads(host.data(), t.gc, 0, t.gc_numel);
+    backend->read_grads(host.data(), deferred().projected_gradient(t.tensor_index), 0, t.gc_numel);
     return host;
   }
 };
@@ -244,11 +239,11 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 
 // Whether element (i, c) of target t's weight [out, in] lies in a slice listed in `selected`
 // (indexed by row for a rows target, by column for a columns target).
-bool in_selected(const GrassOptimizer::Target& t, const std::vector<bool>& selected, int i, int c) {
+bool in_selected(const Grass::Target& t, const std::vector<bool>& selected, int i, int c) {
   return selected[size_t(t.rows ? i : c)];
 }
 
-std::vector<bool> slice_mask(const GrassOptimizer::Target& t, const std::vector<int32_t>& sigma) {
+std::vector<bool> slice_mask(const Grass::Target& t, const std::vector<int32_t>& sigma) {
   std::vector<bool> mask(size_t(t.rows ? t.out : t.in), false);
   for (int32_t s : sigma) mask[size_t(s)] = true;
   return mask;
@@ -264,7 +259,7 @@ std::vector<double> ngram_curve(const RunConfig& cfg, const std::string& precisi
   for (int64_t step = 0; step < steps; step++) {
     data.batch(step, cfg.micro_batch_size, cfg.seq_len, in, tg);
     losses.push_back(run.gradients(step, in, tg));
-    run.update(step);
+    run.update();
   }
   return losses;
 }
@@ -285,7 +280,7 @@ Outcome gpu_outcome(const RunConfig& cfg, const std::string& precision, int step
   for (int64_t step = 0; step < steps; step++) {
     data.batch(step, cfg.micro_batch_size, cfg.seq_len, in, tg);
     o.losses.push_back(run.gradients(step, in, tg));
-    run.update(step);
+    run.update();
     o.gnorms.push_back(run.gnorm);
   }
   for (const ParamTensor& t : run.model().tensors()) {
@@ -293,7 +288,7 @@ Outcome gpu_outcome(const RunConfig& cfg, const std::string& precision, int step
     o.weights.insert(o.weights.end(), w.begin(), w.end());
     o.master.insert(o.master.end(), m.begin(), m.end());
   }
-  if (run.state.grass)
+  if (run.state.optimizers->find<Grass>())
     for (const auto& t : run.grass().targets()) {
       const std::vector<int32_t> s = run.sigma(t);
       const std::vector<float> r = run.rho(t);
@@ -312,7 +307,7 @@ TEST_CASE("model: forward and backward on the GPU match the CPU reference", "[gp
     // The CPU in "bf16-mixed" keeps fp32 activations but rounds its weights to bf16 exactly as the
     // GPU stores them: both run on the same weights.
     Run cpu(cfg, "bf16-mixed", false), gpu(cfg, "bf16-mixed", true);
-    const std::vector<ParamTensor>& tensors = cpu.model().tensors();
+    const ParameterSet& tensors = cpu.model().tensors();
     REQUIRE(gpu.model().tensors().size() == tensors.size());
     for (const ParamTensor& t : tensors) {
       INFO(t.name);
@@ -380,7 +375,7 @@ TEST_CASE("model: one GRASS step on the GPU matches the CPU reference", "[gpu][g
   const auto& gpu_targets = gpu.grass().targets();
   REQUIRE(cpu_targets.size() == 7 * size_t(cfg.model.num_hidden_layers));
   REQUIRE(gpu_targets.size() == cpu_targets.size());
-  const std::vector<ParamTensor>& tensors = cpu.model().tensors();
+  const ParameterSet& tensors = cpu.model().tensors();
 
   // σ (top_r of the refresh gradient's slice norms): the two backends compute the norms from
   // bf16 and fp32 activations, so two nearly equal norms at the r-th place may swap. Count.
@@ -388,7 +383,7 @@ TEST_CASE("model: one GRASS step on the GPU matches the CPU reference", "[gpu][g
   std::vector<std::vector<bool>> common(gpu_targets.size());  // slices both selected
   int64_t agreeing = 0, identical_targets = 0;
   for (size_t k = 0; k < gpu_targets.size(); k++) {
-    const GrassOptimizer::Target &tc = cpu_targets[k], &tg = gpu_targets[k];
+    const Grass::Target &tc = cpu_targets[k], &tg = gpu_targets[k];
     const std::string& name = tensors[size_t(tg.tensor_index)].name;
     INFO(name);
     REQUIRE(tg.tensor_index == tc.tensor_index);
@@ -430,8 +425,8 @@ TEST_CASE("model: one GRASS step on the GPU matches the CPU reference", "[gpu][g
     gpu_m0.push_back(gpu.master(t));
     cpu_m0.push_back(cpu.master(t));
   }
-  cpu.update(0);
-  gpu.update(0);
+  cpu.update();
+  gpu.update();
   INFO("gradient norm: GPU " << gpu.gnorm << ", CPU " << cpu.gnorm);
   CHECK(rel_diff(gpu.gnorm, cpu.gnorm) <= 1e-2);
 
@@ -477,7 +472,7 @@ TEST_CASE("model: one GRASS step on the GPU matches the CPU reference", "[gpu][g
   // On the GPU only the selected slices of each target changed: bitwise, in the bf16 weights and
   // the master copy; every element of a selected slice moved in the master.
   for (size_t k = 0; k < gpu_targets.size(); k++) {
-    const GrassOptimizer::Target& t = gpu_targets[k];
+    const Grass::Target& t = gpu_targets[k];
     const size_t i = size_t(t.tensor_index);
     INFO(tensors[i].name);
     const std::vector<bool> mask = slice_mask(t, gpu_sigma[k]);
@@ -538,12 +533,12 @@ TEST_CASE("model: the same GPU run twice gives the same bits", "[gpu][determinis
   // GRASS with multinomial selection (seeded draws, ρ ≠ 1, possible repeats) refreshing at steps
   // 0, 4 and 8; pure bf16 AdamW (stochastic rounding on every store).
   RunConfig grass_cfg = ngram_run("grass");
-  grass_cfg.optimizer.grass.selection = "multinomial";
+  grass_cfg.optimizer.grass.selection = Selection::Multinomial;
   grass_cfg.optimizer.grass.update_interval = 4;
   const std::pair<RunConfig, std::string> runs[] = {{grass_cfg, "bf16-mixed"},
                                                     {ngram_run("adamw"), "bf16"}};
   for (const auto& [cfg, precision] : runs) {
-    INFO(cfg.optimizer.name << " " << precision);
+    INFO(name_of(cfg.optimizer.kind) << " " << precision);
     const Outcome a = gpu_outcome(cfg, precision, steps);
     const Outcome b = gpu_outcome(cfg, precision, steps);
     REQUIRE(a.losses.size() == size_t(steps));
@@ -576,7 +571,7 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
       const RunConfig* cfgs[2] = {&plain, &lean};
       for (int k = 0; k < 2; k++) {
         Run run(*cfgs[k], precision, true);
-        REQUIRE(bool(run.state.fused) == (k == 1));
+        REQUIRE(bool(dynamic_cast<FusedStep*>(run.state.step.get())) == (k == 1));
         const NgramBatches data;
         for (int64_t step = 0; step < 6; step++)
           losses[k].push_back(
@@ -608,7 +603,7 @@ TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][m
           run_config(model_config(kHd64Odd, kVocab, 0.02), kBatch, kSeq, optimizer, 1e-3);
       cfg.fused_update = lean;
       cfg.activation_checkpointing = lean == "on" ? "layer" : "none";
-      const Storage storage = storage_for(precision, true);
+      const Storage storage = storage_for(test::named<PrecisionChoice>(precision), true);
       const MemoryPlan plan = plan_memory(cfg, storage);
       {  // one cudaMalloc per buffer: the arena's own count
         const std::unique_ptr<Backend> backend = make_cuda_backend(storage);

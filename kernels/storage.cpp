@@ -1,4 +1,4 @@
-#include "model/storage.h"
+#include "storage.h"
 
 #include "core/error.h"
 
@@ -17,14 +17,15 @@ const char* Storage::describe() const {
   return "?";
 }
 
-Storage storage_for(const std::string& precision, bool cuda) {
+Storage storage_for(PrecisionChoice precision, bool cuda) {
   Storage s;
   s.cuda = cuda;
-  if (precision == "fp32") s.precision = Precision::F32;
-  else if (precision == "bf16-mixed" || precision == "auto")
-    s.precision = cuda || precision == "bf16-mixed" ? Precision::Bf16Mixed : Precision::F32;
-  else if (precision == "bf16") s.precision = Precision::Bf16;
-  else GRASS_CHECK(false, "unknown precision " + precision);
+  switch (precision) {
+    case PrecisionChoice::F32: s.precision = Precision::F32; break;
+    case PrecisionChoice::Bf16Mixed: s.precision = Precision::Bf16Mixed; break;
+    case PrecisionChoice::Bf16: s.precision = Precision::Bf16; break;
+    case PrecisionChoice::Auto: s.precision = cuda ? Precision::Bf16Mixed : Precision::F32; break;
+  }
   s.master = s.precision == Precision::Bf16Mixed;
   if (cuda) {  // bf16 where the precision says so; fp32 stays fp32
     const int half = s.bf16_weights() ? 2 : 4;

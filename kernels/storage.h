@@ -9,6 +9,8 @@
 namespace grass {
 
 enum class Precision { F32, Bf16Mixed, Bf16 };
+// What a run config asks for: a precision, or Auto (bf16-mixed on the GPU, fp32 on the CPU).
+enum class PrecisionChoice { Auto, F32, Bf16Mixed, Bf16 };
 
 struct Storage {
   Precision precision = Precision::F32;
@@ -26,7 +28,6 @@ struct Storage {
   const char* describe() const;  // "bf16-mixed (bf16 weights, fp32 master weights and states)"
 };
 
-// `precision` as in the run config; "auto" is bf16-mixed on the GPU, fp32 on the CPU.
-Storage storage_for(const std::string& precision, bool cuda);
+Storage storage_for(PrecisionChoice precision, bool cuda);
 
 }  // namespace grass

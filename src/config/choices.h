@@ -1,0 +1,65 @@
+// The run config's choices: one enum each, and one name table each giving the names run configs
+// use. Parsing, printing, to_json and error messages ("unknown optimizer \"gras\" (supported:
+// \"adamw\", \"grass\")") all read the same table.
+#pragma once
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "storage.h"
+
+namespace grass {
+
+enum class OptimizerKind { AdamW, Grass };
+// GRASS's selection rules (docs/grass.md)
+enum class Selection { TopR, Multinomial, MultinomialNR, Uniform, UniformNR };
+enum class SelectDim { Auto, Rows, Cols };
+// The linear layers of a LLaMA layer that a projected optimizer can train.
+enum class ProjectionTarget { Q, K, V, O, Gate, Up, Down };
+// PrecisionChoice is kernels/storage.h's (the backends read it); its names are here.
+
+template <typename E>
+struct ChoiceName {
+  E value;
+  const char* name;
+};
+
+// The name table of enum E, one per enum above (choices.cpp).
+template <typename E>
+std::span<const ChoiceName<E>> choice_names();
+template <>
+std::span<const ChoiceName<OptimizerKind>> choice_names();
+template <>
+std::span<const ChoiceName<Selection>> choice_names();
+template <>
+std::span<const ChoiceName<SelectDim>> choice_names();
+template <>
+std::span<const ChoiceName<ProjectionTarget>> choice_names();
+template <>
+std::span<const ChoiceName<PrecisionChoice>> choice_names();
+
+template <typename E>
+const char* name_of(E value) {
+  for (const ChoiceName<E>& c : choice_names<E>())
+    if (c.value == value) return c.name;
+  return "?";
+}
+
+template <typename E>
+std::optional<E> choice_from_name(std::string_view name) {
+  for (const ChoiceName<E>& c : choice_names<E>())
+    if (name == c.name) return c.value;
+  return std::nullopt;
+}
+
+// "\"adamw\", \"grass\"": the table's names, for messages.
+template <typename E>
+std::string choice_list() {
+  std::string text;
+  for (const ChoiceName<E>& c : choice_names<E>())
+    text += (text.empty() ? "\"" : ", \"") + std::string(c.name) + "\"";
+  return text;
+}
+
+}  // namespace grass

@@ -1,0 +1,59 @@
+#include "optim/optimizer.h"
+
+#include <climits>
+
+#include "core/error.h"
+
+namespace grass {
+
+using nlohmann::json;
+
+const json& StateReader::field(const json& obj, const std::string& key,
+                               const std::string& where) const {
+  if (!obj.is_object() || !obj.contains(key)) fail(where + key + " is missing");
+  return obj[key];
+}
+
+uint64_t StateReader::u64(const json& obj, const std::string& key, const std::string& where) const {
+  const json& v = field(obj, key, where);
+  if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t(INT64_MAX))
+    fail(where + key + " is not a non-negative integer");
+  return v.get<uint64_t>();
+}
+
+bool StateReader::boolean(const json& obj, const std::string& key, const std::string& where) const {
+  const json& v = field(obj, key, where);
+  if (!v.is_boolean()) fail(where + key + " is not true or false");
+  return v.get<bool>();
+}
+
+void Optimizer::accumulate(int, void*, const void*, const void*, int64_t) {
+  throw InternalError(std::string(name()) + " has no projected tensors");
+}
+
+void Optimizer::check_state(const json* saved, const StateReader& reader) const {
+  if (state_key() && !saved) reader.fail(std::string(state_key()) + " is missing");
+}
+
+void OptimizerSet::add(std::unique_ptr<Optimizer> o) {
+  for (int t : o->tensors()) {
+    GRASS_CHECK(t >= 0 && size_t(t) < owner_.size() && !owner_[size_t(t)],
+                "a tensor is claimed by two optimizers, or is not in the model");
+    owner_[size_t(t)] = o.get();
+  }
+  all_.push_back(std::move(o));
+}
+
+Optimizer& OptimizerSet::of(int tensor) const {
+  Optimizer* o = owner_.at(size_t(tensor));
+  GRASS_CHECK(o, "a tensor without an optimizer");
+  return *o;
+}
+
+double OptimizerSet::flops_saved_per_token() const {
+  double saved = 0;
+  for (const auto& o : all_) saved += o->flops_saved_per_token();
+  return saved;
+}
+
+}  // namespace grass

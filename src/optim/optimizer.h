@@ -1,0 +1,101 @@
+// The one interface every optimizer implements (AdamW, GRASS; docs/architecture.md has the step
+// in one picture and the checklist for adding one). An optimizer trains a set of the model's
+// tensors, declares its state buffers by allocating them from the arena in its constructor (so
+// the memory plan sees them), and updates one tensor at a time from the gradient a step strategy
+// (optim/step.h) hands it. It has no modes: when updates happen, which buffer holds a gradient,
+// and how gradients are clipped are the strategy's business.
+//
+// Two kinds of tensors:
+//   dense      the optimizer reads the model's dense gradient (grad-typed, numel elements);
+//   projected  the optimizer forms a low-rank gradient of projected_numel(t) grad-typed elements
+//              straight from the layer's dy and x (accumulate), in a buffer the strategy owns and
+//              zeroes at the start of a step, then updates from it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace grass {
+
+// What an optimizer reads back from a checkpoint beside its buffers (which are arena blocks,
+// saved and restored byte for byte by train/checkpointing.cpp). Failures are UserErrors naming
+// the checkpoint's file.
+class StateReader {
+ public:
+  virtual ~StateReader() = default;
+  [[noreturn]] virtual void fail(const std::string& problem) const = 0;  // names state.json
+  // names the buffers' file and the buffer
+  [[noreturn]] virtual void fail_buffer(const void* buffer, const std::string& problem) const = 0;
+  // The checkpoint's bytes of one of this run's buffers (checked to have the buffer's size).
+  virtual std::span<const std::byte> saved_bytes(const void* buffer) const = 0;
+
+  // Checked fields of state.json, which a damaged or hostile checkpoint may get wrong.
+  const nlohmann::json& field(const nlohmann::json& obj, const std::string& key,
+                              const std::string& where) const;
+  uint64_t u64(const nlohmann::json& obj, const std::string& key, const std::string& where) const;
+  bool boolean(const nlohmann::json& obj, const std::string& key, const std::string& where) const;
+  // The end of a message about a checkpoint that belongs to another kind of run.
+  static constexpr const char* kMismatch =
+      ": does not fit this run (was the checkpoint made with another model or optimizer? its "
+      "config.json has the settings it was made with)";
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual const char* name() const = 0;  // the config's optimizer name, for messages
+  // The ParameterSet indices it trains, ascending.
+  const std::vector<int>& tensors() const { return tensors_; }
+
+  // Elements of tensor t's projected gradient; 0 for a dense tensor.
+  virtual int64_t projected_numel(int tensor) const { (void)tensor; return 0; }
+  // Before the step's first forward; step counts from 0.
+  virtual void begin_step(int64_t step) = 0;
+  // Projected tensors: pg += the low-rank gradient formed from dy[N, out] and x[N, in].
+  virtual void accumulate(int tensor, void* pg, const void* dy, const void* x, int64_t N);
+  // One update of tensor t from its gradient g (dense, or its projected gradient, which may be
+  // overwritten) read as g·grad_scale (the clipping coefficient), at learning rate lr.
+  virtual void update(int tensor, void* g, double grad_scale, double lr) = 0;
+  // Weight-gradient FLOPs per token saved against dense gradients (for MFU).
+  virtual double flops_saved_per_token() const { return 0; }
+
+  // Checkpoints: what lives outside its buffers goes into state.json under state_key().
+  virtual const char* state_key() const { return nullptr; }  // null: nothing beyond the buffers
+  virtual nlohmann::json save_state() const { return nullptr; }
+  // Checks a checkpoint's entry (null when the checkpoint has none) and its copy of the buffers;
+  // changes nothing. Called for every optimizer before anything is restored.
+  virtual void check_state(const nlohmann::json* saved, const StateReader& reader) const;
+  virtual void restore_state(const nlohmann::json& saved) { (void)saved; }
+
+ protected:
+  std::vector<int> tensors_;
+};
+
+// The run's optimizers, and which one trains each tensor.
+class OptimizerSet {
+ public:
+  explicit OptimizerSet(size_t num_tensors) : owner_(num_tensors, nullptr) {}
+  // Takes o; each of its tensors must not belong to another optimizer yet.
+  void add(std::unique_ptr<Optimizer> o);
+  Optimizer& of(int tensor) const;  // every tensor has one once the set is complete
+  const std::vector<std::unique_ptr<Optimizer>>& all() const { return all_; }
+  // The first optimizer of type T, or null.
+  template <typename T>
+  T* find() const {
+    for (const auto& o : all_)
+      if (auto* t = dynamic_cast<T*>(o.get())) return t;
+    return nullptr;
+  }
+  double flops_saved_per_token() const;
+
+ private:
+  std::vector<std::unique_ptr<Optimizer>> all_;
+  std::vector<Optimizer*> owner_;
+};
+
+}  // namespace grass

@@ -1,0 +1,84 @@
+// The two ways an optimizer step is taken (docs/architecture.md draws both). Each is the model's
+// GradientSink for the step: the backward hands it every projected tensor's dy and x and, fused,
+// every dense gradient as it completes; it calls the tensors' optimizers (optim/optimizer.h),
+// which have no modes of their own.
+//
+//   DeferredStep  gradients first: the dense ones accumulate in the model's gradient buffer and
+//                 each projected tensor's in a buffer of its own, over every micro-batch; then
+//                 one global L2 norm over all of them (dense and projected), one clipping
+//                 coefficient, and every tensor's update.
+//   FusedStep     each tensor is updated the moment the backward forms its gradient, so only one
+//                 tensor's gradient exists at a time (docs/memory.md). The global norm is known
+//                 only at the end, so each tensor's gradient is clipped on its own to the max norm;
+//                 whenever the global norm is within it, so is every tensor's, and the result
+//                 equals the deferred step's. One backward per step.
+// Both report the global L2 norm of the unclipped gradients, dense and projected: the projected
+// gradients are what the optimizers train on (G_C for GRASS), so that is the norm clipped and
+// logged, not the norm the full gradients would have had.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/arena.h"
+#include "model/gradient_sink.h"
+#include "model/llama.h"
+#include "optim/optimizer.h"
+
+namespace grass {
+
+class StepStrategy : public GradientSink {
+ public:
+  // Before the step's first forward; step counts from 0.
+  virtual void begin(int64_t step, double lr) = 0;
+  // After the last backward: the updates are done (or done now); returns the global L2 norm of
+  // the step's unclipped gradients.
+  virtual double finish() = 0;
+  // Tensors whose gradient was scaled down by clipping in the last step (fused: per tensor;
+  // deferred: all of them or none).
+  virtual int clipped_tensors() const = 0;
+};
+
+class DeferredStep final : public StepStrategy {
+ public:
+  // Allocates each projected tensor's gradient buffer.
+  DeferredStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena);
+  void begin(int64_t step, double lr) override;
+  void projected(int tensor, const void* dy, const void* x, int64_t N) override;
+  void dense_ready(int tensor, void* grad) override;  // not called: the model holds the gradients
+  double finish() override;
+  int clipped_tensors() const override { return clipped_; }
+  // Tensor t's projected gradient as accumulated so far (grad-typed; null for a dense tensor).
+  const void* projected_gradient(int tensor) const { return projected_.at(size_t(tensor)); }
+
+ private:
+  LlamaModel& model_;
+  const OptimizerSet& optimizers_;
+  double max_norm_;
+  std::vector<void*> projected_;  // per tensor: its projected gradient buffer, or null
+  double lr_ = 0;
+  int clipped_ = 0;
+};
+
+class FusedStep final : public StepStrategy {
+ public:
+  // Allocates one projected-gradient buffer, the largest any tensor needs, shared by all.
+  FusedStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena);
+  void begin(int64_t step, double lr) override;
+  void projected(int tensor, const void* dy, const void* x, int64_t N) override;
+  void dense_ready(int tensor, void* grad) override;
+  double finish() override;
+  int clipped_tensors() const override { return clipped_; }
+
+ private:
+  void apply(int tensor, void* g, int64_t numel);  // clips g on its own, then updates
+
+  LlamaModel& model_;
+  const OptimizerSet& optimizers_;
+  double max_norm_;
+  void* projected_ = nullptr;  // one tensor's projected gradient at a time
+  double lr_ = 0;
+  double sum_squares_ = 0;
+  int clipped_ = 0;
+};
+
+}  // namespace grass
