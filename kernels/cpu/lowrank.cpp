@@ -1,0 +1,167 @@
+// GaLore and FLORA on the CPU (kernels/lowrank_ops.h; the methods: docs/lowrank.md): the projected
+// gradient from the activations, the two projections, FLORA's moment transfer and the Adam step
+// whose back-projection is one GEMM into w. The reference the CUDA kernels are tested against.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "cpu/blas.h"
+#include "lowrank_ops.h"
+
+// LAPACK's divide-and-conquer SVD, as OpenBLAS exports it (no LAPACKE header is needed). The
+// trailing size_t is gfortran's hidden length of the jobz string.
+extern "C" {
+void sgesdd_(const char* jobz, const int* m, const int* n, float* a, const int* lda, float* s,
+             float* u, const int* ldu, float* vt, const int* ldvt, float* work, const int* lwork,
+             int* iwork, int* info, size_t jobz_len);
+void dgesdd_(const char* jobz, const int* m, const int* n, double* a, const int* lda, double* s,
+             double* u, const int* ldu, double* vt, const int* ldvt, double* work, const int* lwork,
+             int* iwork, int* info, size_t jobz_len);
+}
+
+namespace grass::ops {
+
+namespace {
+
+inline void gesdd(int m, int n, float* a, float* s, float* u, float* vt, float* work, int lwork,
+                  int* iwork, int* info) {
+  const int ldu = m, ldvt = std::min(m, n);
+  sgesdd_("S", &m, &n, a, &m, s, u, &ldu, vt, &ldvt, work, &lwork, iwork, info, 1);
+}
+inline void gesdd(int m, int n, double* a, double* s, double* u, double* vt, double* work,
+                  int lwork, int* iwork, int* info) {
+  const int ldu = m, ldvt = std::min(m, n);
+  dgesdd_("S", &m, &n, a, &m, s, u, &ldu, vt, &ldvt, work, &lwork, iwork, info, 1);
+}
+
+}  // namespace
+
+template <typename T>
+void lowrank_compressed_grad(T* R, T* scratch, const T* dy, const T* x, const T* P, int64_t N,
+                             int in, int out, int r, bool rows) {
+  GRASS_CHECK(N <= INT_MAX, "lowrank_compressed_grad: too many rows for one BLAS call");
+  const int n = int(N);
+  if (rows) {  // scratch[N, r] = dy·P;  R[r, in] += scratchᵀ·x
+    cpu::gemm(false, false, n, r, out, T(1), dy, out, P, r, T(0), scratch, r);
+    cpu::gemm(true, false, r, in, n, T(1), scratch, r, x, in, T(1), R, in);
+  } else {     // scratch[N, r] = x·P;   R[out, r] += dyᵀ·scratch
+    cpu::gemm(false, false, n, r, in, T(1), x, in, P, r, T(0), scratch, r);
+    cpu::gemm(true, false, out, r, n, T(1), dy, out, scratch, r, T(1), R, r);
+  }
+}
+
+template <typename T>
+void lowrank_project(T* R, const T* G, const T* P, int out, int in, int r, bool rows) {
+  if (rows)  // R[r, in] = P[out, r]ᵀ · G[out, in]
+    cpu::gemm(true, false, r, in, out, T(1), P, r, G, in, T(0), R, in);
+  else  // R[out, r] = G[out, in] · P[in, r]
+    cpu::gemm(false, false, out, r, in, T(1), G, in, P, r, T(0), R, r);
+}
+
+template <typename T>
+void galore_basis(T* P, const T* G, int out, int in, int r, bool rows) {
+  GRASS_CHECK(r >= 1 && r <= std::min(out, in), "galore_basis: rank outside [1, min(out, in)]");
+  // Row-major G[out, in] is column-major Gᵀ[in, out], so LAPACK factors Gᵀ = U'·S·V'ᵀ, and
+  // G = V'·S·U'ᵀ: G's left singular vectors are V' (the rows of vt), its right ones U'.
+  const int m = in, n = out, k = std::min(m, n);
+  std::vector<T> a(G, G + int64_t(out) * in);  // gesdd destroys its input
+  std::vector<T> s(k), u(int64_t(m) * k), vt(int64_t(k) * n);
+  std::vector<int> iwork(8 * size_t(k));
+  int info = 0;
+  T query;
+  gesdd(m, n, a.data(), s.data(), u.data(), vt.data(), &query, -1, iwork.data(), &info);
+  GRASS_CHECK(info == 0,
+              "galore_basis: gesdd workspace query failed, info " + std::to_string(info));
+  // The query answers in T, which in float may round the size down: never go below the
+  // documented minimum for jobz = 'S'.
+  const size_t kk = size_t(k);
+  const size_t minimum = 3 * kk + std::max(size_t(std::max(m, n)), 5 * kk * kk + 4 * kk);
+  std::vector<T> work(std::max(size_t(query), minimum));
+  gesdd(m, n, a.data(), s.data(), u.data(), vt.data(), work.data(), int(work.size()), iwork.data(),
+        &info);
+  GRASS_CHECK(info == 0, "galore_basis: the SVD did not converge (non-finite gradient?), info " +
+                             std::to_string(info));
+  const int side = rows ? out : in;
+  for (int j = 0; j < r; j++) {
+    // column j of P: vt(j, i) = vt[j + i·k] (rows) or u(c, j) = u[c + j·m] (cols)
+    const T* src = rows ? vt.data() + j : u.data() + int64_t(j) * m;
+    const int64_t stride = rows ? k : 1;
+    int peak = 0;
+    for (int i = 1; i < side; i++)
+      if (std::abs(src[i * stride]) > std::abs(src[peak * stride])) peak = i;
+    const T sign = src[peak * stride] < 0 ? T(-1) : T(1);
+    for (int i = 0; i < side; i++) P[int64_t(i) * r + j] = sign * src[i * stride];
+  }
+}
+
+template <typename T>
+void flora_projection(T* P, uint64_t seed, int64_t tensor, int64_t refresh, int side, int r) {
+  const uint64_t stream = derive_seed(derive_seed(seed, uint64_t(refresh)), uint64_t(tensor));
+  const double sqrt_r = std::sqrt(double(r));
+  const int64_t n = int64_t(side) * r;
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; i++) P[i] = T(normal(stream, uint64_t(i)) / sqrt_r);
+}
+
+template <typename T>
+void flora_transfer(T* m, T* scratch, const T* P_old, const T* P_new, int out, int in, int r,
+                    bool rows) {
+  const int side = rows ? out : in, other = rows ? in : out;
+  T* C = scratch;                      // [r, r]
+  T* copy = scratch + int64_t(r) * r;  // m's old value, [r, in] or [out, r]
+  cpu::gemm(true, false, r, r, side, T(1), P_old, r, P_new, r, T(0), C, r);
+  std::memcpy(copy, m, sizeof(T) * size_t(r) * size_t(other));
+  if (rows)  // m[r, in] = Cᵀ · m
+    cpu::gemm(true, false, r, in, r, T(1), C, r, copy, in, T(0), m, in);
+  else  // m[out, r] = m · C
+    cpu::gemm(false, false, out, r, r, T(1), copy, r, C, r, T(0), m, r);
+}
+
+template <typename T>
+void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, int r, bool rows,
+                         double alpha, const AdamArgs& a) {
+  // 1. Adam on the projected gradient; R becomes the normalised direction N.
+  const int64_t n = int64_t(r) * (rows ? in : out);
+  // 1 - β in double, then rounded: in fp32, 1 - float(0.999) is 1.3e-5 away from 0.001, which
+  // would bias v by as much.
+  const T b1 = T(a.beta1), b2 = T(a.beta2), c1 = T(1.0 - a.beta1), c2 = T(1.0 - a.beta2);
+  const T gs = T(a.grad_scale), e = T(a.eps);
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; i++) {
+    const T g = R[i] * gs;
+    const T mi = b1 * m[i] + c1 * g;
+    const T vi = b2 * v[i] + c2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    R[i] = mi / (std::sqrt(vi) + e);
+  }
+  // 2. w = (w - step_size·alpha·back(N))·decay as one GEMM: galore_torch's update followed by its
+  //    decay, with the decay folded into the GEMM's beta so w is read and written once.
+  const double t = double(a.step);
+  const double step_size =
+      a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
+  const double decay = 1.0 - a.lr * a.weight_decay;
+  const T scale = T(-step_size * alpha * decay);
+  if (rows)  // back(N) = P[out, r] · N[r, in]
+    cpu::gemm(false, false, out, in, r, scale, P, r, R, in, T(decay), w, in);
+  else  // back(N) = N[out, r] · P[in, r]ᵀ
+    cpu::gemm(false, true, out, in, r, scale, R, r, P, r, T(decay), w, in);
+}
+
+#define INSTANTIATE(T)                                                                         \
+  template void lowrank_compressed_grad<T>(T*, T*, const T*, const T*, const T*, int64_t, int, \
+                                           int, int, bool);                                    \
+  template void lowrank_project<T>(T*, const T*, const T*, int, int, int, bool);               \
+  template void galore_basis<T>(T*, const T*, int, int, int, bool);                            \
+  template void flora_projection<T>(T*, uint64_t, int64_t, int64_t, int, int);                 \
+  template void flora_transfer<T>(T*, T*, const T*, const T*, int, int, int, bool);            \
+  template void lowrank_adam_update<T>(T*, T*, T*, T*, const T*, int, int, int, bool, double,  \
+                                       const AdamArgs&);
+INSTANTIATE(float)
+INSTANTIATE(double)
+
+}  // namespace grass::ops

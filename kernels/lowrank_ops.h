@@ -1,0 +1,66 @@
+// The ops of the two dense-projection baselines, GaLore and FLORA (docs/lowrank.md has the
+// formulas, the reference code they follow and every choice): a weight w[out, in] trains through
+// a projection P [side, r] of its gradient G = dyᵀ·x onto r dimensions of one side,
+//   rows (side = out):  R[r, in]  = Pᵀ·G,   back-projection P·R      [out, in]
+//   cols (side = in):   R[out, r] = G·P,    back-projection R·Pᵀ     [out, in]
+// GaLore's P is G's top-r singular vectors, recomputed from the full gradient every
+// update_proj_gap steps; FLORA's P is Gaussian, regenerated from a seed every kappa steps, and
+// its first moment is carried over to the new P. Both then run the same Adam step on R.
+// P is always stored [side, r] row-major. Same conventions as ops.h: explicit shapes, row-major,
+// instantiated for float and double, implemented on the CPU in kernels/cpu/lowrank.cpp.
+#pragma once
+#include <cstdint>
+
+#include "adam_args.h"
+
+namespace grass::ops {
+
+// R += the projected gradient of y = x·wᵀ, straight from the activations (the out x in gradient
+// is never formed): 2·N·r·(out + in) FLOPs instead of 2·N·out·in.
+//   rows: scratch[N, r] = dy[N, out]·P[out, r];  R[r, in]  += scratchᵀ·x[N, in]
+//   cols: scratch[N, r] = x[N, in]·P[in, r];     R[out, r] += dyᵀ·scratch
+template <typename T>
+void lowrank_compressed_grad(T* R, T* scratch, const T* dy, const T* x, const T* P, int64_t N,
+                             int in, int out, int r, bool rows);
+
+// R = Pᵀ·G (rows, R[r, in]) or G·P (cols, R[out, r]) of a full G[out, in], overwritten: at a
+// refresh, where the full gradient exists anyway.
+template <typename T>
+void lowrank_project(T* R, const T* G, const T* P, int out, int in, int r, bool rows);
+
+// GaLore's projection: the top-r singular vectors of G[out, in] (LAPACK gesdd),
+//   rows: P[out, r] = U[:, :r];   cols: P[in, r] = V[:, :r] (= Vh[:r, :]ᵀ)
+// each normalised so that its entry of largest magnitude (the first one on ties) is positive,
+// which makes P a deterministic function of G. r ≤ min(out, in). Allocates its workspace.
+template <typename T>
+void galore_basis(T* P, const T* G, int out, int in, int r, bool rows);
+
+// FLORA's projection number `refresh` of tensor `tensor`: P[side, r] with i.i.d. N(0, 1/r)
+// entries, P[i] = normal(derive_seed(derive_seed(seed, refresh), tensor), i) / sqrt(r)
+// (core/rng.h), so E[P·Pᵀ] = I and it is regenerated, never stored.
+template <typename T>
+void flora_projection(T* P, uint64_t seed, int64_t tensor, int64_t refresh, int side, int r);
+
+// FLORA's moment transfer at a resampling: m = down_new(up_old(m)), through the r x r matrix
+// C = P_oldᵀ·P_new (the out x in up-projection is never formed):
+//   rows: m[r, in]  = P_newᵀ·P_old·m = Cᵀ·m
+//   cols: m[out, r] = m·P_oldᵀ·P_new = m·C
+// P_old, P_new [side, r];  scratch [r·r + numel(m)] holds C and a copy of m.
+template <typename T>
+void flora_transfer(T* m, T* scratch, const T* P_old, const T* P_new, int out, int in, int r,
+                    bool rows);
+
+// The Adam step on the projected gradient and the update of w[out, in], galore_torch's AdamW
+// (HF-transformers order; FLORA's step in this engine is the same, see docs/lowrank.md):
+//   g = R·grad_scale;  m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;  N = m / (sqrt(v) + eps)
+//   w = (w - lr·sqrt(1-b2^t)/(1-b1^t)·alpha·back(N)) · (1 - lr·wd)      (t = a.step, from 1)
+// eps is added to sqrt(v) without bias correction and the decay comes after the update, both
+// unlike adamw_update (torch.optim.AdamW). alpha scales the back-projected update (GaLore's
+// `scale`, 0.25 in its scripts). m, v shaped like R; P [side, r]. The back-projection is one GEMM
+// into w (the out x in update matrix is never stored), the decay its beta. R is overwritten
+// with N. The step counter is never reset at a refresh.
+template <typename T>
+void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, int r, bool rows,
+                         double alpha, const AdamArgs& a);
+
+}  // namespace grass::ops

@@ -1,0 +1,557 @@
+// The GaLore and FLORA ops (kernels/lowrank_ops.h, docs/lowrank.md): each op against its formula
+// written out as scalar sums on fresh random inputs, the projected gradient from the activations
+// against the projection of the full gradient, the SVD basis on matrices with known singular
+// vectors, FLORA's projection stream, and six steps of both methods on three weights against the
+// float64 reference of tools/reference/make_lowrank_fixture.py.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "cpu/blas.h"
+#include "io/safetensors.h"
+#include "lowrank_ops.h"
+
+using namespace grass;
+
+namespace {
+
+const std::string kFixtureDir = std::string(GRASS_SOURCE_DIR) + "/tests/fixtures/lowrank_ref";
+
+// The bar per precision: float64 agrees to rounding, fp32 to its epsilon times the conditioning.
+// Measured on the six-step sequences: double ≤ 3e-14; fp32 FLORA ≤ 4e-7, fp32 GaLore ≤ 4e-6, set
+// by the fp32 SVD (error ~ 6e-8·σ1 / singular-value gap, the gaps ≥ 3% of σ1 by the fixture's
+// construction).
+template <typename T>
+constexpr double kTol = sizeof(T) == 8 ? 1e-10 : 1e-5;
+
+// n numbers N(0, std²) from the counter-based stream `seed`, rounded to T
+template <typename T>
+std::vector<T> randn(size_t n, uint64_t seed, double std = 1.0) {
+  std::vector<T> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = T(std * normal(seed, i));
+  return v;
+}
+
+// Outputs an op overwrites start as NaN, so an element it never writes shows.
+template <typename T>
+std::vector<T> poisoned(size_t n) {
+  return std::vector<T>(n, std::numeric_limits<T>::quiet_NaN());
+}
+
+// ‖a - b‖ / ‖b‖ (NaN in a gives NaN, which fails every `<` check)
+template <typename A, typename B>
+double rel_err(const std::vector<A>& a, const std::vector<B>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    den += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(num / den);
+}
+
+// ---- the formulas, as scalar sums in double --------------------------------------------------
+// R = Pᵀ·G [r, in] (rows) or G·P [out, r] (cols), of G[out, in] and P[side, r]
+template <typename TG, typename TP>
+std::vector<double> project_ref(const std::vector<TG>& G, const std::vector<TP>& P, int out, int in,
+                                int r, bool rows) {
+  std::vector<double> R(size_t(r) * (rows ? in : out), 0.0);
+  for (int i = 0; i < out; i++)
+    for (int c = 0; c < in; c++)
+      for (int j = 0; j < r; j++) {
+        const double g = G[size_t(i) * in + c];
+        if (rows)
+          R[size_t(j) * in + c] += double(P[size_t(i) * r + j]) * g;
+        else
+          R[size_t(i) * r + j] += g * double(P[size_t(c) * r + j]);
+      }
+  return R;
+}
+
+// G[out, in] = dyᵀ·x
+template <typename T>
+std::vector<T> full_grad(const std::vector<T>& dy, const std::vector<T>& x, int N, int in,
+                         int out) {
+  std::vector<double> G(size_t(out) * in, 0.0);
+  for (int n = 0; n < N; n++)
+    for (int i = 0; i < out; i++)
+      for (int c = 0; c < in; c++)
+        G[size_t(i) * in + c] += double(dy[size_t(n) * out + i]) * x[size_t(n) * in + c];
+  return {G.begin(), G.end()};
+}
+
+// back(N) [out, in] = P·N (rows) or N·Pᵀ (cols)
+template <typename T>
+std::vector<double> back_ref(const std::vector<double>& N, const std::vector<T>& P, int out, int in,
+                             int r, bool rows) {
+  std::vector<double> B(size_t(out) * in, 0.0);
+  for (int i = 0; i < out; i++)
+    for (int c = 0; c < in; c++)
+      for (int j = 0; j < r; j++)
+        B[size_t(i) * in + c] += rows ? double(P[size_t(i) * r + j]) * N[size_t(j) * in + c]
+                                      : N[size_t(i) * r + j] * double(P[size_t(c) * r + j]);
+  return B;
+}
+
+// Columns of a random [rows, cols] matrix made orthonormal (Gram-Schmidt, twice for accuracy).
+std::vector<double> orthonormal(int rows, int cols, uint64_t seed) {
+  std::vector<double> Q = randn<double>(size_t(rows) * cols, seed);
+  for (int j = 0; j < cols; j++)
+    for (int pass = 0; pass < 2; pass++) {
+      for (int k = 0; k < j; k++) {
+        double dot = 0;
+        for (int i = 0; i < rows; i++) dot += Q[size_t(i) * cols + j] * Q[size_t(i) * cols + k];
+        for (int i = 0; i < rows; i++) Q[size_t(i) * cols + j] -= dot * Q[size_t(i) * cols + k];
+      }
+      double norm = 0;
+      for (int i = 0; i < rows; i++) norm += Q[size_t(i) * cols + j] * Q[size_t(i) * cols + j];
+      for (int i = 0; i < rows; i++) Q[size_t(i) * cols + j] /= std::sqrt(norm);
+    }
+  return Q;
+}
+
+// The first r columns of Q[side, k], each flipped so its largest-magnitude entry is positive.
+std::vector<double> sign_normalised(const std::vector<double>& Q, int side, int k, int r) {
+  std::vector<double> P(size_t(side) * r);
+  for (int j = 0; j < r; j++) {
+    int peak = 0;
+    for (int i = 1; i < side; i++)
+      if (std::abs(Q[size_t(i) * k + j]) > std::abs(Q[size_t(peak) * k + j])) peak = i;
+    const double sign = Q[size_t(peak) * k + j] < 0 ? -1.0 : 1.0;
+    for (int i = 0; i < side; i++) P[size_t(i) * r + j] = sign * Q[size_t(i) * k + j];
+  }
+  return P;
+}
+
+// ‖PᵀP - I‖ max-abs, P [side, r]
+template <typename T>
+double orthonormality_error(const std::vector<T>& P, int side, int r) {
+  double worst = 0;
+  for (int a = 0; a < r; a++)
+    for (int b = 0; b < r; b++) {
+      double dot = 0;
+      for (int i = 0; i < side; i++) dot += double(P[size_t(i) * r + a]) * P[size_t(i) * r + b];
+      worst = std::max(worst, std::abs(dot - (a == b ? 1.0 : 0.0)));
+    }
+  return worst;
+}
+
+// P·Pᵀ [side, side]: the projector onto the span, which has no sign ambiguity
+template <typename T>
+std::vector<double> span_projector(const T* P, int side, int r) {
+  std::vector<double> S(size_t(side) * side, 0.0);
+  for (int a = 0; a < side; a++)
+    for (int b = 0; b < side; b++)
+      for (int j = 0; j < r; j++)
+        S[size_t(a) * side + b] += double(P[size_t(a) * r + j]) * P[size_t(b) * r + j];
+  return S;
+}
+
+// ---- the fixture -----------------------------------------------------------------------------
+struct Fixture {
+  nlohmann::json meta;
+  SafetensorsFile tensors{kFixtureDir + "/fixture.safetensors"};
+  Fixture() {
+    std::ifstream in(kFixtureDir + "/fixture.json");
+    meta = nlohmann::json::parse(in);
+  }
+  template <typename T>
+  std::vector<T> read(const std::string& name) const {
+    const std::vector<double> v = tensors.read_f64(name);
+    return {v.begin(), v.end()};
+  }
+};
+
+struct CaseInfo {
+  std::string name;
+  int out, in;
+  bool rows;
+  int64_t tensor;
+  double weight_decay;
+  int side() const { return rows ? out : in; }
+};
+
+std::vector<CaseInfo> cases(const Fixture& fx, const std::string& method) {
+  std::vector<CaseInfo> all;
+  for (const auto& c : fx.meta["cases"])
+    all.push_back({c["name"].get<std::string>(), c["out"].get<int>(), c["in"].get<int>(),
+                   c["rows"].get<bool>(), c["tensor"].get<int64_t>(),
+                   c["weight_decay_" + method].get<double>()});
+  return all;
+}
+
+AdamArgs adam_args(const nlohmann::json& h, double weight_decay, double grad_scale, int64_t step) {
+  AdamArgs a;
+  a.grad_scale = grad_scale;
+  a.lr = h["lr"];
+  a.beta1 = h["beta1"];
+  a.beta2 = h["beta2"];
+  a.eps = h["eps"];
+  a.weight_decay = weight_decay;
+  a.step = step;
+  return a;
+}
+
+// What one method's run on one fixture case gives, against the reference: the worst relative
+// error of the weight change w_t - w0 over the steps, and of the projections.
+struct RunErrors {
+  double weights = 0, projections = 0;
+};
+
+// GaLore as the engine runs it: at a refresh (step counter % gap == 0, before its increment) the
+// transient full gradient gives the basis and R; between refreshes R comes from the activations.
+template <typename T>
+RunErrors run_galore(const Fixture& fx, const CaseInfo& c) {
+  const nlohmann::json& h = fx.meta["galore"];
+  const int S = fx.meta["steps"], N = fx.meta["tokens"], r = fx.meta["rank"];
+  const int gap = h["update_proj_gap"];
+  const std::vector<double> gscale = fx.meta["grad_scale"];
+  const size_t nw = size_t(c.out) * c.in, nr = size_t(r) * (c.rows ? c.in : c.out);
+  const std::vector<T> dy = fx.read<T>(c.name + ".dy"), x = fx.read<T>(c.name + ".x");
+  const std::vector<double> w0 = fx.read<double>(c.name + ".w0");
+  const std::vector<double> ref_w = fx.read<double>("galore." + c.name + ".w");
+  const std::vector<double> ref_P = fx.read<double>("galore." + c.name + ".P");
+  std::vector<T> w(w0.begin(), w0.end()), m(nr, T(0)), v(nr, T(0)), R(nr), P(size_t(c.side()) * r);
+  std::vector<T> scratch(size_t(N) * r);
+  RunErrors err;
+  for (int s = 0; s < S; s++) {
+    const T* dys = dy.data() + size_t(s) * N * c.out;
+    const T* xs = x.data() + size_t(s) * N * c.in;
+    if (s % gap == 0) {
+      std::vector<T> G(nw);
+      cpu::gemm(true, false, c.out, c.in, N, T(1), dys, c.out, xs, c.in, T(0), G.data(), c.in);
+      ops::galore_basis(P.data(), G.data(), c.out, c.in, r, c.rows);
+      ops::lowrank_project(R.data(), G.data(), P.data(), c.out, c.in, r, c.rows);
+      const std::vector<double> want(ref_P.begin() + (s / gap) * P.size(),
+                                     ref_P.begin() + (s / gap + 1) * P.size());
+      err.projections = std::max(err.projections, rel_err(P, want));
+    } else {
+      std::fill(R.begin(), R.end(), T(0));
+      ops::lowrank_compressed_grad(R.data(), scratch.data(), dys, xs, P.data(), N, c.in, c.out, r,
+                                   c.rows);
+    }
+    ops::lowrank_adam_update(w.data(), R.data(), m.data(), v.data(), P.data(), c.out, c.in, r,
+                             c.rows, h["alpha"], adam_args(h, c.weight_decay, gscale[s], s + 1));
+    std::vector<double> delta(nw), want(nw);
+    for (size_t i = 0; i < nw; i++) {
+      delta[i] = double(w[i]) - w0[i];
+      want[i] = ref_w[size_t(s) * nw + i] - w0[i];
+    }
+    err.weights = std::max(err.weights, rel_err(delta, want));
+  }
+  return err;
+}
+
+// FLORA as the engine runs it: projection k = t / kappa (t from 1) regenerated from the seed;
+// before step t with t % kappa == 0 the first moment moves onto the new projection.
+template <typename T>
+RunErrors run_flora(const Fixture& fx, const CaseInfo& c) {
+  const nlohmann::json& h = fx.meta["flora"];
+  const int S = fx.meta["steps"], N = fx.meta["tokens"], r = fx.meta["rank"];
+  const int kappa = h["kappa"];
+  const uint64_t seed = h["seed"];
+  const std::vector<double> gscale = fx.meta["grad_scale"];
+  const size_t nw = size_t(c.out) * c.in, nr = size_t(r) * (c.rows ? c.in : c.out);
+  const size_t np = size_t(c.side()) * r;
+  const std::vector<T> dy = fx.read<T>(c.name + ".dy"), x = fx.read<T>(c.name + ".x");
+  const std::vector<double> w0 = fx.read<double>(c.name + ".w0");
+  const std::vector<double> ref_w = fx.read<double>("flora." + c.name + ".w");
+  const std::vector<double> ref_P = fx.read<double>("flora." + c.name + ".P");
+  std::vector<T> w(w0.begin(), w0.end()), m(nr, T(0)), v(nr, T(0)), R(nr), P(np), P_new(np);
+  std::vector<T> scratch(size_t(N) * r), transfer_scratch(size_t(r) * r + nr);
+  RunErrors err;
+  auto check_projection = [&](const std::vector<T>& p, int k) {
+    const std::vector<double> want(ref_P.begin() + k * np, ref_P.begin() + (k + 1) * np);
+    err.projections = std::max(err.projections, rel_err(p, want));
+  };
+  ops::flora_projection(P.data(), seed, c.tensor, 0, c.side(), r);
+  check_projection(P, 0);
+  for (int s = 0; s < S; s++) {
+    const int64_t t = s + 1;
+    if (t % kappa == 0) {
+      ops::flora_projection(P_new.data(), seed, c.tensor, t / kappa, c.side(), r);
+      check_projection(P_new, int(t / kappa));
+      ops::flora_transfer(m.data(), transfer_scratch.data(), P.data(), P_new.data(), c.out, c.in, r,
+                          c.rows);
+      std::swap(P, P_new);
+    }
+    std::fill(R.begin(), R.end(), T(0));
+    ops::lowrank_compressed_grad(R.data(), scratch.data(), dy.data() + size_t(s) * N * c.out,
+                                 x.data() + size_t(s) * N * c.in, P.data(), N, c.in, c.out, r,
+                                 c.rows);
+    ops::lowrank_adam_update(w.data(), R.data(), m.data(), v.data(), P.data(), c.out, c.in, r,
+                             c.rows, h["alpha"], adam_args(h, c.weight_decay, gscale[s], t));
+    std::vector<double> delta(nw), want(nw);
+    for (size_t i = 0; i < nw; i++) {
+      delta[i] = double(w[i]) - w0[i];
+      want[i] = ref_w[size_t(s) * nw + i] - w0[i];
+    }
+    err.weights = std::max(err.weights, rel_err(delta, want));
+  }
+  return err;
+}
+
+// ---- per-op checks, for float and double -----------------------------------------------------
+template <typename T>
+void check_projected_gradient(int out, int in, int r, int N, bool rows) {
+  const std::vector<T> dy = randn<T>(size_t(N) * out, 1), x = randn<T>(size_t(N) * in, 2);
+  const std::vector<T> P = randn<T>(size_t(rows ? out : in) * r, 3);
+  const size_t nr = size_t(r) * (rows ? in : out);
+  // compressed_grad accumulates onto what R holds
+  const std::vector<T> R0 = randn<T>(nr, 4);
+  std::vector<T> R = R0, scratch = poisoned<T>(size_t(N) * r);
+  ops::lowrank_compressed_grad(R.data(), scratch.data(), dy.data(), x.data(), P.data(), N, in, out,
+                               r, rows);
+  const std::vector<T> G = full_grad(dy, x, N, in, out);
+  std::vector<double> want = project_ref(G, P, out, in, r, rows);
+  for (size_t i = 0; i < nr; i++) want[i] += R0[i];
+  CHECK(rel_err(R, want) < kTol<T> / 10);
+  // project overwrites
+  std::vector<T> Rp = poisoned<T>(nr);
+  ops::lowrank_project(Rp.data(), G.data(), P.data(), out, in, r, rows);
+  CHECK(rel_err(Rp, project_ref(G, P, out, in, r, rows)) < kTol<T> / 10);
+}
+
+template <typename T>
+void check_galore_basis(int out, int in, int r, bool rows) {
+  // G = U·diag(s)·Vᵀ with known orthonormal U [out, k], V [in, k] and distinct s
+  const int k = std::min(out, in);
+  const std::vector<double> U = orthonormal(out, k, 11), V = orthonormal(in, k, 12);
+  std::vector<T> G(size_t(out) * in);
+  for (int i = 0; i < out; i++)
+    for (int c = 0; c < in; c++) {
+      double g = 0;
+      for (int j = 0; j < k; j++)
+        g += U[size_t(i) * k + j] * (3.0 / (1 + j)) * V[size_t(c) * k + j];
+      G[size_t(i) * in + c] = T(g);
+    }
+  std::vector<T> P = poisoned<T>(size_t(rows ? out : in) * r);
+  ops::galore_basis(P.data(), G.data(), out, in, r, rows);
+  CHECK(orthonormality_error(P, rows ? out : in, r) < kTol<T>);
+  CHECK(rel_err(P, sign_normalised(rows ? U : V, rows ? out : in, k, r)) < kTol<T>);
+}
+
+template <typename T>
+void check_flora_transfer(int out, int in, int r, bool rows) {
+  const int side = rows ? out : in;
+  const size_t nr = size_t(r) * (rows ? in : out);
+  const std::vector<T> m0 = randn<T>(nr, 21),
+                       P_old = randn<T>(size_t(side) * r, 22, 1 / std::sqrt(r));
+  const std::vector<T> P_new = randn<T>(size_t(side) * r, 23, 1 / std::sqrt(r));
+  std::vector<T> m = m0, scratch = poisoned<T>(size_t(r) * r + nr);
+  ops::flora_transfer(m.data(), scratch.data(), P_old.data(), P_new.data(), out, in, r, rows);
+  // down_new(up_old(m)) through the full out x in matrix
+  const std::vector<double> up =
+      back_ref(std::vector<double>(m0.begin(), m0.end()), P_old, out, in, r, rows);
+  CHECK(rel_err(m, project_ref(up, P_new, out, in, r, rows)) < kTol<T> / 10);
+}
+
+template <typename T>
+void check_adam_update(int out, int in, int r, bool rows) {
+  const size_t nw = size_t(out) * in, nr = size_t(r) * (rows ? in : out);
+  const std::vector<T> w0 = randn<T>(nw, 31, 0.1), R0 = randn<T>(nr, 32),
+                       m0 = randn<T>(nr, 33, 0.3);
+  std::vector<T> v0 = randn<T>(nr, 34, 0.5);
+  for (T& e : v0) e = e * e;
+  const std::vector<T> P = randn<T>(size_t(rows ? out : in) * r, 35, 0.5);
+  AdamArgs a;
+  a.grad_scale = 0.7;
+  a.lr = 1e-2;
+  a.beta1 = 0.9;
+  a.beta2 = 0.95;
+  a.eps = 1e-6;
+  a.weight_decay = 0.1;
+  a.step = 3;
+  const double alpha = 0.25;
+  std::vector<T> w = w0, R = R0, m = m0, v = v0;
+  ops::lowrank_adam_update(w.data(), R.data(), m.data(), v.data(), P.data(), out, in, r, rows,
+                           alpha, a);
+
+  std::vector<double> m1(nr), v1(nr), N(nr);
+  for (size_t i = 0; i < nr; i++) {
+    const double g = double(R0[i]) * a.grad_scale;
+    m1[i] = a.beta1 * m0[i] + (1 - a.beta1) * g;
+    v1[i] = a.beta2 * v0[i] + (1 - a.beta2) * g * g;
+    N[i] = m1[i] / (std::sqrt(v1[i]) + a.eps);
+  }
+  const double step_size = a.lr * std::sqrt(1 - std::pow(a.beta2, 3)) / (1 - std::pow(a.beta1, 3));
+  const std::vector<double> B = back_ref(N, P, out, in, r, rows);
+  std::vector<double> w1(nw);
+  for (size_t i = 0; i < nw; i++) {
+    w1[i] = w0[i] - step_size * alpha * B[i];  // galore_torch: the update, then the decay
+    w1[i] -= a.lr * a.weight_decay * w1[i];
+  }
+  CHECK(rel_err(m, m1) < kTol<T> / 10);
+  CHECK(rel_err(v, v1) < kTol<T> / 10);
+  CHECK(rel_err(R, N) < kTol<T> / 10);
+  std::vector<double> delta(nw), want(nw);  // the change, not w itself, which would hide it
+  for (size_t i = 0; i < nw; i++) {
+    delta[i] = double(w[i]) - w0[i];
+    want[i] = w1[i] - w0[i];
+  }
+  CHECK(rel_err(delta, want) < kTol<T>);
+}
+
+}  // namespace
+
+TEST_CASE("lowrank_compressed_grad and lowrank_project match their sums", "[lowrank]") {
+  for (bool rows : {true, false})
+    for (auto [out, in] : {std::pair{7, 11}, std::pair{11, 7}}) {
+      INFO("rows " << rows << " out " << out << " in " << in);
+      check_projected_gradient<double>(out, in, 3, 5, rows);
+      check_projected_gradient<float>(out, in, 3, 5, rows);
+    }
+}
+
+TEST_CASE("the projected gradient from the activations is the projection of dyT x", "[lowrank]") {
+  const int out = 48, in = 86, r = 8, N = 24;
+  for (bool rows : {true, false}) {
+    INFO("rows " << rows);
+    const std::vector<float> dy = randn<float>(size_t(N) * out, 41),
+                             x = randn<float>(size_t(N) * in, 42);
+    const std::vector<float> P = randn<float>(size_t(rows ? out : in) * r, 43);
+    const size_t nr = size_t(r) * (rows ? in : out);
+    const std::vector<float> G = full_grad(dy, x, N, in, out);
+    std::vector<float> from_G = poisoned<float>(nr), whole(nr, 0.f), halves(nr, 0.f),
+                       scratch(size_t(N) * r);
+    ops::lowrank_project(from_G.data(), G.data(), P.data(), out, in, r, rows);
+    ops::lowrank_compressed_grad(whole.data(), scratch.data(), dy.data(), x.data(), P.data(), N, in,
+                                 out, r, rows);
+    CHECK(rel_err(whole, from_G) < 1e-5);
+    // two micro-batches accumulate to the whole batch
+    const int h = N / 2;
+    ops::lowrank_compressed_grad(halves.data(), scratch.data(), dy.data(), x.data(), P.data(), h,
+                                 in, out, r, rows);
+    ops::lowrank_compressed_grad(halves.data(), scratch.data(), dy.data() + size_t(h) * out,
+                                 x.data() + size_t(h) * in, P.data(), N - h, in, out, r, rows);
+    CHECK(rel_err(halves, whole) < 1e-6);
+  }
+}
+
+TEST_CASE("galore_basis gives the top-r singular vectors, sign-normalised", "[lowrank]") {
+  for (auto [out, in, rows] : {std::tuple{9, 14, true}, std::tuple{14, 9, false},
+                               std::tuple{10, 10, false}, std::tuple{10, 10, true}}) {
+    INFO("out " << out << " in " << in << " rows " << rows);
+    check_galore_basis<double>(out, in, 4, rows);
+    check_galore_basis<float>(out, in, 4, rows);
+  }
+}
+
+TEST_CASE("galore_basis matches the float64 reference on the fixture's gradients", "[lowrank]") {
+  Fixture fx;
+  const int N = fx.meta["tokens"], r = fx.meta["rank"], gap = fx.meta["galore"]["update_proj_gap"];
+  for (const CaseInfo& c : cases(fx, "galore")) {
+    const std::vector<double> dy = fx.read<double>(c.name + ".dy"),
+                              x = fx.read<double>(c.name + ".x");
+    const std::vector<double> ref_P = fx.read<double>("galore." + c.name + ".P");
+    const size_t np = size_t(c.side()) * r;
+    for (int k = 0; k < int(ref_P.size() / np); k++) {
+      INFO(c.name << " refresh " << k);
+      const int s = k * gap;
+      const std::vector<double> G =
+          full_grad(std::vector<double>(dy.begin() + size_t(s) * N * c.out,
+                                        dy.begin() + size_t(s + 1) * N * c.out),
+                    std::vector<double>(x.begin() + size_t(s) * N * c.in,
+                                        x.begin() + size_t(s + 1) * N * c.in),
+                    N, c.in, c.out);
+      const std::vector<double> want(ref_P.begin() + k * np, ref_P.begin() + (k + 1) * np);
+      std::vector<double> P = poisoned<double>(np);
+      ops::galore_basis(P.data(), G.data(), c.out, c.in, r, c.rows);
+      CHECK(orthonormality_error(P, c.side(), r) < 1e-12);
+      CHECK(rel_err(span_projector(P.data(), c.side(), r),
+                    span_projector(want.data(), c.side(), r)) < 1e-10);
+      CHECK(rel_err(P, want) < 1e-10);
+      const std::vector<float> Gf(G.begin(), G.end());  // the inputs are fp32 values
+      std::vector<float> Pf = poisoned<float>(np);
+      ops::galore_basis(Pf.data(), Gf.data(), c.out, c.in, r, c.rows);
+      CHECK(rel_err(Pf, want) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("flora_projection is regenerated bit for bit from seed, tensor and refresh",
+          "[lowrank]") {
+  const int side = 2048, r = 8;
+  const size_t n = size_t(side) * r;
+  std::vector<double> a = poisoned<double>(n), b = poisoned<double>(n), c(n), d(n);
+  ops::flora_projection(a.data(), 777, 5, 2, side, r);
+  ops::flora_projection(b.data(), 777, 5, 2, side, r);
+  CHECK(std::memcmp(a.data(), b.data(), n * sizeof(double)) == 0);
+  ops::flora_projection(c.data(), 777, 5, 3, side, r);  // the next refresh
+  ops::flora_projection(d.data(), 777, 6, 2, side, r);  // another tensor
+  size_t same_c = 0, same_d = 0;
+  for (size_t i = 0; i < n; i++) {
+    same_c += a[i] == c[i];
+    same_d += a[i] == d[i];
+  }
+  CHECK(same_c == 0);
+  CHECK(same_d == 0);
+  // fp32 is the float64 stream rounded
+  std::vector<float> f = poisoned<float>(n);
+  ops::flora_projection(f.data(), 777, 5, 2, side, r);
+  for (size_t i = 0; i < n; i++) REQUIRE(f[i] == float(a[i]));
+  // entries N(0, 1/r): mean 0 and variance 1/r within 5 standard errors
+  double sum = 0, sum_sq = 0;
+  for (double e : a) {
+    sum += e;
+    sum_sq += e * e;
+  }
+  const double var = 1.0 / r;
+  CHECK(std::abs(sum / n) < 5 * std::sqrt(var / n));
+  CHECK(std::abs(sum_sq / n - var) < 5 * var * std::sqrt(2.0 / n));
+}
+
+TEST_CASE("flora_transfer equals compressing the decompressed moment anew", "[lowrank]") {
+  for (bool rows : {true, false})
+    for (auto [out, in] : {std::pair{7, 11}, std::pair{11, 7}}) {
+      INFO("rows " << rows << " out " << out << " in " << in);
+      check_flora_transfer<double>(out, in, 3, rows);
+      check_flora_transfer<float>(out, in, 3, rows);
+    }
+}
+
+TEST_CASE("lowrank_adam_update matches galore_torch's AdamW step", "[lowrank]") {
+  for (bool rows : {true, false})
+    for (auto [out, in] : {std::pair{7, 11}, std::pair{11, 7}}) {
+      INFO("rows " << rows << " out " << out << " in " << in);
+      check_adam_update<double>(out, in, 3, rows);
+      check_adam_update<float>(out, in, 3, rows);
+    }
+}
+
+TEST_CASE("GaLore steps match the float64 reference", "[lowrank]") {
+  Fixture fx;
+  for (const CaseInfo& c : cases(fx, "galore")) {
+    const RunErrors d = run_galore<double>(fx, c), f = run_galore<float>(fx, c);
+    INFO(c.name << ": weight change error double " << d.weights << " float " << f.weights
+                << "; basis error double " << d.projections << " float " << f.projections);
+    CHECK(d.weights < kTol<double>);
+    CHECK(d.projections < kTol<double>);
+    CHECK(f.weights < kTol<float>);
+    CHECK(f.projections < kTol<float>);
+  }
+}
+
+TEST_CASE("FLORA steps match the float64 reference", "[lowrank]") {
+  Fixture fx;
+  for (const CaseInfo& c : cases(fx, "flora")) {
+    const RunErrors d = run_flora<double>(fx, c), f = run_flora<float>(fx, c);
+    INFO(c.name << ": weight change error double " << d.weights << " float " << f.weights
+                << "; projection error double " << d.projections << " float " << f.projections);
+    CHECK(d.weights < kTol<double>);
+    CHECK(d.projections < 1e-15);
+    CHECK(f.weights < kTol<float>);
+    CHECK(f.projections < 1e-7);
+  }
+}
