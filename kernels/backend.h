@@ -30,14 +30,26 @@ struct WeightRef {
   float* master = nullptr;
 };
 
-// One GRASS target: w[out, in] trains the r slices σ (rows when `rows`, else columns), each
-// scaled by ρ (backend memory: sigma int32 [r], rho fp32 [r]).
+// One GRASS target's update: w[out, in] trains the r slices σ (rows when `rows`, else columns),
+// slice j's step multiplied by scale[j] (backend memory: sigma int32 [r], scale fp32 [r]).
 struct GrassSlices {
   const int32_t* sigma = nullptr;
-  const float* rho = nullptr;
+  const float* scale = nullptr;
   int out = 0, in = 0, r = 0;
   bool rows = true;
 };
+
+// One GaLore or FLORA target (kernels/lowrank_ops.h): w[out, in] trains through P [side, r]
+// (fp32 backend memory), side = out when `rows`, else in.
+struct LowRankProjection {
+  const float* P = nullptr;
+  int out = 0, in = 0, r = 0;
+  bool rows = true;
+};
+// Bytes of the workspace the low-rank ops of a target of this shape need (0 on the CPU; the GPU
+// keeps a bf16 copy of P and the bf16 direction there, and in pure bf16 the fp32
+// back-projection of a chunk of rows; kernels/cuda/cuda_ops.h has the layout).
+int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r);
 
 // The shapes a model's backward workspace must serve (the largest micro-batch).
 struct WorkspaceShape {
@@ -154,18 +166,37 @@ class Backend : public MemoryResource {
   virtual void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
                                      const int32_t* sigma, const float* rho, int64_t N, int in,
                                      int out, int r, bool rows) = 0;
-  // g[out, in] = dyᵀ·x in fp32: the transient full gradient of a refresh
-  virtual void grass_full_grad(float* g, const void* dy, const void* x, int64_t N, int in,
-                               int out) = 0;
-  // squared slice norms of g, on the host
+  // g[rows, in] = rows row0 .. row0 + rows of the weight gradient dyᵀ·x [out, in], in fp32: a
+  // refresh's transient full gradient (GaLore: all of it; GRASS: in chunks of rows). row0 is a
+  // multiple of 8 (aligned rows of dy for the GPU's GEMM).
+  virtual void full_weight_grad(float* g, const void* dy, const void* x, int64_t N, int in,
+                                int out, int row0, int rows) = 0;
+  // squared norms of g[out, in]'s rows (host_norms_sq[out]) or columns ([in]), on the host
   virtual void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
                                  bool rows) = 0;
-  virtual void grass_gather(void* gc, const float* g, const int32_t* sigma, const float* rho,
-                            int out, int in, int r, bool rows) = 0;
   // The sparse Adam update of one target (ops::grass_adam_update), the weight w[out, in] as in
   // adamw_update. gc may be overwritten.
   virtual void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,
                                  double alpha, const AdamArgs& a, uint64_t seed) = 0;
+
+  // GaLore and FLORA (kernels/lowrank_ops.h). workspace: lowrank_workspace_bytes(storage(), ...)
+  // R (grad-typed) += the projected gradient straight from the activations; scratch [N, r] act.
+  virtual void lowrank_compressed_grad(void* R, void* scratch, void* workspace, const void* dy,
+                                       const void* x, int64_t N, const LowRankProjection& p) = 0;
+  // P = the sign-normalised top-r singular vectors of g[out, in] (both fp32 backend memory).
+  virtual void galore_basis(float* P, const float* g, int out, int in, int r, bool rows) = 0;
+  // P [side, r] = FLORA's projection number `refresh` of tensor `tensor`.
+  virtual void flora_projection(float* P, uint64_t seed, int64_t tensor, int64_t refresh,
+                                int side, int r) = 0;
+  // m (state-typed) = down_new(up_old(m)); p.P is the new projection. scratch: fp32
+  // [r·r + numel(m)]. Pure bf16 stores m with stochastic rounding from `seed`.
+  virtual void flora_transfer(void* m, float* scratch, const float* P_old,
+                              const LowRankProjection& p, uint64_t seed) = 0;
+  // Adam on R (overwritten) and the dense update of w through the back-projection; weights and
+  // master as in adamw_update.
+  virtual void lowrank_adam_update(WeightRef w, void* R, void* m, void* v, void* workspace,
+                                   const LowRankProjection& p, double alpha, const AdamArgs& a,
+                                   uint64_t seed) = 0;
 
  protected:
   explicit Backend(const Storage& storage) : storage_(storage) {}

@@ -13,6 +13,8 @@ constexpr int64_t kHeadChunkElements = int64_t(32) << 20;
 constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;  // cuBLASLt's recommended on Hopper
 constexpr int64_t kNormRowBlocks = 1024;    // kernels/cuda/rmsnorm.cu: kRowBlocks
 constexpr int64_t kReducePartials = 1024;  // kernels/cuda/adamw.cu: kSumMaxBlocks
+// Pure bf16's GaLore/FLORA update back-projects this many fp32 elements at a time (64 MiB).
+constexpr int64_t kLowRankUpdateChunkElements = int64_t(16) << 20;
 }  // namespace
 
 int64_t attention_saved_bytes(const Storage& storage, int B, int T, int NH) {
@@ -22,6 +24,23 @@ int64_t attention_saved_bytes(const Storage& storage, int B, int T, int NH) {
 
 int64_t head_rows(const Storage& storage, int64_t N, int V) {
   return storage.cuda ? std::min<int64_t>(N, std::max<int64_t>(1, kHeadChunkElements / V)) : N;
+}
+
+int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r) {
+  if (!storage.cuda) return 0;
+  // kernels/cuda/lowrank.cu (cuda_ops.h has the layout): two bf16 buffers of r·max(out, in)
+  // elements, either side may be projected, each 16-byte aligned: P transposed [r, side] and the
+  // Adam direction ([r, in] or [out, r]). bf16-mixed back-projects straight into the fp32 master
+  // copy; pure bf16 adds the fp32 back-projection of a chunk of whole rows of w, at most
+  // kLowRankUpdateChunkElements (the whole w when it is smaller).
+  const int64_t half = (2 * int64_t(r) * std::max(out, in) + 15) / 16 * 16;
+  int64_t bytes = 2 * half;
+  if (storage.pure_bf16() && in > 0) {
+    const int64_t rows =
+        std::min<int64_t>(out, std::max<int64_t>(1, kLowRankUpdateChunkElements / in));
+    bytes += 4 * rows * in;
+  }
+  return bytes;
 }
 
 BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) {

@@ -111,19 +111,16 @@ void grass_compressed_grad(T* gc, T* scratch, const T* dy, const T* x, const int
 // Squared L2 norms of the rows (norms_sq[out]) or columns (norms_sq[in]) of g[out, in].
 template <typename T>
 void grass_slice_norms(double* norms_sq, const T* g, int out, int in, bool rows);
-// gc = the ρ-scaled selected rows (gc[r, in]) or columns (gc[out, r]) of the full g[out, in].
-template <typename T>
-void grass_gather(T* gc, const T* g, const int32_t* sigma, const T* rho, int out, int in, int r,
-                  bool rows);
 // Adam on the compressed gradient (m, v shaped like gc; step counts from 1 since the last
 // refresh), then the sparse update of w[out, in]:
-//   Δ = m̂ / (sqrt(v̂) + eps);   w[σ_j, :] -= lr·alpha·ρ_j·Δ_j   (or w[:, σ_j] for columns)
-// Duplicate σ_j (sampling with replacement) add up. Decoupled weight decay multiplies each
-// distinct selected slice by (1 - lr·wd) once. gc is read as gc·grad_scale (the clipping
-// coefficient) and overwritten with Δ.
+//   Δ = m̂ / (sqrt(v̂) + eps);   w[σ_j, :] -= lr·alpha·s_j·Δ_j   (or w[:, σ_j] for columns)
+// where s_j = scale[j], the slice's step factor (the engine passes its draw count, times ρ_j
+// with rho_in_update). Duplicate σ_j add up. Decoupled weight decay multiplies each distinct
+// selected slice by (1 - lr·wd) once. gc is read as gc·grad_scale (the clipping coefficient) and
+// overwritten with Δ.
 template <typename T>
-void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* rho, int out, int in,
-                       int r, bool rows, double alpha, const AdamArgs& a);
+void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* scale, int out,
+                       int in, int r, bool rows, double alpha, const AdamArgs& a);
 
 // ---- bf16 storage, emulated in fp32 memory (kernels/cpu/bf16_storage.cpp) -------------------
 // x[i] = the bf16 value nearest x[i] (ties to even): what a bf16 store keeps.

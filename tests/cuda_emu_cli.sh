@@ -3,7 +3,8 @@
 # device "cuda" picks the CUDA backend, trains GRASS in bf16-mixed with evaluations and
 # checkpoints, and a run resumed from its step-6 checkpoint ends with the same losses and the same
 # weights and optimizer state, byte for byte, as the run that never stopped; a pure-bf16 run with
-# per-layer checkpointing and fused updates trains too. Run by ctest with GRASS=<grass_emu> and
+# per-layer checkpointing and fused updates trains too, and so do GaLore and FLORA (an SVD and a
+# resampling inside 6 steps, bf16-mixed and fused pure bf16). Run by ctest with GRASS=<grass_emu> and
 # MAKE_SHARD=<make_synthetic_shard>, from the source directory.
 set -uo pipefail
 : "${GRASS:?set GRASS to the grass_emu binary}" "${MAKE_SHARD:?set MAKE_SHARD to make_synthetic_shard}"
@@ -59,6 +60,18 @@ done
 check "a pure-bf16 checkpointed, fused run exits 0" test $? = 0
 check "it trains 4 finite steps" test "$(grep -c '"loss":[0-9]' "$tmp/lean/metrics.jsonl")" = 4
 
+for optimizer in galore flora; do
+  for precision in bf16-mixed bf16; do
+    run="$optimizer-$precision"
+    "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/$run" --set precision=$precision \
+      --set optimizer="{\"name\": \"$optimizer\", \"rank\": 8, \"update_interval\": 3, \"lr\": 3e-3}" \
+      --set steps=6 --set total_batch_size=4 --set checkpoint_every=0 --set eval_every=0 \
+      >"$tmp/$run.log" 2>&1
+    check "$run exits 0" test $? = 0
+    check "$run trains 6 finite steps" test "$(grep -c '"loss":[0-9]' "$tmp/$run/metrics.jsonl")" = 6
+  done
+done
+
 echo "cuda_emu_cli: $passes passed, $failures failed"
-[ "$failures" = 0 ] || { echo "--- a.log"; cat "$tmp/a.log"; echo "--- b.log"; cat "$tmp/b.log"; echo "--- lean.log"; cat "$tmp/lean.log"; }
+[ "$failures" = 0 ] || for log in "$tmp"/*.log; do echo "--- $log"; cat "$log"; done
 [ "$failures" = 0 ]

@@ -62,6 +62,8 @@ json small_run(const test::TempDir& dir, const std::string& out, std::string opt
               {"out_dir", dir.file(out)}};
   if (optimizer == "grass")
     run["optimizer"].update({{"rank", 4}, {"update_interval", 3}, {"selection", "multinomial"}});
+  if (optimizer == "galore" || optimizer == "flora")  // an SVD at steps 0, 3, 6; FLORA resamples at 2, 5, 8
+    run["optimizer"].update({{"rank", 4}, {"update_interval", 3}});
   if (lean)
     run.update({{"precision", "bf16"}, {"total_batch_size", 2}, {"activation_checkpointing", "layer"}});
   return run;
@@ -77,7 +79,8 @@ std::string step_dir(const RunConfig& cfg, int64_t step) {
 }  // namespace
 
 TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[checkpoint][train]") {
-  const std::string optimizer = GENERATE(as<std::string>{}, "adamw", "grass", "grass-lean");
+  const std::string optimizer =
+      GENERATE(as<std::string>{}, "adamw", "grass", "grass-lean", "galore", "flora");
   const test::TempDir dir("grass_test_checkpoint");
   const RunConfig whole = parse(small_run(dir, "whole", optimizer));
   CHECK(model_memory_options(whole, storage_for(whole.precision, false)).fused_update ==

@@ -283,7 +283,8 @@ TEST_CASE("value ranges and choices are checked", "[config]") {
   run = tiny_run();
   run["optimizer"] = {{"name", "adam"}};
   CHECK(run_error(run) ==
-        "run.json: optimizer.name: unknown optimizer \"adam\" (supported: \"adamw\", \"grass\")");
+        "run.json: optimizer.name: unknown optimizer \"adam\" (supported: \"adamw\", \"grass\", "
+        "\"galore\", \"flora\")");
 
   run = tiny_run();
   run["schedule"] = {{"name", "linear"}};
@@ -587,13 +588,13 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
                       {"scale", 0.5},           {"selection", "multinomial_nr"},
                       {"select_dim", "cols"},   {"targets", {"q", "down"}}};
   const grass::RunConfig c = grass::parse_run_config(run, "run.json");
-  CHECK(c.optimizer.grass.rank == 16);
-  CHECK(c.optimizer.grass.update_interval == 50);
-  CHECK(c.optimizer.grass.scale == 0.5);
-  CHECK(c.optimizer.grass.selection == grass::Selection::MultinomialNR);
-  CHECK(c.optimizer.grass.targets ==
+  CHECK(c.optimizer.projection.rank == 16);
+  CHECK(c.optimizer.projection.update_interval == 50);
+  CHECK(c.optimizer.projection.scale == 0.5);
+  CHECK(c.optimizer.projection.selection == grass::Selection::MultinomialNR);
+  CHECK(c.optimizer.projection.targets ==
         std::vector<grass::ProjectionTarget>{grass::ProjectionTarget::Q, grass::ProjectionTarget::Down});
-  CHECK(c.optimizer.grass.seed == c.seed);  // the selection seed defaults to the run's
+  CHECK(c.optimizer.projection.seed == c.seed);  // the selection seed defaults to the run's
   // the round trip keeps every grass key
   CHECK(grass::parse_run_config(grass::to_json(c), "") .optimizer == c.optimizer);
 
@@ -602,7 +603,7 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
   CHECK(run_error(run) == "run.json: optimizer.rank: 65 exceeds the 64 selectable rows of target "
                           "q (64 x 64, select_dim auto)");
   run["optimizer"] = {{"name", "grass"}, {"rank", 100}, {"select_dim", "rows"}, {"targets", {"gate"}}};
-  CHECK(grass::parse_run_config(run, "run.json").optimizer.grass.rank == 100);  // 172 rows
+  CHECK(grass::parse_run_config(run, "run.json").optimizer.projection.rank == 100);  // 172 rows
   run["optimizer"] = {{"name", "grass"}, {"targets", {"q", "mlp"}}};
   CHECK(run_error(run) == "run.json: optimizer.targets[1]: unknown target \"mlp\" (supported: "
                           "\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\")");
@@ -611,5 +612,6 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
                           "\"top_r\", \"multinomial\", \"multinomial_nr\", \"uniform\", "
                           "\"uniform_nr\")");
   run["optimizer"] = {{"name", "adamw"}, {"rank", 8}};
-  CHECK(run_error(run) == "run.json: optimizer.rank: only the grass optimizer uses this key");
+  CHECK(run_error(run) ==
+        "run.json: optimizer.rank: only the projected optimizers (grass, galore, flora) use this key");
 }

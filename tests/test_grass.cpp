@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "core/arena.h"
@@ -49,12 +50,12 @@ OptimizerConfig grass_config(int rank, const std::string& selection, const std::
   o.beta1 = 0.9;
   o.beta2 = 0.95;
   o.weight_decay = 0.0;
-  o.grass.rank = rank;
-  o.grass.selection = test::named<Selection>(selection);
-  o.grass.select_dim = test::named<SelectDim>(dim);
-  o.grass.update_interval = interval;
-  o.grass.scale = 1.0;
-  o.grass.seed = 9;
+  o.projection.rank = rank;
+  o.projection.selection = test::named<Selection>(selection);
+  o.projection.select_dim = test::named<SelectDim>(dim);
+  o.projection.update_interval = interval;
+  o.projection.scale = 1.0;
+  o.projection.seed = 9;
   return o;
 }
 
@@ -75,16 +76,17 @@ struct Rig {
   OptimizerConfig opt;
   int T;
 
-  Rig(const ModelConfig& cfg, const OptimizerConfig& o, int max_batch, int T_, bool use_grass)
+  Rig(const ModelConfig& cfg, const OptimizerConfig& o, int max_batch, int T_, bool use_grass,
+      int64_t refresh_chunk_bytes = Grass::kRefreshChunkBytes)
       : opt(o), T(T_) {
-    const auto names = use_grass ? projection_tensor_names(cfg.num_hidden_layers, o.grass.targets)
+    const auto names = use_grass ? projection_tensor_names(cfg.num_hidden_layers, o.projection.targets)
                                  : std::vector<std::string>{};
     model = std::make_unique<LlamaModel>(cfg, arena, max_batch, T, names);
     model->init_weights(5);
     optimizers = std::make_unique<OptimizerSet>(model->tensors().size());
     optimizers->add(std::make_unique<AdamW>(o, *model, arena, 5));
     if (use_grass) {
-      auto g = std::make_unique<Grass>(o, *model, int64_t(max_batch) * T, arena);
+      auto g = std::make_unique<Grass>(o, *model, int64_t(max_batch) * T, arena, refresh_chunk_bytes);
       grass = g.get();
       optimizers->add(std::move(g));
     }
@@ -123,8 +125,10 @@ double rel_err(const float* a, const float* b, int64_t n) {
   return std::sqrt(num / den);
 }
 
-// ρ-scaled selected rows (gc[r, in]) or columns (gc[out, r]) of a dense gradient g[out, in]
-std::vector<float> expected_gc(const float* g, const Grass::Target& t, int r) {
+// ρ-scaled selected rows (gc[slices, in]) or columns (gc[out, slices]) of a dense gradient
+// g[out, in]
+std::vector<float> expected_gc(const float* g, const Grass::Target& t) {
+  const int r = t.slices;
   std::vector<float> gc(t.gc_numel);
   for (int j = 0; j < r; j++)
     if (t.rows)
@@ -153,7 +157,7 @@ TEST_CASE("G_C equals rho times the selected slices of the dense gradient", "[gr
         const ParamTensor& p = dense.model->tensors()[t.tensor_index];
         INFO(p.name);
         CHECK(t.rows == (dim == std::string("rows")));
-        const auto want = expected_gc(dense.model->cpu_grad(p), t, r);
+        const auto want = expected_gc(dense.model->cpu_grad(p), t);
         CHECK(rel_err(sparse.gc(t), want.data(), t.gc_numel) < 1e-5);
       }
     }
@@ -267,11 +271,10 @@ TEST_CASE("selection methods give r sorted slices with their scales and the same
     CHECK(a.sigma == b.sigma);  // same seed, same selection (every rank agrees)
     CHECK(std::is_sorted(a.sigma.begin(), a.sigma.end()));
     const bool distinct = std::adjacent_find(a.sigma.begin(), a.sigma.end()) == a.sigma.end();
-    if (method == "top_r" || method.ends_with("_nr")) {
-      CHECK(distinct);
+    if (method == "top_r" || method.ends_with("_nr")) CHECK(distinct);
+    if (method == "top_r" || method == "multinomial_nr")
       for (float rho : a.rho) CHECK(rho == 1.0f);
-    }
-    if (method == "uniform")
+    if (method.starts_with("uniform"))  // E[P·Pᵀ] = I: r/m inclusion, ρ² = m/r
       for (float rho : a.rho) CHECK(rho == Approx(std::sqrt(50.0 / r)));
   }
   // all-zero norms: the multinomial methods fall back to uniform ones
@@ -310,7 +313,7 @@ TEST_CASE("at full rank GRASS reproduces dense AdamW step for step", "[grass]") 
     DYNAMIC_SECTION("select_dim " << dim) {
       // rank = the selectable side of every target: 16 rows or 16 columns of each projection
       OptimizerConfig o = grass_config(16, "top_r", dim, 1000);
-      o.grass.targets = dim == std::string("rows") ? test::named_targets({"q", "o", "down"})
+      o.projection.targets = dim == std::string("rows") ? test::named_targets({"q", "o", "down"})
                                                   : test::named_targets({"q", "o", "gate", "up"});
       o.weight_decay = 0.05;
       Rig dense(cfg, o, B, T, false), sparse(cfg, o, B, T, true);
@@ -355,4 +358,156 @@ TEST_CASE("4 accumulated micro-batches equal one concatenated batch between refr
     INFO(p.name);
     CHECK(rel_err(micro.model->params() + p.offset, whole.model->params() + p.offset, p.numel) < 1e-5);
   }
+}
+
+TEST_CASE("uniform_nr is unbiased: each slice's mean of rho squared is 1", "[grass][selection]") {
+  const std::vector<double> norms_sq = {4.0, 1.0, 0.5, 2.0, 8.0, 0.5, 3.5, 1.0, 2.0, 6.0};
+  const int m = int(norms_sq.size()), r = 4, trials = 20000;
+  std::vector<double> weight(m, 0.0);  // Σ ρ² over the trials that include the slice
+  for (int s = 0; s < trials; s++) {
+    const SliceSelection sel = select_slices(Selection::UniformNR, norms_sq, r, uint64_t(50 + s));
+    for (int j = 0; j < r; j++) weight[sel.sigma[j]] += double(sel.rho[j]) * sel.rho[j];
+  }
+  // inclusion is Bernoulli(r/m), each with weight m/r: standard error sqrt((m/r - 1)/trials)
+  const double stderr_ = std::sqrt((double(m) / r - 1) / trials);
+  for (int i = 0; i < m; i++) {
+    INFO("slice " << i << " mean weight " << weight[i] / trials);
+    CHECK(std::abs(weight[i] / trials - 1.0) < 5 * stderr_);
+  }
+}
+
+TEST_CASE("each rule's step size: the learning rate's without rho_in_update, times rho with it",
+          "[grass]") {
+  // Adam's first step is Δ = g / (|g| + ε) ≈ ±1 on every selected element, so the mean |ΔW| over
+  // a target's drawn slices, over lr·α, is the step factor a rule trains at: 1 without
+  // rho_in_update for every rule (repeats count once per draw), the mean ρ of the draws with it
+  // (sqrt(m/r) for the uniform rules: up to 2.3 times top_r's step on these 22-row weights).
+  const ModelConfig cfg = small_config();
+  const int B = 2, T = 8, r = 4;
+  const auto in = tokens(B * T, 40, 21), tg = tokens(B * T, 40, 22);
+  for (const std::string rule : {"top_r", "multinomial", "multinomial_nr", "uniform", "uniform_nr"})
+    for (const bool rho_in_update : {false, true}) {
+      INFO(rule << (rho_in_update ? " with" : " without") << " rho_in_update");
+      OptimizerConfig o = grass_config(r, rule, "rows", 10);
+      o.eps = 1e-20;  // Δ = ±1 up to fp32 rounding
+      o.projection.rho_in_update = rho_in_update;
+      Rig rig(cfg, o, B, T, true);
+      std::vector<std::vector<float>> before;
+      for (const auto& t : rig.grass->targets()) before.push_back(rig.weights(rig.model->tensors()[t.tensor_index].name));
+      rig.gradients(0, in, tg, B);
+      rig.update();
+      double measured = 0, expected = 0, uniform_rho = 0;  // the last: Σ sqrt(m/r) over targets
+      size_t k = 0;
+      for (const auto& t : rig.grass->targets()) {
+        const std::vector<float> after = rig.weights(rig.model->tensors()[t.tensor_index].name);
+        double moved = 0;
+        for (size_t e = 0; e < after.size(); e++) moved += std::abs(double(after[e]) - before[k][e]);
+        measured += moved / (o.lr * o.projection.scale * r * t.in);
+        double rho_mean = 0;  // over the r draws
+        for (int j = 0; j < t.slices; j++) rho_mean += t.count[j] * double(t.rho[j]) / r;
+        expected += rho_in_update ? rho_mean : 1.0;
+        uniform_rho += std::sqrt(double(t.out) / r);  // rows: m = out (8, 16 or 22 here)
+        k++;
+      }
+      const double targets = double(rig.grass->targets().size());
+      CHECK(measured / targets == Approx(expected / targets).epsilon(1e-3));
+      if (rho_in_update && rule.starts_with("uniform"))  // ρ = sqrt(m/r): 1.4 to 2.3 here
+        CHECK(measured / targets == Approx(uniform_rho / targets).epsilon(1e-3));
+    }
+}
+
+TEST_CASE("repeated draws trained once with their count equal the draws trained apart",
+          "[grass][selection]") {
+  // A selection with repeats, applied to the same G rows both ways: every draw a slice of its
+  // own (what the engine stored before merging), and the merged slices with count·ρ.
+  const int out = 12, in = 7, r = 6;
+  std::vector<double> g(size_t(out) * in);
+  for (size_t i = 0; i < g.size(); i++) g[i] = normal(31, i);
+  SliceSelection drawn;
+  drawn.sigma = {1, 4, 4, 4, 9, 9};
+  for (int32_t s : drawn.sigma) drawn.rho.push_back(0.5f + 0.1f * float(s));
+  drawn.count.assign(r, 1);
+  const SliceSelection merged = compact_slices(drawn);
+  REQUIRE(merged.sigma == std::vector<int32_t>{1, 4, 9});
+  REQUIRE(merged.count == std::vector<int32_t>{1, 3, 2});
+  for (const bool rho_in_update : {false, true}) {
+    INFO((rho_in_update ? "with" : "without") << " rho_in_update");
+    std::vector<double> w_apart(g.size()), w_merged;
+    for (size_t i = 0; i < g.size(); i++) w_apart[i] = normal(32, i);
+    w_merged = w_apart;
+    const AdamArgs a{.lr = 0.01, .beta2 = 0.95, .weight_decay = 0.1, .step = 1};
+    const auto run = [&](const SliceSelection& s, std::vector<double>& w) {
+      const int n = int(s.sigma.size());
+      std::vector<double> gc(size_t(n) * in), m(gc.size(), 0.0), v(gc.size(), 0.0);
+      std::vector<double> scale(static_cast<size_t>(n));
+      for (int j = 0; j < n; j++) {
+        for (int c = 0; c < in; c++) gc[size_t(j) * in + c] = s.rho[j] * g[size_t(s.sigma[j]) * in + c];
+        scale[j] = s.count[j] * (rho_in_update ? double(s.rho[j]) : 1.0);
+      }
+      ops::grass_adam_update(w.data(), gc.data(), m.data(), v.data(), s.sigma.data(), scale.data(),
+                             out, in, n, true, 0.25, a);
+      return m;
+    };
+    const std::vector<double> m_apart = run(drawn, w_apart), m_merged = run(merged, w_merged);
+    for (size_t i = 0; i < w_apart.size(); i++) CHECK(w_merged[i] == Approx(w_apart[i]).epsilon(1e-12));
+    for (int c = 0; c < in; c++)  // slice 4's moments: stored 3 times apart, once merged
+      CHECK(m_merged[size_t(1) * in + c] == m_apart[size_t(2) * in + c]);
+  }
+}
+
+TEST_CASE("a refresh's slice norms from row chunks select as the whole gradient does", "[grass]") {
+  const ModelConfig cfg = small_config();
+  const int B = 2, T = 8, r = 5;
+  const auto in = tokens(B * T, 40, 23), tg = tokens(B * T, 40, 24);
+  for (const std::string dim : {"rows", "cols"}) {
+    DYNAMIC_SECTION("select_dim " << dim) {
+      const OptimizerConfig o = grass_config(r, "top_r", dim, 10);
+      Rig dense(cfg, o, B, T, false);
+      // 8 rows per chunk (the smallest): 22 rows of gate/up come in 3 chunks, 16 in 2
+      Rig chunked(cfg, o, B, T, true, /*refresh_chunk_bytes=*/1);
+      dense.gradients(0, in, tg, B);
+      chunked.gradients(0, in, tg, B);
+      for (const auto& t : chunked.grass->targets()) {
+        const float* g = dense.model->cpu_grad(dense.model->tensors()[t.tensor_index]);
+        std::vector<double> norms(size_t(t.rows ? t.out : t.in), 0.0);
+        for (int i = 0; i < t.out; i++)
+          for (int c = 0; c < t.in; c++)
+            norms[size_t(t.rows ? i : c)] += double(g[int64_t(i) * t.in + c]) * g[int64_t(i) * t.in + c];
+        std::vector<int32_t> order(norms.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return norms[a] > norms[b]; });
+        std::vector<int32_t> want(order.begin(), order.begin() + r), got(t.sigma, t.sigma + r);
+        std::sort(want.begin(), want.end());
+        CHECK(got == want);
+      }
+    }
+  }
+}
+
+TEST_CASE("refresh_stagger spreads the targets' refreshes over the interval", "[grass]") {
+  const ModelConfig cfg = small_config();
+  const int B = 2, T = 8, K = 4;
+  const auto in = tokens(B * T, 40, 25), tg = tokens(B * T, 40, 26);
+  OptimizerConfig o = grass_config(2, "top_r", "rows", K);
+  o.projection.refresh_stagger = true;
+  Rig rig(cfg, o, B, T, true);
+  const size_t n = rig.grass->targets().size();
+  std::vector<std::vector<int64_t>> refreshed(n);  // the steps at which each target re-selected
+  for (int64_t step = 0; step < 9; step++) {
+    rig.gradients(step, in, tg, B);
+    rig.update();
+    for (size_t k = 0; k < n; k++)
+      if (rig.grass->targets()[k].adam_step == 1) refreshed[k].push_back(step);
+  }
+  std::set<int64_t> phases;
+  for (size_t k = 0; k < n; k++) {
+    const int64_t phase = int64_t(k) * K / int64_t(n);
+    phases.insert(phase);
+    std::vector<int64_t> want = {0};  // every target selects at step 0
+    for (int64_t s = 1; s < 9; s++)
+      if (s >= phase && (s - phase) % K == 0) want.push_back(s);
+    INFO("target " << k << " phase " << phase);
+    CHECK(refreshed[k] == want);
+  }
+  CHECK(phases.size() == size_t(K));  // every step of the interval has targets refreshing
 }

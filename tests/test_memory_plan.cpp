@@ -26,15 +26,15 @@ RunConfig small_run(const std::string& optimizer) {
   c.micro_batch_size = 2;
   c.seq_len = 16;
   c.optimizer.kind = test::named<OptimizerKind>(optimizer);
-  c.optimizer.grass.rank = 4;
-  c.optimizer.grass.targets = test::named_targets({"q", "v", "gate", "down"});
+  c.optimizer.projection.rank = 4;
+  c.optimizer.projection.targets = test::named_targets({"q", "v", "gate", "down"});
   return c;
 }
 
 }  // namespace
 
 TEST_CASE("the memory plan equals what a run allocates, category by category", "[memory]") {
-  for (const std::string optimizer : {"adamw", "grass"})
+  for (const std::string optimizer : {"adamw", "grass", "galore", "flora"})
   for (const std::string precision : {"fp32", "bf16-mixed", "bf16"})
   for (const std::string checkpointing : {"none", "layer"})
   for (const std::string fused : {"off", "on"}) {
@@ -59,7 +59,7 @@ TEST_CASE("planned weights and gradients and optimizer states follow GRASS.md's 
           "[memory]") {
   const RunConfig cfg = small_run("grass");
   const MemoryPlan plan = plan_memory(cfg, storage_for(PrecisionChoice::F32, false));
-  const int64_t P = cfg.model.num_parameters(), r = cfg.optimizer.grass.rank, L = 2;
+  const int64_t P = cfg.model.num_parameters(), r = cfg.optimizer.projection.rank, L = 2;
   // auto selects the smaller side: q [32,32] rows (r x 32), v [16,32] rows (r x 32),
   // gate [86,32] columns (86 x r), down [32,86] rows (r x 86)
   const int64_t compressed_per_layer = r * 32 + r * 32 + 86 * r + r * 86;
@@ -81,7 +81,7 @@ TEST_CASE("planning LLaMA-13B with GRASS allocates nothing and reports GRASS.md'
   cfg.micro_batch_size = 1;
   cfg.seq_len = 256;
   cfg.optimizer.kind = OptimizerKind::Grass;
-  cfg.optimizer.grass.rank = 256;
+  cfg.optimizer.projection.rank = 256;
   const MemoryPlan plan = plan_memory(cfg, storage_for(PrecisionChoice::F32, false));
   CHECK(plan.bytes[int(MemCategory::Weights)] == 4 * int64_t(13015864320));
   // GRASS.md: r=256, auto: 634 M elements per moment (2.36 GiB bf16, 4.72 GiB fp32)

@@ -55,10 +55,10 @@ RunConfig tiny_run(const std::string& optimizer) {
   c.optimizer.kind = test::named<OptimizerKind>(optimizer);
   c.optimizer.lr = 1e-2;
   c.optimizer.beta2 = 0.95;
-  c.optimizer.grass.rank = 8;
-  c.optimizer.grass.update_interval = 10;
-  c.optimizer.grass.scale = 1.0;
-  c.optimizer.grass.seed = 11;
+  c.optimizer.projection.rank = 8;
+  c.optimizer.projection.update_interval = 10;
+  c.optimizer.projection.scale = 1.0;
+  c.optimizer.projection.seed = 11;
   return c;
 }
 
@@ -195,7 +195,7 @@ TEST_CASE("a pure bf16 GRASS step changes only the selected rows or columns", "[
     s.step->finish();  // AdamW moves the dense tensors; only the GRASS targets are looked at
     for (const auto& t : s.optimizers->find<Grass>()->targets()) {
       std::vector<bool> selected(t.rows ? t.out : t.in, false);
-      for (int j = 0; j < cfg.optimizer.grass.rank; j++) selected[t.sigma[j]] = true;
+      for (int j = 0; j < cfg.optimizer.projection.rank; j++) selected[t.sigma[j]] = true;
       int64_t changed = 0;
       for (int i = 0; i < t.out; i++)
         for (int c = 0; c < t.in; c++) {

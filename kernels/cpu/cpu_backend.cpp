@@ -7,8 +7,10 @@
 #include <cstring>
 
 #include "backend.h"
+#include "cpu/blas.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "lowrank_ops.h"
 #include "ops.h"
 
 namespace grass {
@@ -144,25 +146,19 @@ class CpuBackend final : public Backend {
     ops::grass_compressed_grad(f(gc), f(scratch), f(dy), f(x), sigma, rho, N, in, out, r, rows);
     if (storage_.pure_bf16()) ops::round_to_bf16(f(gc), int64_t(r) * (rows ? in : out));
   }
-  void grass_full_grad(float* g, const void* dy, const void* x, int64_t N, int in,
-                       int out) override {
-    std::memset(g, 0, size_t(out) * in * sizeof(float));
-    ops::linear_backward<float>(nullptr, g, f(dy), f(x), nullptr, N, in, out, false);
+  void full_weight_grad(float* g, const void* dy, const void* x, int64_t N, int in, int out,
+                        int row0, int rows) override {
+    cpu::gemm(true, false, rows, in, int(N), 1.0f, f(dy) + row0, out, f(x), in, 0.0f, g, in);
   }
   void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
                          bool rows) override {
     ops::grass_slice_norms(host_norms_sq, g, out, in, rows);
   }
-  void grass_gather(void* gc, const float* g, const int32_t* sigma, const float* rho, int out,
-                    int in, int r, bool rows) override {
-    ops::grass_gather(f(gc), g, sigma, rho, out, in, r, rows);
-    if (storage_.pure_bf16()) ops::round_to_bf16(f(gc), int64_t(r) * (rows ? in : out));
-  }
   void grass_adam_update(WeightRef weight, void* gc, void* m, void* v, const GrassSlices& s,
                          double alpha, const AdamArgs& a, uint64_t seed) override {
     float* const master = weight.master;
     float* w = master ? master : f(weight.weights);
-    ops::grass_adam_update(w, f(gc), f(m), f(v), s.sigma, s.rho, s.out, s.in, s.r, s.rows, alpha,
+    ops::grass_adam_update(w, f(gc), f(m), f(v), s.sigma, s.scale, s.out, s.in, s.r, s.rows, alpha,
                            a);
     const int64_t numel = int64_t(s.out) * s.in, gc_numel = int64_t(s.r) * (s.rows ? s.in : s.out);
     if (master) {  // re-round what changed: the selected rows, or (columns) every row
@@ -177,6 +173,34 @@ class CpuBackend final : public Backend {
     // Stochastic rounding leaves a bf16 value as it is, so rounding the whole weight changes
     // only the selected slices.
     if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), numel, gc_numel, seed);
+  }
+
+  void lowrank_compressed_grad(void* R, void* scratch, void*, const void* dy, const void* x,
+                               int64_t N, const LowRankProjection& p) override {
+    ops::lowrank_compressed_grad(f(R), f(scratch), f(dy), f(x), p.P, N, p.in, p.out, p.r, p.rows);
+    if (storage_.pure_bf16()) ops::round_to_bf16(f(R), int64_t(p.r) * (p.rows ? p.in : p.out));
+  }
+  void galore_basis(float* P, const float* g, int out, int in, int r, bool rows) override {
+    ops::galore_basis(P, g, out, in, r, rows);
+  }
+  void flora_projection(float* P, uint64_t seed, int64_t tensor, int64_t refresh, int side,
+                        int r) override {
+    ops::flora_projection(P, seed, tensor, refresh, side, r);
+  }
+  void flora_transfer(void* m, float* scratch, const float* P_old, const LowRankProjection& p,
+                      uint64_t seed) override {
+    ops::flora_transfer(f(m), scratch, P_old, p.P, p.out, p.in, p.r, p.rows);
+    if (storage_.pure_bf16())
+      ops::stochastic_round_to_bf16(f(m), int64_t(p.r) * (p.rows ? p.in : p.out), seed);
+  }
+  void lowrank_adam_update(WeightRef weight, void* R, void* m, void* v, void*,
+                           const LowRankProjection& p, double alpha, const AdamArgs& a,
+                           uint64_t seed) override {
+    float* w = weight.master ? weight.master : f(weight.weights);
+    ops::lowrank_adam_update(w, f(R), f(m), f(v), p.P, p.out, p.in, p.r, p.rows, alpha, a);
+    const int64_t numel = int64_t(p.out) * p.in, moments = int64_t(p.r) * (p.rows ? p.in : p.out);
+    if (weight.master) round_from_master(f(weight.weights), weight.master, numel);
+    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), numel, moments, seed);
   }
 
  private:

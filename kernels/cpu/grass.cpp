@@ -42,22 +42,8 @@ void grass_slice_norms(double* norms_sq, const T* g, int out, int in, bool rows)
 }
 
 template <typename T>
-void grass_gather(T* gc, const T* g, const int32_t* sigma, const T* rho, int out, int in, int r,
-                  bool rows) {
-  if (rows) {
-#pragma omp parallel for
-    for (int j = 0; j < r; j++)
-      for (int c = 0; c < in; c++) gc[int64_t(j) * in + c] = rho[j] * g[int64_t(sigma[j]) * in + c];
-    return;
-  }
-#pragma omp parallel for
-  for (int i = 0; i < out; i++)
-    for (int j = 0; j < r; j++) gc[int64_t(i) * r + j] = g[int64_t(i) * in + sigma[j]] * rho[j];
-}
-
-template <typename T>
-void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* rho, int out, int in,
-                       int r, bool rows, double alpha, const AdamArgs& a) {
+void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* scale, int out,
+                       int in, int r, bool rows, double alpha, const AdamArgs& a) {
   // 1. Adam on the compressed gradient; gc becomes the direction Δ.
   const int64_t n = int64_t(r) * (rows ? in : out);
   const T b1 = T(a.beta1), b2 = T(a.beta2), gs = T(a.grad_scale), e = T(a.eps);
@@ -100,14 +86,14 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* r
       for (int j = 0; j < r; j++) {
         T* wrow = w + int64_t(sigma[j]) * in;
         const T* drow = gc + int64_t(j) * in;
-        const T s = step_size * rho[j];
+        const T s = step_size * scale[j];
         for (int c = c0; c < c1; c++) wrow[c] -= s * drow[c];
       }
     }
   } else {
 #pragma omp parallel for
     for (int i = 0; i < out; i++)
-      for (int j = 0; j < r; j++) w[int64_t(i) * in + sigma[j]] -= step_size * rho[j] * gc[int64_t(i) * r + j];
+      for (int j = 0; j < r; j++) w[int64_t(i) * in + sigma[j]] -= step_size * scale[j] * gc[int64_t(i) * r + j];
   }
 }
 
@@ -115,7 +101,6 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* r
   template void grass_compressed_grad<T>(T*, T*, const T*, const T*, const int32_t*, const T*,   \
                                          int64_t, int, int, int, bool);                          \
   template void grass_slice_norms<T>(double*, const T*, int, int, bool);                         \
-  template void grass_gather<T>(T*, const T*, const int32_t*, const T*, int, int, int, bool);    \
   template void grass_adam_update<T>(T*, T*, T*, T*, const int32_t*, const T*, int, int, int,    \
                                      bool, double, const AdamArgs&);
 INSTANTIATE(float)

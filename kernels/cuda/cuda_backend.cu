@@ -271,9 +271,9 @@ class CudaBackend final : public Backend {
     cuda::grass_compressed_grad(ctx_, gc, grad_type(), b(scratch), b(dy), b(x), sigma, rho, N, in,
                                 out, r, rows);
   }
-  void grass_full_grad(float* g, const void* dy, const void* x, int64_t N, int in,
-                       int out) override {
-    cuda::linear_full_grad_f32(ctx_, g, b(dy), b(x), N, in, out);
+  void full_weight_grad(float* g, const void* dy, const void* x, int64_t N, int in, int out,
+                        int row0, int rows) override {
+    cuda::linear_full_grad_f32(ctx_, g, b(dy), b(x), N, in, out, row0, rows);
   }
   void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
                          bool rows) override {
@@ -286,14 +286,41 @@ class CudaBackend final : public Backend {
     cuda::grass_slice_norms(ctx_, norms_, g, out, in, rows);
     download(host_norms_sq, norms_, size_t(n) * sizeof(double));
   }
-  void grass_gather(void* gc, const float* g, const int32_t* sigma, const float* rho, int out,
-                    int in, int r, bool rows) override {
-    cuda::grass_gather(ctx_, gc, grad_type(), g, sigma, rho, out, in, r, rows);
-  }
   void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,
                          double alpha, const AdamArgs& a, uint64_t seed) override {
-    cuda::grass_adam_update(ctx_, b(w.weights), w.master, gc, m, v, s.sigma, s.rho, s.out, s.in,
+    cuda::grass_adam_update(ctx_, b(w.weights), w.master, gc, m, v, s.sigma, s.scale, s.out, s.in,
                             s.r, s.rows, alpha, a, seed);
+  }
+
+  // GaLore and FLORA (kernels/cuda/lowrank.cu). The workspace is lowrank_workspace_bytes() of this
+  // target (kernels/backend_sizes.cpp); the kernels check that their layout fits in it.
+  void lowrank_compressed_grad(void* R, void* scratch, void* workspace, const void* dy,
+                               const void* x, int64_t N, const LowRankProjection& p) override {
+    cuda::lowrank_compressed_grad(ctx_, R, grad_type(), b(scratch), workspace,
+                                  lowrank_workspace_bytes(storage_, p.out, p.in, p.r), b(dy), b(x),
+                                  p.P, N, p.in, p.out, p.r, p.rows);
+  }
+  // The SVD runs on the host (LAPACK, as the CPU backend's, bit for bit), not with cuSOLVER: one
+  // out x in download per target per refresh.
+  void galore_basis(float* P, const float* g, int out, int in, int r, bool rows) override {
+    cuda::galore_basis(ctx_, P, g, out, in, r, rows);
+  }
+  // Generated on the host and uploaded: the same P as the CPU backend's, bit for bit.
+  void flora_projection(float* P, uint64_t seed, int64_t tensor, int64_t refresh, int side,
+                        int r) override {
+    cuda::flora_projection(ctx_, P, seed, tensor, refresh, side, r);
+  }
+  void flora_transfer(void* m, float* scratch, const float* P_old, const LowRankProjection& p,
+                      uint64_t seed) override {
+    const GradType state_type = storage_.state_bytes == 2 ? GradType::BF16 : GradType::F32;
+    cuda::flora_transfer(ctx_, m, state_type, scratch, P_old, p.P, p.out, p.in, p.r, p.rows, seed);
+  }
+  void lowrank_adam_update(WeightRef w, void* R, void* m, void* v, void* workspace,
+                           const LowRankProjection& p, double alpha, const AdamArgs& a,
+                           uint64_t seed) override {
+    cuda::lowrank_adam_update(ctx_, b(w.weights), w.master, R, m, v, workspace,
+                              lowrank_workspace_bytes(storage_, p.out, p.in, p.r), p.P, p.out,
+                              p.in, p.r, p.rows, alpha, a, seed);
   }
 
  private:

@@ -45,9 +45,11 @@ void linear_backward_dx(const Context& ctx, bf16* dx, const bf16* dy, const bf16
 // dw is float* or bf16* as gtype says.
 void linear_backward_dw(const Context& ctx, void* dw, GradType gtype, const bf16* dy, const bf16* x,
                         int64_t N, int in, int out);
-// The transient fp32 full gradient of one GRASS target at a refresh: g[out,in] = dyᵀ · x
+// Rows row0 .. row0 + rows of a refresh's transient fp32 full gradient (GaLore: all of them;
+// GRASS: a chunk at a time): g[rows, in] = (dyᵀ · x)[row0 :, :]. row0 a multiple of 8 keeps the
+// columns of dy 16-byte aligned.
 void linear_full_grad_f32(const Context& ctx, float* g, const bf16* dy, const bf16* x, int64_t N,
-                          int in, int out);
+                          int in, int out, int row0, int rows);
 
 // ---- embedding (kernels/cuda/embedding.cu) ---------------------------------------------------
 // out[N,C] = table[tokens[n], :]; tokens < V is the caller's promise (the loader checks the
@@ -143,19 +145,69 @@ void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* s
 // (fp32), each in a fixed order.
 void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int out, int in,
                        bool rows);
-// gc = the ρ-scaled selected slices of the full g[out, in] (rows: gc[r, in]; cols: gc[out, r]).
-void grass_gather(const Context& ctx, void* gc, GradType gtype, const float* g,
-                  const int32_t* sigma, const float* rho, int out, int in, int r, bool rows);
 // Adam on gc·grad_scale (m, v shaped like gc; step counts from 1 since the last refresh), then
-// the sparse update w[σ_j] -= lr·alpha·ρ_j·Δ_j (rows: w[σ_j, :]; cols: w[:, σ_j]). σ is sorted
-// ascending and may repeat: the Δ of repeated slices add up, in j order, with no atomics.
+// the sparse update w[σ_j] -= lr·alpha·scale_j·Δ_j (rows: w[σ_j, :]; cols: w[:, σ_j]), scale_j the
+// slice's step factor (ops::grass_adam_update). σ is sorted ascending and may repeat: the Δ of
+// repeated slices add up, in j order, with no atomics.
 // Decoupled weight decay multiplies each distinct selected slice by (1 - lr·wd) once.
 // Storage as in adamw_update: master != nullptr: the weight is master (fp32, [out,in]), m, v, gc
 // fp32, and the touched slices of param are re-rounded from master; master == nullptr: the
 // weight is param (bf16), m, v, gc bf16, with stochastic rounding on every store.
 // Scalars narrowed as in adamw_update (alpha too).
 void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
-                       void* v, const int32_t* sigma, const float* rho, int out, int in, int r,
+                       void* v, const int32_t* sigma, const float* scale, int out, int in, int r,
                        bool rows, double alpha, const AdamArgs& a, uint64_t seed);
+
+// ---- GaLore and FLORA (kernels/cuda/lowrank.cu) -------------------------------------------
+// The CPU reference: kernels/cpu/lowrank.cpp (kernels/lowrank_ops.h; the formulas:
+// docs/lowrank.md). w[out, in] trains through P, fp32 [side, r] in device memory (side = out when
+// `rows`, else in). The GEMMs read a bf16 copy of P, transposed, that each call writes into
+// `workspace` (workspace_bytes = lowrank_workspace_bytes() of kernels/backend_sizes.cpp, the one
+// place that sizes it; every function checks that its layout fits):
+//   [0, H)       Pt bf16 [r, side]                                   H = align16(2·r·max(out, in))
+//   [H, 2H)      the Adam direction, scaled by the step: bf16 [r, in] (rows) or [out, r] (cols)
+//   [2H, end)    pure bf16 only: the fp32 back-projection of a chunk of whole rows of w
+//                [rows_c, in], rows_c = what fits (a multiple of 8 where it can be)
+// Bytes of the first two regions (what bf16-mixed needs):
+int64_t lowrank_workspace_prefix_bytes(int out, int in, int r);
+// R += the projected gradient straight from the activations (the out x in gradient never exists):
+//   rows: scratch[N, r] = dy[N, out]·P;  R[r, in]  += scratchᵀ·x[N, in]
+//   cols: scratch[N, r] = x[N, in]·P;    R[out, r] += dyᵀ·scratch
+// R fp32 or bf16 (gtype), accumulated by the GEMM's β = 1; scratch bf16 [N, r].
+void lowrank_compressed_grad(const Context& ctx, void* R, GradType gtype, bf16* scratch,
+                             void* workspace, int64_t workspace_bytes, const bf16* dy,
+                             const bf16* x, const float* P, int64_t N, int in, int out, int r,
+                             bool rows);
+// GaLore's basis P [side, r] of g [out, in] (both fp32, device): on the HOST, with LAPACK
+// (ops::galore_basis<float>, bit-identical to the CPU backend), not cuSOLVER. It downloads g and
+// uploads P, synchronising the stream: once per target per refresh.
+void galore_basis(const Context& ctx, float* P, const float* g, int out, int in, int r, bool rows);
+// FLORA's projection P [side, r] (ops::flora_projection<float>), generated on the host and
+// uploaded, synchronising the stream: bit-identical to the CPU backend's.
+void flora_projection(const Context& ctx, float* P, uint64_t seed, int64_t tensor, int64_t refresh,
+                      int side, int r);
+// FLORA's moment transfer m = down_new(up_old(m)) through C = P_oldᵀ·P_new [r, r]:
+//   rows: m[r, in] = Cᵀ·m;   cols: m[out, r] = m·C
+// m fp32 or bf16 (stype: the moments' storage; bf16 stores round stochastically from
+// rounding_stream_seed(seed, 0, 1): the caller's seed differs per step and tensor);
+// scratch fp32 [r·r + numel(m)] holds C and an fp32 copy of m. Every sum runs in a fixed order.
+void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,
+                    const float* P_old, const float* P_new, int out, int in, int r, bool rows,
+                    uint64_t seed);
+// GaLore's Adam step on R and the dense update of w through the back-projection (the formula of
+// ops::lowrank_adam_update, galore_torch's order):
+//   m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;  N = m / (sqrt(v) + eps)   (g = R·grad_scale)
+//   w = w·decay + s·back(N),  s = -lr·sqrt(1-b2^t)/(1-b1^t)·alpha·decay,  decay = 1 - lr·wd
+// with back(N) = P·N (rows) or N·Pᵀ (cols). Storage as in grass_adam_update:
+//   master != nullptr: R, m, v fp32; the GEMM writes master with β = decay, then
+//     param = round-to-nearest(master);
+//   master == nullptr: R, m, v, param bf16; m, v and param round stochastically (streams
+//     rounding_stream_seed(seed, step, 0/1/2), the element index as the counter), the
+//     back-projection going through the workspace's fp32 chunk.
+// R is read only. 1 - beta is computed in double then narrowed, as the CPU op does.
+void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const void* R, void* m,
+                         void* v, void* workspace, int64_t workspace_bytes, const float* P,
+                         int out, int in, int r, bool rows, double alpha, const AdamArgs& a,
+                         uint64_t seed);
 
 }  // namespace grass::cuda

@@ -220,9 +220,10 @@ void linear_backward_dw(const Context& ctx, void* dw, GradType gtype, const bf16
 }
 
 void linear_full_grad_f32(const Context& ctx, float* g, const bf16* dy, const bf16* x, int64_t N,
-                          int in, int out) {
-  // g[out,in] = dy[N,out]ᵀ · x[N,in]
-  gemm_bf16(ctx, true, false, out, in, N, dy, out, x, in, 0.0f, g, CUDA_R_32F, in);
+                          int in, int out, int row0, int rows) {
+  GRASS_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= out, "linear_full_grad_f32: rows outside the weight");
+  // g[rows,in] = dy[N, row0 : row0+rows]ᵀ · x[N,in]: dy's columns, a view with leading dimension out
+  gemm_bf16(ctx, true, false, rows, in, N, dy + row0, out, x, in, 0.0f, g, CUDA_R_32F, in);
 }
 
 }  // namespace grass::cuda

@@ -75,23 +75,6 @@ __global__ void col_norms_sq(double* norms_sq, const float* g, int out, int in) 
   norms_sq[c] = total;
 }
 
-// rows: gc[j, c] = ρ_j · g[σ_j, c]  (gc[r, in]);  cols: gc[i, j] = g[i, σ_j] · ρ_j  (gc[out, r]).
-// One thread per element of gc.
-template <typename G>
-__global__ void gather_slices(G* gc, const float* g, const int32_t* sigma, const float* rho,
-                              int out, int in, int r, bool rows) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= int64_t(r) * (rows ? in : out)) return;
-  if (rows) {
-    const int j = int(idx / in), c = int(idx % in);
-    store_nearest(gc + idx, rho[j] * g[int64_t(sigma[j]) * in + c]);
-  } else {
-    const int64_t i = idx / r;
-    const int j = int(idx % r);
-    store_nearest(gc + idx, g[i * in + sigma[j]] * rho[j]);
-  }
-}
-
 // The scalars of one Adam step, prepared on the host.
 struct AdamStep {
   float grad_scale, beta1, beta2, eps;
@@ -187,20 +170,6 @@ void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int
     const dim3 block(kColTile, kRowLanes);
     col_norms_sq<<<ceil_div(in, kColTile), block, 0, ctx.stream>>>(norms_sq, g, out, in);
   }
-  GRASS_LAUNCH_CHECK();
-}
-
-void grass_gather(const Context& ctx, void* gc, GradType gtype, const float* g,
-                  const int32_t* sigma, const float* rho, int out, int in, int r, bool rows) {
-  const int64_t total = int64_t(r) * (rows ? in : out);
-  if (total == 0) return;
-  const int64_t blocks = ceil_div(total, kThreads);
-  if (gtype == GradType::F32)
-    gather_slices<<<blocks, kThreads, 0, ctx.stream>>>(static_cast<float*>(gc), g, sigma, rho, out,
-                                                       in, r, rows);
-  else
-    gather_slices<<<blocks, kThreads, 0, ctx.stream>>>(static_cast<bf16*>(gc), g, sigma, rho, out,
-                                                       in, r, rows);
   GRASS_LAUNCH_CHECK();
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The memory-limit experiment (docs/experiments.md): for llama_60m ... llama_13b and full AdamW
-# (bf16-mixed and pure bf16) against GRASS (pure bf16, r = 128, 256, 512), at a token batch of
+# (bf16-mixed and pure bf16) against GRASS (pure bf16, r = 128, 256, 512) and GaLore and FLORA
+# (pure bf16, r = 256), at a token batch of
 # 1 x 256 with per-layer activation checkpointing: the planned peak (and without checkpointing),
 # whether it fits in 24/32/40/80 GiB, and the largest token batch under a 40 GiB cap. Prints a
 # markdown table; writes the rows as JSON lines and a PNG chart.
@@ -45,16 +46,18 @@ field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2" | tr -d '"'; }
 echo "| model | optimizer | precision | peak GiB (checkpointing) | peak GiB (none) | 24 | 32 | 40 | 80 | largest token batch under 40 GiB | measured GiB (arena / device) |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for m in 60m 130m 350m 1b 7b 13b; do
-  for opt in "adamw bf16-mixed" "adamw bf16" "grass128 bf16" "grass256 bf16" "grass512 bf16"; do
+  for opt in "adamw bf16-mixed" "adamw bf16" "grass128 bf16" "grass256 bf16" "grass512 bf16" \
+             "galore256 bf16" "flora256 bf16"; do
     read -r name precision <<<"$opt"
     args=(--set model=configs/models/llama_$m.json --set precision="$precision")
-    label=AdamW
-    if [ "${name#grass}" != "$name" ]; then
-      args+=(--set optimizer.rank="${name#grass}")
-      label="GRASS r=${name#grass}"
-    else
-      args+=(--set optimizer='{"name":"adamw","lr":0.001}')
-    fi
+    case $name in
+      grass*) args+=(--set optimizer.rank="${name#grass}"); label="GRASS r=${name#grass}" ;;
+      galore*) args+=(--set optimizer="{\"name\":\"galore\",\"lr\":0.01,\"rank\":${name#galore}}")
+               label="GaLore r=${name#galore}" ;;
+      flora*) args+=(--set optimizer="{\"name\":\"flora\",\"lr\":0.01,\"rank\":${name#flora}}")
+              label="FLORA r=${name#flora}" ;;
+      *) args+=(--set optimizer='{"name":"adamw","lr":0.001}'); label=AdamW ;;
+    esac
     plan=$(build/grass mem "$base" "${args[@]}" --device cuda --memory-limit 40GiB --json)
     none=$(build/grass mem "$base" "${args[@]}" --device cuda --set activation_checkpointing=none --json)
     total=$(field total "$plan")

@@ -4,7 +4,9 @@ namespace grass {
 
 namespace {
 constexpr ChoiceName<OptimizerKind> kOptimizerNames[] = {{OptimizerKind::AdamW, "adamw"},
-                                                         {OptimizerKind::Grass, "grass"}};
+                                                         {OptimizerKind::Grass, "grass"},
+                                                         {OptimizerKind::GaLore, "galore"},
+                                                         {OptimizerKind::Flora, "flora"}};
 constexpr ChoiceName<Selection> kSelectionNames[] = {{Selection::TopR, "top_r"},
                                                      {Selection::Multinomial, "multinomial"},
                                                      {Selection::MultinomialNR, "multinomial_nr"},

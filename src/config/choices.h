@@ -11,7 +11,9 @@
 
 namespace grass {
 
-enum class OptimizerKind { AdamW, Grass };
+enum class OptimizerKind { AdamW, Grass, GaLore, Flora };
+// GRASS, GaLore and FLORA train their targets in a rank-r projection (ProjectionConfig).
+inline bool is_projected(OptimizerKind kind) { return kind != OptimizerKind::AdamW; }
 // GRASS's selection rules (docs/grass.md)
 enum class Selection { TopR, Multinomial, MultinomialNR, Uniform, UniformNR };
 enum class SelectDim { Auto, Rows, Cols };

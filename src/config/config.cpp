@@ -153,8 +153,11 @@ const std::vector<std::string> kRunKeys = {
     "checkpoint_keep_every",
     "init_from",
 };
-const std::vector<std::string> kGrassKeys = {"rank",       "update_interval", "scale", "selection",
-                                             "select_dim", "targets",         "seed"};
+const std::vector<std::string> kProjectionKeys = {"rank", "update_interval", "scale", "targets",
+                                                  "seed"};
+const std::vector<std::string> kGrassKeys = {"selection", "select_dim", "rho_in_update",
+                                             "refresh_stagger"};
+constexpr int64_t kFloraUpdateInterval = 1000;  // flora-opt's kappa
 const std::vector<std::string> kSchedules = {"cosine", "constant"};
 const std::vector<std::string> kDevices = {"auto", "cpu", "cuda"};
 const std::vector<std::string> kActivationCheckpointing = {"none", "layer"};
@@ -237,19 +240,28 @@ void read_data(const ObjectReader& run, RunConfig& c) {
   c.shuffle = data.boolean("shuffle").value_or(c.shuffle);
 }
 
-// The GRASS keys of the optimizer object; they mean nothing to AdamW, so they are refused there.
-void read_grass(const ObjectReader& obj, GrassConfig& g) {
-  if (obj.find("name") == nullptr || obj.required("name") != name_of(OptimizerKind::Grass)) {
+// The projected optimizers' keys of the optimizer object; they mean nothing to AdamW (and
+// selection, select_dim nothing to GaLore and FLORA), so they are refused there.
+void read_projection(const ObjectReader& obj, OptimizerKind kind, ProjectionConfig& g) {
+  if (!is_projected(kind))
+    for (const std::string& key : kProjectionKeys)
+      if (obj.find(key))
+        obj.at(key).fail("only the projected optimizers (grass, galore, flora) use this key");
+  if (kind != OptimizerKind::Grass)
     for (const std::string& key : kGrassKeys)
       if (obj.find(key)) obj.at(key).fail("only the grass optimizer uses this key");
-    return;
-  }
+  if (!is_projected(kind)) return;
+  if (kind == OptimizerKind::Flora) g.update_interval = kFloraUpdateInterval;
   g.rank = int(obj.integer("rank", 1, INT_MAX).value_or(g.rank));
   g.update_interval = obj.integer("update_interval", 1, INT64_MAX).value_or(g.update_interval);
   g.scale = obj.number("scale").value_or(g.scale);
   require(g.scale > 0, obj.at("scale"), "positive", g.scale);
-  g.selection = read_enum(obj, "selection", "selection", g.selection);
-  g.select_dim = read_enum(obj, "select_dim", "select_dim", g.select_dim);
+  if (kind == OptimizerKind::Grass) {
+    g.selection = read_enum(obj, "selection", "selection", g.selection);
+    g.select_dim = read_enum(obj, "select_dim", "select_dim", g.select_dim);
+    g.rho_in_update = obj.boolean("rho_in_update").value_or(g.rho_in_update);
+    g.refresh_stagger = obj.boolean("refresh_stagger").value_or(g.refresh_stagger);
+  }
   g.seed = uint64_t(obj.integer("seed", 0, INT64_MAX).value_or(int64_t(g.seed)));
   if (const json* targets = obj.find("targets")) {
     const Location at = obj.at("targets");
@@ -270,29 +282,33 @@ void read_grass(const ObjectReader& obj, GrassConfig& g) {
   }
 }
 
-// Rank must fit the selectable side of every target; the selection seed defaults to the run's.
-void check_grass_against_model(const ObjectReader& run, RunConfig& c) {
-  GrassConfig& g = c.optimizer.grass;
+// Rank must fit the projected side of every target (GRASS: the side select_dim picks; GaLore,
+// FLORA: the shorter side); the seed defaults to the run's.
+void check_projection_against_model(const ObjectReader& run, RunConfig& c) {
+  ProjectionConfig& g = c.optimizer.projection;
   const ObjectReader optimizer(run.required("optimizer"), run.at("optimizer"));
   if (!optimizer.find("seed")) g.seed = c.seed;
+  const bool grass = c.optimizer.kind == OptimizerKind::Grass;
   for (const ProjectionTarget target : g.targets) {
     const auto [out, in] = c.model.linear_shape(target);
-    const bool rows = g.selects_rows(out, in);
-    const int selectable = rows ? out : in;
-    if (g.rank > selectable)
-      optimizer.at("rank").fail(std::to_string(g.rank) + " exceeds the " + std::to_string(selectable) +
-                                " selectable " + (rows ? "rows" : "columns") + " of target " +
-                                name_of(target) + " (" + std::to_string(out) + " x " +
-                                std::to_string(in) + ", select_dim " + name_of(g.select_dim) + ")");
+    const bool rows = grass ? g.selects_rows(out, in) : out < in;
+    const int side = rows ? out : in;
+    if (g.rank > side)
+      optimizer.at("rank").fail(
+          std::to_string(g.rank) + " exceeds the " + std::to_string(side) + " " +
+          (grass ? "selectable " : "projected ") + (rows ? "rows" : "columns") + " of target " +
+          name_of(target) + " (" + std::to_string(out) + " x " + std::to_string(in) +
+          (grass ? ", select_dim " + std::string(name_of(g.select_dim)) : std::string()) + ")");
   }
 }
 
 void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
   std::vector<std::string> keys = {"name", "lr", "betas", "eps", "weight_decay"};
+  keys.insert(keys.end(), kProjectionKeys.begin(), kProjectionKeys.end());
   keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
   obj.reject_unknown_keys(keys);
   o.kind = read_enum(obj, "name", "optimizer", o.kind);
-  read_grass(obj, o.grass);
+  read_projection(obj, o.kind, o.projection);
   o.lr = obj.number("lr").value_or(o.lr);
   require(o.lr > 0, obj.at("lr"), "positive", o.lr);
   if (const json* betas = obj.find("betas")) {
@@ -445,7 +461,7 @@ RunConfig parse_run_config(const json& j, const std::string& where) {
   read_precision(run, c);
   read_memory(run, c);
   c.seed = uint64_t(run.integer("seed", 0, INT64_MAX).value_or(int64_t(c.seed)));
-  if (c.optimizer.kind == OptimizerKind::Grass) check_grass_against_model(run, c);
+  if (is_projected(c.optimizer.kind)) check_projection_against_model(run, c);
   c.out_dir = run.string("out_dir").value_or(c.out_dir);
   if (c.out_dir.empty()) run.at("out_dir").fail("must not be empty");
   c.log_every = int(run.integer("log_every", 1, INT_MAX).value_or(c.log_every));
@@ -523,17 +539,20 @@ json to_json(const RunConfig& c) {
                     {"betas", json::array({o.beta1, o.beta2})},
                     {"eps", o.eps},
                     {"weight_decay", o.weight_decay}};
-  if (o.kind == OptimizerKind::Grass) {
-    const GrassConfig& g = o.grass;
+  if (is_projected(o.kind)) {
+    const ProjectionConfig& g = o.projection;
     json targets = json::array();
     for (const ProjectionTarget t : g.targets) targets.push_back(name_of(t));
     optimizer.update({{"rank", g.rank},
                       {"update_interval", g.update_interval},
                       {"scale", g.scale},
-                      {"selection", name_of(g.selection)},
-                      {"select_dim", name_of(g.select_dim)},
                       {"targets", targets},
                       {"seed", g.seed}});
+    if (o.kind == OptimizerKind::Grass)
+      optimizer.update({{"selection", name_of(g.selection)},
+                        {"select_dim", name_of(g.select_dim)},
+                        {"rho_in_update", g.rho_in_update},
+                        {"refresh_stagger", g.refresh_stagger}});
   }
   json data = {{"train", c.train_files}, {"shuffle", c.shuffle}};
   if (!c.val_files.empty()) data["val"] = c.val_files;

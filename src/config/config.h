@@ -36,19 +36,28 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
-// GRASS (../shared/GRASS.md, docs/grass.md): the settings of optimizer "grass".
-struct GrassConfig {
-  int rank = 128;                   // r: rows (or columns) trained per refresh
-  int64_t update_interval = 200;    // K: steps between refreshes of the selection
-  double scale = 0.25;              // α: the update is lr·α·ρ·Δ
-  Selection selection = Selection::TopR;
-  SelectDim select_dim = SelectDim::Auto;  // Auto: the smaller of out and in features
+// The projected optimizers' settings: GRASS (../shared/GRASS.md, docs/grass.md), GaLore and
+// FLORA (docs/lowrank.md). Their targets train at rank r; the other tensors train with AdamW.
+struct ProjectionConfig {
+  int rank = 128;                   // r: rows, columns or projected dimensions per target
+  // K: steps between refreshes: GRASS's selection, GaLore's SVD (its update_proj_gap), FLORA's
+  // resampling (its kappa; FLORA's default is 1000)
+  int64_t update_interval = 200;
+  double scale = 0.25;              // α: the update is lr·α·(ρ·Δ or the back-projected Adam step)
+  Selection selection = Selection::TopR;   // GRASS only
+  SelectDim select_dim = SelectDim::Auto;  // GRASS only; Auto: the smaller of out and in features
+  // GRASS only: multiply each selected slice's Adam step by its ρ (docs/grass.md, "ρ under
+  // Adam"); off, every rule moves its slices at the learning rate top_r does.
+  bool rho_in_update = false;
+  // GRASS only: target k of n re-selects at the steps ≡ k·K/n (mod K) instead of all at once
+  // at multiples of K (every target selects at step 0).
+  bool refresh_stagger = false;
   std::vector<ProjectionTarget> targets = {ProjectionTarget::Q,    ProjectionTarget::K,
                                            ProjectionTarget::V,    ProjectionTarget::O,
                                            ProjectionTarget::Gate, ProjectionTarget::Up,
                                            ProjectionTarget::Down};
-  uint64_t seed = 0;                // selection randomness, shared by all ranks (default: run seed)
-  bool operator==(const GrassConfig&) const = default;
+  uint64_t seed = 0;                // GRASS's draws, FLORA's projections (default: the run's seed)
+  bool operator==(const ProjectionConfig&) const = default;
 
   // Whether a weight of out x in features selects rows (out) rather than columns (in).
   bool selects_rows(int out, int in) const {
@@ -57,12 +66,12 @@ struct GrassConfig {
 };
 
 struct OptimizerConfig {
-  OptimizerKind kind = OptimizerKind::AdamW;  // JSON "name"; grass: GRASS targets, the rest AdamW
+  OptimizerKind kind = OptimizerKind::AdamW;  // JSON "name"
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;  // JSON: "betas": [b1, b2]
   double eps = 1e-8;
   double weight_decay = 0.0;        // decoupled; never applied to RMSNorm gains
-  GrassConfig grass;                // used when kind is Grass
+  ProjectionConfig projection;      // grass, galore, flora: their targets; the rest AdamW
   bool operator==(const OptimizerConfig&) const = default;
 };
 

@@ -11,12 +11,14 @@ namespace grass {
 
 using nlohmann::json;
 
-Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena)
-    : cfg_(cfg), model_(model), rank_(cfg.grass.rank), target_of_tensor_(model.tensors().size(), -1),
+
+Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
+             int64_t refresh_chunk_bytes)
+    : cfg_(cfg), model_(model), rank_(cfg.projection.rank), target_of_tensor_(model.tensors().size(), -1),
       backend_(&model.backend()) {
   const int r = rank_;
   const Storage& storage = model.storage();
-  int64_t largest = 0;
+  int largest_in = 0, largest_out = 0;
   for (size_t i = 0; i < model.tensors().size(); i++) {
     const ParamTensor& p = model.tensors()[i];
     if (p.dense()) continue;
@@ -25,24 +27,38 @@ Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
     t.tensor_index = int(i);
     t.out = int(p.shape[0]);
     t.in = int(p.shape[1]);
-    t.rows = cfg.grass.selects_rows(t.out, t.in);
+    t.rows = cfg.projection.selects_rows(t.out, t.in);
     GRASS_CHECK(r <= (t.rows ? t.out : t.in), "rank exceeds the selectable side of " + p.name);
+    t.slices = r;
     t.gc_numel = int64_t(r) * (t.rows ? t.in : t.out);
+    t.count.assign(size_t(r), 1);
     t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.m",
                             t.gc_numel * storage.state_bytes);
     t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.v",
                             t.gc_numel * storage.state_bytes);
     t.sigma = arena.alloc<int32_t>(MemCategory::Optimizer, p.name + ".grass.sigma", r);
     t.rho = arena.alloc<float>(MemCategory::Optimizer, p.name + ".grass.rho", r);
-    largest = std::max(largest, p.numel);
+    // derived from ρ and the counts (state.json) at a restore, so not saved itself
+    t.update_scale = arena.alloc<float>(MemCategory::Workspace, p.name + ".grass.update_scale", r);
+    largest_in = std::max(largest_in, t.in);
+    largest_out = std::max(largest_out, t.out);
     target_of_tensor_[i] = int(targets_.size());
     targets_.push_back(t);
     tensors_.push_back(int(i));
   }
   GRASS_CHECK(!targets_.empty(), "the GRASS optimizer has no target tensors");
+  if (cfg.projection.refresh_stagger)  // spread over the K steps of an interval
+    for (size_t k = 0; k < targets_.size(); k++)
+      targets_[k].phase = int64_t(k) * cfg.projection.update_interval / int64_t(targets_.size());
   scratch_ = arena.alloc_bytes(MemCategory::Workspace, "grass.gather",
                                max_tokens * r * storage.act_bytes);
-  full_grad_ = arena.alloc<float>(MemCategory::Workspace, "grass.refresh_gradient", largest);
+  // The slice norms need the full gradient one chunk of rows at a time (16 MiB by default, not
+  // 270 MiB for 13B's MLP), in whole multiples of 8 rows so that each chunk's columns of dy
+  // start 16-byte aligned for the GPU.
+  chunk_rows_ = int(std::min<int64_t>(
+      largest_out, std::max<int64_t>(8, refresh_chunk_bytes / (4 * largest_in) / 8 * 8)));
+  chunk_grad_ = arena.alloc<float>(MemCategory::Workspace, "grass.refresh_gradient_rows",
+                                   int64_t(chunk_rows_) * largest_in);
 }
 
 int Grass::target_index(int tensor) const {
@@ -57,35 +73,53 @@ const Grass::Target& Grass::target_of(int tensor) const {
 
 void Grass::begin_step(int64_t step) {
   step_ = step;
-  if (step % cfg_.grass.update_interval == 0)
-    for (Target& t : targets_) t.needs_selection = true;
+  const int64_t K = cfg_.projection.update_interval;
+  for (Target& t : targets_)
+    if (step >= t.phase && (step - t.phase) % K == 0) t.needs_selection = true;
 }
 
 void Grass::accumulate(int tensor, void* gc, const void* dy, const void* x, int64_t N) {
   Target& t = target(tensor);
-  if (t.needs_selection) {
-    select(t, gc, dy, x, N);
-    return;
-  }
-  backend_->grass_compressed_grad(gc, scratch_, dy, x, t.sigma, t.rho, N, t.in, t.out, rank_,
+  if (t.needs_selection) select(t, dy, x, N);
+  backend_->grass_compressed_grad(gc, scratch_, dy, x, t.sigma, t.rho, N, t.in, t.out, t.slices,
                                   t.rows);
 }
 
-void Grass::select(Target& t, void* gc, const void* dy, const void* x, int64_t N) {
-  // The full gradient of this one weight, in the transient buffer: G[out, in] = dyᵀ x
-  backend_->grass_full_grad(full_grad_, dy, x, N, t.in, t.out);
-  std::vector<double> norms_sq(t.rows ? t.out : t.in);
-  backend_->grass_slice_norms(norms_sq.data(), full_grad_, t.out, t.in, t.rows);
+std::vector<double> Grass::slice_norms(const Target& t, const void* dy, const void* x, int64_t N) {
+  std::vector<double> norms_sq(size_t(t.rows ? t.out : t.in), 0.0), chunk;
+  for (int row0 = 0; row0 < t.out; row0 += chunk_rows_) {
+    const int rows = std::min(chunk_rows_, t.out - row0);
+    backend_->full_weight_grad(chunk_grad_, dy, x, N, t.in, t.out, row0, rows);
+    chunk.resize(size_t(t.rows ? rows : t.in));
+    backend_->grass_slice_norms(chunk.data(), chunk_grad_, rows, t.in, t.rows);
+    if (t.rows)
+      std::copy(chunk.begin(), chunk.end(), norms_sq.begin() + row0);
+    else
+      for (int c = 0; c < t.in; c++) norms_sq[size_t(c)] += chunk[size_t(c)];
+  }
+  return norms_sq;
+}
+
+void Grass::store_selection(Target& t, const SliceSelection& s) {
+  t.slices = int(s.sigma.size());
+  t.gc_numel = int64_t(t.slices) * (t.rows ? t.in : t.out);
+  t.count = s.count;
+  std::vector<float> scale(size_t(t.slices));
+  for (size_t j = 0; j < scale.size(); j++)
+    scale[j] = float(s.count[j]) * (cfg_.projection.rho_in_update ? s.rho[j] : 1.0f);
+  backend_->upload(t.sigma, s.sigma.data(), scale.size() * sizeof(int32_t));
+  backend_->upload(t.rho, s.rho.data(), scale.size() * sizeof(float));
+  backend_->upload(t.update_scale, scale.data(), scale.size() * sizeof(float));
+}
+
+void Grass::select(Target& t, const void* dy, const void* x, int64_t N) {
   // The draws come from the stream (seed, step, tensor); the selection itself (a sort or a draw
   // over at most max(out, in) norms) runs on the host.
-  const uint64_t seed = derive_seed(derive_seed(cfg_.grass.seed, uint64_t(step_)), t.tensor_index);
-  const SliceSelection s = select_slices(cfg_.grass.selection, norms_sq, rank_, seed);
-  const std::vector<float> rho(s.rho.begin(), s.rho.end());
-  backend_->upload(t.sigma, s.sigma.data(), size_t(rank_) * sizeof(int32_t));
-  backend_->upload(t.rho, rho.data(), size_t(rank_) * sizeof(float));
-  backend_->grass_gather(gc, full_grad_, t.sigma, t.rho, t.out, t.in, rank_, t.rows);
+  const uint64_t seed = derive_seed(derive_seed(cfg_.projection.seed, uint64_t(step_)), t.tensor_index);
+  store_selection(t, compact_slices(select_slices(cfg_.projection.selection,
+                                                  slice_norms(t, dy, x, N), rank_, seed)));
   // The paper resets the moments with the selection: they described other rows.
-  const size_t state_bytes = size_t(t.gc_numel) * backend_->storage().state_bytes;
+  const size_t state_bytes = size_t(rank_) * (t.rows ? t.in : t.out) * backend_->storage().state_bytes;
   backend_->zero(t.m, state_bytes);
   backend_->zero(t.v, state_bytes);
   t.adam_step = 0;
@@ -105,20 +139,23 @@ void Grass::update(int tensor, void* gc, double grad_scale, double lr) {
   const ParamTensor& p = model_.tensors()[size_t(t.tensor_index)];
   // pure bf16's stochastic rounding: one stream per (step, target)
   const uint64_t seed =
-      derive_seed(derive_seed(cfg_.grass.seed ^ 0x5eed, uint64_t(step_)), t.tensor_index);
+      derive_seed(derive_seed(cfg_.projection.seed ^ 0x5eed, uint64_t(step_)), t.tensor_index);
   const AdamArgs args{.grad_scale = grad_scale, .lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2,
                       .eps = cfg_.eps, .weight_decay = cfg_.weight_decay, .step = t.adam_step};
   backend_->grass_adam_update(model_.weight_ref(p), gc, t.m, t.v,
-                              {t.sigma, t.rho, t.out, t.in, rank_, t.rows}, cfg_.grass.scale,
-                              args, seed);
+                              {t.sigma, t.update_scale, t.out, t.in, t.slices, t.rows},
+                              cfg_.projection.scale, args, seed);
 }
 
 json Grass::save_state() const {
   json targets = json::array();
-  for (const Target& t : targets_)
-    targets.push_back({{"tensor", model_.tensors()[size_t(t.tensor_index)].name},
-                       {"adam_step", t.adam_step},
-                       {"needs_selection", t.needs_selection}});
+  for (const Target& t : targets_) {
+    json target = {{"tensor", model_.tensors()[size_t(t.tensor_index)].name},
+                   {"adam_step", t.adam_step},
+                   {"needs_selection", t.needs_selection}};
+    if (t.slices < rank_) target["count"] = t.count;  // merged repeats: σ, ρ hold `slices`
+    targets.push_back(target);
+  }
   return targets;
 }
 
@@ -137,12 +174,29 @@ void Grass::check_state(const json* saved, const StateReader& reader) const {
                   mismatch);
     reader.u64((*saved)[k], "adam_step", where);
     reader.boolean((*saved)[k], "needs_selection", where);
+    if (const json& target = (*saved)[k]; target.contains("count")) {
+      const json& count = target["count"];
+      int64_t draws = 0;
+      bool valid = count.is_array() && !count.empty() && count.size() <= size_t(rank_);
+      for (size_t j = 0; valid && j < count.size(); j++) {
+        valid = count[j].is_number_unsigned() && count[j].get<uint64_t>() >= 1 &&
+                count[j].get<uint64_t>() <= uint64_t(rank_);
+        if (valid) draws += count[j].get<int64_t>();
+      }
+      if (!valid || draws != rank_)
+        reader.fail(where + "count is not " + std::to_string(rank_) +
+                    " draws over at most as many slices");
+    }
   }
   // σ indexes rows or columns of a weight: a value out of range would address memory outside
   // it, so a checkpoint's σ is checked like any other untrusted index.
-  for (const Target& t : targets_) {
+  for (size_t k = 0; k < targets_.size(); k++) {
+    const Target& t = targets_[k];
     const std::span<const std::byte> bytes = reader.saved_bytes(t.sigma);
-    const int64_t r = int64_t(bytes.size() / sizeof(int32_t)), limit = t.rows ? t.out : t.in;
+    const json& target = (*saved)[k];
+    const int64_t r = target.contains("count") ? int64_t(target["count"].size())
+                                               : int64_t(bytes.size() / sizeof(int32_t));
+    const int64_t limit = t.rows ? t.out : t.in;
     for (int64_t i = 0; i < r; i++) {
       int32_t v;
       std::memcpy(&v, bytes.data() + i * sizeof(int32_t), sizeof v);
@@ -156,8 +210,19 @@ void Grass::check_state(const json* saved, const StateReader& reader) const {
 
 void Grass::restore_state(const json& saved) {
   for (size_t k = 0; k < targets_.size(); k++) {
-    targets_[k].adam_step = saved[k]["adam_step"].get<int64_t>();
-    targets_[k].needs_selection = saved[k]["needs_selection"].get<bool>();
+    Target& t = targets_[k];
+    t.adam_step = saved[k]["adam_step"].get<int64_t>();
+    t.needs_selection = saved[k]["needs_selection"].get<bool>();
+    // Checkpoints without "count" (every selection before repeats were merged) list each draw
+    // as its own slice: the same update, with repeats stored twice.
+    SliceSelection s;
+    s.count = saved[k].contains("count") ? saved[k]["count"].get<std::vector<int32_t>>()
+                                         : std::vector<int32_t>(size_t(rank_), 1);
+    s.sigma.resize(s.count.size());
+    s.rho.resize(s.count.size());
+    backend_->download(s.sigma.data(), t.sigma, s.sigma.size() * sizeof(int32_t));
+    backend_->download(s.rho.data(), t.rho, s.rho.size() * sizeof(float));
+    store_selection(t, s);
   }
 }
 

@@ -1,10 +1,12 @@
 // The GRASS optimizer (../shared/GRASS.md is the specification; docs/grass.md says how it is
 // built): each target weight trains r selected rows (or columns) with Adam on its compressed
 // gradient G_C, which accumulate() forms straight from the activations. The selection is
-// refreshed every update_interval steps (and at step 0) from that step's full gradient, taken
-// one layer at a time in a transient buffer; a refresh resets the moments and the step counter.
-// With several micro-batches, a refresh step selects on the first micro-batch's gradient and the
-// rest accumulate G_C on that selection.
+// refreshed every update_interval steps (and at step 0; with refresh_stagger each target at its
+// own phase) from the slice norms of that step's full gradient, formed a chunk of rows at a time
+// in a small transient buffer; a refresh resets the moments and the step counter. Repeated draws
+// are trained once, their step multiplied by the draw count. With several micro-batches, a
+// refresh step selects on the first micro-batch's gradient and the rest accumulate G_C on that
+// selection.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "config/config.h"
 #include "core/arena.h"
 #include "model/llama.h"
+#include "optim/grass_selection.h"
 #include "optim/optimizer.h"
 
 namespace grass {
@@ -19,11 +22,19 @@ namespace grass {
 class Grass final : public Optimizer {
  public:
   // Trains the model's projected tensors. max_tokens: the largest micro-batch, in tokens (B x T),
-  // for the gather scratch.
-  Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena);
+  // for the gather scratch. A refresh forms the full gradient in row chunks of at most
+  // refresh_chunk_bytes (fp32), at least 8 rows.
+  static constexpr int64_t kRefreshChunkBytes = 16 << 20;
+  Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
+        int64_t refresh_chunk_bytes = kRefreshChunkBytes);
   const char* name() const override { return "grass"; }
 
-  int64_t projected_numel(int tensor) const override { return target_of(tensor).gc_numel; }
+  // G_C's capacity, r slices: the strategy zeroes and sums all of it, and the rows (or columns)
+  // beyond a selection's distinct slices stay zero.
+  int64_t projected_numel(int tensor) const override {
+    const Target& t = target_of(tensor);
+    return int64_t(rank_) * (t.rows ? t.in : t.out);
+  }
   void begin_step(int64_t step) override;  // a refresh step re-selects on the next accumulate
   void accumulate(int tensor, void* gc, const void* dy, const void* x, int64_t N) override;
   // The sparse Adam update of the target; the targets use lr·scale. Precision as in AdamW
@@ -33,7 +44,8 @@ class Grass final : public Optimizer {
   // Σ over targets of 2·out·in - 2·(r·in or out·r). (Refresh steps still form one full gradient.)
   double flops_saved_per_token() const override;
 
-  // Per target: the steps since its refresh and whether it is due to select, in "grass_targets".
+  // Per target: the steps since its refresh, whether it is due to select and, when repeated
+  // draws were merged, the draw counts, in "grass_targets".
   const char* state_key() const override { return "grass_targets"; }
   nlohmann::json save_state() const override;
   void check_state(const nlohmann::json* saved, const StateReader& reader) const override;
@@ -43,12 +55,16 @@ class Grass final : public Optimizer {
     int tensor_index;
     int out, in;
     bool rows;             // selects rows (out) rather than columns (in)
-    int64_t gc_numel;      // r·in (rows) or out·r (cols)
-    // backend memory (host on the CPU), moments state-typed
+    int slices;            // distinct selected slices, ≤ r (repeated draws merged)
+    int64_t gc_numel;      // slices·in (rows) or out·slices (cols)
+    // backend memory (host on the CPU), moments state-typed; each sized for r slices
     void* m;               // Adam moments, shaped like G_C
     void* v;
-    int32_t* sigma;        // [r] selected slices, ascending
-    float* rho;            // [r] their scales
+    int32_t* sigma;        // [slices] selected slices, ascending and distinct
+    float* rho;            // [slices] their scales in G_C
+    float* update_scale;   // [slices] their step factors: count·(ρ with rho_in_update, else 1)
+    std::vector<int32_t> count;  // [slices] draws of each (host)
+    int64_t phase = 0;     // refresh_stagger: re-selects at the steps ≡ phase (mod K)
     int64_t adam_step = 0; // steps since the last refresh
     bool needs_selection = true;
   };
@@ -58,7 +74,11 @@ class Grass final : public Optimizer {
  private:
   Target& target(int tensor) { return targets_[size_t(target_index(tensor))]; }
   int target_index(int tensor) const;
-  void select(Target& t, void* gc, const void* dy, const void* x, int64_t N);
+  void select(Target& t, const void* dy, const void* x, int64_t N);
+  // Squared slice norms of dyᵀ·x, a chunk of rows of it at a time.
+  std::vector<double> slice_norms(const Target& t, const void* dy, const void* x, int64_t N);
+  // σ, ρ and the update scales of t's selection into backend memory.
+  void store_selection(Target& t, const SliceSelection& s);
 
   OptimizerConfig cfg_;
   LlamaModel& model_;
@@ -67,7 +87,8 @@ class Grass final : public Optimizer {
   std::vector<int> target_of_tensor_;  // tensor index -> targets_ index, or -1
   Backend* backend_;
   void* scratch_ = nullptr;            // [max_tokens, r] gathered columns (act-typed)
-  float* full_grad_ = nullptr;         // [largest out x in]: the transient gradient at a refresh
+  float* chunk_grad_ = nullptr;        // [chunk_rows_ x largest in]: rows of a refresh's gradient
+  int chunk_rows_ = 0;
   int64_t step_ = 0;
 };
 

@@ -77,10 +77,12 @@ SliceSelection select_slices(Selection method, const std::vector<double>& norms_
       break;
     }
     case Selection::MultinomialNR:
-    case Selection::UniformNR:
-      sigma = draw_without_replacement(
-          how == Selection::UniformNR ? std::vector<double>(m, 1.0) : norms_sq, r, seed);
+      sigma = draw_without_replacement(norms_sq, r, seed);
       rho.assign(r, 1.0f);
+      break;
+    case Selection::UniformNR:  // inclusion probability r/m: ρ² = m/r makes E[P·Pᵀ] = I
+      sigma = draw_without_replacement(std::vector<double>(m, 1.0), r, seed);
+      rho.assign(r, float(std::sqrt(double(m) / r)));
       break;
   }
 
@@ -94,6 +96,21 @@ SliceSelection select_slices(Selection method, const std::vector<double>& norms_
   for (int32_t j : order) {
     s.sigma.push_back(sigma[j]);
     s.rho.push_back(rho[j]);
+    s.count.push_back(1);
+  }
+  return s;
+}
+
+SliceSelection compact_slices(const SliceSelection& drawn) {
+  SliceSelection s;
+  for (size_t j = 0; j < drawn.sigma.size(); j++) {
+    if (!s.sigma.empty() && s.sigma.back() == drawn.sigma[j]) {  // ascending: repeats adjoin
+      s.count.back() += drawn.count[j];
+      continue;
+    }
+    s.sigma.push_back(drawn.sigma[j]);
+    s.rho.push_back(drawn.rho[j]);
+    s.count.push_back(drawn.count[j]);
   }
   return s;
 }

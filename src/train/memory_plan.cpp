@@ -77,12 +77,40 @@ Storage planned_storage(const RunConfig& cfg) {
   return storage_for(cfg.precision, cfg.device != "cpu");
 }
 
-std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
-  RunConfig adamw_cfg = cfg;
-  adamw_cfg.optimizer.kind = OptimizerKind::AdamW;
-  const MemoryPlan run = plan_memory(cfg, storage), adamw = plan_memory(adamw_cfg, storage);
+namespace {
+
+// Whether the run's rank fits every target of optimizer `kind` (GRASS may select the longer side
+// of a target with select_dim; GaLore and FLORA project the shorter one).
+bool rank_fits(const RunConfig& cfg, OptimizerKind kind) {
+  const ProjectionConfig& g = cfg.optimizer.projection;
+  for (const ProjectionTarget target : g.targets) {
+    const auto [out, in] = cfg.model.linear_shape(target);
+    const bool rows = kind == OptimizerKind::Grass ? g.selects_rows(out, in) : out < in;
+    if (g.rank > (rows ? out : in)) return false;
+  }
+  return true;
+}
+
+std::string plan_label(const RunConfig& cfg) {
   std::string label = name_of(cfg.optimizer.kind);
-  if (cfg.optimizer.kind == OptimizerKind::Grass) label += " r=" + std::to_string(cfg.optimizer.grass.rank);
+  if (is_projected(cfg.optimizer.kind))
+    label += " r=" + std::to_string(cfg.optimizer.projection.rank);
+  return label;
+}
+
+}  // namespace
+
+std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
+  // The run's optimizer first, then every other one on the same model, batch and rank.
+  std::vector<RunConfig> configs = {cfg};
+  for (const ChoiceName<OptimizerKind>& c : choice_names<OptimizerKind>()) {
+    if (c.value == cfg.optimizer.kind || (is_projected(c.value) && !rank_fits(cfg, c.value)))
+      continue;
+    configs.push_back(cfg);
+    configs.back().optimizer.kind = c.value;
+  }
+  std::vector<MemoryPlan> plans;
+  for (const RunConfig& c : configs) plans.push_back(plan_memory(c, storage));
 
   char line[200];
   std::string out;
@@ -99,18 +127,22 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
          (memory.checkpoint_layers ? "checkpointed per layer" : "kept for the backward") +
          ", updates " + (memory.fused_update ? "fused into the backward" : "after the backward") +
          "\n";
-  std::snprintf(line, sizeof line, "%-22s %14s %14s\n", "", label.c_str(), "adamw");
-  out += line;
-  const char* rows[kMemCategories] = {"weights", "gradients (dense)", "gradients (compressed)",
-                                      "optimizer states", "activations", "workspace"};
-  for (int c = 0; c < kMemCategories; c++) {
-    std::snprintf(line, sizeof line, "%-22s %14s %14s\n", rows[c],
-                  format_bytes(run.bytes[c]).c_str(), format_bytes(adamw.bytes[c]).c_str());
+  const auto table_row = [&](const std::string& head, const auto& cell) {
+    std::snprintf(line, sizeof line, "%-22s", head.c_str());
     out += line;
-  }
-  std::snprintf(line, sizeof line, "%-22s %14s %14s\n", "total", format_bytes(run.total).c_str(),
-                format_bytes(adamw.total).c_str());
-  out += line;
+    for (size_t i = 0; i < configs.size(); i++) {
+      std::snprintf(line, sizeof line, " %14s", cell(i).c_str());
+      out += line;
+    }
+    out += "\n";
+  };
+  table_row("", [&](size_t i) { return plan_label(configs[i]); });
+  const char* rows[kMemCategories] = {"weights", "gradients (dense)", "gradients (projected)",
+                                      "optimizer states", "activations", "workspace"};
+  for (int c = 0; c < kMemCategories; c++)
+    table_row(rows[c], [&](size_t i) { return format_bytes(plans[i].bytes[c]); });
+  table_row("total", [&](size_t i) { return format_bytes(plans[i].total); });
+  const MemoryPlan& run = plans[0];
   if (cfg.memory_limit > 0) {
     const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
     std::snprintf(line, sizeof line, "memory_limit %s: %s; the largest micro_batch_size that fits: ",
@@ -143,7 +175,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"bytes", bytes},
       {"total", plan.total},
   };
-  if (cfg.optimizer.kind == OptimizerKind::Grass) out["rank"] = cfg.optimizer.grass.rank;
+  if (is_projected(cfg.optimizer.kind)) out["rank"] = cfg.optimizer.projection.rank;
   if (cfg.memory_limit > 0) {
     out["memory_limit"] = cfg.memory_limit;
     out["fits"] = plan.total <= cfg.memory_limit;

@@ -48,15 +48,19 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
   std::printf("  optimizer     %s lr %.1e betas (%.3g, %.3g) eps %.0e wd %.3g, clip %.3g\n",
               name_of(cfg.optimizer.kind), cfg.optimizer.lr, cfg.optimizer.beta1,
               cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay, cfg.grad_clip);
-  if (cfg.optimizer.kind == OptimizerKind::Grass) {
-    const GrassConfig& g = cfg.optimizer.grass;
+  if (is_projected(cfg.optimizer.kind)) {
+    const ProjectionConfig& g = cfg.optimizer.projection;
     std::string targets;
     for (const ProjectionTarget t : g.targets)
       targets += (targets.empty() ? "" : ",") + std::string(name_of(t));
-    std::printf("  grass         rank %d, refresh every %lld steps, scale %.3g, %s, select_dim %s, "
-                "targets %s (the rest: dense AdamW)\n",
-                g.rank, (long long)g.update_interval, g.scale, name_of(g.selection),
-                name_of(g.select_dim), targets.c_str());
+    const char* refresh = cfg.optimizer.kind == OptimizerKind::Grass    ? "selection"
+                          : cfg.optimizer.kind == OptimizerKind::GaLore ? "SVD"
+                                                                        : "resampling";
+    std::printf("  %-13s rank %d, %s every %lld steps, scale %.3g", name_of(cfg.optimizer.kind),
+                g.rank, refresh, (long long)g.update_interval, g.scale);
+    if (cfg.optimizer.kind == OptimizerKind::Grass)
+      std::printf(", %s, select_dim %s", name_of(g.selection), name_of(g.select_dim));
+    std::printf(", targets %s (the rest: dense AdamW)\n", targets.c_str());
   }
   std::printf("  schedule      %s, warmup %lld, min_lr_ratio %.3g, %lld steps\n",
               cfg.schedule.name.c_str(), (long long)cfg.schedule.warmup_steps,
@@ -74,7 +78,9 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
                 format_bytes(arena.total_bytes()).c_str());
   std::printf("  FLOPs/token   %.4g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
               flops_per_token,
-              cfg.optimizer.kind == OptimizerKind::Grass ? ", less 2mn - 2rn per GRASS target" : "");
+              cfg.optimizer.kind == OptimizerKind::Grass    ? ", less 2mn - 2rn per GRASS target"
+              : is_projected(cfg.optimizer.kind) ? ", less 2mn - 2r(m+n) per projected target"
+                                                 : "");
   if (backend.peak_flops() > 0)
     std::printf("  MFU           achieved FLOP/s over %.0f TFLOP/s (the device's dense bf16 peak)\n",
                 backend.peak_flops() / 1e12);

@@ -4,6 +4,7 @@
 
 #include "optim/adamw.h"
 #include "optim/grass.h"
+#include "optim/lowrank.h"
 
 namespace grass {
 
@@ -18,18 +19,29 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
 
 TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend) {
   TrainingState s;
-  const bool use_grass = cfg.optimizer.kind == OptimizerKind::Grass;
+  const OptimizerKind kind = cfg.optimizer.kind;
   const std::vector<std::string> projected =
-      use_grass ? projection_tensor_names(cfg.model.num_hidden_layers, cfg.optimizer.grass.targets)
-                : std::vector<std::string>{};
+      is_projected(kind)
+          ? projection_tensor_names(cfg.model.num_hidden_layers, cfg.optimizer.projection.targets)
+          : std::vector<std::string>{};
   const ModelMemoryOptions memory = model_memory_options(cfg, backend.storage());
   s.model = std::make_unique<LlamaModel>(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len,
                                          projected, backend, memory);
   s.optimizers = std::make_unique<OptimizerSet>(s.model->tensors().size());
   s.optimizers->add(std::make_unique<AdamW>(cfg.optimizer, *s.model, arena, cfg.seed));
-  if (use_grass)
-    s.optimizers->add(std::make_unique<Grass>(cfg.optimizer, *s.model,
-                                              int64_t(cfg.micro_batch_size) * cfg.seq_len, arena));
+  const int64_t max_tokens = int64_t(cfg.micro_batch_size) * cfg.seq_len;
+  switch (kind) {
+    case OptimizerKind::AdamW: break;
+    case OptimizerKind::Grass:
+      s.optimizers->add(std::make_unique<Grass>(cfg.optimizer, *s.model, max_tokens, arena));
+      break;
+    case OptimizerKind::GaLore:
+      s.optimizers->add(std::make_unique<GaLore>(cfg.optimizer, *s.model, max_tokens, arena));
+      break;
+    case OptimizerKind::Flora:
+      s.optimizers->add(std::make_unique<Flora>(cfg.optimizer, *s.model, max_tokens, arena));
+      break;
+  }
   if (memory.fused_update)
     s.step = std::make_unique<FusedStep>(*s.model, *s.optimizers, cfg.grad_clip, arena);
   else

@@ -103,7 +103,7 @@ TEST_CASE("gemm: linear_backward_dw accumulates into fp32 and bf16 gradients", "
     }
 }
 
-TEST_CASE("gemm: linear_full_grad_f32 writes the whole gradient", "[gpu]") {
+TEST_CASE("gemm: linear_full_grad_f32 writes the whole gradient, or a chunk of its rows", "[gpu]") {
   TestContext tc;
   for (const Shape& s : kShapes) {
     INFO("N=" << s.N << " in=" << s.in << " out=" << s.out);
@@ -112,13 +112,21 @@ TEST_CASE("gemm: linear_full_grad_f32 writes the whole gradient", "[gpu]") {
     DeviceBuffer<bf16> d_dy(dy.size()), d_x(x.size());
     upload_bf16(d_dy, dy);
     upload_bf16(d_x, x);
-    DeviceBuffer<float> g(size_t(s.out) * s.in);
-    g.poison();
-    cuda::linear_full_grad_f32(tc.ctx, g.ptr, d_dy.ptr, d_x.ptr, s.N, s.in, s.out);
-    std::vector<float> want(g.n, 0.0f);
+    std::vector<float> want(size_t(s.out) * s.in, 0.0f);
     ops::linear_backward<float>(nullptr, want.data(), dy.data(), x.data(), nullptr, s.N, s.in,
                                 s.out, false);
-    CHECK(rel_error(g.download(), want) <= 1e-2);
+    // whole, then rows [8, 8 + rows) (a refresh's chunk: dy's columns at an aligned offset)
+    for (const int row0 : {0, 8}) {
+      if (row0 >= s.out) continue;
+      const int rows = row0 == 0 ? s.out : std::min(s.out - row0, 16);
+      INFO("rows " << row0 << " .. " << row0 + rows);
+      DeviceBuffer<float> g(size_t(rows) * s.in);
+      g.poison();
+      cuda::linear_full_grad_f32(tc.ctx, g.ptr, d_dy.ptr, d_x.ptr, s.N, s.in, s.out, row0, rows);
+      const std::vector<float> chunk(want.begin() + int64_t(row0) * s.in,
+                                     want.begin() + int64_t(row0 + rows) * s.in);
+      CHECK(rel_error(g.download(), chunk) <= 1e-2);
+    }
   }
 }
 

@@ -144,31 +144,6 @@ TEST_CASE("grass: slice norms match the CPU in double", "[gpu]") {
   }
 }
 
-TEST_CASE("grass: gather takes the rho-scaled selected slices of the full gradient", "[gpu]") {
-  TestContext tc;
-  const std::vector<float> g = randn(size_t(kOut) * kIn);
-  DeviceBuffer<float> d_g(g.size());
-  d_g.upload(g);
-  for (const bool rows : {true, false})
-    for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
-      INFO("rows=" << rows << " fp32=" << (gtype == cuda::GradType::F32));
-      const std::vector<int32_t> sigma = sigma_with_repeats(kRank, rows ? kOut : kIn);
-      const std::vector<float> rho = random_rho(kRank);
-      DeviceBuffer<int32_t> d_sigma(kRank);
-      DeviceBuffer<float> d_rho(kRank);
-      upload(d_sigma, sigma);
-      upload(d_rho, rho);
-      GradBuffer gc(gtype, size_t(kRank) * (rows ? kIn : kOut));
-      gc.poison();
-      cuda::grass_gather(tc.ctx, gc.ptr(), gtype, d_g.ptr, d_sigma.ptr, d_rho.ptr, kOut, kIn, kRank,
-                         rows);
-      std::vector<float> want(gc.is_f32() ? gc.f32.n : gc.b16.n);
-      ops::grass_gather<float>(want.data(), g.data(), sigma.data(), rho.data(), kOut, kIn, kRank,
-                               rows);
-      CHECK(rel_error(gc.download(), want) <= (gc.is_f32() ? 1e-6 : 1e-2));
-    }
-}
-
 TEST_CASE("grass: Adam with an fp32 master moves exactly the selected slices", "[gpu]") {
   TestContext tc;
   const Hyper h;

@@ -108,11 +108,11 @@ RunConfig run_config(const ModelConfig& m, int B, int T, const std::string& opti
   c.optimizer.beta1 = 0.9;
   c.optimizer.beta2 = 0.95;
   c.optimizer.weight_decay = 0.0;
-  c.optimizer.grass.rank = 8;
-  c.optimizer.grass.update_interval = 10;
-  c.optimizer.grass.scale = 1.0;
-  c.optimizer.grass.selection = Selection::TopR;
-  c.optimizer.grass.seed = 5;
+  c.optimizer.projection.rank = 8;
+  c.optimizer.projection.update_interval = 10;
+  c.optimizer.projection.scale = 1.0;
+  c.optimizer.projection.selection = Selection::TopR;
+  c.optimizer.projection.seed = 5;
   c.fused_update = "off";  // the tests compare the two halves of a step; fused runs have their own
   return c;
 }
@@ -124,7 +124,7 @@ RunConfig ngram_run(const std::string& optimizer) {
   RunConfig c = run_config(model_config(s, NgramBatches::V, 0.02), 8, 64, optimizer, 3e-3);
   c.model.rms_norm_eps = 1e-6;
   c.seed = 11;
-  c.optimizer.grass.seed = 11;
+  c.optimizer.projection.seed = 11;
   return c;
 }
 
@@ -202,12 +202,12 @@ struct Run {
     return host;
   }
   std::vector<int32_t> sigma(const Grass::Target& t) {
-    std::vector<int32_t> host(size_t(cfg.optimizer.grass.rank));
+    std::vector<int32_t> host(size_t(cfg.optimizer.projection.rank));
     backend->download(host.data(), t.sigma, host.size() * sizeof(int32_t));
     return host;
   }
   std::vector<float> rho(const Grass::Target& t) {
-    std::vector<float> host(size_t(cfg.optimizer.grass.rank));
+    std::vector<float> host(size_t(cfg.optimizer.projection.rank));
     backend->download(host.data(), t.rho, host.size() * sizeof(float));
     return host;
   }
@@ -364,7 +364,7 @@ TEST_CASE("model: forward and backward on the GPU match the CPU reference", "[gp
 TEST_CASE("model: one GRASS step on the GPU matches the CPU reference", "[gpu][grass]") {
   RunConfig cfg = run_config(model_config(kHd64Odd, kVocab, 0.04), kBatch, kSeq, "grass", 1e-3);
   cfg.optimizer.weight_decay = 0.1;  // decoupled decay: selected slices only on GRASS targets
-  const int r = cfg.optimizer.grass.rank;
+  const int r = cfg.optimizer.projection.rank;
   Run cpu(cfg, "bf16-mixed", false), gpu(cfg, "bf16-mixed", true);
   const Batch batch = random_batch(int64_t(kBatch) * kSeq, kVocab, 21);
   const double cpu_loss = cpu.gradients(0, batch.inputs, batch.targets);
@@ -533,8 +533,8 @@ TEST_CASE("model: the same GPU run twice gives the same bits", "[gpu][determinis
   // GRASS with multinomial selection (seeded draws, ρ ≠ 1, possible repeats) refreshing at steps
   // 0, 4 and 8; pure bf16 AdamW (stochastic rounding on every store).
   RunConfig grass_cfg = ngram_run("grass");
-  grass_cfg.optimizer.grass.selection = Selection::Multinomial;
-  grass_cfg.optimizer.grass.update_interval = 4;
+  grass_cfg.optimizer.projection.selection = Selection::Multinomial;
+  grass_cfg.optimizer.projection.update_interval = 4;
   const std::pair<RunConfig, std::string> runs[] = {{grass_cfg, "bf16-mixed"},
                                                     {ngram_run("adamw"), "bf16"}};
   for (const auto& [cfg, precision] : runs) {
@@ -561,7 +561,7 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
     for (const std::string precision : {"bf16-mixed", "bf16"}) {
       INFO(optimizer << " " << precision);
       RunConfig plain = ngram_run(optimizer);
-      plain.optimizer.grass.update_interval = 4;
+      plain.optimizer.projection.update_interval = 4;
       plain.grad_clip = 1e6;
       RunConfig lean = plain;
       lean.activation_checkpointing = "layer";

@@ -1,0 +1,321 @@
+// GaLore and FLORA on the GPU (the methods: docs/lowrank.md; the reference:
+// kernels/cpu/lowrank.cpp): the projected gradient straight from the activations (two GEMMs
+// through a bf16 copy of P), the two projections (made on the host, see below), FLORA's moment
+// transfer and GaLore's Adam step, whose dense back-projection is one GEMM.
+//
+// Where the work runs:
+//   galore_basis      the host's LAPACK (ops::galore_basis<float>, OpenBLAS sgesdd), NOT cuSOLVER:
+//                     the SVD is the CPU backend's, bit for bit, so GaLore's P does not depend on
+//                     the device (and cuSOLVER is not emulated in CI). The cost is one out x in
+//                     fp32 download per target per refresh (every update_proj_gap steps) and
+//                     a synchronised stream.
+//   flora_projection  the host's core/rng.h stream (ops::flora_projection<float>), uploaded: its
+//                     Box-Muller uses the host's log and cos in double, which CUDA's device math
+//                     does not reproduce bit for bit, and P must be the same on every backend and
+//                     rank (it is regenerated, never stored or communicated).
+//   the rest          kernels and cuBLASLt GEMMs (gemm.cuh) on ctx.stream.
+//
+// No atomics: every sum has a fixed order (the GEMMs' determinism: gemm.cu), so two identical
+// calls give identical bits.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/common.cuh"
+#include "cuda/cuda_ops.h"
+#include "cuda/gemm.cuh"
+#include "lowrank_ops.h"
+
+namespace grass::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+
+// The state stores: fp32 as is; bf16 rounded stochastically (pure bf16 storage).
+__device__ __forceinline__ void store_state(float* p, float x, uint64_t, uint64_t) { *p = x; }
+__device__ __forceinline__ void store_state(bf16* p, float x, uint64_t seed, uint64_t index) {
+  *p = stochastic_round_bf16(x, seed, index);
+}
+
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = ceil_div(n, kThreads);
+  GRASS_CHECK(blocks <= INT32_MAX, "lowrank: too many elements for one grid");
+  return unsigned(blocks);
+}
+
+int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// The workspace regions (cuda_ops.h): Pt, then the direction, then pure bf16's fp32 chunk.
+struct Workspace {
+  bf16* Pt;         // [r, side]
+  bf16* direction;  // [r, in] (rows) or [out, r] (cols)
+  float* update;    // [update_rows, in]; null when none fits
+  int64_t update_rows;
+};
+Workspace carve(void* workspace, int64_t workspace_bytes, int out, int in, int r) {
+  const int64_t half = align16(2 * int64_t(r) * std::max(out, in));
+  GRASS_CHECK(workspace != nullptr && workspace_bytes >= 2 * half,
+              "lowrank: the workspace is smaller than lowrank_workspace_bytes' layout");
+  char* base = static_cast<char*>(workspace);
+  Workspace w;
+  w.Pt = reinterpret_cast<bf16*>(base);
+  w.direction = reinterpret_cast<bf16*>(base + half);
+  w.update_rows = std::min<int64_t>(out, (workspace_bytes - 2 * half) / (4 * int64_t(in)));
+  // several chunks: each starts at a multiple of 8 rows (aligned rows where the pitch allows)
+  if (w.update_rows < out && w.update_rows >= 8) w.update_rows -= w.update_rows % 8;
+  w.update = w.update_rows > 0 ? reinterpret_cast<float*>(base + 2 * half) : nullptr;
+  return w;
+}
+
+// Pt[j, i] = round-to-nearest(P[i, j]): P fp32 [side, r] -> Pt bf16 [r, side], the operand both
+// GEMMs read as a weight. One thread per element of P (coalesced reads).
+__global__ void transpose_to_bf16(bf16* Pt, const float* P, int side, int r) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= int64_t(side) * r) return;
+  const int64_t i = idx / r;
+  const int j = int(idx % r);
+  Pt[int64_t(j) * side + i] = __float2bfloat16_rn(P[idx]);
+}
+
+void write_Pt(const Context& ctx, bf16* Pt, const float* P, int side, int r) {
+  const int64_t n = int64_t(side) * r;
+  transpose_to_bf16<<<grid_for(n), kThreads, 0, ctx.stream>>>(Pt, P, side, r);
+  GRASS_LAUNCH_CHECK();
+}
+
+// C[i, j] = Σ_k P_old[k, i]·P_new[k, j] in fp32, k in order: C = P_oldᵀ·P_new [r, r], from
+// P_old, P_new [side, r]. One thread per element of C.
+__global__ void projection_gram(float* C, const float* P_old, const float* P_new, int side, int r) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= int64_t(r) * r) return;
+  const int i = int(idx / r), j = int(idx % r);
+  float sum = 0.0f;
+  for (int k = 0; k < side; k++)
+    sum = fmaf(P_old[int64_t(k) * r + i], P_new[int64_t(k) * r + j], sum);
+  C[idx] = sum;
+}
+
+// copy[n] = float(m[n]): the old moment, read while m is rewritten.
+template <typename S>
+__global__ void state_to_f32(float* copy, const S* m, int64_t n) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx < n) copy[idx] = to_f32(m[idx]);
+}
+
+// rows: m[i, c] = Σ_k C[k, i]·copy[k, c]  (m = Cᵀ·copy, [r, in]);
+// cols: m[o, j] = Σ_k copy[o, k]·C[k, j]  (m = copy·C, [out, r]).
+// One thread per element of m, k in order, fp32; the store rounds stochastically in bf16.
+template <typename S>
+__global__ void transfer_moment(S* m, const float* C, const float* copy, int out, int in, int r,
+                                bool rows, uint64_t seed) {
+  const int64_t n = int64_t(r) * (rows ? in : out);
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n) return;
+  float sum = 0.0f;
+  if (rows) {
+    const int i = int(idx / in), c = int(idx % in);
+    for (int k = 0; k < r; k++) sum = fmaf(C[int64_t(k) * r + i], copy[int64_t(k) * in + c], sum);
+  } else {
+    const int64_t o = idx / r;
+    const int j = int(idx % r);
+    for (int k = 0; k < r; k++) sum = fmaf(copy[o * r + k], C[int64_t(k) * r + j], sum);
+  }
+  store_state(m + idx, sum, seed, uint64_t(idx));
+}
+
+// The scalars of one step of ops::lowrank_adam_update, narrowed where the CPU narrows them.
+struct LowRankStep {
+  float grad_scale, beta1, beta2, eps;
+  float one_minus_beta1, one_minus_beta2;  // computed in double, then narrowed
+  float scale;                             // -lr·sqrt(1-b2^t)/(1-b1^t)·alpha·decay
+  float decay;                             // 1 - lr·weight_decay
+  uint64_t seed_param, seed_m, seed_v;     // stochastic rounding streams (pure bf16 only)
+};
+
+// Adam on R·grad_scale; m, v in their storage (S = float: bf16-mixed, S = bf16: pure bf16 with
+// stochastic rounding), and direction[n] = bf16(scale·m / (sqrt(v) + eps)) from the unrounded
+// moments, for the back-projection GEMM. R, m, v, direction: [r, in] or [out, r].
+template <typename S>
+__global__ void lowrank_adam_direction(bf16* direction, const S* R, S* m, S* v, int64_t n,
+                                       LowRankStep k) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n) return;
+  const float g = to_f32(R[idx]) * k.grad_scale;
+  const float mi = k.beta1 * to_f32(m[idx]) + k.one_minus_beta1 * g;
+  const float vi = k.beta2 * to_f32(v[idx]) + k.one_minus_beta2 * g * g;
+  store_state(m + idx, mi, k.seed_m, uint64_t(idx));
+  store_state(v + idx, vi, k.seed_v, uint64_t(idx));
+  direction[idx] = __float2bfloat16_rn(k.scale * (mi / (sqrtf(vi) + k.eps)));
+}
+
+// Pure bf16: param[first + i] = SR(decay·param[first + i] + update[i]) for the n elements of one
+// chunk of whole rows (update fp32 [rows_c, in]); the counter is the element's index in w.
+__global__ void apply_update_pure(bf16* param, const float* update, int64_t first, int64_t n,
+                                  float decay, uint64_t seed) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t e = first + i;
+  const float w = decay * __bfloat162float(param[e]) + update[i];
+  param[e] = stochastic_round_bf16(w, seed, uint64_t(e));
+}
+
+// C[rows_c, in] (+)= back(direction) for rows [o0, o0 + rows_c) of w, as one GEMM:
+//   rows: P[o0:, :]·dir[r, in], P[o0:, :] = (Pt[:, o0:])ᵀ (ld out);
+//   cols: dir[o0:, :][rows_c, r]·Pt[r, in].
+void back_project(const Context& ctx, void* C, cudaDataType_t c_type, float beta, const bf16* Pt,
+                  const bf16* direction, int64_t o0, int64_t rows_c, int out, int in, int r,
+                  bool rows) {
+  if (rows)
+    gemm_bf16(ctx, true, false, rows_c, in, r, Pt + o0, out, direction, in, beta, C, c_type, in);
+  else
+    gemm_bf16(ctx, false, false, rows_c, in, r, direction + o0 * r, r, Pt, in, beta, C, c_type, in);
+}
+
+}  // namespace
+
+int64_t lowrank_workspace_prefix_bytes(int out, int in, int r) {
+  return 2 * align16(2 * int64_t(r) * std::max(out, in));
+}
+
+void lowrank_compressed_grad(const Context& ctx, void* R, GradType gtype, bf16* scratch,
+                             void* workspace, int64_t workspace_bytes, const bf16* dy,
+                             const bf16* x, const float* P, int64_t N, int in, int out, int r,
+                             bool rows) {
+  GRASS_CHECK(N >= 0 && r >= 1 && out >= 1 && in >= 1, "lowrank_compressed_grad: bad shape");
+  if (N == 0) return;  // nothing to add
+  const Workspace ws = carve(workspace, workspace_bytes, out, in, r);
+  const int side = rows ? out : in;
+  write_Pt(ctx, ws.Pt, P, side, r);  // Pt bf16 [r, side]
+  if (rows) {
+    // scratch[N, r] = dy[N, out]·P[out, r] = dy·Ptᵀ
+    linear_forward(ctx, scratch, dy, ws.Pt, N, out, r);
+    // R[r, in] += scratch[N, r]ᵀ·x[N, in]
+    linear_backward_dw(ctx, R, gtype, scratch, x, N, in, r);
+  } else {
+    // scratch[N, r] = x[N, in]·P[in, r] = x·Ptᵀ
+    linear_forward(ctx, scratch, x, ws.Pt, N, in, r);
+    // R[out, r] += dy[N, out]ᵀ·scratch[N, r]
+    linear_backward_dw(ctx, R, gtype, dy, scratch, N, r, out);
+  }
+}
+
+void galore_basis(const Context& ctx, float* P, const float* g, int out, int in, int r,
+                  bool rows) {
+  // Host LAPACK, not cuSOLVER (the file's header says why): g [out, in] down, P [side, r] up.
+  const int side = rows ? out : in;
+  std::vector<float> host_g(size_t(out) * size_t(in)), host_P(size_t(side) * size_t(r));
+  GRASS_CUDA_CHECK(cudaMemcpyAsync(host_g.data(), g, host_g.size() * sizeof(float),
+                                   cudaMemcpyDeviceToHost, ctx.stream));
+  GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  ops::galore_basis<float>(host_P.data(), host_g.data(), out, in, r, rows);
+  GRASS_CUDA_CHECK(cudaMemcpyAsync(P, host_P.data(), host_P.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, ctx.stream));
+  GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // host_P dies on return
+}
+
+void flora_projection(const Context& ctx, float* P, uint64_t seed, int64_t tensor, int64_t refresh,
+                      int side, int r) {
+  // The host's stream, uploaded (the file's header says why): P [side, r].
+  std::vector<float> host_P(size_t(side) * size_t(r));
+  ops::flora_projection<float>(host_P.data(), seed, tensor, refresh, side, r);
+  GRASS_CUDA_CHECK(cudaMemcpyAsync(P, host_P.data(), host_P.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, ctx.stream));
+  GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // host_P dies on return
+}
+
+void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,
+                    const float* P_old, const float* P_new, int out, int in, int r, bool rows,
+                    uint64_t seed) {
+  GRASS_CHECK(r >= 1 && out >= 1 && in >= 1, "flora_transfer: bad shape");
+  const int side = rows ? out : in;
+  const int64_t n = int64_t(r) * (rows ? in : out);  // numel(m)
+  float* C = scratch;                                 // [r, r]
+  float* copy = scratch + int64_t(r) * r;             // m's old value, [r, in] or [out, r]
+  projection_gram<<<grid_for(int64_t(r) * r), kThreads, 0, ctx.stream>>>(C, P_old, P_new, side, r);
+  GRASS_LAUNCH_CHECK();
+  const uint64_t stream_seed = rounding_stream_seed(seed, 0, 1);  // stream 1: m
+  if (stype == GradType::F32) {
+    float* mf = static_cast<float*>(m);
+    GRASS_CUDA_CHECK(cudaMemcpyAsync(copy, mf, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                     ctx.stream));
+    transfer_moment<<<grid_for(n), kThreads, 0, ctx.stream>>>(mf, C, copy, out, in, r, rows,
+                                                              stream_seed);
+  } else {
+    bf16* mb = static_cast<bf16*>(m);
+    state_to_f32<<<grid_for(n), kThreads, 0, ctx.stream>>>(copy, mb, n);
+    GRASS_LAUNCH_CHECK();
+    transfer_moment<<<grid_for(n), kThreads, 0, ctx.stream>>>(mb, C, copy, out, in, r, rows,
+                                                              stream_seed);
+  }
+  GRASS_LAUNCH_CHECK();
+}
+
+void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const void* R, void* m,
+                         void* v, void* workspace, int64_t workspace_bytes, const float* P,
+                         int out, int in, int r, bool rows, double alpha, const AdamArgs& a,
+                         uint64_t seed) {
+  GRASS_CHECK(a.step >= 1, "lowrank_adam_update: step counts from 1");
+  GRASS_CHECK(r >= 1 && out >= 1 && in >= 1, "lowrank_adam_update: bad shape");
+  const Workspace ws = carve(workspace, workspace_bytes, out, in, r);
+  GRASS_CHECK(master || ws.update_rows >= 1,
+              "lowrank_adam_update: pure bf16 needs the workspace's fp32 back-projection rows");
+  const bool pure = master == nullptr;
+  const int side = rows ? out : in;
+  const int64_t n = int64_t(r) * (rows ? in : out);  // numel(R) = numel(m) = numel(v)
+
+  // The scalars as ops::lowrank_adam_update computes them (double, then narrowed).
+  const double t = double(a.step);
+  const double step_size =
+      a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
+  const double decay = 1.0 - a.lr * a.weight_decay;
+  LowRankStep k;
+  k.grad_scale = float(a.grad_scale);
+  k.beta1 = float(a.beta1);
+  k.beta2 = float(a.beta2);
+  k.eps = float(a.eps);
+  k.one_minus_beta1 = float(1.0 - a.beta1);
+  k.one_minus_beta2 = float(1.0 - a.beta2);
+  k.scale = float(-step_size * alpha * decay);
+  k.decay = float(decay);
+  k.seed_param = rounding_stream_seed(seed, a.step, 0);
+  k.seed_m = rounding_stream_seed(seed, a.step, 1);
+  k.seed_v = rounding_stream_seed(seed, a.step, 2);
+
+  // 1. Adam on R; the scaled direction goes to the workspace as bf16 [r, in] or [out, r].
+  if (pure)
+    lowrank_adam_direction<<<grid_for(n), kThreads, 0, ctx.stream>>>(
+        ws.direction, static_cast<const bf16*>(R), static_cast<bf16*>(m), static_cast<bf16*>(v),
+        n, k);
+  else
+    lowrank_adam_direction<<<grid_for(n), kThreads, 0, ctx.stream>>>(
+        ws.direction, static_cast<const float*>(R), static_cast<float*>(m),
+        static_cast<float*>(v), n, k);
+  GRASS_LAUNCH_CHECK();
+  write_Pt(ctx, ws.Pt, P, side, r);  // Pt bf16 [r, side]
+
+  if (!pure) {
+    // 2. master[out, in] = decay·master + back(direction): one GEMM with β = decay, then the bf16
+    //    compute copy param[out, in] = round-to-nearest(master).
+    back_project(ctx, master, CUDA_R_32F, k.decay, ws.Pt, ws.direction, 0, out, out, in, r, rows);
+    f32_to_bf16(ctx, param, master, int64_t(out) * in);
+    return;
+  }
+  // 2. Pure bf16, chunks of whole rows: update[rows_c, in] = back(direction) rows [o0, o0+rows_c)
+  //    in fp32, then param = SR(decay·param + update).
+  for (int64_t o0 = 0; o0 < out; o0 += ws.update_rows) {
+    const int64_t rows_c = std::min<int64_t>(ws.update_rows, out - o0);
+    back_project(ctx, ws.update, CUDA_R_32F, 0.0f, ws.Pt, ws.direction, o0, rows_c, out, in, r,
+                 rows);
+    const int64_t chunk = rows_c * in;
+    apply_update_pure<<<grid_for(chunk), kThreads, 0, ctx.stream>>>(param, ws.update, o0 * in,
+                                                                    chunk, k.decay, k.seed_param);
+    GRASS_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace grass::cuda

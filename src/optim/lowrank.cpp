@@ -1,0 +1,187 @@
+#include "optim/lowrank.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace grass {
+
+using nlohmann::json;
+
+LowRankOptimizer::LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model,
+                                   int64_t max_tokens, Arena& arena, bool full_gradients)
+    : cfg_(cfg), model_(model), backend_(model.backend()), rank_(cfg.projection.rank),
+      target_of_tensor_(model.tensors().size(), -1) {
+  const Storage& storage = model.storage();
+  const std::string name = name_of(cfg.kind);
+  int64_t largest = 0, workspace = 0;
+  for (size_t i = 0; i < model.tensors().size(); i++) {
+    const ParamTensor& p = model.tensors()[i];
+    if (p.dense()) continue;
+    GRASS_CHECK(p.shape.size() == 2, "a projected tensor must be a matrix: " + p.name);
+    Target t{};
+    t.tensor_index = int(i);
+    t.out = int(p.shape[0]);
+    t.in = int(p.shape[1]);
+    t.rows = t.out < t.in;  // the shorter side; a square weight projects its columns
+    t.side = t.rows ? t.out : t.in;
+    GRASS_CHECK(rank_ <= t.side, "rank exceeds the projected side of " + p.name);
+    t.r_numel = int64_t(rank_) * (t.rows ? t.in : t.out);
+    t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + "." + name + ".m",
+                            t.r_numel * storage.state_bytes);
+    t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + "." + name + ".v",
+                            t.r_numel * storage.state_bytes);
+    largest = std::max(largest, p.numel);
+    workspace = std::max(workspace, lowrank_workspace_bytes(storage, t.out, t.in, rank_));
+    target_of_tensor_[i] = int(targets_.size());
+    targets_.push_back(t);
+    tensors_.push_back(int(i));
+  }
+  GRASS_CHECK(!targets_.empty(), "the " + name + " optimizer has no target tensors");
+  scratch_ = arena.alloc_bytes(MemCategory::Workspace, name + ".projected_inputs",
+                               max_tokens * rank_ * storage.act_bytes);
+  if (workspace > 0) workspace_ = arena.alloc_bytes(MemCategory::Workspace, name + ".update", workspace);
+  if (full_gradients)
+    full_grad_ = arena.alloc<float>(MemCategory::Workspace, name + ".refresh_gradient", largest);
+}
+
+size_t LowRankOptimizer::index_of(int tensor) const {
+  const int k = target_of_tensor_.at(size_t(tensor));
+  GRASS_CHECK(k >= 0, std::string("a tensor that is not a ") + name() + " target");
+  return size_t(k);
+}
+
+const LowRankOptimizer::Target& LowRankOptimizer::target_of(int tensor) const {
+  return targets_[index_of(tensor)];
+}
+
+void LowRankOptimizer::accumulate(int tensor, void* R, const void* dy, const void* x, int64_t N) {
+  const size_t k = index_of(tensor);
+  const Target& t = targets_[k];
+  if (needs_full_gradient(k)) {  // the refresh's transient full gradient, one weight at a time
+    backend_.full_weight_grad(full_grad_, dy, x, N, t.in, t.out, 0, t.out);
+    refresh_from(k, full_grad_);
+  }
+  // R from the activations with this step's projection, refresh steps included: the same as
+  // projecting the full gradient (R is linear in it), on one code path.
+  backend_.lowrank_compressed_grad(R, scratch_, workspace_, dy, x, N, view(k, projection(k)));
+}
+
+void LowRankOptimizer::update(int tensor, void* R, double grad_scale, double lr) {
+  const size_t k = index_of(tensor);
+  Target& t = targets_[k];
+  t.adam_step++;
+  const ParamTensor& p = model_.tensors()[size_t(t.tensor_index)];
+  // pure bf16's stochastic rounding: one stream per (step, target)
+  const uint64_t seed =
+      derive_seed(derive_seed(cfg_.projection.seed ^ 0x10a7, uint64_t(step_)), t.tensor_index);
+  const AdamArgs args{.grad_scale = grad_scale, .lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2,
+                      .eps = cfg_.eps, .weight_decay = cfg_.weight_decay, .step = t.adam_step};
+  backend_.lowrank_adam_update(model_.weight_ref(p), R, t.m, t.v, workspace_,
+                               view(k, projection(k)), cfg_.projection.scale, args, seed);
+}
+
+double LowRankOptimizer::flops_saved_per_token() const {
+  double saved = 0;
+  for (const Target& t : targets_) saved += 2.0 * t.out * t.in - 2.0 * rank_ * (t.out + t.in);
+  return saved;
+}
+
+json LowRankOptimizer::save_state() const {
+  json targets = json::array();
+  for (const Target& t : targets_)
+    targets.push_back({{"tensor", model_.tensors()[size_t(t.tensor_index)].name},
+                       {"adam_step", t.adam_step}});
+  return targets;
+}
+
+void LowRankOptimizer::check_state(const json* saved, const StateReader& reader) const {
+  Optimizer::check_state(saved, reader);
+  const std::string mismatch = StateReader::kMismatch;
+  if (!saved->is_array() || saved->size() != targets_.size())
+    reader.fail(std::string(state_key()) + " does not list this run's " +
+                std::to_string(targets_.size()) + " " + name() + " targets" + mismatch);
+  for (size_t k = 0; k < targets_.size(); k++) {
+    const std::string where = std::string(state_key()) + "[" + std::to_string(k) + "].";
+    const std::string& tensor_name = model_.tensors()[size_t(targets_[k].tensor_index)].name;
+    const json& tensor = reader.field((*saved)[k], "tensor", where);
+    if (tensor != tensor_name)
+      reader.fail(where + "tensor is " + tensor.dump() + ", this run's target is " + tensor_name +
+                  mismatch);
+    reader.u64((*saved)[k], "adam_step", where);
+  }
+}
+
+void LowRankOptimizer::restore_state(const json& saved) {
+  for (size_t k = 0; k < targets_.size(); k++)
+    targets_[k].adam_step = saved[k]["adam_step"].get<int64_t>();
+}
+
+// ---- GaLore -------------------------------------------------------------------------------------
+
+GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena)
+    : LowRankOptimizer(cfg, model, max_tokens, arena, /*full_gradients=*/true),
+      needs_refresh_(targets_.size(), false) {  // begin_step(0) refreshes; a resumed run has P
+  for (const Target& t : targets_)
+    P_.push_back(arena.alloc<float>(MemCategory::Optimizer,
+                                    model.tensors()[size_t(t.tensor_index)].name + ".galore.P",
+                                    int64_t(t.side) * rank_));
+}
+
+void GaLore::begin_step(int64_t step) {
+  step_ = step;
+  if (step % cfg_.projection.update_interval == 0)
+    std::fill(needs_refresh_.begin(), needs_refresh_.end(), true);
+}
+
+void GaLore::refresh_from(size_t k, const float* g) {
+  const Target& t = targets_[k];
+  backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows);
+  needs_refresh_[k] = false;
+}
+
+// ---- FLORA --------------------------------------------------------------------------------------
+
+Flora::Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena)
+    : LowRankOptimizer(cfg, model, max_tokens, arena, /*full_gradients=*/false) {
+  int64_t largest_P = 0, largest_R = 0;
+  for (const Target& t : targets_) {
+    largest_P = std::max(largest_P, int64_t(t.side) * rank_);
+    largest_R = std::max(largest_R, t.r_numel);
+  }
+  P_ = arena.alloc<float>(MemCategory::Workspace, "flora.projection", largest_P);
+  P_old_ = arena.alloc<float>(MemCategory::Workspace, "flora.previous_projection", largest_P);
+  transfer_ = arena.alloc<float>(MemCategory::Workspace, "flora.transfer",
+                                 int64_t(rank_) * rank_ + largest_R);
+}
+
+void Flora::generate(float* P, size_t k, int64_t refresh) {
+  const Target& t = targets_[k];
+  backend_.flora_projection(P, cfg_.projection.seed, t.tensor_index, refresh, t.side, rank_);
+}
+
+const float* Flora::projection(size_t k) {
+  const int64_t refresh = refresh_index(step_);
+  if (held_target_ != int64_t(k) || held_refresh_ != refresh) {
+    generate(P_, k, refresh);
+    held_target_ = int64_t(k);
+    held_refresh_ = refresh;
+  }
+  return P_;
+}
+
+void Flora::begin_step(int64_t step) {
+  step_ = step;
+  const int64_t refresh = refresh_index(step);
+  if (refresh == 0 || (step + 1) % cfg_.projection.update_interval != 0) return;
+  // A resampling step: carry each first moment to the new projection before the step forms R.
+  for (size_t k = 0; k < targets_.size(); k++) {
+    generate(P_old_, k, refresh - 1);
+    const uint64_t seed =
+        derive_seed(derive_seed(cfg_.projection.seed ^ 0x7a45, uint64_t(step)), targets_[k].tensor_index);
+    backend_.flora_transfer(targets_[k].m, transfer_, P_old_, view(k, projection(k)), seed);
+  }
+}
+
+}  // namespace grass

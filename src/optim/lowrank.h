@@ -1,0 +1,126 @@
+// What GaLore and FLORA share (docs/lowrank.md has the formulas and the reference code): each
+// target weight w[out, in] trains through a projection P [side, r] of its gradient onto its
+// shorter side (rows when out < in, as both references do; a square weight projects its
+// columns). Between refreshes the projected gradient R is formed straight from the activations
+// (accumulate); every step runs galore_torch's Adam on R and updates the whole weight through
+// the back-projection. The two differ only in P: GaLore's is the top-r singular vectors of a
+// full gradient, stored and recomputed every update_interval steps; FLORA's is Gaussian,
+// regenerated from (seed, tensor, refresh index) whenever it is needed and never stored.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "config/config.h"
+#include "core/arena.h"
+#include "model/llama.h"
+#include "optim/optimizer.h"
+
+namespace grass {
+
+class LowRankOptimizer : public Optimizer {
+ public:
+  int64_t projected_numel(int tensor) const override { return target_of(tensor).r_numel; }
+  void accumulate(int tensor, void* R, const void* dy, const void* x, int64_t N) override;
+  void update(int tensor, void* R, double grad_scale, double lr) override;
+  // Σ over targets of 2·out·in - 2·r·(out + in): R from the activations instead of dyᵀ·x.
+  double flops_saved_per_token() const override;
+
+  nlohmann::json save_state() const override;  // per target: its Adam step counter
+  void check_state(const nlohmann::json* saved, const StateReader& reader) const override;
+  void restore_state(const nlohmann::json& saved) override;
+
+  struct Target {
+    int tensor_index;
+    int out, in;
+    bool rows;          // projects the out side (R [r, in]) rather than the in side (R [out, r])
+    int side;           // out or in
+    int64_t r_numel;    // r·in or out·r
+    void* m;            // Adam moments, shaped like R (state-typed)
+    void* v;
+    int64_t adam_step = 0;  // updates so far; never reset (both references keep it)
+  };
+  const std::vector<Target>& targets() const { return targets_; }
+  const Target& target_of(int tensor) const;
+
+ protected:
+  // Allocates every target's moments and the workspaces; full_gradients: the transient buffer
+  // for a refresh's full gradient (GaLore; FLORA never forms one).
+  LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens,
+                   Arena& arena, bool full_gradients);
+  // The projection of target k for the current step (backend memory, fp32 [side, r]).
+  virtual const float* projection(size_t k) = 0;
+  // Whether target k must form a new projection from this step's first full gradient (GaLore's
+  // refresh), and doing so from g [out, in].
+  virtual bool needs_full_gradient(size_t k) const { (void)k; return false; }
+  virtual void refresh_from(size_t k, const float* g) { (void)k; (void)g; }
+
+  LowRankProjection view(size_t k, const float* P) const {
+    const Target& t = targets_[k];
+    return {P, t.out, t.in, rank_, t.rows};
+  }
+  size_t index_of(int tensor) const;
+
+  OptimizerConfig cfg_;
+  LlamaModel& model_;
+  Backend& backend_;
+  int rank_;
+  std::vector<Target> targets_;
+  int64_t step_ = 0;
+  float* full_grad_ = nullptr;  // [largest out x in] fp32: a refresh's transient full gradient
+
+ private:
+  std::vector<int> target_of_tensor_;  // tensor index -> targets_ index, or -1
+  void* scratch_ = nullptr;            // [max_tokens, r] act-typed: dy·P or x·P
+  void* workspace_ = nullptr;          // lowrank_workspace_bytes of the largest target
+};
+
+// GaLore (Zhao et al. 2024; galore_torch): P = the top-r singular vectors of the step's full
+// gradient at step 0 and every update_interval steps (its update_proj_gap), computed from the
+// first micro-batch's gradient at a refresh step; the moments and the step counter are kept
+// across refreshes, as galore_torch keeps them.
+class GaLore final : public LowRankOptimizer {
+ public:
+  GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena);
+  const char* name() const override { return "galore"; }
+  void begin_step(int64_t step) override;
+  const char* state_key() const override { return "galore_targets"; }
+  // The projection of a target tensor (backend memory, fp32 [side, r]).
+  const float* basis(int tensor) const { return P_[index_of(tensor)]; }
+
+ protected:
+  const float* projection(size_t k) override { return P_[k]; }
+  bool needs_full_gradient(size_t k) const override { return needs_refresh_[k]; }
+  void refresh_from(size_t k, const float* g) override;
+
+ private:
+  std::vector<float*> P_;             // per target [side, r] fp32, in the optimizer's state
+  std::vector<bool> needs_refresh_;   // set at a refresh step until the first backward
+};
+
+// FLORA (Hao et al. 2024; flora-opt, with the engine's exact variant of docs/lowrank.md): P is
+// Gaussian N(0, 1/r), projection number k = (step + 1) / update_interval (its kappa) of each
+// tensor regenerated from the seed; at a resampling step the first moment is carried to the new
+// projection (down_new(up_old(M))) before the step's gradient is formed.
+class Flora final : public LowRankOptimizer {
+ public:
+  Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena);
+  const char* name() const override { return "flora"; }
+  void begin_step(int64_t step) override;  // the moment transfer at a resampling step
+  const char* state_key() const override { return "flora_targets"; }
+
+ protected:
+  const float* projection(size_t k) override;
+
+ private:
+  int64_t refresh_index(int64_t step) const { return (step + 1) / cfg_.projection.update_interval; }
+  void generate(float* P, size_t k, int64_t refresh);
+
+  float* P_ = nullptr;         // [largest side x r] fp32: the current projection, regenerated
+  // which target's projection, and which refresh of it, P_ holds (a fused step asks for the same
+  // one twice in a row: R, then the update); -1: none
+  int64_t held_target_ = -1, held_refresh_ = -1;
+  float* P_old_ = nullptr;     // the same size: the previous one, during a transfer
+  float* transfer_ = nullptr;  // [r·r + largest r_numel] fp32: the transfer's scratch
+};
+
+}  // namespace grass

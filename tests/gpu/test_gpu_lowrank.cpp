@@ -1,0 +1,469 @@
+// GaLore and FLORA on the GPU (kernels/cuda/lowrank.cu, through CudaBackend) against the CPU
+// backend and the CPU ops (kernels/cpu/lowrank.cpp) on the same bf16-rounded inputs: the projected
+// gradient from the activations (accumulating), the two projections (bit for bit: both are made
+// on the host), FLORA's moment transfer and GaLore's Adam step with its dense update, in both
+// storage schemes (bf16-mixed: fp32 R, moments and master; pure bf16: bf16 everything with
+// stochastic rounding), rows and columns, at shapes with widths that are not multiples of 8.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "backend.h"
+#include "core/error.h"
+#include "gpu_test_util.h"
+#include "lowrank_ops.h"
+#include "storage.h"
+
+using namespace grass;
+using namespace grass::gputest;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+struct Shape {
+  int out, in, r;
+  int64_t N;
+};
+// 40 x 72 (multiples of 8) and 43 x 70 with r = 6 (odd rows, unaligned bf16 pitches)
+const Shape kShapes[] = {{40, 72, 8, 100}, {43, 70, 6, 51}};
+
+uint16_t bits(bf16 x) { return std::bit_cast<uint16_t>(x); }
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+std::vector<float> squares(std::vector<float> x) {
+  for (float& v : x) v *= v;
+  return x;
+}
+
+// A random projection [side, r] with N(0, 1/r) entries (FLORA's distribution): fresh every call.
+std::vector<float> random_projection(int side, int r) {
+  return randn(size_t(side) * size_t(r), 1.0 / std::sqrt(double(r)));
+}
+
+// The two backends of one precision: the CUDA backend under test and the CPU reference.
+struct Backends {
+  Storage gpu_storage, cpu_storage;
+  std::unique_ptr<Backend> gpu, cpu;
+  DeviceBuffer<char> gemm_workspace{size_t(32) << 20};
+  explicit Backends(PrecisionChoice precision)
+      : gpu_storage(storage_for(precision, true)), cpu_storage(storage_for(precision, false)),
+        gpu(make_cuda_backend(gpu_storage)), cpu(make_cpu_backend(cpu_storage)) {
+    BackendScratchPointers scratch;
+    scratch.gemm = gemm_workspace.ptr;
+    gpu->bind_workspace(scratch, WorkspaceShape{});
+  }
+  bool pure() const { return gpu_storage.pure_bf16(); }
+};
+
+// A grad- or state-typed device buffer (fp32 in bf16-mixed, bf16 in pure bf16), read and written
+// as floats.
+struct TypedBuffer {
+  bool f32;
+  DeviceBuffer<float> f;
+  DeviceBuffer<bf16> h;
+  TypedBuffer(bool is_f32, size_t n) : f32(is_f32), f(is_f32 ? n : 0), h(is_f32 ? 0 : n) {}
+  void* ptr() { return f32 ? static_cast<void*>(f.ptr) : static_cast<void*>(h.ptr); }
+  std::vector<float> representable(const std::vector<float>& x) const {
+    return f32 ? x : bf16_rounded(x);
+  }
+  void upload(const std::vector<float>& x) { f32 ? f.upload(x) : h.upload(to_bf16(x)); }
+  void poison() { f32 ? f.poison() : h.poison(); }
+  std::vector<float> download() const { return f32 ? f.download() : to_f32(h.download()); }
+};
+
+// The Adam hyperparameters of the update tests: step 3 (bias corrections not 1), clipping on,
+// weight decay on.
+AdamArgs adam_args() {
+  AdamArgs a;
+  a.grad_scale = 0.7;
+  a.lr = 1e-2;
+  a.beta1 = 0.9;
+  a.beta2 = 0.95;
+  a.eps = 1e-6;
+  a.weight_decay = 0.1;
+  a.step = 3;
+  return a;
+}
+
+// The fraction of values whose bf16 rounding-to-nearest differs from that of the unrounded
+// reference (stochastic rounding: about a quarter; round-to-nearest: none), and the mean signed
+// rounding error in units of the bf16 spacing (stochastic rounding is unbiased: about 0).
+struct RoundingStats {
+  double not_nearest = 0, mean_ulps = 0;
+};
+RoundingStats rounding_stats(const std::vector<float>& got, const std::vector<float>& exact) {
+  RoundingStats s;
+  for (size_t i = 0; i < got.size(); i++) {
+    s.not_nearest += bits(__float2bfloat16_rn(got[i])) != bits(__float2bfloat16_rn(exact[i]));
+    const float spacing = std::ldexp(1.0f, std::ilogb(exact[i]) - 7);
+    s.mean_ulps += (double(got[i]) - exact[i]) / spacing;
+  }
+  s.not_nearest /= double(got.size());
+  s.mean_ulps /= double(got.size());
+  return s;
+}
+
+// GaLore's update is dense: every element whose reference change is clearly above what the GPU's
+// arithmetic can lose must move. Left out: elements whose change is within 2% of the sum of the
+// magnitudes of its terms (the decay's and the r products of back(N), which the bf16 copies of P
+// and N perturb by ~0.4%: there the GPU's change may cancel to nothing in fp32) and, for bf16
+// weights, within two bf16 spacings (which stochastic rounding may keep in place).
+// N: the Adam direction of the CPU op (it leaves it in R). Returns {unmoved, counted}.
+std::pair<int64_t, int64_t> unmoved_elements(const std::vector<float>& before,
+                                             const std::vector<float>& after,
+                                             const std::vector<float>& want_change,
+                                             const std::vector<float>& P,
+                                             const std::vector<float>& N, const Shape& s,
+                                             bool rows, const AdamArgs& a, double alpha,
+                                             bool bf16_weights) {
+  const double t = double(a.step);
+  const double decay = 1.0 - a.lr * a.weight_decay;
+  const double scale =
+      a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t)) * alpha * decay;
+  int64_t unmoved = 0, counted = 0;
+  for (int o = 0; o < s.out; o++)
+    for (int c = 0; c < s.in; c++) {
+      const size_t e = size_t(o) * s.in + c;
+      double terms = 0;  // Σ_k |P[o, k]·N[k, c]| (rows) or |N[o, k]·P[c, k]| (cols)
+      for (int k = 0; k < s.r; k++)
+        terms += rows ? std::abs(double(P[size_t(o) * s.r + k]) * N[size_t(k) * s.in + c])
+                      : std::abs(double(N[size_t(o) * s.r + k]) * P[size_t(c) * s.r + k]);
+      const double bound = (1.0 - decay) * std::abs(before[e]) + scale * terms;
+      if (!(std::abs(want_change[e]) > 0.02 * bound)) continue;
+      if (bf16_weights && std::abs(want_change[e]) <= std::ldexp(2.0, std::ilogb(before[e]) - 7))
+        continue;
+      counted++;
+      unmoved += std::bit_cast<uint32_t>(after[e]) == std::bit_cast<uint32_t>(before[e]);
+    }
+  return {unmoved, counted};
+}
+
+}  // namespace
+
+TEST_CASE("lowrank: the projected gradient accumulates from the activations", "[gpu][lowrank]") {
+  for (const PrecisionChoice precision : {PrecisionChoice::Bf16Mixed, PrecisionChoice::Bf16}) {
+    Backends be(precision);
+    for (const Shape& s : kShapes)
+      for (const bool rows : {true, false}) {
+        INFO("pure=" << be.pure() << " out=" << s.out << " in=" << s.in << " rows=" << rows);
+        const int side = rows ? s.out : s.in;
+        const size_t R_numel = size_t(s.r) * (rows ? s.in : s.out);
+        const std::vector<float> dy = bf16_rounded(randn(size_t(s.N) * s.out));
+        const std::vector<float> x = bf16_rounded(randn(size_t(s.N) * s.in));
+        const std::vector<float> P = random_projection(side, s.r);
+        DeviceBuffer<bf16> d_dy(dy.size()), d_x(x.size()), scratch(size_t(s.N) * s.r);
+        DeviceBuffer<float> d_P(P.size());
+        DeviceBuffer<char> workspace(
+            size_t(lowrank_workspace_bytes(be.gpu_storage, s.out, s.in, s.r)));
+        d_dy.upload(to_bf16(dy));
+        d_x.upload(to_bf16(x));
+        d_P.upload(P);
+        scratch.poison();
+        workspace.poison();
+        TypedBuffer R(!be.pure(), R_numel);
+        // The earlier micro-batches' sum, as large as this one's: dropping it fails the bound.
+        std::vector<float> want = R.representable(randn(R_numel, std::sqrt(double(s.N))));
+        R.upload(want);
+        const LowRankProjection gp{d_P.ptr, s.out, s.in, s.r, rows};
+        be.gpu->lowrank_compressed_grad(R.ptr(), scratch.ptr, workspace.ptr, d_dy.ptr, d_x.ptr,
+                                        s.N, gp);
+        std::vector<float> cpu_scratch(size_t(s.N) * s.r);
+        const LowRankProjection cp{P.data(), s.out, s.in, s.r, rows};
+        be.cpu->lowrank_compressed_grad(want.data(), cpu_scratch.data(), nullptr, dy.data(),
+                                        x.data(), s.N, cp);
+        CHECK(rel_error(R.download(), want) <= 1e-2);
+        CHECK(same_bits(d_P.download(), P));  // read only
+      }
+  }
+}
+
+TEST_CASE("lowrank: galore_basis is the CPU's SVD, bit for bit", "[gpu][lowrank]") {
+  Backends be(PrecisionChoice::Bf16Mixed);
+  for (const Shape& s : kShapes)
+    for (const bool rows : {true, false}) {
+      INFO("out=" << s.out << " in=" << s.in << " rows=" << rows);
+      const int side = rows ? s.out : s.in;
+      const std::vector<float> g = randn(size_t(s.out) * s.in);
+      DeviceBuffer<float> d_g(g.size()), d_P(size_t(side) * s.r);
+      d_g.upload(g);
+      d_P.poison();
+      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows);
+      std::vector<float> want(d_P.n);
+      ops::galore_basis<float>(want.data(), g.data(), s.out, s.in, s.r, rows);
+      CHECK(same_bits(d_P.download(), want));
+      CHECK(same_bits(d_g.download(), g));  // read only
+    }
+}
+
+TEST_CASE("lowrank: flora_projection is the CPU's, bit for bit", "[gpu][lowrank]") {
+  Backends be(PrecisionChoice::Bf16);
+  for (const Shape& s : kShapes)
+    for (const int64_t refresh : {0, 3}) {
+      INFO("side=" << s.in << " refresh=" << refresh);
+      DeviceBuffer<float> d_P(size_t(s.in) * s.r);
+      d_P.poison();
+      be.gpu->flora_projection(d_P.ptr, 1234, 5, refresh, s.in, s.r);
+      std::vector<float> want(d_P.n);
+      be.cpu->flora_projection(want.data(), 1234, 5, refresh, s.in, s.r);
+      CHECK(same_bits(d_P.download(), want));
+    }
+}
+
+TEST_CASE("lowrank: flora_transfer carries the first moment to the new projection",
+          "[gpu][lowrank]") {
+  for (const PrecisionChoice precision : {PrecisionChoice::Bf16Mixed, PrecisionChoice::Bf16}) {
+    Backends be(precision);
+    for (const Shape& s : kShapes)
+      for (const bool rows : {true, false}) {
+        INFO("pure=" << be.pure() << " out=" << s.out << " in=" << s.in << " rows=" << rows);
+        const int side = rows ? s.out : s.in;
+        const size_t numel = size_t(s.r) * (rows ? s.in : s.out);
+        const std::vector<float> P_old = random_projection(side, s.r);
+        const std::vector<float> P_new = random_projection(side, s.r);
+        TypedBuffer m(!be.pure(), numel);
+        const std::vector<float> m0 = m.representable(randn(numel, 0.1));
+        m.upload(m0);
+        DeviceBuffer<float> d_old(P_old.size()), d_new(P_new.size());
+        DeviceBuffer<float> scratch(size_t(s.r) * s.r + numel);
+        d_old.upload(P_old);
+        d_new.upload(P_new);
+        scratch.poison();
+        be.gpu->flora_transfer(m.ptr(), scratch.ptr, d_old.ptr, {d_new.ptr, s.out, s.in, s.r, rows},
+                               99);
+        const std::vector<float> got = m.download();
+
+        // the exact transfer in fp32, and the CPU backend's (which rounds in pure bf16)
+        std::vector<float> exact = m0, cpu = m0, cpu_scratch(scratch.n);
+        ops::flora_transfer<float>(exact.data(), cpu_scratch.data(), P_old.data(), P_new.data(),
+                                   s.out, s.in, s.r, rows);
+        be.cpu->flora_transfer(cpu.data(), cpu_scratch.data(), P_old.data(),
+                               {P_new.data(), s.out, s.in, s.r, rows}, 99);
+        if (!be.pure()) {
+          CHECK(rel_error(got, exact) <= 1e-5);
+          CHECK(rel_error(got, cpu) <= 1e-5);
+        } else {
+          CHECK(rel_error(got, cpu) <= 1e-2);
+          const RoundingStats st = rounding_stats(got, exact);
+          CHECK(st.not_nearest >= 0.12);
+          CHECK(st.not_nearest <= 0.38);
+          CHECK(std::abs(st.mean_ulps) <= 0.15);
+        }
+      }
+  }
+}
+
+TEST_CASE("lowrank: Adam in bf16-mixed updates every weight through the projection",
+          "[gpu][lowrank]") {
+  Backends be(PrecisionChoice::Bf16Mixed);
+  const AdamArgs a = adam_args();
+  const double alpha = 0.25;
+  for (const Shape& s : kShapes)
+    for (const bool rows : {true, false}) {
+      INFO("out=" << s.out << " in=" << s.in << " rows=" << rows);
+      const int side = rows ? s.out : s.in;
+      const size_t numel = size_t(s.out) * s.in, state = size_t(s.r) * (rows ? s.in : s.out);
+      const std::vector<float> master0 = randn(numel);
+      const std::vector<float> P = random_projection(side, s.r);
+      const std::vector<float> R0 = randn(state), m0 = randn(state, 0.1),
+                               v0 = squares(randn(state, 0.1));
+      DeviceBuffer<float> d_master(numel), d_P(P.size()), d_R(state), d_m(state), d_v(state);
+      DeviceBuffer<bf16> d_param(numel);
+      DeviceBuffer<char> workspace(
+          size_t(lowrank_workspace_bytes(be.gpu_storage, s.out, s.in, s.r)));
+      d_master.upload(master0);
+      d_param.upload(to_bf16(master0));
+      d_P.upload(P);
+      d_R.upload(R0);
+      d_m.upload(m0);
+      d_v.upload(v0);
+      workspace.poison();
+      be.gpu->lowrank_adam_update({d_param.ptr, d_master.ptr}, d_R.ptr, d_m.ptr, d_v.ptr,
+                                  workspace.ptr, {d_P.ptr, s.out, s.in, s.r, rows}, alpha, a, 7);
+
+      std::vector<float> master = master0, weights = bf16_rounded(master0), R = R0, m = m0, v = v0;
+      be.cpu->lowrank_adam_update({weights.data(), master.data()}, R.data(), m.data(), v.data(),
+                                  nullptr, {P.data(), s.out, s.in, s.r, rows}, alpha, a, 7);
+      CHECK(rel_error(d_m.download(), m) <= 1e-5);
+      CHECK(rel_error(d_v.download(), v) <= 1e-5);
+
+      const std::vector<float> got_master = d_master.download();
+      const std::vector<bf16> got_param = d_param.download();
+      int64_t param_not_nearest = 0;
+      std::vector<float> change(numel), want_change(numel);
+      for (size_t e = 0; e < numel; e++) {
+        param_not_nearest += bits(got_param[e]) != bits(__float2bfloat16_rn(got_master[e]));
+        change[e] = got_master[e] - master0[e];
+        want_change[e] = master[e] - master0[e];
+      }
+      const auto [unmoved, counted] =
+          unmoved_elements(master0, got_master, want_change, P, R, s, rows, a, alpha, false);
+      CHECK(unmoved == 0);
+      CHECK(counted >= int64_t(numel) * 3 / 4);
+      CHECK(param_not_nearest == 0);
+      CHECK(rel_error(change, want_change) <= 1e-2);
+      CHECK(rel_error(to_f32(got_param), weights) <= 1e-2);
+    }
+}
+
+TEST_CASE("lowrank: Adam in pure bf16 rounds stochastically and matches the CPU",
+          "[gpu][lowrank]") {
+  Backends be(PrecisionChoice::Bf16);
+  const AdamArgs a = adam_args();
+  const double alpha = 1.0;  // steps well above the bf16 spacing of weights of size 0.01
+  for (const Shape& s : kShapes)
+    for (const bool rows : {true, false}) {
+      INFO("out=" << s.out << " in=" << s.in << " rows=" << rows);
+      const int side = rows ? s.out : s.in;
+      const size_t numel = size_t(s.out) * s.in, state = size_t(s.r) * (rows ? s.in : s.out);
+      const std::vector<float> param0 = bf16_rounded(randn(numel, 0.01));
+      const std::vector<float> P = random_projection(side, s.r);
+      const std::vector<float> R0 = bf16_rounded(randn(state)),
+                               m0 = bf16_rounded(randn(state, 0.1)),
+                               v0 = bf16_rounded(squares(randn(state, 0.1)));
+      DeviceBuffer<float> d_P(P.size());
+      DeviceBuffer<bf16> d_param(numel), d_R(state), d_m(state), d_v(state);
+      DeviceBuffer<char> workspace(
+          size_t(lowrank_workspace_bytes(be.gpu_storage, s.out, s.in, s.r)));
+      d_param.upload(to_bf16(param0));
+      d_P.upload(P);
+      d_R.upload(to_bf16(R0));
+      d_m.upload(to_bf16(m0));
+      d_v.upload(to_bf16(v0));
+      workspace.poison();
+      be.gpu->lowrank_adam_update({d_param.ptr, nullptr}, d_R.ptr, d_m.ptr, d_v.ptr, workspace.ptr,
+                                  {d_P.ptr, s.out, s.in, s.r, rows}, alpha, a, 77);
+
+      // the exact fp32 step (the moments before their rounding), and the CPU backend's
+      std::vector<float> w_exact = param0, R = R0, m_exact = m0, v_exact = v0;
+      ops::lowrank_adam_update<float>(w_exact.data(), R.data(), m_exact.data(), v_exact.data(),
+                                      P.data(), s.out, s.in, s.r, rows, alpha, a);
+      const std::vector<float> N_exact = R;  // the op leaves its direction in R
+      std::vector<float> w = param0, m = m0, v = v0;
+      R = R0;
+      be.cpu->lowrank_adam_update({w.data(), nullptr}, R.data(), m.data(), v.data(), nullptr,
+                                  {P.data(), s.out, s.in, s.r, rows}, alpha, a, 77);
+      const std::vector<float> got_m = to_f32(d_m.download()), got_v = to_f32(d_v.download());
+      CHECK(rel_error(got_m, m) <= 1e-2);
+      CHECK(rel_error(got_v, v) <= 1e-2);
+      for (const auto& [got, exact] : {std::pair(&got_m, &m_exact), std::pair(&got_v, &v_exact)}) {
+        const RoundingStats st = rounding_stats(*got, *exact);
+        CHECK(st.not_nearest >= 0.12);
+        CHECK(st.not_nearest <= 0.38);
+        CHECK(std::abs(st.mean_ulps) <= 0.15);
+      }
+
+      const std::vector<float> param = to_f32(d_param.download());
+      std::vector<float> change(numel), want_change(numel);
+      for (size_t e = 0; e < numel; e++) {
+        change[e] = param[e] - param0[e];
+        want_change[e] = w_exact[e] - param0[e];
+      }
+      const auto [unmoved, counted] =
+          unmoved_elements(param0, param, want_change, P, N_exact, s, rows, a, alpha, true);
+      CHECK(unmoved == 0);
+      CHECK(counted >= int64_t(numel) * 3 / 4);
+      CHECK(rel_error(change, want_change) <= 1e-2);
+      CHECK(rel_error(param, w) <= 1e-2);
+    }
+}
+
+TEST_CASE("lowrank: pure bf16's back-projection in row chunks, and a short workspace",
+          "[gpu][lowrank]") {
+  TestContext tc;
+  const AdamArgs a = adam_args();
+  const Shape s = kShapes[1];  // out 43: chunks of 8 rows leave a partial one
+  for (const bool rows : {true, false}) {
+    INFO("rows=" << rows);
+    const int side = rows ? s.out : s.in;
+    const size_t numel = size_t(s.out) * s.in, state = size_t(s.r) * (rows ? s.in : s.out);
+    const std::vector<float> param0 = bf16_rounded(randn(numel, 0.01));
+    const std::vector<float> P = random_projection(side, s.r);
+    const std::vector<float> R0 = bf16_rounded(randn(state)), m0 = bf16_rounded(randn(state, 0.1)),
+                             v0 = bf16_rounded(squares(randn(state, 0.1)));
+    DeviceBuffer<float> d_P(P.size());
+    DeviceBuffer<bf16> d_param(numel), d_R(state), d_m(state), d_v(state);
+    const int64_t prefix = cuda::lowrank_workspace_prefix_bytes(s.out, s.in, s.r);
+    // room for 11 rows: chunks of 8 (rounded down to aligned rows), 6 chunks for 43 rows
+    const int64_t bytes = prefix + 4 * int64_t(11) * s.in;
+    DeviceBuffer<char> workspace(static_cast<size_t>(bytes));
+    d_param.upload(to_bf16(param0));
+    d_P.upload(P);
+    d_R.upload(to_bf16(R0));
+    d_m.upload(to_bf16(m0));
+    d_v.upload(to_bf16(v0));
+    workspace.poison();
+    cuda::lowrank_adam_update(tc.ctx, d_param.ptr, nullptr, d_R.ptr, d_m.ptr, d_v.ptr,
+                              workspace.ptr, bytes, d_P.ptr, s.out, s.in, s.r, rows, 1.0, a, 5);
+    std::vector<float> w = param0, R = R0, m = m0, v = v0;
+    ops::lowrank_adam_update<float>(w.data(), R.data(), m.data(), v.data(), P.data(), s.out, s.in,
+                                    s.r, rows, 1.0, a);
+    const std::vector<float> param = to_f32(d_param.download());
+    std::vector<float> change(numel), want_change(numel);
+    for (size_t e = 0; e < numel; e++) {
+      change[e] = param[e] - param0[e];
+      want_change[e] = w[e] - param0[e];
+    }
+    CHECK(rel_error(change, want_change) <= 1e-2);
+
+    // no room for one fp32 row: refused, before anything is written
+    CHECK_THROWS_AS(cuda::lowrank_adam_update(tc.ctx, d_param.ptr, nullptr, d_R.ptr, d_m.ptr,
+                                              d_v.ptr, workspace.ptr, prefix + 4 * s.in - 1,
+                                              d_P.ptr, s.out, s.in, s.r, rows, 1.0, a, 5),
+                    InternalError);
+    CHECK_THROWS_AS(cuda::lowrank_compressed_grad(tc.ctx, d_R.ptr, cuda::GradType::BF16, nullptr,
+                                                  workspace.ptr, prefix - 1, nullptr, nullptr,
+                                                  d_P.ptr, 10, s.in, s.out, s.r, rows),
+                    InternalError);
+  }
+}
+
+TEST_CASE("lowrank: the same calls twice give the same bits", "[gpu][lowrank]") {
+  Backends be(PrecisionChoice::Bf16);
+  const AdamArgs a = adam_args();
+  const Shape s = kShapes[1];
+  const bool rows = false;
+  const size_t numel = size_t(s.out) * s.in, state = size_t(s.out) * s.r;
+  const std::vector<float> dy = randn(size_t(s.N) * s.out), x = randn(size_t(s.N) * s.in);
+  const std::vector<float> P = random_projection(s.in, s.r), P_old = random_projection(s.in, s.r);
+  const std::vector<float> param0 = randn(numel, 0.01), R0 = randn(state), m0 = randn(state, 0.1),
+                           v0 = squares(randn(state, 0.1));
+  DeviceBuffer<bf16> d_dy(dy.size()), d_x(x.size()), scratch(size_t(s.N) * s.r);
+  DeviceBuffer<bf16> d_param(numel), d_R(state), d_m(state), d_v(state);
+  DeviceBuffer<float> d_P(P.size()), d_old(P_old.size()), transfer(size_t(s.r) * s.r + state);
+  DeviceBuffer<char> workspace(size_t(lowrank_workspace_bytes(be.gpu_storage, s.out, s.in, s.r)));
+  d_dy.upload(to_bf16(dy));
+  d_x.upload(to_bf16(x));
+  d_P.upload(P);
+  d_old.upload(P_old);
+  const LowRankProjection p{d_P.ptr, s.out, s.in, s.r, rows};
+
+  std::vector<std::vector<bf16>> R(2), param(2), m(2), v(2);
+  for (int run = 0; run < 2; run++) {
+    d_R.upload(to_bf16(R0));
+    d_m.upload(to_bf16(m0));
+    d_v.upload(to_bf16(v0));
+    d_param.upload(to_bf16(param0));
+    be.gpu->lowrank_compressed_grad(d_R.ptr, scratch.ptr, workspace.ptr, d_dy.ptr, d_x.ptr, s.N, p);
+    R[run] = d_R.download();
+    be.gpu->flora_transfer(d_m.ptr, transfer.ptr, d_old.ptr, p, 3);
+    be.gpu->lowrank_adam_update({d_param.ptr, nullptr}, d_R.ptr, d_m.ptr, d_v.ptr, workspace.ptr,
+                                p, 0.25, a, 5);
+    param[run] = d_param.download();
+    m[run] = d_m.download();
+    v[run] = d_v.download();
+  }
+  CHECK(same_bits(R[0], R[1]));
+  CHECK(same_bits(param[0], param[1]));
+  CHECK(same_bits(m[0], m[1]));
+  CHECK(same_bits(v[0], v[1]));
+}
