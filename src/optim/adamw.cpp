@@ -19,9 +19,8 @@ void AdamW::update(int tensor, void* g, double grad_scale, double lr) {
   const int64_t step = step_ + 1;
   // pure bf16's stochastic rounding: one stream per (step, tensor)
   const uint64_t seed = derive_seed(derive_seed(seed_, uint64_t(step)), uint64_t(tensor));
-  const AdamArgs args{.grad_scale = grad_scale, .lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2,
-                      .eps = cfg_.eps, .weight_decay = t.is_norm ? 0.0 : cfg_.weight_decay,
-                      .step = step};
+  const AdamArgs args =
+      adam_args(cfg_, grad_scale, lr, t.is_norm ? 0.0 : cfg_.weight_decay, step);
   model_.backend().adamw_update(model_.weight_ref(t), g, static_cast<char*>(m_) + state_offset,
                                 static_cast<char*>(v_) + state_offset, t.numel, args, seed);
 }

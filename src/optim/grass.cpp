@@ -140,8 +140,7 @@ void Grass::update(int tensor, void* gc, double grad_scale, double lr) {
   // pure bf16's stochastic rounding: one stream per (step, target)
   const uint64_t seed =
       derive_seed(derive_seed(cfg_.projection.seed ^ 0x5eed, uint64_t(step_)), t.tensor_index);
-  const AdamArgs args{.grad_scale = grad_scale, .lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2,
-                      .eps = cfg_.eps, .weight_decay = cfg_.weight_decay, .step = t.adam_step};
+  const AdamArgs args = adam_args(cfg_, grad_scale, lr, cfg_.weight_decay, t.adam_step);
   backend_->grass_adam_update(model_.weight_ref(p), gc, t.m, t.v,
                               {t.sigma, t.update_scale, t.out, t.in, t.slices, t.rows},
                               cfg_.projection.scale, args, seed);
@@ -161,18 +160,11 @@ json Grass::save_state() const {
 
 void Grass::check_state(const json* saved, const StateReader& reader) const {
   Optimizer::check_state(saved, reader);
-  const std::string mismatch = StateReader::kMismatch;
-  if (!saved->is_array() || saved->size() != targets_.size())
-    reader.fail("grass_targets does not list this run's " + std::to_string(targets_.size()) +
-                " GRASS targets" + mismatch);
+  std::vector<std::string> names;
+  for (const Target& t : targets_) names.push_back(model_.tensors()[size_t(t.tensor_index)].name);
+  reader.target_list(*saved, state_key(), names, "GRASS");
   for (size_t k = 0; k < targets_.size(); k++) {
     const std::string where = "grass_targets[" + std::to_string(k) + "].";
-    const std::string& name = model_.tensors()[size_t(targets_[k].tensor_index)].name;
-    const json& tensor = reader.field((*saved)[k], "tensor", where);
-    if (tensor != name)
-      reader.fail(where + "tensor is " + tensor.dump() + ", this run's target is " + name +
-                  mismatch);
-    reader.u64((*saved)[k], "adam_step", where);
     reader.boolean((*saved)[k], "needs_selection", where);
     if (const json& target = (*saved)[k]; target.contains("count")) {
       const json& count = target["count"];

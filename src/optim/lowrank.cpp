@@ -76,8 +76,7 @@ void LowRankOptimizer::update(int tensor, void* R, double grad_scale, double lr)
   // pure bf16's stochastic rounding: one stream per (step, target)
   const uint64_t seed =
       derive_seed(derive_seed(cfg_.projection.seed ^ 0x10a7, uint64_t(step_)), t.tensor_index);
-  const AdamArgs args{.grad_scale = grad_scale, .lr = lr, .beta1 = cfg_.beta1, .beta2 = cfg_.beta2,
-                      .eps = cfg_.eps, .weight_decay = cfg_.weight_decay, .step = t.adam_step};
+  const AdamArgs args = adam_args(cfg_, grad_scale, lr, cfg_.weight_decay, t.adam_step);
   backend_.lowrank_adam_update(model_.weight_ref(p), R, t.m, t.v, workspace_,
                                view(k, projection(k)), cfg_.projection.scale, args, seed);
 }
@@ -98,19 +97,9 @@ json LowRankOptimizer::save_state() const {
 
 void LowRankOptimizer::check_state(const json* saved, const StateReader& reader) const {
   Optimizer::check_state(saved, reader);
-  const std::string mismatch = StateReader::kMismatch;
-  if (!saved->is_array() || saved->size() != targets_.size())
-    reader.fail(std::string(state_key()) + " does not list this run's " +
-                std::to_string(targets_.size()) + " " + name() + " targets" + mismatch);
-  for (size_t k = 0; k < targets_.size(); k++) {
-    const std::string where = std::string(state_key()) + "[" + std::to_string(k) + "].";
-    const std::string& tensor_name = model_.tensors()[size_t(targets_[k].tensor_index)].name;
-    const json& tensor = reader.field((*saved)[k], "tensor", where);
-    if (tensor != tensor_name)
-      reader.fail(where + "tensor is " + tensor.dump() + ", this run's target is " + tensor_name +
-                  mismatch);
-    reader.u64((*saved)[k], "adam_step", where);
-  }
+  std::vector<std::string> names;
+  for (const Target& t : targets_) names.push_back(model_.tensors()[size_t(t.tensor_index)].name);
+  reader.target_list(*saved, state_key(), names, name());
 }
 
 void LowRankOptimizer::restore_state(const json& saved) {

@@ -27,6 +27,28 @@ bool StateReader::boolean(const json& obj, const std::string& key, const std::st
   return v.get<bool>();
 }
 
+void StateReader::target_list(const json& saved, const std::string& key,
+                              const std::vector<std::string>& tensors,
+                              const std::string& what) const {
+  if (!saved.is_array() || saved.size() != tensors.size())
+    fail(key + " does not list this run's " + std::to_string(tensors.size()) + " " + what +
+         " targets" + kMismatch);
+  for (size_t k = 0; k < tensors.size(); k++) {
+    const std::string where = key + "[" + std::to_string(k) + "].";
+    const json& tensor = field(saved[k], "tensor", where);
+    if (!tensor.is_string() || tensor.get_ref<const std::string&>() != tensors[k])
+      fail(where + "tensor is " + tensor.dump() + ", this run's target is " + tensors[k] +
+           kMismatch);
+    u64(saved[k], "adam_step", where);
+  }
+}
+
+AdamArgs adam_args(const OptimizerConfig& cfg, double grad_scale, double lr, double weight_decay,
+                   int64_t step) {
+  return {.grad_scale = grad_scale, .lr = lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2,
+          .eps = cfg.eps, .weight_decay = weight_decay, .step = step};
+}
+
 void Optimizer::accumulate(int, void*, const void*, const void*, int64_t) {
   throw InternalError(std::string(name()) + " has no projected tensors");
 }

@@ -20,7 +20,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "adam_args.h"
+#include "config/config.h"
+
 namespace grass {
+
+// The scalars of one Adam update from the run's optimizer settings.
+AdamArgs adam_args(const OptimizerConfig& cfg, double grad_scale, double lr, double weight_decay,
+                   int64_t step);
 
 // What an optimizer reads back from a checkpoint beside its buffers (which are arena blocks,
 // saved and restored byte for byte by train/checkpointing.cpp). Failures are UserErrors naming
@@ -39,6 +46,11 @@ class StateReader {
                               const std::string& where) const;
   uint64_t u64(const nlohmann::json& obj, const std::string& key, const std::string& where) const;
   bool boolean(const nlohmann::json& obj, const std::string& key, const std::string& where) const;
+  // A projected optimizer's entry: an array of one object per target, in order, each naming its
+  // tensor (`tensor`) and holding its Adam step counter (`adam_step`). `what` names the
+  // optimizer in messages ("GRASS").
+  void target_list(const nlohmann::json& saved, const std::string& key,
+                   const std::vector<std::string>& tensors, const std::string& what) const;
   // The end of a message about a checkpoint that belongs to another kind of run.
   static constexpr const char* kMismatch =
       ": does not fit this run (was the checkpoint made with another model or optimizer? its "
