@@ -182,8 +182,8 @@ void lowrank_compressed_grad(const Context& ctx, void* R, GradType gtype, bf16* 
 // (ops::galore_basis<float>, bit-identical to the CPU backend), not cuSOLVER. It downloads g and
 // uploads P, synchronising the stream: once per target per refresh.
 void galore_basis(const Context& ctx, float* P, const float* g, int out, int in, int r, bool rows);
-// FLORA's projection P [side, r] (ops::flora_projection<float>), generated on the host and
-// uploaded, synchronising the stream: bit-identical to the CPU backend's.
+// FLORA's projection P [side, r]: ops::flora_projection's stream drawn on the device (no host
+// round trip); equal to the CPU's up to the device's double log and cos, then fp32 rounding.
 void flora_projection(const Context& ctx, float* P, uint64_t seed, int64_t tensor, int64_t refresh,
                       int side, int r);
 // FLORA's moment transfer m = down_new(up_old(m)) through C = P_oldᵀ·P_new [r, r]:

@@ -22,8 +22,6 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ void store_nearest(float* p, float x) { *p = x; }
-__device__ __forceinline__ void store_nearest(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
 
 // scratch[n, j] = ρ_j · source[n, σ_j]: the selected columns of source[N, width], in bf16 for the
 // GEMM. One thread per element of scratch[N, r].

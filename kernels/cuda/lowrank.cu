@@ -9,10 +9,11 @@
 //                     the device (and cuSOLVER is not emulated in CI). The cost is one out x in
 //                     fp32 download per target per refresh (every update_proj_gap steps) and
 //                     a synchronised stream.
-//   flora_projection  the host's core/rng.h stream (ops::flora_projection<float>), uploaded: its
-//                     Box-Muller uses the host's log and cos in double, which CUDA's device math
-//                     does not reproduce bit for bit, and P must be the same on every backend and
-//                     rank (it is regenerated, never stored or communicated).
+//   flora_projection  a kernel drawing core/rng.h's stream, so a FLORA step regenerates P with no
+//                     host round trip. Its Box-Muller takes log and cos in double on the device,
+//                     which may differ from the host's in the last bits of a double: P agrees
+//                     with the CPU backend's to fp32 rounding, and every GPU run and rank draws
+//                     the same bits.
 //   the rest          kernels and cuBLASLt GEMMs (gemm.cuh) on ctx.stream.
 //
 // No atomics: every sum has a fixed order (the GEMMs' determinism: gemm.cu), so two identical
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "cuda/common.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm.cuh"
@@ -32,6 +34,12 @@ namespace grass::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+
+// P[i] = normal(stream, i) / sqrt_r: FLORA's projection, one thread per element
+__global__ void flora_projection_kernel(float* P, uint64_t stream, int64_t n, double sqrt_r) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) P[i] = float(normal(stream, uint64_t(i)) / sqrt_r);
+}
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
@@ -220,12 +228,14 @@ void galore_basis(const Context& ctx, float* P, const float* g, int out, int in,
 
 void flora_projection(const Context& ctx, float* P, uint64_t seed, int64_t tensor, int64_t refresh,
                       int side, int r) {
-  // The host's stream, uploaded (the file's header says why): P [side, r].
-  std::vector<float> host_P(size_t(side) * size_t(r));
-  ops::flora_projection<float>(host_P.data(), seed, tensor, refresh, side, r);
-  GRASS_CUDA_CHECK(cudaMemcpyAsync(P, host_P.data(), host_P.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, ctx.stream));
-  GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // host_P dies on return
+  // P [side, r]: element i is normal number i of the stream of (seed, refresh, tensor), over
+  // sqrt(r), as ops::flora_projection draws it
+  const int64_t n = int64_t(side) * r;
+  if (n == 0) return;
+  const uint64_t stream = derive_seed(derive_seed(seed, uint64_t(refresh)), uint64_t(tensor));
+  flora_projection_kernel<<<unsigned(ceil_div(n, kThreads)), kThreads, 0, ctx.stream>>>(
+      P, stream, n, std::sqrt(double(r)));
+  GRASS_LAUNCH_CHECK();
 }
 
 void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,

@@ -205,7 +205,7 @@ TEST_CASE("lowrank: galore_basis is the CPU's SVD, bit for bit", "[gpu][lowrank]
     }
 }
 
-TEST_CASE("lowrank: flora_projection is the CPU's, bit for bit", "[gpu][lowrank]") {
+TEST_CASE("lowrank: flora_projection draws the CPU's stream", "[gpu][lowrank]") {
   Backends be(PrecisionChoice::Bf16);
   for (const Shape& s : kShapes)
     for (const int64_t refresh : {0, 3}) {
@@ -215,7 +215,9 @@ TEST_CASE("lowrank: flora_projection is the CPU's, bit for bit", "[gpu][lowrank]
       be.gpu->flora_projection(d_P.ptr, 1234, 5, refresh, s.in, s.r);
       std::vector<float> want(d_P.n);
       be.cpu->flora_projection(want.data(), 1234, 5, refresh, s.in, s.r);
-      CHECK(same_bits(d_P.download(), want));
+      // the device's double log and cos may differ from the host's in the last bits: after
+      // rounding to fp32 that is at most an ulp (the emulator uses the host's: exact there)
+      CHECK(rel_error(d_P.download(), want) <= 1e-6);
     }
 }
 
