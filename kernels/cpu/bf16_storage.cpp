@@ -8,13 +8,20 @@
 
 namespace grass::ops {
 
+namespace {
+// Below this many elements a loop runs on one thread: forking costs more than the work, and a
+// thread descheduled by another busy process stalls every small region (tests call these on
+// single values thousands of times).
+constexpr int64_t kParallelElements = 1 << 14;
+}  // namespace
+
 void round_to_bf16(float* x, int64_t n) {
-#pragma omp parallel for
+#pragma omp parallel for if (n >= kParallelElements)
   for (int64_t i = 0; i < n; i++) x[i] = bf16_to_float(float_to_bf16(x[i]));
 }
 
 void stochastic_round_to_bf16(float* x, int64_t n, uint64_t seed) {
-#pragma omp parallel for
+#pragma omp parallel for if (n >= kParallelElements)
   for (int64_t i = 0; i < n; i++)
     x[i] = bf16_to_float(stochastic_round_bits(std::bit_cast<uint32_t>(x[i]), seed, uint64_t(i)));
 }
