@@ -18,6 +18,7 @@
 #include <string>
 
 #include "adam_args.h"
+#include "clip_rule.h"
 #include "core/arena.h"
 #include "storage.h"
 
@@ -97,8 +98,16 @@ class Backend : public MemoryResource {
   // The GPU takes its memory as one reservation of `total` bytes in `buffers` allocations (the
   // memory plan's figures) and cuts the arena's buffers from it; the CPU allocates each buffer.
   virtual void reserve(int64_t total, int64_t buffers) = 0;
+  // upload and download wait for the transfer (the host buffer is free, or filled, on return).
   virtual void upload(void* dst, const void* host, size_t bytes) = 0;
   virtual void download(void* host, const void* src, size_t bytes) = 0;
+  // The host buffer is copied before this returns and the transfer is queued behind the work
+  // already queued: the host neither waits nor keeps the buffer (the GPU stages it in pinned
+  // memory). What the model and the optimizers send every step goes this way.
+  virtual void upload_async(void* dst, const void* host, size_t bytes) = 0;
+  // The times the host has waited for the device (a synchronize, a download, an upload, a full
+  // staging buffer): a step needs O(1) of them (docs/architecture.md). Always 0 on the CPU.
+  virtual int64_t host_waits() const = 0;
   virtual void zero(void* dst, size_t bytes) = 0;
   // weights <-> fp32 on the host: n elements at element offset `first` of a weight buffer
   // (and of the master copy, when there is one: both are written)
@@ -138,25 +147,33 @@ class Backend : public MemoryResource {
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
                                const void* up, int64_t n) = 0;
   virtual void residual_forward(void* out, const void* a, const void* b, int64_t n) = 0;
-  // The head: logits = nf·wᵀ and the summed cross-entropy over valid targets (target < 0 is
-  // ignored). logits: head_rows(storage(), N, V) x V act elements, lse: N floats. *valid gets the
-  // count.
-  // targets: the backend's copy; host_targets: the same on the host
-  virtual double head_forward(void* logits, float* lse, int64_t* valid, const void* nf,
-                              const void* w, const int32_t* targets, const int32_t* host_targets,
-                              int64_t N, int C, int V) = 0;
+  // The head: logits = nf·wᵀ and *loss (one fp64 of backend memory, overwritten) = the summed
+  // cross-entropy over the valid targets (target < 0 is ignored), in a fixed order: the host
+  // reads it when it needs it. logits: head_rows(storage(), N, V) x V act elements, lse: N floats.
+  virtual void head_forward(void* logits, float* lse, double* loss, const void* nf, const void* w,
+                            const int32_t* targets, int64_t N, int C, int V) = 0;
   // dnf = d(loss·dloss_scale)/dnf (overwritten), dw += its weight gradient. Runs after
   // head_forward on the same inputs (the GPU recomputes each chunk's logits here, and uses lse
   // as scratch).
   virtual void head_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
                              const void* w, const int32_t* targets, int64_t N, int C, int V,
                              double dloss_scale) = 0;
+  // Training's head in one pass: head_forward's *loss, then head_backward's dnf and dw, with
+  // each chunk's logits computed once (the GPU's head_backward alone recomputes them).
+  virtual void head_forward_backward(void* dnf, void* dw, void* logits, float* lse, double* loss,
+                                     const void* nf, const void* w, const int32_t* targets,
+                                     int64_t N, int C, int V, double dloss_scale) = 0;
   // After a backward: gradients computed in fp32 take their storage's rounding (CPU pure bf16).
   virtual void store_gradients(void* grads, int64_t n) = 0;
 
   // ---- optimizer ops ------------------------------------------------------------------------------
-  // Σ x² of a grad-typed buffer, deterministic, on the host.
-  virtual double sum_squares(const void* grads, int64_t n) = 0;
+  // Gradient clipping without the host: the sums, the norm and the coefficient stay in backend
+  // memory, and the updates read the coefficient there (AdamArgs::clip).
+  // *acc += Σ x² of a grad-typed buffer, deterministic (acc: one fp64 of backend memory).
+  virtual void sum_squares(double* acc, const void* grads, int64_t n) = 0;
+  // s (backend memory): coefficient = clip_coefficient(sqrt(pending), max_norm) (optim/clip.h),
+  // total += pending, clipped += (coefficient < 1), pending = 0.
+  virtual void clip(ClipScalars* s, double max_norm) = 0;
   // AdamW (ops::adamw_update's formula) on n elements of the weight: the master copy when there
   // is one (then the weights take its rounding), else the weights themselves (stochastically
   // rounded in pure bf16, with m and v, from the stream `seed`).

@@ -52,7 +52,7 @@ BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) 
   }
   scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T;  // D = rowsum(dout ⊙ out)
   scratch.norm_bytes = 4 * std::min<int64_t>(N, kNormRowBlocks) * s.C;
-  scratch.reduce_bytes = 8 * (kReducePartials + 1);  // partials and the result
+  scratch.reduce_bytes = 8 * kReducePartials;  // the partial sums; the result is the caller's
   scratch.gemm_bytes = kGemmWorkspaceBytes;
   scratch.tokens_bytes = 4 * (3 * N + 1);  // positions [N], group starts [N + 1], tokens [N]
   return scratch;

@@ -11,7 +11,7 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a) {
   const T decay = T(1.0 - a.lr * a.weight_decay);
   const T step_size = T(a.lr / (1.0 - std::pow(a.beta1, double(a.step))));
   const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(a.beta2, double(a.step))));
-  const T e = T(a.eps), gs = T(a.grad_scale);
+  const T e = T(a.eps), gs = T(host_grad_scale(a));
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
     const T gi = g[i] * gs;

@@ -4,9 +4,11 @@
 // Activations stay fp32.
 #include <omp.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "backend.h"
+#include "clip_rule.h"
 #include "cpu/blas.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -44,6 +46,10 @@ class CpuBackend final : public Backend {
   void reserve(int64_t, int64_t) override {}
   void upload(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
   void download(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+  void upload_async(void* dst, const void* host, size_t bytes) override {
+    std::memcpy(dst, host, bytes);
+  }
+  int64_t host_waits() const override { return 0; }
   void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
   void write_weights(void* weights, float* master, int64_t first, const float* host,
                      int64_t n) override {
@@ -113,10 +119,11 @@ class CpuBackend final : public Backend {
   void residual_forward(void* out, const void* a, const void* b, int64_t n) override {
     ops::residual_forward(f(out), f(a), f(b), n);
   }
-  double head_forward(void* logits, float* lse, int64_t* valid, const void* nf, const void* w,
-                      const int32_t* targets, const int32_t*, int64_t N, int C, int V) override {
+  void head_forward(void* logits, float* lse, double* loss, const void* nf, const void* w,
+                    const int32_t* targets, int64_t N, int C, int V) override {
     ops::linear_forward(f(logits), f(nf), f(w), N, C, V);
-    return ops::cross_entropy_forward(lse, valid, f(logits), targets, N, V);
+    int64_t valid = 0;
+    *loss = ops::cross_entropy_forward(lse, &valid, f(logits), targets, N, V);
   }
   void head_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
                      const void* w, const int32_t* targets, int64_t N, int C, int V,
@@ -125,12 +132,26 @@ class CpuBackend final : public Backend {
     ops::cross_entropy_backward(f(logits), f(logits), lse, targets, N, V, dloss_scale);
     ops::linear_backward(f(dnf), f(dw), f(logits), f(nf), f(w), N, C, V, false);
   }
+  void head_forward_backward(void* dnf, void* dw, void* logits, float* lse, double* loss,
+                             const void* nf, const void* w, const int32_t* targets, int64_t N,
+                             int C, int V, double dloss_scale) override {
+    head_forward(logits, lse, loss, nf, w, targets, N, C, V);  // the logits are computed once
+    head_backward(dnf, dw, logits, lse, nf, w, targets, N, C, V, dloss_scale);
+  }
   void store_gradients(void* grads, int64_t n) override {
     if (storage_.pure_bf16()) ops::round_to_bf16(f(grads), n);
   }
 
   // ---- optimizer ops --------------------------------------------------------------------------
-  double sum_squares(const void* grads, int64_t n) override { return ops::sum_squares(f(grads), n); }
+  void sum_squares(double* acc, const void* grads, int64_t n) override {
+    *acc += ops::sum_squares(f(grads), n);
+  }
+  void clip(ClipScalars* s, double max_norm) override {
+    s->coefficient = clip_coefficient(std::sqrt(s->pending), max_norm);
+    s->total += s->pending;
+    s->clipped += s->coefficient < 1.0;
+    s->pending = 0;
+  }
 
   void adamw_update(WeightRef weight, const void* g, void* m, void* v, int64_t n,
                     const AdamArgs& a, uint64_t seed) override {

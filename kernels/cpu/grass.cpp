@@ -46,7 +46,7 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* s
                        int in, int r, bool rows, double alpha, const AdamArgs& a) {
   // 1. Adam on the compressed gradient; gc becomes the direction Δ.
   const int64_t n = int64_t(r) * (rows ? in : out);
-  const T b1 = T(a.beta1), b2 = T(a.beta2), gs = T(a.grad_scale), e = T(a.eps);
+  const T b1 = T(a.beta1), b2 = T(a.beta2), gs = T(host_grad_scale(a)), e = T(a.eps);
   const T bc1 = T(1.0 - std::pow(a.beta1, double(a.step)));
   const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(a.beta2, double(a.step))));
   const double lr = a.lr, weight_decay = a.weight_decay;

@@ -129,7 +129,7 @@ void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, in
   // 1 - β in double, then rounded: in fp32, 1 - float(0.999) is 1.3e-5 away from 0.001, which
   // would bias v by as much.
   const T b1 = T(a.beta1), b2 = T(a.beta2), c1 = T(1.0 - a.beta1), c2 = T(1.0 - a.beta2);
-  const T gs = T(a.grad_scale), e = T(a.eps);
+  const T gs = T(host_grad_scale(a)), e = T(a.eps);
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
     const T g = R[i] * gs;

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "clip_rule.h"
 #include "core/error.h"
 #include "cuda/common.cuh"
 #include "cuda/cuda_ops.h"
@@ -26,7 +27,9 @@ constexpr int64_t kSumMaxBlocks = 1024;  // sum_squares' first stage: at most th
 
 // The per-step scalars of ops::adamw_update, narrowed to fp32 exactly where the CPU narrows them.
 struct AdamScalars {
-  float grad_scale, beta1, beta2, eps;
+  double grad_scale;   // with *clip (the clipping coefficient, device memory) when set
+  const double* clip;
+  float beta1, beta2, eps;
   float decay;      // 1 - lr·weight_decay
   float step_size;  // lr / (1 - beta1^step)
   float bc2_sqrt;   // sqrt(1 - beta2^step)
@@ -35,7 +38,7 @@ struct AdamScalars {
 // One element's update in fp32: returns the new weight, writes the new moments.
 __device__ __forceinline__ float adam_step(const AdamScalars& k, float p, float g, float& m,
                                            float& v) {
-  const float gi = g * k.grad_scale;
+  const float gi = g * float(grad_scale_of(k.grad_scale, k.clip));
   m = k.beta1 * m + (1.0f - k.beta1) * gi;
   v = k.beta2 * v + (1.0f - k.beta2) * gi * gi;
   return p * k.decay - k.step_size * m / (sqrtf(v) / k.bc2_sqrt + k.eps);
@@ -72,24 +75,36 @@ __device__ __forceinline__ double square(float x) { return double(x) * double(x)
 __device__ __forceinline__ double square(bf16 x) { return square(__bfloat162float(x)); }
 
 
-// Stage 1: partial[b] = Σ x[i]² over the grid-stride slice of block b (i ≡ thread's index).
+// Stage 1: partial[b] = Σ x[i]² (or Σ x[i] when !kSquare) over the grid-stride slice of block b (i ≡ thread's index).
 //   partial[gridDim.x], x[n]
-template <typename T>
+template <bool kSquare, typename T>
 __global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   double sum = 0.0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    sum += square(x[i]);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if constexpr (kSquare)
+      sum += square(x[i]);
+    else
+      sum += double(x[i]);
+  }
   sum = block_sum(sum);
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
-// Stage 2, one block: *out = Σ partial[0 .. num_partials), thread t taking t, t + blockDim, ...
-__global__ void sum_squares_final_kernel(double* out, const double* partial, int num_partials) {
+// Stage 2, one block: *acc += Σ partial[0 .. num_partials), thread t taking t, t + blockDim, ...
+__global__ void sum_squares_final_kernel(double* acc, const double* partial, int num_partials) {
   double sum = 0.0;
   for (int i = threadIdx.x; i < num_partials; i += blockDim.x) sum += partial[i];
   sum = block_sum(sum);
-  if (threadIdx.x == 0) *out = sum;
+  if (threadIdx.x == 0) *acc += sum;
+}
+
+// Backend::clip on the device, one thread: the rule of kernels/clip_rule.h in fp64.
+__global__ void clip_kernel(ClipScalars* s, double max_norm) {
+  s->coefficient = clip_coefficient(sqrt(s->pending), max_norm);
+  s->total += s->pending;
+  s->clipped += s->coefficient < 1.0;
+  s->pending = 0;
 }
 
 __global__ void f32_to_bf16_kernel(bf16* out, const float* in, int64_t n) {
@@ -112,13 +127,14 @@ unsigned grid_for(int64_t n) {
 
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
                   int64_t n, const AdamArgs& a, uint64_t seed) {
-  const float grad_scale = float(a.grad_scale), lr = float(a.lr), beta1 = float(a.beta1),
+  const float lr = float(a.lr), beta1 = float(a.beta1),
               beta2 = float(a.beta2), eps = float(a.eps), weight_decay = float(a.weight_decay);
   const int64_t step = a.step;
   GRASS_CHECK(n >= 0 && step >= 1, "adamw_update: bad size or step (steps count from 1)");
   if (n == 0) return;
   AdamScalars k;
-  k.grad_scale = grad_scale;
+  k.grad_scale = a.grad_scale;
+  k.clip = a.clip;
   k.beta1 = beta1;
   k.beta2 = beta2;
   k.eps = eps;
@@ -141,19 +157,33 @@ int64_t sum_squares_scratch_doubles(int64_t n) {
   return std::min(kSumMaxBlocks, std::max<int64_t>(1, ceil_div(n, kThreads)));
 }
 
-void sum_squares(const Context& ctx, double* out, const void* x, GradType gtype, int64_t n,
+void sum_squares(const Context& ctx, double* acc, const void* x, GradType gtype, int64_t n,
                  double* scratch) {
   GRASS_CHECK(n >= 0, "sum_squares: negative size");
-  // At least one block even for n = 0, so *out is always written.
+  // At least one block even for n = 0: the stages run the same way for every n.
   const int blocks = int(sum_squares_scratch_doubles(n));
   if (gtype == GradType::F32)
-    sum_squares_partial_kernel<<<blocks, kThreads, 0, ctx.stream>>>(
+    sum_squares_partial_kernel<true, float><<<blocks, kThreads, 0, ctx.stream>>>(
         scratch, static_cast<const float*>(x), n);
   else
-    sum_squares_partial_kernel<<<blocks, kThreads, 0, ctx.stream>>>(scratch,
-                                                                    static_cast<const bf16*>(x), n);
+    sum_squares_partial_kernel<true, bf16><<<blocks, kThreads, 0, ctx.stream>>>(
+        scratch, static_cast<const bf16*>(x), n);
   GRASS_LAUNCH_CHECK();
-  sum_squares_final_kernel<<<1, kThreads, 0, ctx.stream>>>(out, scratch, blocks);
+  sum_squares_final_kernel<<<1, kThreads, 0, ctx.stream>>>(acc, scratch, blocks);
+  GRASS_LAUNCH_CHECK();
+}
+
+void sum(const Context& ctx, double* acc, const float* x, int64_t n, double* scratch) {
+  GRASS_CHECK(n >= 0, "sum: negative size");
+  const int blocks = int(sum_squares_scratch_doubles(n));
+  sum_squares_partial_kernel<false, float><<<blocks, kThreads, 0, ctx.stream>>>(scratch, x, n);
+  GRASS_LAUNCH_CHECK();
+  sum_squares_final_kernel<<<1, kThreads, 0, ctx.stream>>>(acc, scratch, blocks);
+  GRASS_LAUNCH_CHECK();
+}
+
+void clip(const Context& ctx, ClipScalars* s, double max_norm) {
+  clip_kernel<<<1, 1, 0, ctx.stream>>>(s, max_norm);
   GRASS_LAUNCH_CHECK();
 }
 

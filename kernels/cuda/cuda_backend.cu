@@ -1,7 +1,9 @@
 // The CUDA backend: the Backend interface (kernels/backend.h) on the kernels of cuda_ops.h.
 // bf16 activations and weights; gradients and moments fp32 ("bf16-mixed") or bf16 ("bf16").
 // Memory: one cudaMalloc of the planned size (reserve()), cut into the arena's named buffers.
-// Every op runs on one stream; the host waits only where it needs a result (a loss, a norm).
+// Every op runs on one stream. The host waits only where it needs a result: a training step
+// reads its loss and gradient norm once at its end; the tokens it sends go through pinned staging
+// (staging.cuh). host_waits() counts every wait.
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
+#include "cuda/staging.cuh"
 
 namespace grass {
 
@@ -26,10 +29,14 @@ void* at(void* p, int64_t elements) { return static_cast<bf16*>(p) + elements; }
 const void* at(const void* p, int64_t elements) { return static_cast<const bf16*>(p) + elements; }
 
 constexpr size_t kAlign = 256;  // what cudaMalloc guarantees; vector loads and cuBLASLt like it
+// Pinned memory for upload_async: a micro-batch's tokens, targets and embedding groups take
+// 20 bytes a token (2.6 MB at 131,072 tokens), so the ring holds several micro-batches ahead.
+constexpr size_t kStagingBytes = size_t(32) << 20;
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Storage& storage, std::string gpu) : Backend(storage), gpu_(std::move(gpu)) {
+  CudaBackend(const Storage& storage, std::string gpu)
+      : Backend(storage), gpu_(std::move(gpu)), staging_(kStagingBytes) {
     GRASS_CHECK(storage.cuda && storage.bf16_weights(),
                 "the CUDA backend needs a bf16 CUDA storage plan");
     GRASS_CUDA_CHECK(cudaSetDevice(0));
@@ -106,6 +113,10 @@ class CudaBackend final : public Backend {
     GRASS_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
     sync();
   }
+  void upload_async(void* dst, const void* host, size_t bytes) override {
+    if (!staging_.upload(dst, host, bytes, ctx_.stream, &host_waits_)) upload(dst, host, bytes);
+  }
+  int64_t host_waits() const override { return host_waits_; }
   void zero(void* dst, size_t bytes) override {
     GRASS_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, ctx_.stream));
   }
@@ -134,7 +145,7 @@ class CudaBackend final : public Backend {
                 "attention scratch smaller than the kernel needs");
     GRASS_CHECK(cuda::rmsnorm_scratch_floats(N, s.C) * 4 <= sizes.norm_bytes,
                 "RMSNorm scratch smaller than the kernel needs");
-    GRASS_CHECK((cuda::sum_squares_scratch_doubles(int64_t(1) << 40) + 1) * 8 <= sizes.reduce_bytes,
+    GRASS_CHECK(cuda::sum_squares_scratch_doubles(int64_t(1) << 40) * 8 <= sizes.reduce_bytes,
                 "reduction scratch smaller than the kernel needs");
     scratch_ = scratch;
     ctx_.lt_workspace = scratch.gemm;
@@ -173,9 +184,9 @@ class CudaBackend final : public Backend {
     int32_t* positions = static_cast<int32_t*>(scratch_.tokens);
     int32_t* group_start = positions + N;
     int32_t* group_token = group_start + N + 1;
-    upload(positions, order.data(), order.size() * sizeof(int32_t));
-    upload(group_start, starts.data(), starts.size() * sizeof(int32_t));
-    upload(group_token, tokens.data(), tokens.size() * sizeof(int32_t));
+    upload_async(positions, order.data(), order.size() * sizeof(int32_t));
+    upload_async(group_start, starts.data(), starts.size() * sizeof(int32_t));
+    upload_async(group_token, tokens.data(), tokens.size() * sizeof(int32_t));
     cuda::embedding_backward(ctx_, dtable, grad_type(), b(dout), positions, group_start,
                              group_token, groups, C);
   }
@@ -217,25 +228,18 @@ class CudaBackend final : public Backend {
     cuda::residual_forward(ctx_, b(out), b(a), b(c), n);
   }
   // The head in chunks of head_rows() tokens: the logits of a chunk exist only while it is worked
-  // on. `lse` holds each row's loss here (the backward recomputes the logits, not the lse).
-  double head_forward(void* logits, float* lse, int64_t* valid, const void* nf, const void* w,
-                      const int32_t* targets, const int32_t* host_targets, int64_t N, int C,
-                      int V) override {
+  // on. `lse` holds each row's loss here (0 for an ignored target), summed in a fixed order on
+  // the device (the backward recomputes the logits, not the lse).
+  void head_forward(void* logits, float* lse, double* loss, const void* nf, const void* w,
+                    const int32_t* targets, int64_t N, int C, int V) override {
     const int64_t chunk = head_rows(storage_, N, V);
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t rows = std::min(chunk, N - r0);
       cuda::linear_forward(ctx_, b(logits), b(at(nf, r0 * C)), b(w), rows, C, V);
       cuda::cross_entropy_fused(ctx_, b(logits), lse + r0, targets + r0, rows, V, 0.0f);
     }
-    std::vector<float> loss(static_cast<size_t>(N));
-    download(loss.data(), lse, loss.size() * sizeof(float));
-    double sum = 0;  // in row order: deterministic
-    *valid = 0;
-    for (int64_t i = 0; i < N; i++) {
-      sum += loss[size_t(i)];
-      *valid += host_targets[i] >= 0;
-    }
-    return sum;
+    zero(loss, sizeof(double));
+    cuda::sum(ctx_, loss, lse, N, static_cast<double*>(scratch_.reduce));
   }
   void head_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
                      const void* w, const int32_t* targets, int64_t N, int C, int V,
@@ -243,24 +247,29 @@ class CudaBackend final : public Backend {
     const int64_t chunk = head_rows(storage_, N, V);
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t rows = std::min(chunk, N - r0);
-      cuda::linear_forward(ctx_, b(logits), b(at(nf, r0 * C)), b(w), rows, C, V);
-      cuda::cross_entropy_fused(ctx_, b(logits), lse + r0, targets + r0, rows, V,
-                                float(dloss_scale));
-      cuda::linear_backward_dx(ctx_, b(at(dnf, r0 * C)), b(logits), b(w), rows, C, V, false);
-      cuda::linear_backward_dw(ctx_, dw, grad_type(), b(logits), b(at(nf, r0 * C)), rows, C, V);
+      head_chunk_backward(dnf, dw, logits, lse, nf, w, targets, r0, rows, C, V, dloss_scale);
     }
+  }
+  // Each chunk's logits once: the fused cross-entropy writes the rows' losses and overwrites the
+  // logits with their gradient, which flows through lm_head at once.
+  void head_forward_backward(void* dnf, void* dw, void* logits, float* lse, double* loss,
+                             const void* nf, const void* w, const int32_t* targets, int64_t N,
+                             int C, int V, double dloss_scale) override {
+    const int64_t chunk = head_rows(storage_, N, V);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+      const int64_t rows = std::min(chunk, N - r0);
+      head_chunk_backward(dnf, dw, logits, lse, nf, w, targets, r0, rows, C, V, dloss_scale);
+    }
+    zero(loss, sizeof(double));
+    cuda::sum(ctx_, loss, lse, N, static_cast<double*>(scratch_.reduce));
   }
   void store_gradients(void*, int64_t) override {}  // already in their storage type
 
   // ---- optimizer ops --------------------------------------------------------------------------
-  double sum_squares(const void* grads, int64_t n) override {
-    double* partials = static_cast<double*>(scratch_.reduce);
-    double* result = partials + cuda::sum_squares_scratch_doubles(n);
-    cuda::sum_squares(ctx_, result, grads, grad_type(), n, partials);
-    double host = 0;
-    download(&host, result, sizeof host);
-    return host;
+  void sum_squares(double* acc, const void* grads, int64_t n) override {
+    cuda::sum_squares(ctx_, acc, grads, grad_type(), n, static_cast<double*>(scratch_.reduce));
   }
+  void clip(ClipScalars* s, double max_norm) override { cuda::clip(ctx_, s, max_norm); }
   void adamw_update(WeightRef w, const void* g, void* m, void* v, int64_t n, const AdamArgs& a,
                     uint64_t seed) override {
     cuda::adamw_update(ctx_, b(w.weights), w.master, g, m, v, n, a, seed);
@@ -325,7 +334,21 @@ class CudaBackend final : public Backend {
 
  private:
   GradType grad_type() const { return storage_.grad_bytes == 2 ? GradType::BF16 : GradType::F32; }
-  void sync() { GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream)); }
+  // Rows r0 .. r0 + rows of the head: logits, loss per row (into lse) and its gradient in place,
+  // then dnf (overwritten) and dw (+=) through lm_head.
+  void head_chunk_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
+                           const void* w, const int32_t* targets, int64_t r0, int64_t rows, int C,
+                           int V, double dloss_scale) {
+    cuda::linear_forward(ctx_, b(logits), b(at(nf, r0 * C)), b(w), rows, C, V);
+    cuda::cross_entropy_fused(ctx_, b(logits), lse + r0, targets + r0, rows, V,
+                              float(dloss_scale));
+    cuda::linear_backward_dx(ctx_, b(at(dnf, r0 * C)), b(logits), b(w), rows, C, V, false);
+    cuda::linear_backward_dw(ctx_, dw, grad_type(), b(logits), b(at(nf, r0 * C)), rows, C, V);
+  }
+  void sync() {
+    GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    host_waits_++;
+  }
   void read_bf16(float* host, const void* src, int64_t n) {
     std::vector<bf16> values(static_cast<size_t>(n));
     download(values.data(), src, size_t(n) * sizeof(bf16));
@@ -336,6 +359,8 @@ class CudaBackend final : public Backend {
   void* pool_ = nullptr;
   size_t pool_bytes_ = 0, pool_used_ = 0;
   BackendScratchPointers scratch_;
+  cuda::StagingRing staging_;
+  int64_t host_waits_ = 0;
   double* norms_ = nullptr;
   int norms_capacity_ = 0;
 };

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "adam_args.h"
+#include "clip_rule.h"
 
 namespace grass::cuda {
 
@@ -123,11 +124,15 @@ void adamw_update(const Context& ctx, bf16* param, float* master, const void* g,
                   int64_t n, const AdamArgs& a, uint64_t seed);
 
 // Σ x² over n elements of fp32 or bf16 (gtype), deterministically: fixed blocks, then one block
-// sums the partials in order. Writes the double result to *out (device memory).
+// sums the partials in order. Adds the double result to *acc (device memory).
 // scratch[sum_squares_scratch_doubles(n)].
 int64_t sum_squares_scratch_doubles(int64_t n);
-void sum_squares(const Context& ctx, double* out, const void* x, GradType gtype, int64_t n,
+void sum_squares(const Context& ctx, double* acc, const void* x, GradType gtype, int64_t n,
                  double* scratch);
+// *acc += Σ x[i] over n fp32 elements, in the same fixed order (the head's loss).
+void sum(const Context& ctx, double* acc, const float* x, int64_t n, double* scratch);
+// Backend::clip (kernels/backend.h): the clipping coefficient from s->pending, on the device.
+void clip(const Context& ctx, ClipScalars* s, double max_norm);
 
 // Conversions: bf16[n] = round-to-nearest(f32[n]); f32[n] = bf16[n].
 void f32_to_bf16(const Context& ctx, bf16* out, const float* in, int64_t n);

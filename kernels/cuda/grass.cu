@@ -75,7 +75,9 @@ __global__ void col_norms_sq(double* norms_sq, const float* g, int out, int in) 
 
 // The scalars of one Adam step, prepared on the host.
 struct AdamStep {
-  float grad_scale, beta1, beta2, eps;
+  double grad_scale;   // with *clip (the clipping coefficient, device memory) when set
+  const double* clip;
+  float beta1, beta2, eps;
   float bias_correction1;               // 1 - beta1^step
   float bias_correction2_sqrt;          // sqrt(1 - beta2^step)
   float step_size;                      // lr · alpha
@@ -125,7 +127,7 @@ __global__ void grass_adam_kernel(bf16* param, float* master, const S* gc, S* m,
   if (k.apply_decay) w *= k.decay;
   for (int jj = j; jj < r && sigma[jj] == slice; jj++) {
     const int64_t s_index = rows ? int64_t(jj) * in + e : int64_t(e) * r + jj;  // into gc, m, v
-    const float g = to_f32(gc[s_index]) * k.grad_scale;
+    const float g = to_f32(gc[s_index]) * float(grad_scale_of(k.grad_scale, k.clip));
     const float mi = k.beta1 * to_f32(m[s_index]) + (1.0f - k.beta1) * g;
     const float vi = k.beta2 * to_f32(v[s_index]) + (1.0f - k.beta2) * g * g;
     store_state(m + s_index, mi, k.seed_m, uint64_t(s_index));
@@ -174,14 +176,15 @@ void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int
 void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
                        void* v, const int32_t* sigma, const float* rho, int out, int in, int r,
                        bool rows, double alpha_arg, const AdamArgs& a, uint64_t seed) {
-  const float grad_scale = float(a.grad_scale), lr = float(a.lr), alpha = float(alpha_arg),
+  const float lr = float(a.lr), alpha = float(alpha_arg),
               beta1 = float(a.beta1), beta2 = float(a.beta2), eps = float(a.eps),
               weight_decay = float(a.weight_decay);
   const int64_t step = a.step;
   GRASS_CHECK(step >= 1, "grass_adam_update: step counts from 1");
   if (r == 0 || (rows ? in : out) == 0) return;
   AdamStep k;
-  k.grad_scale = grad_scale;
+  k.grad_scale = a.grad_scale;
+  k.clip = a.clip;
   k.beta1 = beta1;
   k.beta2 = beta2;
   k.eps = eps;

@@ -138,7 +138,9 @@ __global__ void transfer_moment(S* m, const float* C, const float* copy, int out
 
 // The scalars of one step of ops::lowrank_adam_update, narrowed where the CPU narrows them.
 struct LowRankStep {
-  float grad_scale, beta1, beta2, eps;
+  double grad_scale;   // with *clip (the clipping coefficient, device memory) when set
+  const double* clip;
+  float beta1, beta2, eps;
   float one_minus_beta1, one_minus_beta2;  // computed in double, then narrowed
   float scale;                             // -lr·sqrt(1-b2^t)/(1-b1^t)·alpha·decay
   float decay;                             // 1 - lr·weight_decay
@@ -153,7 +155,7 @@ __global__ void lowrank_adam_direction(bf16* direction, const S* R, S* m, S* v, 
                                        LowRankStep k) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n) return;
-  const float g = to_f32(R[idx]) * k.grad_scale;
+  const float g = to_f32(R[idx]) * float(grad_scale_of(k.grad_scale, k.clip));
   const float mi = k.beta1 * to_f32(m[idx]) + k.one_minus_beta1 * g;
   const float vi = k.beta2 * to_f32(v[idx]) + k.one_minus_beta2 * g * g;
   store_state(m + idx, mi, k.seed_m, uint64_t(idx));
@@ -284,7 +286,8 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
       a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
   const double decay = 1.0 - a.lr * a.weight_decay;
   LowRankStep k;
-  k.grad_scale = float(a.grad_scale);
+  k.grad_scale = a.grad_scale;
+  k.clip = a.clip;
   k.beta1 = float(a.beta1);
   k.beta2 = float(a.beta2);
   k.eps = float(a.eps);

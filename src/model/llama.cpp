@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -116,6 +117,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   nf_ = act("norm_final", N * C);
   logits_ = act("logits", head_rows(storage, N, int(V)) * V);
   lse_ = act_f32("logsumexp", N);
+  loss_sums_ = arena.alloc<double>(MemCategory::Activations, "loss sums (fp64)", kLossSlots);
 
   auto wsp = [&](const std::string& name, int64_t count) {
     return arena.alloc_bytes(MemCategory::Workspace, name, count * storage.act_bytes);
@@ -329,17 +331,70 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
 }
 
 double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B) {
+  GRASS_CHECK(loss_valid_.empty() && losses_ready_.empty(),
+              "forward() with other forwards' losses still to take");
+  forward_async(inputs, targets, B);
+  return take_losses().back();
+}
+
+void LlamaModel::read_losses() {
+  std::vector<double> sums(loss_valid_.size());
+  backend_->download(sums.data(), loss_sums_, sums.size() * sizeof(double));
+  for (size_t i = 0; i < sums.size(); i++)
+    losses_ready_.push_back(loss_valid_[i] > 0 ? sums[i] / double(loss_valid_[i]) : 0.0);
+  loss_valid_.clear();
+}
+
+std::vector<double> LlamaModel::take_losses() {
+  if (!loss_valid_.empty()) read_losses();
+  return std::exchange(losses_ready_, {});
+}
+
+void LlamaModel::forward_async(const int32_t* inputs, const int32_t* targets, int B) {
+  forward_to_head(inputs, targets, B);
+  const TraceRange range("head");
+  backend_->head_forward(logits_, lse_, next_loss_sum(), nf_, lm_head_weights(), targets_,
+                         int64_t(B) * T_, cfg_.hidden_size, cfg_.vocab_size);
+}
+
+void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets, int B,
+                                  double loss_scale) {
+  forward_to_head(inputs, targets, B);
+  const int64_t N = int64_t(B) * T_;
+  const int C = cfg_.hidden_size, V = cfg_.vocab_size;
+  if (valid_ == 0) {  // every target ignored: the loss is a constant, nothing to backpropagate
+    backend_->head_forward(logits_, lse_, next_loss_sum(), nf_, lm_head_weights(), targets_, N, C, V);
+    B_ = 0;
+    return;
+  }
+  const TraceRange range("head");
+  const int lm_head = begin_head_gradient();
+  backend_->head_forward_backward(ws_.dnorm, begin_gradient(lm_head), logits_, lse_,
+                                  next_loss_sum(), nf_, lm_head_weights(), targets_, N, C, V,
+                                  loss_scale / double(valid_));
+  backward_from_head(lm_head);
+}
+
+double* LlamaModel::next_loss_sum() {
+  if (loss_valid_.size() == size_t(kLossSlots)) read_losses();  // every slot taken
+  loss_valid_.push_back(valid_);
+  return loss_sums_ + (loss_valid_.size() - 1);
+}
+
+void* LlamaModel::lm_head_weights() { return at(params_, off_lm_head_, storage().weight_bytes); }
+
+void LlamaModel::forward_to_head(const int32_t* inputs, const int32_t* targets, int B) {
   GRASS_CHECK(B >= 1 && B <= max_B_, "micro-batch larger than the activations allocated");
   const TraceRange range("forward");
   B_ = B;
   Backend& be = *backend_;
-  const int T = T_, C = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int T = T_, C = cfg_.hidden_size;
   const int64_t N = int64_t(B) * T;
   be.bind_workspace(scratch_, scratch_shape_);  // the backend may serve other models too
   host_inputs_.assign(inputs, inputs + N);
-  host_targets_.assign(targets, targets + N);
-  be.upload(inputs_, inputs, size_t(N) * sizeof(int32_t));
-  be.upload(targets_, targets, size_t(N) * sizeof(int32_t));
+  valid_ = std::count_if(targets, targets + N, [](int32_t t) { return t >= 0; });
+  be.upload_async(inputs_, inputs, size_t(N) * sizeof(int32_t));
+  be.upload_async(targets_, targets, size_t(N) * sizeof(int32_t));
 
   void* x = acts_.empty() ? x_out_ : acts_[0].x_in;
   be.embedding_forward(x, inputs_, weight(tensors_[0]), N, C);
@@ -349,31 +404,36 @@ double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B)
   }
   be.rmsnorm_forward(nf_, rstdf_, x_out_, at(params_, off_norm_, storage().weight_bytes), N, C,
                      cfg_.rms_norm_eps);
-  const double loss_sum =
-      be.head_forward(logits_, lse_, &valid_, nf_, at(params_, off_lm_head_, storage().weight_bytes),
-                      targets_, host_targets_.data(), N, C, V);
-  return valid_ > 0 ? loss_sum / double(valid_) : 0.0;
 }
 
 void LlamaModel::backward(double loss_scale) {
   GRASS_CHECK(B_ > 0, "backward() without a forward()");
+  if (valid_ == 0) return;  // every target ignored: the loss is a constant
+  const TraceRange range("head backward");
+  backend_->bind_workspace(scratch_, scratch_shape_);
+  const int lm_head = begin_head_gradient();
+  backend_->head_backward(ws_.dnorm, begin_gradient(lm_head), logits_, lse_, nf_,
+                          lm_head_weights(), targets_, int64_t(B_) * T_, cfg_.hidden_size,
+                          cfg_.vocab_size, loss_scale / double(valid_));
+  backward_from_head(lm_head);
+}
+
+int LlamaModel::begin_head_gradient() {
+  const int embed = 0;
+  if (tied_grad_) backend_->zero(tied_grad_, size_t(tensors_[embed].numel) * storage().grad_bytes);
+  return cfg_.tie_word_embeddings ? embed : int(tensors_.size()) - 1;
+}
+
+void LlamaModel::backward_from_head(int lm_head) {
   const TraceRange range("backward");
   Backend& be = *backend_;
-  const int B = B_, T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size, V = cfg_.vocab_size;
+  const int B = B_, T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size;
   const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
   const int64_t N = int64_t(B) * T;
   const double theta = cfg_.rope_theta;
   const int L = cfg_.num_hidden_layers;
-  if (valid_ == 0) return;  // every target ignored: the loss is a constant
-  be.bind_workspace(scratch_, scratch_shape_);
-
-  // through the head (cross-entropy, lm_head) and the final norm into the residual stream
+  // the final norm into the residual stream
   const int embed = 0, final_norm = int(tensors_.size()) - (cfg_.tie_word_embeddings ? 1 : 2);
-  const int lm_head = cfg_.tie_word_embeddings ? embed : int(tensors_.size()) - 1;
-  if (tied_grad_) be.zero(tied_grad_, size_t(tensors_[embed].numel) * storage().grad_bytes);
-  be.head_backward(ws_.dnorm, begin_gradient(lm_head), logits_, lse_, nf_,
-                   at(params_, off_lm_head_, storage().weight_bytes), targets_, N, C, V,
-                   loss_scale / double(valid_));
   if (lm_head != embed) end_gradient(lm_head);  // a tied table waits for the embedding's part
   be.zero(ws_.dres, size_t(N) * C * storage().act_bytes);
   be.rmsnorm_backward(ws_.dres, begin_gradient(final_norm), ws_.dnorm, x_out_,

@@ -85,11 +85,20 @@ class LlamaModel {
   void weights_written();
   void zero_grads();
 
-  // inputs, targets: [B, T] (a negative target is ignored). Returns the mean cross-entropy over
-  // the valid targets; keeps the activations for backward(). logits() is valid until backward().
+  // inputs, targets: [B, T] (a negative target is ignored). Queues the forward and keeps the
+  // activations for backward(); the host does not wait for the device. The mean cross-entropy
+  // over the valid targets comes from take_losses(). logits() is valid until backward().
+  void forward_async(const int32_t* inputs, const int32_t* targets, int B);
+  // The mean losses of the forwards since the last call, in order: one wait for all of them.
+  std::vector<double> take_losses();
+  // forward_async() and its loss (nothing else may be queued): for evaluation and tests.
   double forward(const int32_t* inputs, const int32_t* targets, int B);
   // Adds d(loss_scale * mean loss)/dθ to the gradients, for the batch of the last forward().
   void backward(double loss_scale);
+  // Training's micro-batch: forward_async() then backward(loss_scale), with the head's forward
+  // and backward in one pass (Backend::head_forward_backward: the GPU computes the logits once).
+  // The same numbers as the two calls.
+  void forward_backward(const int32_t* inputs, const int32_t* targets, int B, double loss_scale);
   const float* logits() const;  // [B, T, V] on the CPU backend (InternalError elsewhere)
   int64_t valid_targets() const { return valid_; }
 
@@ -118,6 +127,15 @@ class LlamaModel {
     void* act;       // [N, F] silu(gate) * up, input of down_proj
   };
   LayerWeights layer_weights(int l);
+  // The forward up to the final norm's output nf_ (valid_ counted, tokens sent).
+  void forward_to_head(const int32_t* inputs, const int32_t* targets, int B);
+  void* lm_head_weights();
+  // The slot the next head writes its loss sum to (valid_ recorded with it).
+  double* next_loss_sum();
+  // Before the head's backward: the tied table's gradient zeroed; returns lm_head's index.
+  int begin_head_gradient();
+  // After it (ws_.dnorm = d loss / d nf, lm_head's gradient formed): the rest of the backward.
+  void backward_from_head(int lm_head);
   void allocate_activations(Arena& arena, int64_t N, int NH);
   // Layer l's forward from acts_[l].x_in; `to_output` false stops after what the backward reads
   // (the recomputation of activation checkpointing: down_proj and the residual are not needed).
@@ -151,13 +169,20 @@ class LlamaModel {
   std::vector<LayerActs> acts_;
   int32_t* inputs_ = nullptr;   // [N] backend memory
   int32_t* targets_ = nullptr;  // [N] backend memory
-  std::vector<int32_t> host_inputs_, host_targets_;  // the same on the host
+  std::vector<int32_t> host_inputs_;  // the same on the host
   void* x_out_ = nullptr;       // [N, C] residual stream after the last layer
   float* rstdf_ = nullptr;      // [N]
   void* nf_ = nullptr;          // [N, C] final norm output
   void* logits_ = nullptr;      // [head_rows, V]; on the CPU, dlogits after backward()
   float* lse_ = nullptr;        // [N]
-  int64_t valid_ = 0;
+  int64_t valid_ = 0;           // valid targets of the last forward
+  // The summed loss of each queued forward (backend memory, fp64 [kLossSlots]) and, on the host,
+  // its valid targets; full slots are read into losses_ready_ (means) when more are needed.
+  static constexpr int kLossSlots = 64;
+  double* loss_sums_ = nullptr;
+  std::vector<int64_t> loss_valid_;
+  std::vector<double> losses_ready_;
+  void read_losses();
 
   struct Workspace {  // backward scratch, reused by every layer (act-typed)
     void *proj;       // [N, C] o_proj / down_proj output before the residual add

@@ -13,14 +13,14 @@ AdamW::AdamW(const OptimizerConfig& cfg, LlamaModel& model, Arena& arena, uint64
   v_ = arena.alloc_bytes(MemCategory::Optimizer, "adamw.v", bytes);
 }
 
-void AdamW::update(int tensor, void* g, double grad_scale, double lr) {
+void AdamW::update(int tensor, void* g, const double* clip, double lr) {
   const ParamTensor& t = model_.tensors()[size_t(tensor)];
   const int64_t state_offset = t.grad_offset * model_.storage().state_bytes;
   const int64_t step = step_ + 1;
   // pure bf16's stochastic rounding: one stream per (step, tensor)
   const uint64_t seed = derive_seed(derive_seed(seed_, uint64_t(step)), uint64_t(tensor));
   const AdamArgs args =
-      adam_args(cfg_, grad_scale, lr, t.is_norm ? 0.0 : cfg_.weight_decay, step);
+      adam_args(cfg_, clip, lr, t.is_norm ? 0.0 : cfg_.weight_decay, step);
   model_.backend().adamw_update(model_.weight_ref(t), g, static_cast<char*>(m_) + state_offset,
                                 static_cast<char*>(v_) + state_offset, t.numel, args, seed);
 }

@@ -20,7 +20,7 @@ class AdamW final : public Optimizer {
   AdamW(const OptimizerConfig& cfg, LlamaModel& model, Arena& arena, uint64_t seed);
   const char* name() const override { return "adamw"; }
   void begin_step(int64_t step) override { step_ = step; }
-  void update(int tensor, void* g, double grad_scale, double lr) override;
+  void update(int tensor, void* g, const double* clip, double lr) override;
 
  private:
   OptimizerConfig cfg_;

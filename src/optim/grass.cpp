@@ -107,9 +107,9 @@ void Grass::store_selection(Target& t, const SliceSelection& s) {
   std::vector<float> scale(size_t(t.slices));
   for (size_t j = 0; j < scale.size(); j++)
     scale[j] = float(s.count[j]) * (cfg_.projection.rho_in_update ? s.rho[j] : 1.0f);
-  backend_->upload(t.sigma, s.sigma.data(), scale.size() * sizeof(int32_t));
-  backend_->upload(t.rho, s.rho.data(), scale.size() * sizeof(float));
-  backend_->upload(t.update_scale, scale.data(), scale.size() * sizeof(float));
+  backend_->upload_async(t.sigma, s.sigma.data(), scale.size() * sizeof(int32_t));
+  backend_->upload_async(t.rho, s.rho.data(), scale.size() * sizeof(float));
+  backend_->upload_async(t.update_scale, scale.data(), scale.size() * sizeof(float));
 }
 
 void Grass::select(Target& t, const void* dy, const void* x, int64_t N) {
@@ -132,7 +132,7 @@ double Grass::flops_saved_per_token() const {
   return saved;
 }
 
-void Grass::update(int tensor, void* gc, double grad_scale, double lr) {
+void Grass::update(int tensor, void* gc, const double* clip, double lr) {
   Target& t = target(tensor);
   GRASS_CHECK(!t.needs_selection, "a GRASS update before any backward selected rows");
   t.adam_step++;
@@ -140,7 +140,7 @@ void Grass::update(int tensor, void* gc, double grad_scale, double lr) {
   // pure bf16's stochastic rounding: one stream per (step, target)
   const uint64_t seed =
       derive_seed(derive_seed(cfg_.projection.seed ^ 0x5eed, uint64_t(step_)), t.tensor_index);
-  const AdamArgs args = adam_args(cfg_, grad_scale, lr, cfg_.weight_decay, t.adam_step);
+  const AdamArgs args = adam_args(cfg_, clip, lr, cfg_.weight_decay, t.adam_step);
   backend_->grass_adam_update(model_.weight_ref(p), gc, t.m, t.v,
                               {t.sigma, t.update_scale, t.out, t.in, t.slices, t.rows},
                               cfg_.projection.scale, args, seed);

@@ -40,7 +40,7 @@ class Grass final : public Optimizer {
   // The sparse Adam update of the target; the targets use lr·scale. Precision as in AdamW
   // (optim/adamw.h): the master copy's rows change and the weights re-round them, or, in pure
   // bf16, the weights and the moments are stored with stochastic rounding.
-  void update(int tensor, void* gc, double grad_scale, double lr) override;
+  void update(int tensor, void* gc, const double* clip, double lr) override;
   // Σ over targets of 2·out·in - 2·(r·in or out·r). (Refresh steps still form one full gradient.)
   double flops_saved_per_token() const override;
 

@@ -68,7 +68,7 @@ void LowRankOptimizer::accumulate(int tensor, void* R, const void* dy, const voi
   backend_.lowrank_compressed_grad(R, scratch_, workspace_, dy, x, N, view(k, projection(k)));
 }
 
-void LowRankOptimizer::update(int tensor, void* R, double grad_scale, double lr) {
+void LowRankOptimizer::update(int tensor, void* R, const double* clip, double lr) {
   const size_t k = index_of(tensor);
   Target& t = targets_[k];
   t.adam_step++;
@@ -76,7 +76,7 @@ void LowRankOptimizer::update(int tensor, void* R, double grad_scale, double lr)
   // pure bf16's stochastic rounding: one stream per (step, target)
   const uint64_t seed =
       derive_seed(derive_seed(cfg_.projection.seed ^ 0x10a7, uint64_t(step_)), t.tensor_index);
-  const AdamArgs args = adam_args(cfg_, grad_scale, lr, cfg_.weight_decay, t.adam_step);
+  const AdamArgs args = adam_args(cfg_, clip, lr, cfg_.weight_decay, t.adam_step);
   backend_.lowrank_adam_update(model_.weight_ref(p), R, t.m, t.v, workspace_,
                                view(k, projection(k)), cfg_.projection.scale, args, seed);
 }

@@ -43,9 +43,9 @@ void StateReader::target_list(const json& saved, const std::string& key,
   }
 }
 
-AdamArgs adam_args(const OptimizerConfig& cfg, double grad_scale, double lr, double weight_decay,
+AdamArgs adam_args(const OptimizerConfig& cfg, const double* clip, double lr, double weight_decay,
                    int64_t step) {
-  return {.grad_scale = grad_scale, .lr = lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2,
+  return {.grad_scale = 1, .clip = clip, .lr = lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2,
           .eps = cfg.eps, .weight_decay = weight_decay, .step = step};
 }
 

@@ -25,8 +25,9 @@
 
 namespace grass {
 
-// The scalars of one Adam update from the run's optimizer settings.
-AdamArgs adam_args(const OptimizerConfig& cfg, double grad_scale, double lr, double weight_decay,
+// The scalars of one Adam update from the run's optimizer settings; clip: the clipping
+// coefficient in backend memory (AdamArgs::clip).
+AdamArgs adam_args(const OptimizerConfig& cfg, const double* clip, double lr, double weight_decay,
                    int64_t step);
 
 // What an optimizer reads back from a checkpoint beside its buffers (which are arena blocks,
@@ -71,8 +72,9 @@ class Optimizer {
   // Projected tensors: pg += the low-rank gradient formed from dy[N, out] and x[N, in].
   virtual void accumulate(int tensor, void* pg, const void* dy, const void* x, int64_t N);
   // One update of tensor t from its gradient g (dense, or its projected gradient, which may be
-  // overwritten) read as g·grad_scale (the clipping coefficient), at learning rate lr.
-  virtual void update(int tensor, void* g, double grad_scale, double lr) = 0;
+  // overwritten) read as g·(*clip), clip being the clipping coefficient in backend memory (the
+  // host never reads it), at learning rate lr.
+  virtual void update(int tensor, void* g, const double* clip, double lr) = 0;
   // Weight-gradient FLOPs per token saved against dense gradients (for MFU).
   virtual double flops_saved_per_token() const { return 0; }
 

@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "core/trace.h"
-#include "optim/clip.h"
 
 namespace grass {
 
@@ -15,10 +14,27 @@ int64_t projected_numel(const OptimizerSet& optimizers, int tensor) {
 }
 }  // namespace
 
-DeferredStep::DeferredStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm,
+StepStrategy::StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, double max_norm,
                            Arena& arena)
     : model_(model), optimizers_(optimizers), max_norm_(max_norm),
-      projected_(model.tensors().size(), nullptr) {
+      clip_(reinterpret_cast<ClipScalars*>(arena.alloc_bytes(
+          MemCategory::Workspace, "clipping scalars (fp64)", sizeof(ClipScalars)))) {}
+
+void StepStrategy::begin_scalars(int64_t step) {
+  model_.backend().zero(clip_, sizeof(ClipScalars));
+  for (const auto& o : optimizers_.all()) o->begin_step(step);
+}
+
+double StepStrategy::read_norm(int tensors_per_clip) {
+  ClipScalars s;
+  model_.backend().download(&s, clip_, sizeof s);
+  clipped_ = int(s.clipped) * tensors_per_clip;
+  return std::sqrt(s.total);
+}
+
+DeferredStep::DeferredStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm,
+                           Arena& arena)
+    : StepStrategy(model, optimizers, max_norm, arena), projected_(model.tensors().size(), nullptr) {
   GRASS_CHECK(!model.memory_options().fused_update, "DeferredStep needs the model's gradient buffer");
   for (size_t i = 0; i < model.tensors().size(); i++) {
     const ParamTensor& t = model.tensors()[i];
@@ -35,7 +51,7 @@ void DeferredStep::begin(int64_t step, double lr) {
     if (projected_[i])
       model_.backend().zero(projected_[i], size_t(projected_numel(optimizers_, int(i))) *
                                                model_.storage().grad_bytes);
-  for (const auto& o : optimizers_.all()) o->begin_step(step);
+  begin_scalars(step);
 }
 
 void DeferredStep::projected(int tensor, const void* dy, const void* x, int64_t N) {
@@ -48,25 +64,21 @@ void DeferredStep::dense_ready(int, void*) {
 
 double DeferredStep::finish() {
   Backend& backend = model_.backend();
-  // one global norm over the dense and the projected gradients
-  double projected = 0;
+  // one global norm over the projected and the dense gradients, one coefficient for all
   for (size_t i = 0; i < projected_.size(); i++)
-    if (projected_[i]) projected += backend.sum_squares(projected_[i], projected_numel(optimizers_, int(i)));
-  const double norm =
-      std::sqrt(backend.sum_squares(model_.grads_buffer(), model_.num_dense_grads()) + projected);
-  const double clip = clip_coefficient(norm, max_norm_);
-  clipped_ = clip < 1.0 ? int(model_.tensors().size()) : 0;
+    if (projected_[i])
+      backend.sum_squares(&clip_->pending, projected_[i], projected_numel(optimizers_, int(i)));
+  backend.sum_squares(&clip_->pending, model_.grads_buffer(), model_.num_dense_grads());
+  backend.clip(clip_, max_norm_);
   const TraceRange range("optimizer");
-  for (size_t i = 0; i < projected_.size(); i++) {
-    void* g = projected_[i] ? projected_[i] : model_.grad(model_.tensors()[i]);
-    optimizers_.of(int(i)).update(int(i), g, clip, lr_);
-  }
-  return norm;
+  for (size_t i = 0; i < projected_.size(); i++)
+    update(int(i), projected_[i] ? projected_[i] : model_.grad(model_.tensors()[i]));
+  return read_norm(int(model_.tensors().size()));
 }
 
 FusedStep::FusedStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm,
                      Arena& arena)
-    : model_(model), optimizers_(optimizers), max_norm_(max_norm) {
+    : StepStrategy(model, optimizers, max_norm, arena) {
   GRASS_CHECK(model.memory_options().fused_update, "FusedStep needs a model built for it");
   int64_t largest = 0;
   for (size_t i = 0; i < model.tensors().size(); i++)
@@ -78,17 +90,13 @@ FusedStep::FusedStep(LlamaModel& model, const OptimizerSet& optimizers, double m
 
 void FusedStep::begin(int64_t step, double lr) {
   lr_ = lr;
-  sum_squares_ = 0;
-  clipped_ = 0;
-  for (const auto& o : optimizers_.all()) o->begin_step(step);
+  begin_scalars(step);
 }
 
 void FusedStep::apply(int tensor, void* g, int64_t numel) {
-  const double sum_squares = model_.backend().sum_squares(g, numel);
-  sum_squares_ += sum_squares;
-  const double clip = clip_coefficient(std::sqrt(sum_squares), max_norm_);
-  clipped_ += clip < 1.0;
-  optimizers_.of(tensor).update(tensor, g, clip, lr_);
+  model_.backend().sum_squares(&clip_->pending, g, numel);
+  model_.backend().clip(clip_, max_norm_);
+  update(tensor, g);
 }
 
 void FusedStep::projected(int tensor, const void* dy, const void* x, int64_t N) {
@@ -102,6 +110,6 @@ void FusedStep::dense_ready(int tensor, void* grad) {
   apply(tensor, grad, model_.tensors()[size_t(tensor)].numel);
 }
 
-double FusedStep::finish() { return std::sqrt(sum_squares_); }
+double FusedStep::finish() { return read_norm(1); }
 
 }  // namespace grass

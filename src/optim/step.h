@@ -15,10 +15,13 @@
 // Both report the global L2 norm of the unclipped gradients, dense and projected: the projected
 // gradients are what the optimizers train on (G_C for GRASS), so that is the norm clipped and
 // logged, not the norm the full gradients would have had.
+// Norms and clipping coefficients stay in backend memory (ClipScalars, kernels/clip_rule.h): the
+// updates read the coefficient there, and the host reads the norm once, in finish().
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "clip_rule.h"
 #include "core/arena.h"
 #include "model/gradient_sink.h"
 #include "model/llama.h"
@@ -28,6 +31,7 @@ namespace grass {
 
 class StepStrategy : public GradientSink {
  public:
+  StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena);
   // Before the step's first forward; step counts from 0.
   virtual void begin(int64_t step, double lr) = 0;
   // After the last backward: the updates are done (or done now); returns the global L2 norm of
@@ -35,7 +39,25 @@ class StepStrategy : public GradientSink {
   virtual double finish() = 0;
   // Tensors whose gradient was scaled down by clipping in the last step (fused: per tensor;
   // deferred: all of them or none).
-  virtual int clipped_tensors() const = 0;
+  int clipped_tensors() const { return clipped_; }
+
+ protected:
+  // Zeroes the step's sums and starts every optimizer's step.
+  void begin_scalars(int64_t step);
+  // Tensor t's update from g, read with the coefficient of the last Backend::clip().
+  void update(int tensor, void* g) {
+    optimizers_.of(tensor).update(tensor, g, &clip_->coefficient, lr_);
+  }
+  // Reads the step's sums back (the step's one wait for the device): the global norm, and sets
+  // clipped_ to the count of clip() calls that scaled down, times `tensors_per_clip`.
+  double read_norm(int tensors_per_clip);
+
+  LlamaModel& model_;
+  const OptimizerSet& optimizers_;
+  double max_norm_;
+  ClipScalars* clip_;  // backend memory
+  double lr_ = 0;
+  int clipped_ = 0;
 };
 
 class DeferredStep final : public StepStrategy {
@@ -46,17 +68,11 @@ class DeferredStep final : public StepStrategy {
   void projected(int tensor, const void* dy, const void* x, int64_t N) override;
   void dense_ready(int tensor, void* grad) override;  // not called: the model holds the gradients
   double finish() override;
-  int clipped_tensors() const override { return clipped_; }
   // Tensor t's projected gradient as accumulated so far (grad-typed; null for a dense tensor).
   const void* projected_gradient(int tensor) const { return projected_.at(size_t(tensor)); }
 
  private:
-  LlamaModel& model_;
-  const OptimizerSet& optimizers_;
-  double max_norm_;
   std::vector<void*> projected_;  // per tensor: its projected gradient buffer, or null
-  double lr_ = 0;
-  int clipped_ = 0;
 };
 
 class FusedStep final : public StepStrategy {
@@ -67,18 +83,11 @@ class FusedStep final : public StepStrategy {
   void projected(int tensor, const void* dy, const void* x, int64_t N) override;
   void dense_ready(int tensor, void* grad) override;
   double finish() override;
-  int clipped_tensors() const override { return clipped_; }
 
  private:
   void apply(int tensor, void* g, int64_t numel);  // clips g on its own, then updates
 
-  LlamaModel& model_;
-  const OptimizerSet& optimizers_;
-  double max_norm_;
   void* projected_ = nullptr;  // one tensor's projected gradient at a time
-  double lr_ = 0;
-  double sum_squares_ = 0;
-  int clipped_ = 0;
 };
 
 }  // namespace grass

@@ -108,6 +108,7 @@ void MetricsWriter::write(const StepMetrics& m) {
     j["mem_device_used_bytes"] = m.mem_device_used_bytes;
     j["mem_device_bytes"] = m.mem_device_bytes;
   }
+  if (m.host_waits >= 0) j["host_waits"] = m.host_waits;
   out_ << j.dump() << '\n';
   out_.flush();
   if (!out_) throw UserError(path_ + ": write failed (disk full?)");

@@ -20,6 +20,7 @@ struct StepMetrics {
   int64_t mem_bytes = 0;    // arena peak
   int64_t mem_device_used_bytes = 0;  // the device's memory in use (cudaMemGetInfo); 0 on the CPU
   int64_t mem_device_bytes = 0;       // the device's memory; 0 on the CPU
+  int64_t host_waits = -1;  // times the host waited for the device this step; < 0: on the CPU
   double eta_s = 0;         // time left at the mean step time so far (step line only)
 };
 

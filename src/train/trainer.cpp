@@ -200,6 +200,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   double seconds_so_far = 0;
   for (int64_t step = start_step; step < cfg.steps; step++) {
     const auto t0 = std::chrono::steady_clock::now();
+    const int64_t waits_before = backend->host_waits();
     const double lr = schedule_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.steps);
     const TraceRange step_range("step");
     const StepOutcome outcome = train_step(state, cfg, step, lr, [&](int32_t* in, int32_t* tg) {
@@ -226,6 +227,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     const Backend::DeviceMemory device = backend->device_memory();
     m.mem_device_used_bytes = device.used;
     m.mem_device_bytes = device.total;
+    if (backend->storage().cuda) m.host_waits = backend->host_waits() - waits_before;
     m.tokens_seen = (step + 1) * cfg.tokens_per_step();
     m.mem_bytes = arena.peak_bytes();
     seconds_so_far += seconds;

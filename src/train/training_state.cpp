@@ -60,10 +60,11 @@ StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, dou
   StepOutcome out;
   for (int micro = 0; micro < accum; micro++) {
     next_batch(inputs.data(), targets.data());
-    out.loss += model.forward(inputs.data(), targets.data(), cfg.micro_batch_size) / accum;
-    model.backward(1.0 / accum);  // the step's loss is the mean over its micro-batches
+    // the step's loss is the mean over its micro-batches
+    model.forward_backward(inputs.data(), targets.data(), cfg.micro_batch_size, 1.0 / accum);
   }
   out.grad_norm = s.step->finish();
+  for (const double loss : model.take_losses()) out.loss += loss / accum;
   return out;
 }
 

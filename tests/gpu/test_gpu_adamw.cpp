@@ -85,7 +85,8 @@ struct AdamFloats {
   float grad_scale = 0.7f, lr = 0.05f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f,
         weight_decay = 0.1f;
   AdamArgs at(int64_t step) const {
-    return {grad_scale, lr, beta1, beta2, eps, weight_decay, step};
+    return {.grad_scale = grad_scale, .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
+            .weight_decay = weight_decay, .step = step};
   }
 };
 
@@ -273,14 +274,15 @@ TEST_CASE("gpu sum_squares equals the CPU's double sum and is deterministic", "[
         put(d_x_bf16, x);
       const void* d_x = f32 ? static_cast<const void*>(d_x_f32.ptr) : d_x_bf16.ptr;
       DeviceBuffer<double> d_out(1), d_scratch(size_t(cuda::sum_squares_scratch_doubles(n)));
+      // it adds to what *acc holds
       auto run = [&] {
-        d_out.poison();
+        d_out.upload({0.25});
         d_scratch.poison();
         cuda::sum_squares(tc.ctx, d_out.ptr, d_x, gtype, n, d_scratch.ptr);
         return d_out.download()[0];
       };
       const double got = run();
-      const double want = ops::sum_squares<float>(x.data(), n);
+      const double want = 0.25 + ops::sum_squares<float>(x.data(), n);
       // Exact squares summed in double in two orders: ~1e-14 apart; one element more or less
       // would move the sum by ~1/n.
       CHECK(std::fabs(got - want) <= 1e-10 * want);
@@ -289,9 +291,9 @@ TEST_CASE("gpu sum_squares equals the CPU's double sum and is deterministic", "[
     }
   }
   DeviceBuffer<double> d_out(1), d_scratch(size_t(cuda::sum_squares_scratch_doubles(0)));
-  d_out.poison();
+  d_out.upload({1.5});
   cuda::sum_squares(tc.ctx, d_out.ptr, /*x=*/nullptr, cuda::GradType::F32, 0, d_scratch.ptr);
-  CHECK(d_out.download()[0] == 0.0);  // written even when there is nothing to sum
+  CHECK(d_out.download()[0] == 1.5);  // nothing to sum adds nothing
 }
 
 TEST_CASE("gpu f32_to_bf16 rounds to nearest even, bf16_to_f32 widens exactly", "[gpu]") {

@@ -86,7 +86,10 @@ struct Hyper {
   float grad_scale = 0.7f, lr = 1e-2f, alpha = 0.25f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f,
         weight_decay = 0.1f;
   int64_t step = 3;
-  AdamArgs adam() const { return {grad_scale, lr, beta1, beta2, eps, weight_decay, step}; }
+  AdamArgs adam() const {
+    return {.grad_scale = grad_scale, .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
+            .weight_decay = weight_decay, .step = step};
+  }
 };
 
 }  // namespace

@@ -625,3 +625,58 @@ TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][m
       }
     }
 }
+
+TEST_CASE("model: a GPU training step waits for the device a fixed number of times", "[gpu][waits]") {
+  // The host reads the step's norm and its losses, once each, whatever the number of tensors and
+  // micro-batches: tokens go through pinned staging and the clipping coefficient stays on the
+  // device. A refresh (step 0 here) adds what the selection or basis needs per target. (The
+  // projected optimizers skip the 1-micro-batch deferred run to keep the emulator's time down.)
+  constexpr int64_t kStepWaits = 2;
+  for (const std::string optimizer : {"adamw", "grass", "galore", "flora"})
+    for (const std::string mode : {"deferred, 1 micro-batch", "deferred, 3 micro-batches", "fused"}) {
+      if (optimizer != "adamw" && mode == "deferred, 1 micro-batch") continue;
+      INFO(optimizer << ", " << mode);
+      RunConfig cfg = ngram_run(optimizer);
+      cfg.optimizer.projection.update_interval = 8;
+      if (mode == "deferred, 3 micro-batches") cfg.total_batch_size = 3 * cfg.micro_batch_size;
+      cfg.fused_update = mode == "fused" ? "on" : "off";
+      Run run(cfg, "bf16-mixed", true);
+      const NgramBatches data;
+      const int targets = int(run.model().tensors().size() - size_t(std::count_if(
+          run.model().tensors().begin(), run.model().tensors().end(),
+          [](const ParamTensor& t) { return t.dense(); })));
+      for (int64_t step = 0; step < 3; step++) {
+        const int64_t before = run.backend->host_waits();
+        train_step(run.state, run.cfg, step, run.cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
+          std::vector<int32_t> i, t;
+          data.batch(step, run.cfg.micro_batch_size, run.cfg.seq_len, i, t);
+          std::copy(i.begin(), i.end(), in);
+          std::copy(t.begin(), t.end(), tg);
+        });
+        const int64_t waits = run.backend->host_waits() - before;
+        CAPTURE(step, waits, targets);
+        if (optimizer == "adamw" || step > 0)
+          CHECK(waits == kStepWaits);
+        else
+          CHECK(waits <= kStepWaits + 2 * targets);
+      }
+    }
+}
+
+TEST_CASE("model: the GPU's one-pass head gives the two calls' bits", "[gpu]") {
+  // forward_backward computes each chunk's logits once; forward + backward computes them twice.
+  // Same kernels on the same inputs: the loss and every gradient must be identical.
+  const RunConfig cfg = run_config(model_config(kHd64Odd, kVocab, 0.04), kBatch, kSeq, "adamw", 1e-3);
+  const Batch batch = random_batch(int64_t(kBatch) * kSeq, kVocab, 17);
+  Run one_pass(cfg, "bf16-mixed", true), two_calls(cfg, "bf16-mixed", true);
+  one_pass.deferred().begin(0, cfg.optimizer.lr);
+  one_pass.model().forward_backward(batch.inputs.data(), batch.targets.data(), kBatch, 1.0);
+  const std::vector<double> loss = one_pass.model().take_losses();
+  REQUIRE(loss.size() == 1);
+  const double want = two_calls.gradients(0, batch.inputs, batch.targets);
+  CHECK(std::memcmp(&loss[0], &want, sizeof want) == 0);
+  for (const ParamTensor& t : one_pass.model().tensors()) {
+    INFO(t.name);
+    CHECK(same_bits(one_pass.grad(t), two_calls.grad(t)));
+  }
+}

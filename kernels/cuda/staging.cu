@@ -1,0 +1,64 @@
+#include "cuda/staging.cuh"
+
+#include <cstring>
+
+#include "cuda/common.cuh"
+
+namespace grass::cuda {
+
+StagingRing::StagingRing(size_t capacity) : capacity_(capacity) {
+  GRASS_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ring_), capacity, cudaHostAllocDefault));
+}
+
+StagingRing::~StagingRing() {
+  for (const InFlight& f : in_flight_) cudaEventDestroy(f.done);
+  for (cudaEvent_t e : idle_events_) cudaEventDestroy(e);
+  cudaFreeHost(ring_);
+}
+
+void StagingRing::reclaim(size_t begin, size_t end, int64_t* waits) {
+  for (size_t i = 0; i < in_flight_.size();) {
+    const InFlight& f = in_flight_[i];
+    const bool overlaps = f.begin < end && begin < f.end;
+    cudaError_t state = cudaEventQuery(f.done);
+    if (state == cudaErrorNotReady && overlaps) {
+      GRASS_CUDA_CHECK(cudaEventSynchronize(f.done));
+      ++*waits;
+      state = cudaSuccess;
+    }
+    if (state == cudaErrorNotReady) {
+      i++;
+      continue;
+    }
+    GRASS_CUDA_CHECK(state);
+    idle_events_.push_back(f.done);
+    in_flight_[i] = in_flight_.back();
+    in_flight_.pop_back();
+  }
+}
+
+bool StagingRing::upload(void* dst, const void* host, size_t bytes, cudaStream_t stream,
+                         int64_t* waits) {
+  if (bytes > capacity_) return false;
+  if (bytes == 0) return true;
+  // 256-byte aligned regions (the DMA engines' preference); wrap when the rest is too short
+  size_t begin = (head_ + 255) / 256 * 256;
+  if (begin + bytes > capacity_) begin = 0;
+  reclaim(begin, begin + bytes, waits);
+  std::memcpy(ring_ + begin, host, bytes);
+  GRASS_CUDA_CHECK(
+      cudaMemcpyAsync(dst, ring_ + begin, bytes, cudaMemcpyHostToDevice, stream));
+  cudaEvent_t done;
+  if (idle_events_.empty()) {
+    GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  } else {
+    done = idle_events_.back();
+    idle_events_.pop_back();
+  }
+  GRASS_CUDA_CHECK(cudaEventRecord(done, stream));
+  in_flight_.push_back({begin, begin + bytes, done});
+  head_ = begin + bytes;
+  return true;
+}
+
+}  // namespace grass::cuda
