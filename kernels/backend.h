@@ -66,10 +66,11 @@ struct BackendScratch {
   int64_t reduce_bytes = 0;     // deterministic Σx² partials
   int64_t gemm_bytes = 0;       // cuBLASLt workspace
   int64_t tokens_bytes = 0;     // embedding backward's token groups
+  int64_t slice_norms_bytes = 0;  // a GRASS refresh's slice norms (doubles)
 };
 struct BackendScratchPointers {
   void *attention = nullptr, *norm = nullptr, *reduce = nullptr, *gemm = nullptr,
-       *tokens = nullptr;
+       *tokens = nullptr, *slice_norms = nullptr;
 };
 BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& shape);
 // What attention_forward keeps for the backward (CPU: probabilities [B,NH,T,T]; GPU:

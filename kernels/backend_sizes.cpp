@@ -55,6 +55,10 @@ BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) 
   scratch.reduce_bytes = 8 * kReducePartials;  // the partial sums; the result is the caller's
   scratch.gemm_bytes = kGemmWorkspaceBytes;
   scratch.tokens_bytes = 4 * (3 * N + 1);  // positions [N], group starts [N + 1], tokens [N]
+  // grass_slice_norms: one double per row or column of a projection (C, F or NH·HD wide; the
+  // KV projections are narrower): 108 KiB at 13B, kept by every run rather than sized per
+  // optimizer.
+  scratch.slice_norms_bytes = 8 * std::max({s.C, s.F, s.NH * s.HD});
   return scratch;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/device.h"
 #include "stochastic_round.h"
 
 namespace grass::cuda {
@@ -31,8 +32,15 @@ using bf16 = __nv_bfloat16;
       ::grass::cuda::fail_cuda(#call, __FILE__, __LINE__, cublasGetStatusString(grass_st_)); \
   } while (0)
 
-// After every <<<...>>>: a bad launch configuration surfaces here, named, not three kernels later.
-#define GRASS_LAUNCH_CHECK() GRASS_CUDA_CHECK(cudaGetLastError())
+// After every <<<...>>>: a bad launch configuration surfaces here, named by the launching function,
+// file and line, not three kernels later. A fault while the kernel runs is asynchronous: CUDA
+// reports it at the next synchronising call (an upload, a download), far from its kernel, unless
+// GRASS_CUDA_SYNC=1 (launch_sync(), cuda/device.h) makes every launch check wait for its kernel.
+void check_launch(const char* launcher, const char* file, int line);
+#define GRASS_LAUNCH_CHECK() ::grass::cuda::check_launch(__func__, __FILE__, __LINE__)
+// What a launch check does after a library call that launches kernels (cuBLAS): with
+// GRASS_CUDA_SYNC=1, wait for the device and name `what` if its work faulted; else nothing.
+void debug_sync(const char* what, const char* file, int line);
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

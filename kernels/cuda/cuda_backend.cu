@@ -40,12 +40,16 @@ class CudaBackend final : public Backend {
     GRASS_CHECK(storage.cuda && storage.bf16_weights(),
                 "the CUDA backend needs a bf16 CUDA storage plan");
     GRASS_CUDA_CHECK(cudaSetDevice(0));
+    // Everything that takes device memory outside the arena happens here, before reserve(), so
+    // that the reservation is the run's last allocation: the stream, both cuBLAS handles (and the
+    // kernels, loaded eagerly: probe_device, cuda/device.h).
     GRASS_CUDA_CHECK(cudaStreamCreate(&ctx_.stream));
     GRASS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
+    ctx_.blas = cuda::create_gemm_fallback_handle();
   }
   ~CudaBackend() override {
     if (pool_) cudaFree(pool_);
-    if (norms_) cudaFree(norms_);
+    cublasDestroy(ctx_.blas);
     cublasLtDestroy(ctx_.lt);
     cudaStreamDestroy(ctx_.stream);
   }
@@ -148,6 +152,7 @@ class CudaBackend final : public Backend {
     GRASS_CHECK(cuda::sum_squares_scratch_doubles(int64_t(1) << 40) * 8 <= sizes.reduce_bytes,
                 "reduction scratch smaller than the kernel needs");
     scratch_ = scratch;
+    slice_norms_capacity_ = sizes.slice_norms_bytes / int64_t(sizeof(double));
     ctx_.lt_workspace = scratch.gemm;
     ctx_.lt_workspace_bytes = size_t(sizes.gemm_bytes);
   }
@@ -287,13 +292,10 @@ class CudaBackend final : public Backend {
   void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
                          bool rows) override {
     const int n = rows ? out : in;
-    if (n > norms_capacity_) {  // at most max(out, in) doubles: outside the arena, 110 KiB at 13B
-      if (norms_) GRASS_CUDA_CHECK(cudaFree(norms_));
-      GRASS_CUDA_CHECK(cudaMalloc(&norms_, size_t(n) * sizeof(double)));
-      norms_capacity_ = n;
-    }
-    cuda::grass_slice_norms(ctx_, norms_, g, out, in, rows);
-    download(host_norms_sq, norms_, size_t(n) * sizeof(double));
+    GRASS_CHECK(n <= slice_norms_capacity_, "slice-norm scratch smaller than a target's side");
+    double* norms = static_cast<double*>(scratch_.slice_norms);
+    cuda::grass_slice_norms(ctx_, norms, g, out, in, rows);
+    download(host_norms_sq, norms, size_t(n) * sizeof(double));
   }
   void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,
                          double alpha, const AdamArgs& a, uint64_t seed) override {
@@ -361,8 +363,7 @@ class CudaBackend final : public Backend {
   BackendScratchPointers scratch_;
   cuda::StagingRing staging_;
   int64_t host_waits_ = 0;
-  double* norms_ = nullptr;
-  int norms_capacity_ = 0;
+  int64_t slice_norms_capacity_ = 0;  // doubles at scratch_.slice_norms
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 // bits.
 #pragma once
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +29,7 @@ using bf16 = __nv_bfloat16;
 struct Context {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;  // cublasGemmEx, for what cuBLASLt has no kernel for
   void* lt_workspace = nullptr;  // cuBLASLt's workspace
   size_t lt_workspace_bytes = 0;
 };
@@ -36,6 +38,9 @@ enum class GradType { F32, BF16 };
 
 // ---- GEMM through cuBLASLt (kernels/cuda/gemm.cu) --------------------------------------------
 // bf16 inputs, fp32 accumulation.
+// Context::blas: a cuBLAS handle whose math mode keeps split-K reductions in fp32. cublasCreate
+// takes device memory: the backend makes it before reserving the run's memory.
+cublasHandle_t create_gemm_fallback_handle();
 // y[N,out] = x[N,in] · w[out,in]ᵀ
 void linear_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w, int64_t N, int in,
                     int out);

@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "cuda/device.h"
@@ -21,6 +22,13 @@ std::string failure(const char* what, cudaError_t err) {
 }  // namespace
 
 DeviceProbe probe_device() {
+  // Before the first CUDA call, which reads it. Lazy loading (CUDA's default since 12.2) would
+  // put each kernel's code on the device at its first launch: after the run's one reservation,
+  // so a run planned near the card's capacity could fail at step 0, or at the first launch of a
+  // rarer kernel (FLORA's resampling) hours in. Eager loading takes that memory now, before the
+  // reservation, for the engine's kernels and cuBLAS's alike (cuBLAS's unused kernels too: a
+  // fixed cost, CUDA_MODULE_LOADING=LAZY trades it back). overwrite = 0 keeps the user's choice.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   DeviceProbe probe;
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);

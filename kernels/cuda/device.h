@@ -1,5 +1,5 @@
-// What the CUDA side can offer on this machine. The CUDA backend's kernels arrive with their own
-// issue; until then this probe is the one CUDA translation unit, so CI compiles CUDA from day one.
+// What the CUDA side can offer on this machine, and how it runs: the probe, and the debugging mode
+// of the launch checks. Plain C++: the trainer and the GPU tests include it.
 #pragma once
 #include <string>
 
@@ -11,7 +11,18 @@ struct DeviceProbe {
 };
 
 // Finds device 0, and proves it runs code: a kernel writes a known pattern that is read back.
-// Never throws: "no usable GPU" is an answer, not an error.
+// Never throws: "no usable GPU" is an answer, not an error. It is the process's first CUDA call,
+// and it asks for eager module loading (CUDA_MODULE_LOADING=EAGER) unless the user chose a mode:
+// every kernel's code is then on the device before the run's memory is reserved, where CUDA's
+// default (lazy) would allocate it at each kernel's first launch, after the reservation.
 DeviceProbe probe_device();
+
+// GRASS_CUDA_SYNC=1 in the environment (read once): every launch check (GRASS_LAUNCH_CHECK,
+// kernels/cuda/common.cuh) and every cuBLAS(Lt) call waits for the device, so that a kernel that
+// faults is named by its launching function, file and line instead of surfacing at the next
+// upload. Slow: for debugging only.
+bool launch_sync();
+// Overrides GRASS_CUDA_SYNC for the rest of the process (tests).
+void set_launch_sync(bool on);
 
 }  // namespace grass::cuda

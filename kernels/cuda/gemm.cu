@@ -10,15 +10,22 @@
 // boundaries, and a view into a buffer can start anywhere. cuBLASLt assumes 256-byte alignment
 // unless told, so every problem tells it the true alignment of each operand (pointer and row
 // pitch): its heuristic then offers only kernels that can load such rows. If it offers none, the
-// problem goes to cublasGemmEx, which takes every alignment, and one line on stderr says so.
+// problem goes to cublasGemmEx, which takes every alignment, and one line on stderr says so. Its
+// handle is the Context's (create_gemm_fallback_handle), made with the backend, before the run's
+// memory is reserved: cublasCreate takes device memory of its own.
 //
 // Plans: each distinct problem (device, shape, leading dimensions, output type, alignments,
 // workspace) builds its descriptors and asks the heuristic once; the plan is kept for the life of
 // the process, because the query costs more than a small GEMM.
 //
 // Determinism: for one problem the plan fixes the algorithm, and cuBLAS(Lt) gives the same bits
-// for the same algorithm and inputs on one GPU model. For bf16 outputs, split-K is allowed only
-// with fp32 partials reduced in a separate pass (never partial sums rounded to bf16).
+// for the same algorithm and inputs on one GPU model.
+//
+// Accumulation is fp32 everywhere, split-K included. cuBLASLt: compute type CUBLAS_COMPUTE_32F,
+// and a split-K reduction only in a separate pass over fp32 partials (the preference's reduction
+// scheme mask, make_plan). cublasGemmEx: compute type CUBLAS_COMPUTE_32F, and the handle's math
+// mode carries CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, without which cuBLAS may reduce
+// a bf16 output's split-K partials in bf16.
 #include <cublas_v2.h>
 
 #include <array>
@@ -88,7 +95,9 @@ Plan make_plan(const Context& ctx, const Problem& p) {
   set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);  // D is C
   // Split-K only with a separate reduction pass over a workspace: an in-place reduction adds the
   // partial sums into the output in an order that need not repeat (determinism), and in bf16
-  // outputs it would add them in bf16, so bf16 keeps fp32 partials alone.
+  // outputs it would add them in bf16, so bf16 keeps fp32 partials alone (OUTPUT_TYPE would
+  // store them in bf16). The mask filters split-K kernels only: a kernel without split-K
+  // (CUBLASLT_REDUCTION_SCHEME_NONE) passes any mask.
   set_preference(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                  p.c_type == CUDA_R_16BF
                      ? uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
@@ -134,30 +143,36 @@ const Plan& cached_plan(const Context& ctx, const Problem& p) {
   return it->second;
 }
 
-// cuBLAS's classic GEMM, for problems cuBLASLt has no kernel for: one handle per thread, created
-// on first need and kept for the life of the process.
-cublasHandle_t fallback_handle() {
-  thread_local cublasHandle_t handle = nullptr;
-  if (!handle) GRASS_CUBLAS_CHECK(cublasCreate(&handle));
-  return handle;
-}
-
+// cuBLAS's classic GEMM, for problems cuBLASLt has no kernel for, on the Context's handle.
 void run_fallback(const Context& ctx, const Problem& p, const void* a, const void* b,
                   const float* alpha, const float* beta, void* c) {
+  GRASS_CHECK(ctx.blas, "gemm: a problem cuBLASLt cannot run, and no cuBLAS handle to run it");
   GRASS_CHECK(p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX && p.lda <= INT_MAX &&
                   p.ldb <= INT_MAX && p.ldc <= INT_MAX,
               "gemm: a problem cuBLASLt cannot run is too large for cublasGemmEx");
-  cublasHandle_t handle = fallback_handle();
-  // cublasSetStream resets the workspace to cuBLAS's own pool, so the workspace comes after it.
-  GRASS_CUBLAS_CHECK(cublasSetStream(handle, ctx.stream));
+  // cublasSetStream resets the workspace to cuBLAS's own pool (allocated by cublasCreate), so the
+  // arena's workspace comes after it.
+  GRASS_CUBLAS_CHECK(cublasSetStream(ctx.blas, ctx.stream));
   if (ctx.lt_workspace)
-    GRASS_CUBLAS_CHECK(cublasSetWorkspace(handle, ctx.lt_workspace, ctx.lt_workspace_bytes));
-  GRASS_CUBLAS_CHECK(cublasGemmEx(handle, p.op_a, p.op_b, int(p.m), int(p.n), int(p.k), alpha, a,
-                                  CUDA_R_16BF, int(p.lda), b, CUDA_R_16BF, int(p.ldb), beta, c,
+    GRASS_CUBLAS_CHECK(cublasSetWorkspace(ctx.blas, ctx.lt_workspace, ctx.lt_workspace_bytes));
+  GRASS_CUBLAS_CHECK(cublasGemmEx(ctx.blas, p.op_a, p.op_b, int(p.m), int(p.n), int(p.k), alpha,
+                                  a, CUDA_R_16BF, int(p.lda), b, CUDA_R_16BF, int(p.ldb), beta, c,
                                   p.c_type, int(p.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  debug_sync("cublasGemmEx", __FILE__, __LINE__);
 }
 
 }  // namespace
+
+cublasHandle_t create_gemm_fallback_handle() {
+  cublasHandle_t handle = nullptr;
+  GRASS_CUBLAS_CHECK(cublasCreate(&handle));
+  // fp32 accumulation includes split-K: cuBLAS's default math mode lets a reduced-precision
+  // output (bf16) sum its partial products in that precision.
+  const cublasMath_t mode =
+      cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+  GRASS_CUBLAS_CHECK(cublasSetMathMode(handle, mode));
+  return handle;
+}
 
 void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, void* C,
@@ -170,6 +185,7 @@ void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_
   if (M == 0 || N == 0) return;  // nothing to write
   const int64_t c_bytes = c_type == CUDA_R_32F ? 4 : 2;
   if (K == 0) {  // an empty sum (no tokens): C = beta·C, without asking cuBLASLt about k = 0
+    GRASS_CHECK(beta == 0.0f || beta == 1.0f, "gemm_bf16: k = 0 with a beta other than 0 or 1");
     if (beta == 0.0f)
       GRASS_CUDA_CHECK(cudaMemset2DAsync(C, size_t(ldc * c_bytes), 0, size_t(N * c_bytes),
                                          size_t(M), ctx.stream));
@@ -198,6 +214,7 @@ void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_
   GRASS_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c,
                                     C, plan.c, &plan.algo, ctx.lt_workspace, ctx.lt_workspace_bytes,
                                     ctx.stream));
+  debug_sync("cublasLtMatmul", __FILE__, __LINE__);
 }
 
 void linear_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w, int64_t N, int in,

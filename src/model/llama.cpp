@@ -143,6 +143,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   scratch_.reduce = backend_ws("reduce", sizes.reduce_bytes);
   scratch_.gemm = backend_ws("gemm", sizes.gemm_bytes);
   scratch_.tokens = backend_ws("token_groups", sizes.tokens_bytes);
+  scratch_.slice_norms = backend_ws("slice_norms", sizes.slice_norms_bytes);
   scratch_shape_ = shape;
   for (const char* pass : {"forward", "backward"})
     for (int l = 0; l < L; l++) trace_names_.push_back("layer " + std::to_string(l) + " " + pass);

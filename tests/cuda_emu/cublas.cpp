@@ -1,14 +1,25 @@
 // cuda_emu's cuBLAS(Lt): column-major D = alpha·op(A)·op(B) + beta·C with fp32 accumulation, the
 // descriptors checked as cuBLASLt documents them (see include/cublasLt.h).
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
+#include "cuda_emu.h"
 
-struct cublasLtContext {};
-struct cublasContext {};
+// cuBLAS's docs: creating a handle "allocates hardware resources on the host and device" (for
+// cuBLAS, its default workspace pool). A handle here holds a device allocation of this size.
+constexpr size_t kHandleDeviceBytes = size_t(1) << 20;
+
+struct cublasLtContext {
+  void* device = nullptr;
+};
+struct cublasContext {
+  void* device = nullptr;
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
+};
 struct cublasLtMatmulDescOpaque {
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
 };
@@ -20,9 +31,14 @@ struct cublasLtMatrixLayoutOpaque {
 struct cublasLtMatmulPreferenceOpaque {
   uint64_t workspace = 0;
   uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D: cuBLASLt's default assumption
+  uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;  // every scheme: the default
 };
 
 namespace {
+
+// What cuda_emu.h reports.
+int last_math_mode = -1;
+std::map<cudaDataType_t, int64_t> last_masks;  // by the output's type
 
 cublasStatus_t invalid(const std::string& why) {
   std::fprintf(stderr, "cuda_emu: cuBLAS: %s\n", why.c_str());
@@ -108,17 +124,32 @@ const char* cublasGetStatusString(cublasStatus_t status) {
   switch (status) {
     case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
     case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
   }
   return "unknown cuBLAS status";
 }
 
+namespace cuda_emu {
+int last_gemm_ex_math_mode() { return last_math_mode; }
+int64_t last_reduction_scheme_mask(cudaDataType_t output) {
+  const auto it = last_masks.find(output);
+  return it == last_masks.end() ? -1 : it->second;
+}
+}  // namespace cuda_emu
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
-  *handle = new cublasLtContext;
+  void* device = nullptr;
+  if (cudaMalloc(&device, kHandleDeviceBytes) != cudaSuccess) {
+    cudaGetLastError();
+    return CUBLAS_STATUS_ALLOC_FAILED;
+  }
+  *handle = new cublasLtContext{device};
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  if (handle) cudaFree(handle->device);
   delete handle;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -172,7 +203,9 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
       std::memcpy(&pref->workspace, buf, 8);
       return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
-      return size == 4 ? CUBLAS_STATUS_SUCCESS : invalid("reduction mask size");
+      if (size != 4) return invalid("reduction mask size");
+      std::memcpy(&pref->reduction_mask, buf, 4);
+      return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
@@ -187,11 +220,12 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 // operands to (a real kernel would read misaligned rows wrongly or fault).
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t,
                                               cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t d,
                                               cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t* results,
                                               int* returned) {
   if (requested < 1) return invalid("heuristic: requested < 1");
+  last_masks[d->type] = pref->reduction_mask;
   *returned = 0;
   for (uint32_t a : pref->align)
     if (a < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -231,11 +265,27 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
 }
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
-  *handle = new cublasContext;
+  void* device = nullptr;
+  if (cudaMalloc(&device, kHandleDeviceBytes) != cudaSuccess) {
+    cudaGetLastError();
+    return CUBLAS_STATUS_ALLOC_FAILED;
+  }
+  *handle = new cublasContext{device};
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  if (handle) cudaFree(handle->device);
   delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->math = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  *mode = handle->math;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
@@ -249,6 +299,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t op_a, cubla
                             int ldb, const void* beta, void* c, cudaDataType_t c_type, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
   if (!handle || compute != CUBLAS_COMPUTE_32F) return invalid("cublasGemmEx: handle or compute");
+  last_math_mode = handle->math;
   const bool ta = op_a == CUBLAS_OP_T, tb = op_b == CUBLAS_OP_T;
   return gemm(op_a, op_b, m, n, k, *static_cast<const float*>(alpha),
               {a, a_type, ta ? k : m, ta ? m : k, lda, "A"},

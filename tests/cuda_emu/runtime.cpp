@@ -1,5 +1,6 @@
 // cuda_emu's runtime: device memory fenced by guard pages, one device, synchronous streams, and
 // kernels run block by block with each thread a fiber (see include/cuda_runtime.h).
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -11,9 +12,11 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "cuda_emu.h"
 #include "cuda_runtime.h"
 
 thread_local uint3 threadIdx;
@@ -32,6 +35,22 @@ cudaError_t last_error = cudaSuccess;
 void set_error(cudaError_t err) {
   if (last_error == cudaSuccess) last_error = err;
 }
+// A fault of a kernel that ran: reported by the next synchronising call, as a GPU does.
+cudaError_t pending_fault = cudaSuccess;
+cudaError_t take_fault() {
+  const cudaError_t err = pending_fault;
+  pending_fault = cudaSuccess;
+  return err;
+}
+
+// Module loading, as the process's first CUDA call found CUDA_MODULE_LOADING (cuda_runtime.h).
+bool lazy_module_loading() {
+  static const bool lazy = [] {
+    const char* mode = std::getenv("CUDA_MODULE_LOADING");
+    return !(mode && std::string(mode) == "EAGER");
+  }();
+  return lazy;
+}
 
 // ---- device memory ---------------------------------------------------------------------------
 // Each allocation ends (rounded up to 256 bytes, cudaMalloc's alignment) right before a
@@ -45,6 +64,10 @@ struct Allocation {
 std::mutex memory_mutex;
 std::map<uintptr_t, Allocation> allocations;  // keyed by the pointer handed out
 size_t allocated_bytes = 0;
+uint64_t allocation_count = 0;  // cuda_emu.h's device_allocations()
+// Lazy loading puts a kernel's code on the device at its first launch; a stand-in size.
+constexpr size_t kKernelCodeBytes = size_t(64) << 10;
+std::set<std::string> loaded_kernels;  // by the launch's kernel name
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
@@ -61,6 +84,11 @@ const Allocation* find_allocation(const void* p, uintptr_t* start) {
 
 namespace cuda_emu {
 
+uint64_t device_allocations() {
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  return allocation_count;
+}
+
 bool is_device_range(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(memory_mutex);
   uintptr_t start = 0;
@@ -72,9 +100,11 @@ bool is_device_range(const void* p, size_t bytes) {
 }  // namespace cuda_emu
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  lazy_module_loading();  // a first CUDA call reads the loading mode
   const size_t used = round_up(std::max<size_t>(bytes, 1), 256);
   const size_t body = round_up(used, kPage);
   std::lock_guard<std::mutex> lock(memory_mutex);
+  allocation_count++;
   if (allocated_bytes + body > kTotalMemory) {
     *ptr = nullptr;
     set_error(cudaErrorMemoryAllocation);
@@ -141,6 +171,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (cudaError_t e = take_fault()) return e;  // synchronous: waits for the kernels before it
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
@@ -149,6 +180,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  if (cudaError_t e = take_fault()) return e;
   return cudaMemsetAsync(dst, value, bytes, nullptr);
 }
 cudaError_t cudaMemset2DAsync(void* dst, size_t pitch, int value, size_t width, size_t height,
@@ -173,12 +205,14 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotReady: return "device not ready";
   }
   return "unknown error";
 }
 cudaError_t cudaGetDeviceCount(int* count) {
+  lazy_module_loading();  // a first CUDA call reads the loading mode
   *count = 1;
   return cudaSuccess;
 }
@@ -202,15 +236,15 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   *value = kMaxSharedOptin;
   return cudaSuccess;
 }
-// Every call runs to completion before it returns: streams and synchronisation are no-ops.
-cudaError_t cudaDeviceSynchronize() { return last_error; }
+// Every call runs to completion before it returns: synchronisation only reports a kernel's fault.
+cudaError_t cudaDeviceSynchronize() { return take_fault(); }
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   static char tag;
   *stream = reinterpret_cast<cudaStream_t>(&tag);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return last_error; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return take_fault(); }
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
   *ptr = std::malloc(std::max<size_t>(bytes, 1));
   return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -226,8 +260,9 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
 }
 cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return last_error; }
+// An event is complete once recorded; waiting on it reports a kernel's fault, as a GPU does.
+cudaError_t cudaEventQuery(cudaEvent_t) { return take_fault(); }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return take_fault(); }
 
 // ---- fibers ----------------------------------------------------------------------------------
 // Every emulated thread is a fiber, so a switch must be cheap: on x86-64 a few instructions save
@@ -324,6 +359,7 @@ struct Block {
   Context scheduler;
   const std::function<void()>* body = nullptr;
   std::string error;  // set by a fiber: the launch fails
+  cudaError_t fault = cudaErrorLaunchFailure;  // what the failure reports
 };
 thread_local Block* running = nullptr;
 thread_local std::vector<char*> stacks;  // each kStackBytes above a guard page; reused
@@ -346,9 +382,13 @@ std::mutex attribute_mutex;
 std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute per kernel
 
 // A fiber that broke a rule: note it and hand control back for good (the launch is abandoned).
-[[noreturn]] void fail_fiber(const std::string& why) {
+[[noreturn]] void fail_fiber(const std::string& why,
+                             cudaError_t fault = cudaErrorLaunchFailure) {
   Block& b = *running;
-  if (b.error.empty()) b.error = why;
+  if (b.error.empty()) {
+    b.error = why;
+    b.fault = fault;
+  }
   Fiber& me = b.fibers[size_t(b.current)];
   switch_context(me.context, b.scheduler);
   std::abort();  // never resumed
@@ -386,6 +426,60 @@ std::string describe_thread(const Fiber& f) {
   return "thread (" + std::to_string(f.tid.x) + "," + std::to_string(f.tid.y) + "," +
          std::to_string(f.tid.z) + ")";
 }
+
+// An access past a device buffer hits its guard page: SIGSEGV, which a GPU reports as an
+// asynchronous cudaErrorIllegalAddress. While a grid runs, this handler (on its own stack, and
+// SA_NODEFER, since it never returns) abandons the faulting fiber as fail_fiber does. A fault
+// that is not a fiber's (the emulator's own code) gets the previous handler back and happens
+// again there. Building the message allocates, which a kernel's own code never interrupts.
+struct sigaction previous_segv;             // while a grid runs: what FaultTrap replaced
+thread_local std::vector<char> signal_stack;  // the handler's
+
+bool on_fiber_stack(const void* uc) {
+#if defined(__x86_64__)
+  const Block* b = running;
+  if (!b) return false;
+  const uintptr_t sp = uintptr_t(static_cast<const ucontext_t*>(uc)->uc_mcontext.gregs[REG_RSP]);
+  const uintptr_t stack = reinterpret_cast<uintptr_t>(stacks[size_t(b->current)]);
+  return sp >= stack - kPage && sp < stack + kStackBytes;  // its guard page included
+#else
+  (void)uc;
+  return false;  // other targets: a fault ends the process, as before
+#endif
+}
+
+void on_segv(int, siginfo_t* info, void* uc) {
+  if (!on_fiber_stack(uc)) {
+    sigaction(SIGSEGV, &previous_segv, nullptr);
+    return;
+  }
+  char where[64];
+  std::snprintf(where, sizeof where, "%p", info->si_addr);
+  fail_fiber("illegal memory access at " + std::string(where) + " by " +
+                 describe_thread(running->fibers[size_t(running->current)]),
+             cudaErrorIllegalAddress);
+}
+
+// Installs the handler for one grid, and puts back what was there (Catch2 has its own).
+struct FaultTrap {
+  stack_t saved_stack;
+  FaultTrap() {
+    if (signal_stack.empty()) signal_stack.resize(size_t(64) << 10);
+    stack_t st{};
+    st.ss_sp = signal_stack.data();
+    st.ss_size = signal_stack.size();
+    sigaltstack(&st, &saved_stack);
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &previous_segv);
+  }
+  ~FaultTrap() {
+    sigaction(SIGSEGV, &previous_segv, nullptr);
+    sigaltstack(&saved_stack, nullptr);
+  }
+};
 
 // Runs one block to completion; returns "" or what went wrong.
 std::string run_block(Block& b, int threads) {
@@ -490,6 +584,13 @@ void run_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
     std::fprintf(stderr, "cuda_emu: a kernel launched from a kernel\n");
     std::abort();
   }
+  if (lazy_module_loading()) {  // the kernel's code goes to the device at its first launch
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    if (loaded_kernels.insert(cfg.name).second) {
+      allocation_count++;
+      allocated_bytes += kKernelCodeBytes;
+    }
+  }
 
   Block b;
   b.body = &body;
@@ -510,6 +611,7 @@ void run_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
   blockDim = bd;
   running = &b;
   std::string error;
+  const FaultTrap trap;
   for (unsigned z = 0; z < g.z && error.empty(); z++)
     for (unsigned y = 0; y < g.y && error.empty(); y++)
       for (unsigned x = 0; x < g.x && error.empty(); x++) {
@@ -529,7 +631,10 @@ void run_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
                   std::to_string(z) + "): " + error;
       }
   running = nullptr;
-  if (!error.empty()) reject(cudaErrorLaunchFailure, error);
+  if (!error.empty()) {  // the kernel ran and failed: the next synchronising call says so
+    std::fprintf(stderr, "cuda_emu: kernel %s: %s\n", cfg.name, error.c_str());
+    if (pending_fault == cudaSuccess) pending_fault = b.fault;
+  }
 }
 
 }  // namespace cuda_emu

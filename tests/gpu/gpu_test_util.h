@@ -80,17 +80,19 @@ inline double rel_error(const std::vector<float>& got, const std::vector<float>&
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// A Context with its own stream and cuBLASLt handle; for tests.
+// A Context with its own stream and cuBLAS(Lt) handles; for tests.
 struct TestContext {
   cuda::Context ctx;
   TestContext() {
     check(cudaStreamCreate(&ctx.stream), "cudaStreamCreate");
     if (cublasLtCreate(&ctx.lt) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
+    ctx.blas = cuda::create_gemm_fallback_handle();
     ctx.lt_workspace_bytes = 32u << 20;
     check(cudaMalloc(&ctx.lt_workspace, ctx.lt_workspace_bytes), "cudaMalloc workspace");
   }
   ~TestContext() {
     cudaFree(ctx.lt_workspace);
+    cublasDestroy(ctx.blas);
     cublasLtDestroy(ctx.lt);
     cudaStreamDestroy(ctx.stream);
   }

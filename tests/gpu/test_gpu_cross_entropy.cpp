@@ -1,8 +1,9 @@
 // cross_entropy_fused (kernels/cuda/cross_entropy.cu) against the CPU reference
 // (cross_entropy_forward, then cross_entropy_backward) on the same bf16 logits: the loss per row,
 // the in-place gradient (its softmax part checked apart from the large target entries), ignored
-// rows giving exact zeros, at the T5 vocabulary (32100), at V below the block size, and twice for
-// identical bits.
+// rows giving exact zeros, at LLaMA's vocabulary (32000: every row 16-byte aligned, all packs), at
+// T5's (32100: rows alternately 16- and 8-byte aligned), at odd V (every alignment of a row's
+// start) and V below the block size, and twice for identical bits.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -22,7 +23,7 @@ struct Case {
   int64_t n;
   int V;
 };
-const Case kCases[] = {{3 * 77, 32100}, {5, 7}, {3, 1001}};
+const Case kCases[] = {{3 * 77, 32100}, {4, 32000}, {5, 7}, {3, 1001}, {9, 13}};
 
 // Targets in [0, V), with row 2 and every 5th row after it ignored (-1).
 std::vector<int32_t> targets_with_ignored(int64_t n, int V) {

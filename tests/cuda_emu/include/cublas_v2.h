@@ -5,9 +5,16 @@
 struct cublasContext;
 using cublasHandle_t = cublasContext*;
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+enum cublasMath_t {
+  CUBLAS_DEFAULT_MATH = 0,
+  CUBLAS_PEDANTIC_MATH = 2,
+  CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16,
+};
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes);
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b,

@@ -9,6 +9,15 @@
 // launch limits, a __syncthreads or warp operation that not every thread reaches (a deadlock or
 // an early return on the GPU), and device buffers are fenced by guard pages.
 //
+// Errors come when a GPU gives them: a bad launch configuration at once (cudaGetLastError), a
+// fault while a kernel runs (an access past a buffer, which hits a guard page: illegal address; a
+// barrier not every thread reaches: launch failure) at the next synchronising call
+// (cudaDeviceSynchronize, cudaStreamSynchronize, cudaMemcpy, cudaMemset), once; unlike a GPU's,
+// the device stays usable afterwards. Module loading follows CUDA_MODULE_LOADING as read at the
+// process's first CUDA call: lazy (CUDA's default) takes device memory for a kernel's code at
+// its first launch, eager takes none after that first call. tests/cuda_emu/include/cuda_emu.h
+// lets tests see what the emulator counts.
+//
 // Kernel launches are rewritten at build time (tests/cuda_emu/translate.cmake):
 //   kernel<<<grid, block, smem, stream>>>(args);
 //     ->  ::cuda_emu::launch("kernel", &kernel or nullptr, {grid, block, smem, stream}, [&] { kernel(args); });
@@ -63,6 +72,7 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
   cudaErrorLaunchFailure = 719,
 };
 using cudaError = cudaError_t;

@@ -1,0 +1,20 @@
+// cuda_emu: what the emulator counts and records, for the GPU tests that check the engine's use of
+// CUDA (tests/gpu/test_gpu_checks.cpp). Only the emulator has this header: a test includes it
+// under __has_include(<cuda_emu.h>).
+#pragma once
+#include <cstdint>
+
+#include "cuda_runtime.h"
+
+namespace cuda_emu {
+
+// Device allocations made so far: cudaMalloc calls, the resources cublasCreate and cublasLtCreate
+// take, and each kernel's code loaded at its first launch under lazy module loading.
+uint64_t device_allocations();
+// The math mode (cublasMath_t) of the handle the last cublasGemmEx ran on; -1 before any.
+int last_gemm_ex_math_mode();
+// The reduction-scheme mask of the last cuBLASLt heuristic query for an output (D) of type
+// `output`; -1 before any.
+int64_t last_reduction_scheme_mask(cudaDataType_t output);
+
+}  // namespace cuda_emu

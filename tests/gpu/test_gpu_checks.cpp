@@ -1,0 +1,209 @@
+// How the engine uses CUDA, rather than what its kernels compute:
+//   - fp32 accumulation in every GEMM, split-K included: the cublasGemmEx fallback's math mode
+//     forbids reduced-precision reductions, cuBLASLt's reduction-scheme mask keeps split-K
+//     partials in fp32 (issue 14, item 2);
+//   - the run's memory reservation is its last device allocation: a training step with a GRASS
+//     refresh and fallback GEMMs allocates nothing after it (item 4);
+//   - GRASS_CUDA_SYNC=1 names a faulting kernel's launcher at its launch (item 5).
+// Parts need the emulator's records (tests/cuda_emu/include/cuda_emu.h, present only there); the
+// rest runs on a GPU too.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "config/config.h"
+#include "core/arena.h"
+#include "core/error.h"
+#include "cuda/device.h"
+#include "gpu_test_util.h"
+#include "model/llama.h"
+#include "storage.h"
+#include "train/memory_plan.h"
+#include "train/training_state.h"
+#include "../named_choice.h"
+
+#if __has_include(<cuda_emu.h>)
+#include <cuda_emu.h>
+#define GRASS_TEST_CUDA_EMU 1
+#endif
+
+using namespace grass;
+using namespace grass::gputest;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+// Free device memory as the driver reports it.
+size_t free_device_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return free_bytes;
+}
+
+// A one-layer GRASS model (every target refreshes at step 0: no stagger), with an ffn of 172:
+// rows of gate/up/down start at 8-byte boundaries, which the emulator's cuBLASLt refuses (it
+// offers nothing under 16 bytes), so those GEMMs take the cublasGemmEx fallback.
+RunConfig small_grass_run() {
+  RunConfig c;
+  c.model.hidden_size = 64;
+  c.model.intermediate_size = 172;
+  c.model.num_attention_heads = 4;
+  c.model.num_key_value_heads = 2;
+  c.model.num_hidden_layers = 1;
+  c.model.vocab_size = 96;
+  c.model.max_position_embeddings = 32;
+  c.model.rms_norm_eps = 1e-5;
+  c.model.initializer_range = 0.02;
+  c.micro_batch_size = 2;
+  c.total_batch_size = 2;
+  c.seq_len = 16;
+  c.seed = 7;
+  c.grad_clip = 1.0;
+  c.optimizer.kind = test::named<OptimizerKind>("grass");
+  c.optimizer.lr = 1e-3;
+  c.optimizer.projection.rank = 4;
+  c.optimizer.projection.update_interval = 5;
+  c.optimizer.projection.refresh_stagger = false;  // the default, said: all refresh at step 0
+  c.optimizer.projection.selection = Selection::TopR;
+  return c;
+}
+
+// GRASS_CUDA_SYNC's setting for one scope.
+struct LaunchSync {
+  explicit LaunchSync(bool on) { cuda::set_launch_sync(on); }
+  ~LaunchSync() { cuda::set_launch_sync(false); }
+};
+
+}  // namespace
+
+TEST_CASE("checks: the cublasGemmEx fallback forbids reduced-precision split-K reductions",
+          "[gpu][checks]") {
+  // The handle every Context gets (the backend's, the tests')
+  cublasHandle_t handle = cuda::create_gemm_fallback_handle();
+  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+  REQUIRE(cublasGetMathMode(handle, &mode) == CUBLAS_STATUS_SUCCESS);
+  cublasDestroy(handle);
+  CHECK((mode & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) != 0);
+#ifdef GRASS_TEST_CUDA_EMU
+  // ... and the mode a bf16-output GEMM of the backend's actually ran with: rows of 7 bf16 are
+  // 2-byte aligned, so cuBLASLt offers no kernel and cublasGemmEx runs it.
+  const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, true);
+  const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
+  DeviceBuffer<char> workspace(size_t(32) << 20);
+  BackendScratchPointers scratch;
+  scratch.gemm = workspace.ptr;
+  backend->bind_workspace(scratch, WorkspaceShape{});
+  const int N = 5, in = 7, out = 3;
+  DeviceBuffer<bf16> x(N * in), w(out * in), y(N * out);
+  x.upload(to_bf16(randn(x.n)));
+  w.upload(to_bf16(randn(w.n)));
+  backend->linear_forward(y.ptr, x.ptr, w.ptr, N, in, out);
+  backend->synchronize();
+  const int ran_with = cuda_emu::last_gemm_ex_math_mode();
+  REQUIRE(ran_with >= 0);
+  CHECK((ran_with & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) != 0);
+#endif
+}
+
+#ifdef GRASS_TEST_CUDA_EMU
+TEST_CASE("checks: cuBLASLt may split K only with fp32 partials reduced in order",
+          "[gpu][checks]") {
+  TestContext tc;
+  // Aligned shapes (cuBLASLt runs them), unlike any other test's, so each asks the heuristic.
+  const int N = 48, in = 80, out = 56;
+  DeviceBuffer<bf16> x(N * in), w(out * in), y(N * out), dy(N * out);
+  DeviceBuffer<float> dw(out * in);
+  x.upload(to_bf16(randn(x.n)));
+  w.upload(to_bf16(randn(w.n)));
+  dy.upload(to_bf16(randn(dy.n)));
+  dw.upload(std::vector<float>(dw.n, 0.0f));
+  cuda::linear_forward(tc.ctx, y.ptr, x.ptr, w.ptr, N, in, out);                         // bf16 out
+  cuda::linear_backward_dw(tc.ctx, dw.ptr, cuda::GradType::F32, dy.ptr, x.ptr, N, in, out);  // fp32
+  check(cudaDeviceSynchronize(), "gemm");
+  // bf16 output: partials in fp32 (COMPUTE_TYPE) only, never in bf16 (OUTPUT_TYPE), never added
+  // into the output in a varying order (INPLACE). Kernels without split-K pass any mask.
+  CHECK(cuda_emu::last_reduction_scheme_mask(CUDA_R_16BF) ==
+        int64_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+  // fp32 output: the output type is the compute type; only INPLACE is out.
+  CHECK(cuda_emu::last_reduction_scheme_mask(CUDA_R_32F) ==
+        int64_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE));
+}
+#endif
+
+TEST_CASE("checks: after the reservation, a training step allocates no device memory",
+          "[gpu][checks]") {
+  // As the trainer runs: the backend (stream, cuBLAS handles, kernels loaded), the plan's one
+  // reservation, the training state cut from it; then a step with every GRASS target refreshing
+  // (full-gradient rows, slice norms) and GEMMs on the cublasGemmEx fallback.
+  const RunConfig cfg = small_grass_run();
+  const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, true);
+  const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
+  const MemoryPlan plan = plan_memory(cfg, storage);
+  backend->reserve(plan.total, plan.buffers);
+  Arena arena(false, *backend);
+  TrainingState state = build_training_state(cfg, arena, *backend);
+  state.model->init_weights(cfg.seed);
+  backend->synchronize();
+
+  const size_t free_before = free_device_bytes();
+#ifdef GRASS_TEST_CUDA_EMU
+  const uint64_t allocations_before = cuda_emu::device_allocations();
+#endif
+  const int64_t n = int64_t(cfg.micro_batch_size) * cfg.seq_len;
+  const StepOutcome outcome =
+      train_step(state, cfg, 0, cfg.optimizer.lr, [&](int32_t* inputs, int32_t* targets) {
+        for (int64_t i = 0; i < n; i++) {
+          inputs[i] = int32_t((i * 37 + 5) % cfg.model.vocab_size);
+          targets[i] = int32_t((i * 11 + 3) % cfg.model.vocab_size);
+        }
+      });
+  backend->synchronize();
+  CHECK(std::isfinite(outcome.loss));
+  // The driver's figure: on a GPU this sees lazily loaded kernels and cuBLAS's pools as well.
+  CHECK(free_device_bytes() == free_before);
+#ifdef GRASS_TEST_CUDA_EMU
+  // Every allocation, also one freed again before the step ended.
+  CHECK(cuda_emu::device_allocations() == allocations_before);
+  CHECK(cuda_emu::last_gemm_ex_math_mode() >= 0);  // the fallback ran
+#endif
+}
+
+#ifdef GRASS_TEST_CUDA_EMU
+// On a GPU an illegal address is sticky (the context is lost), so this runs on the emulator only,
+// whose fault is reported once, like a GPU's, at the next synchronising call.
+TEST_CASE("checks: GRASS_CUDA_SYNC=1 names a faulting kernel's launcher at its launch",
+          "[gpu][checks]") {
+  TestContext tc;
+  // A table of 16 x 64 bf16 is 2048 bytes: row 16 starts exactly at the guard page after it.
+  const int V = 16, C = 64, N = 2;
+  DeviceBuffer<bf16> table(V * C), out(N * C);
+  DeviceBuffer<int32_t> tokens(N);
+  table.upload(to_bf16(randn(table.n)));
+  tokens.upload({3, V});  // the second is out of range: the kernel reads past the table
+  {
+    // Without the mode: the launch check passes, and the fault waits for whatever synchronises
+    // next (in the engine, an upload or a download, far from this kernel).
+    const LaunchSync sync(false);
+    cuda::embedding_forward(tc.ctx, out.ptr, tokens.ptr, table.ptr, N, C);
+    CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress);
+  }
+  {
+    const LaunchSync sync(true);
+    std::string message;
+    try {
+      cuda::embedding_forward(tc.ctx, out.ptr, tokens.ptr, table.ptr, N, C);
+    } catch (const InternalError& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find("a kernel launched by embedding_forward failed") != std::string::npos);
+    CHECK(message.find("kernels/cuda/embedding.cu:") != std::string::npos);
+    CHECK(message.find("illegal memory access") != std::string::npos);
+  }
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);  // reported once
+}
+#endif
