@@ -1,0 +1,582 @@
+#!/usr/bin/env bash
+# The first minutes on a lent GPU, one command (../shared/GPU_FIRST_RUN.md, steps T0-T7;
+# docs/gpu-status.md "Before and during a GPU session"). Under 10 minutes on an H100: every step
+# has its own time limit, the whole run a deadline (--budget), and a step that fails, hangs or
+# finds no time left is recorded and the next one runs.
+#
+#   T0     device facts: nvidia-smi, nvcc, SXM or PCIe, which profilers are there
+#   T1     GEMM alignment probe through PyTorch (tools/gpu/gemm_align_probe.py): F = 5461 against
+#          5464/5504/5632; runs in the background while grass builds
+#   build  dependencies (scripts/gpu_deps.sh --setup unpacks carried .debs the system lacks),
+#          then configure and build for sm_90 (CUDA_ARCH=...) in build-gpu/
+#   T2     compute-sanitizer: racecheck on the attention tests; synccheck on attention, RMSNorm,
+#          cross-entropy; memcheck on GEMM, GRASS, cross-entropy, embedding (Catch2's -# turns
+#          each test file into a tag, [#test_gpu_attention]; RMSNorm and embedding by test name)
+#   T3     the GPU tests, compact reporter
+#   T4     attention reference through PyTorch (tools/gpu/attention_probe.py), also in the
+#          background during the build
+#   T5     where a llama_1b bf16-mixed step goes: tok/s and MFU, host syncs per step (an
+#          LD_PRELOAD counter, tools/gpu/sync_count.c), cublasGemmEx fallbacks, then a profile
+#          (nsys if it works, else ncu over one step) read by tools/gpu/profile_shares.py:
+#          GEMM / attention / other shares
+#   T6     large shapes: tests/gpu/test_gpu_large_shapes.cpp (hidden tag [large])
+#   T7     13B GRASS headroom: configs/runs/llama_13b_grass.json for a few steps under
+#          --memory-limit 40GiB; the step lines' memory beside `grass mem`'s plan (then, if time
+#          is left, 2 steps with the cap at the plan itself)
+#   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv)
+#          when that target exists; last, being optional
+# It ends with a markdown table (also $OUT/summary.md, rewritten after every step) to paste
+# into docs/gpu-status.md. Logs: build-gpu/first_run/logs/, packed after every step into
+# $OUT/first_run_logs.tar.gz (the device tool returns at most 8 files from $OUT).
+#
+#   scripts/gpu_first_run.sh [--dry-run] [--only STEPS] [--skip STEPS] [--budget SECONDS]
+#                            [--skip-build]
+#     --dry-run      no GPU needed: parses arguments, checks the dependencies, configures and
+#                    builds the CPU-side targets (grass, make_synthetic_shard; -DGRASS_CUDA=OFF),
+#                    runs the Python probes' --dry-run and profile_shares' self-test, builds the
+#                    sync counter, makes the shard, runs `grass mem` for the 13B plan, and prints
+#                    each GPU step's commands instead of running them
+#     --only/--skip  comma-separated step names from: T0,T1,build,T2,T3,T4,bench,T5,T6,T7
+#     --budget       seconds for the whole run (default 560: the device tool allows 600 a call)
+#     --skip-build   use the binaries already in build-gpu/
+# Environment: OUT (where results go), CUDA_ARCH (default 90), CMAKE_ARGS (more -D options),
+# PYTHON (default python3: the one with PyTorch), GRASS_DEPS_LOCAL=1 (unpack every carried .deb),
+# GRASS_COMMIT (the commit to report where the tree has no .git), GRASS_BUILD_DIR (default
+# build-gpu; tools/gpu/fake_device_check.sh points it at stand-ins for a test without a GPU).
+# Exit status: 0 when every step that ran passed (skips included), 1 otherwise, 2 on bad usage.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+export PATH="/usr/local/cuda/bin:$PATH"
+
+ALL_STEPS=(T0 T1 build T2 T3 T4 bench T5 T6 T7)
+dry=0 skip_build=0 budget=560 only="" skip=""
+usage() { sed -n '2,45p' "$0"; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dry-run) dry=1 ;;
+    --skip-build) skip_build=1 ;;
+    --only) only=${2:-}; shift ;;
+    --skip) skip=${2:-}; shift ;;
+    --budget) budget=${2:-}; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_first_run: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_first_run: --budget needs seconds, got '$budget'" >&2; exit 2; }
+for s in ${only//,/ } ${skip//,/ }; do
+  [[ " ${ALL_STEPS[*]} " == *" $s "* ]] || { echo "gpu_first_run: unknown step '$s' (steps: ${ALL_STEPS[*]})" >&2; exit 2; }
+done
+
+BUILD=${GRASS_BUILD_DIR:-build-gpu}
+work=$(realpath -m "$BUILD/first_run")  # absolute: LD_PRELOAD and cuBLASLt log paths
+logs=$work/logs
+out=${OUT:-$work}
+PY=${PYTHON:-python3}
+start=$SECONDS
+deadline=$((start + budget))
+mkdir -p "$logs" "$out" || exit 2
+rm -f "$logs"/*.log "$logs"/*.csv "$logs"/*.txt "$logs"/*.json
+# the device's copy of the tree may have no .git: GRASS_COMMIT=<hash> names the commit then
+if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+  git diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
+else
+  commit=${GRASS_COMMIT:-unknown}
+fi
+today=$(date -u +%Y-%m-%d)
+device="(dry run)"
+declare -A RESULT FIGURE
+STEPS_DONE=()
+
+wanted() {  # wanted STEP: selected by --only/--skip
+  local s=$1
+  [ -n "$only" ] && [[ ",$only," != *",$s,"* ]] && return 1
+  [[ ",$skip," == *",$s,"* ]] && return 1
+  return 0
+}
+left() { echo $((deadline - SECONDS)); }
+# cap WANT: WANT seconds, or what is left of the budget less 15 s for the summary
+cap() { local l=$(($(left) - 15)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+quote() { printf '%q ' "$@"; }
+
+# run_cmd LIMIT LOG CMD...: CMD under `timeout`, output appended to LOG. A dry run prints it.
+# Returns CMD's status; 124 (or 137) when the limit killed it.
+run_cmd() {
+  local limit=$1 log=$2
+  shift 2
+  echo "\$ $(quote "$@")" >>"$log"
+  if [ $dry = 1 ]; then
+    echo "      would run (limit ${limit}s): $(quote "$@")"
+    return 0
+  fi
+  timeout -k 10 "$limit" "$@" >>"$log" 2>&1
+}
+
+# record STEP RESULT FIGURE: one status line on stdout, the summary rewritten, the logs packed.
+record() {
+  RESULT[$1]=$2
+  FIGURE[$1]=$3
+  STEPS_DONE+=("$1")
+  printf '[%-5s] %-18s %s\n' "$1" "$2" "$3"
+  write_summary >/dev/null
+  tar czf "$out/first_run_logs.tar.gz.tmp" -C "$work" logs 2>/dev/null &&
+    mv "$out/first_run_logs.tar.gz.tmp" "$out/first_run_logs.tar.gz"
+}
+status_of() {  # status_of RC [what-skip-means]: pass / fail / timeout
+  case $1 in
+    0) echo pass ;;
+    124|137) echo "fail (timeout)" ;;
+    77) echo "skipped (no GPU)" ;;
+    *) echo "fail (exit $1)" ;;
+  esac
+}
+# begin STEP WANT MIN: sets LIM, the limit for STEP (WANT seconds, less near the deadline); fails
+# when the step is not selected or under MIN seconds are left (recorded as skipped).
+LIM=0
+begin() {
+  local step=$1 want=$2 min=${3:-20}
+  wanted "$step" || { record "$step" "not selected" ""; return 1; }
+  LIM=$(cap "$want")
+  if [ $dry = 0 ] && [ "$LIM" -lt "$min" ]; then
+    record "$step" "skipped (budget)" "$(left) s left of --budget $budget"
+    return 1
+  fi
+  [ $dry = 1 ] && echo "[$step] dry run: the commands"
+  return 0
+}
+
+# ---- T0 ------------------------------------------------------------------------------------------
+step_t0() {
+  local lim log=$logs/t0_device.log
+  begin T0 30 5 || return
+  lim=$LIM
+  run_cmd "$lim" "$log" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+  run_cmd "$lim" "$log" nvcc --version
+  run_cmd "$lim" "$log" "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no device')"
+  local t
+  for t in nsys ncu compute-sanitizer cmake ninja gcc pkg-config; do
+    echo "tool $t: $(command -v "$t" || echo absent)" >>"$log"
+  done
+  find /opt/nvidia /usr/local/cuda*/ -maxdepth 5 -name nsys -type f 2>/dev/null | sed 's/^/nsys found: /' >>"$log"
+  if [ $dry = 1 ]; then
+    record T0 dry-run "commands printed; here: nvcc $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | cut -d' ' -f2), profilers: $(command -v nsys ncu compute-sanitizer | xargs -r -n1 basename | paste -sd, - | grep . || echo none)"
+    return
+  fi
+  local q name mem power form
+  q=$(grep -A1 '^name' "$log" | tail -1)
+  name=$(echo "$q" | cut -d, -f1 | xargs)
+  mem=$(echo "$q" | cut -d, -f3 | xargs)
+  power=$(echo "$q" | cut -d, -f5 | xargs)
+  form="?"
+  case $name in
+    *PCIe*) form=PCIe ;;
+    *SXM*|*HBM3*|*H200*) form=SXM ;;
+  esac
+  if [ "$form" = "?" ] && [[ ${power%%.*} =~ ^[0-9]+$ ]]; then
+    [ "${power%%.*}" -ge 500 ] && form=SXM || form=PCIe
+  fi
+  device="${name:-no GPU} ($form, ${mem:-?}, power limit ${power:-?})"
+  local nv
+  nv=$(grep -o 'release [0-9.]*' "$log" | head -1)
+  if [ -n "$name" ]; then
+    record T0 pass "$device; nvcc ${nv#release }; $(grep -o 'torch [^ ]* cuda [^ ]*' "$log" | head -1); nsys $(command -v nsys >/dev/null && echo yes || echo no), ncu $(command -v ncu >/dev/null && echo yes || echo no)"
+  else
+    device="no GPU"
+    record T0 "fail" "nvidia-smi gave no device (log: logs/t0_device.log)"
+  fi
+}
+
+# ---- T1 and T4: PyTorch probes, in the background while the build runs ---------------------------
+bg_pid=""
+start_probes() {
+  local l1=0 l4=0
+  if wanted T1; then l1=$(cap 150); fi
+  if wanted T4; then l4=$(cap 90); fi
+  if [ $dry = 1 ]; then
+    wanted T1 && { echo "[T1] dry run: the probe's own --dry-run, then"; run_cmd 30 "$logs/t1_gemm_align.log" "$PY" tools/gpu/gemm_align_probe.py --json "$logs/t1_gemm_align.json"; timeout 60 "$PY" tools/gpu/gemm_align_probe.py --dry-run >>"$logs/t1_gemm_align.log" 2>&1; echo $? >"$work/.t1.rc"; }
+    wanted T4 && { echo "[T4] dry run: the probe's own --dry-run, then"; run_cmd 30 "$logs/t4_attention.log" "$PY" tools/gpu/attention_probe.py --json "$logs/t4_attention.json"; timeout 60 "$PY" tools/gpu/attention_probe.py --dry-run >>"$logs/t4_attention.log" 2>&1; echo $? >"$work/.t4.rc"; }
+    return
+  fi
+  rm -f "$work/.t1.rc" "$work/.t4.rc"
+  (
+    if [ "$l1" -gt 20 ]; then
+      PYTHONUNBUFFERED=1 timeout -k 10 "$l1" "$PY" tools/gpu/gemm_align_probe.py --json "$logs/t1_gemm_align.json" >"$logs/t1_gemm_align.log" 2>&1
+      echo $? >"$work/.t1.rc"
+    fi
+    if [ "$l4" -gt 20 ]; then
+      PYTHONUNBUFFERED=1 timeout -k 10 "$l4" "$PY" tools/gpu/attention_probe.py --json "$logs/t4_attention.json" >"$logs/t4_attention.log" 2>&1
+      echo $? >"$work/.t4.rc"
+    fi
+  ) &
+  bg_pid=$!
+}
+finish_probes() {
+  [ -n "$bg_pid" ] && wait "$bg_pid"
+  bg_pid=""
+  local s rc f
+  for s in T1 T4; do
+    wanted "$s" || { record "$s" "not selected" ""; continue; }
+    local lower=${s,,} log
+    log=$(compgen -G "$logs/${lower}_*.log" | head -1)
+    rc=$(cat "$work/.$lower.rc" 2>/dev/null || echo none)
+    if [ "$rc" = none ]; then record "$s" "skipped (budget)" ""; continue; fi
+    f=$(sed -n 's/^SUMMARY: //p' "$log" 2>/dev/null | tail -1)
+    [ "$s" = T1 ] && f="$f; $(sed -n 's/^VERDICT: //p' "$log" | tail -1)"
+    if [ $dry = 1 ]; then
+      if [ "$rc" = 0 ]; then
+        record "$s" dry-run "--dry-run passed (argument check; needs torch with CUDA)"
+      else
+        record "$s" "fail (dry-run)" "exit $rc"
+      fi
+    elif [ "$rc" = 3 ]; then
+      record "$s" "skipped (no torch/CUDA)" "$(tail -1 "$log")"
+    else
+      record "$s" "$(status_of "$rc")" "${f:-see logs/$(basename "$log")}"
+    fi
+  done
+}
+
+# ---- build ---------------------------------------------------------------------------------------
+built=0
+step_build() {
+  local lim log=$logs/build.log deps_note=""
+  if [ $skip_build = 1 ]; then
+    [ -x "$BUILD"/grass ] && built=1
+    record build "skipped (--skip-build)" "$( [ $built = 1 ] && echo "using $BUILD/" || echo "no $BUILD/grass: binary steps will fail")"
+    return
+  fi
+  begin build 300 60 || return
+  lim=$LIM
+  # dependencies: carried .debs for what the system lacks
+  if compgen -G "build-deps/debs/*.deb" >/dev/null; then
+    scripts/gpu_deps.sh --setup >>"$log" 2>&1 || deps_note="gpu_deps --setup failed; "
+    # shellcheck disable=SC1091
+    [ -f build-deps/env.sh ] && source build-deps/env.sh
+    deps_note+="unpacked: ${GRASS_DEPS_UNPACKED:-nothing}"
+  else
+    deps_note="no build-deps/debs carried (scripts/gpu_deps.sh makes them)"
+  fi
+  echo "deps: $deps_note" >>"$log"
+  local gen=Ninja
+  command -v ninja >/dev/null || gen="Unix Makefiles"
+  local cfg=(-S . -B "$BUILD" -G "$gen" -DCMAKE_BUILD_TYPE=Release)
+  local targets=(grass make_synthetic_shard)
+  if [ $dry = 1 ]; then
+    cfg+=(-DGRASS_CUDA=OFF)  # the CPU-side targets only: no nvcc pass here
+  else
+    cfg+=(-DGRASS_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90}")
+    targets+=(grass_gpu_tests)
+  fi
+  if command -v ccache >/dev/null; then
+    cfg+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+    export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+  fi
+  # shellcheck disable=SC2206
+  cfg+=(${GRASS_DEPS_CMAKE_ARGS:-} ${CMAKE_ARGS:-})
+  local t0=$SECONDS rc
+  echo "\$ cmake $(quote "${cfg[@]}")" >>"$log"
+  [ $dry = 1 ] && echo "      (a dry run configures and builds the CPU-side targets for real)"
+  timeout -k 10 "$lim" cmake "${cfg[@]}" >>"$log" 2>&1
+  rc=$?
+  if [ $rc = 0 ]; then
+    [ $dry = 0 ] && cmake --build "$BUILD" --target help 2>/dev/null | grep -q 'kernel_bench' && targets+=(kernel_bench)
+    echo "\$ cmake --build $BUILD --target ${targets[*]}" >>"$log"
+    timeout -k 10 "$(cap $((lim - (SECONDS - t0))))" cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" >>"$log" 2>&1
+    rc=$?
+  fi
+  if [ $rc = 0 ]; then
+    built=1
+    record build "$([ $dry = 1 ] && echo "pass (CPU targets)" || echo pass)" "$((SECONDS - t0)) s, ${targets[*]}; $deps_note"
+  else
+    tail -20 "$log" | sed 's/^/      /'
+    record build "$(status_of $rc)" "$deps_note; log: logs/build.log"
+  fi
+}
+need_build() {  # need_build STEP: records STEP as skipped when there is nothing to run
+  if [ $built = 0 ] && [ $dry = 0 ]; then record "$1" "skipped (no build)" ""; return 1; fi
+  return 0
+}
+
+# ---- T2 ------------------------------------------------------------------------------------------
+step_t2() {
+  begin T2 200 30 || return
+  need_build T2 || return
+  local bin=$BUILD/tests/grass_gpu_tests san
+  san=$(command -v compute-sanitizer || echo compute-sanitizer)
+  local -a runs=(
+    "racecheck|90|--tool racecheck --racecheck-report all|[#test_gpu_attention]"
+    "synccheck|50|--tool synccheck|[#test_gpu_attention],gpu rmsnorm*,[#test_gpu_cross_entropy]"
+    "memcheck|70|--tool memcheck --leak-check no|[#test_gpu_gemm],[#test_gpu_grass],[#test_gpu_cross_entropy],gpu embedding*"
+  )
+  local r tool want opts spec rc figure="" worst=0 log
+  for r in "${runs[@]}"; do
+    IFS='|' read -r tool want opts spec <<<"$r"
+    log=$logs/t2_$tool.log
+    local c
+    c=$(cap "$want")
+    if [ $dry = 0 ] && [ "$c" -lt 15 ]; then figure+="$tool skipped (budget); "; continue; fi
+    # shellcheck disable=SC2086
+    run_cmd "$c" "$log" "$san" $opts --error-exitcode 99 "$bin" -# "$spec" --reporter compact
+    rc=$?
+    [ $dry = 1 ] && continue
+    local errs
+    errs=$(grep -Eo '(ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazard)' "$log" | grep -Eo '[0-9]+' | tail -1)
+    case $rc in
+      0) figure+="$tool ${errs:-0} reports; " ;;
+      99) figure+="$tool ${errs:-some} REPORTS; "; worst=1 ;;
+      124|137) figure+="$tool timeout (${c}s); "; worst=1 ;;
+      77) figure+="$tool no GPU; " ;;
+      *) figure+="$tool exit $rc (tests failed: $(grep -Eo 'Failed [0-9]+ test case' "$log" | head -1)); "; worst=1 ;;
+    esac
+  done
+  if [ $dry = 1 ]; then record T2 dry-run "3 sanitizer runs printed"; return; fi
+  record T2 "$([ $worst = 0 ] && echo pass || echo fail)" "${figure%; }"
+}
+
+# ---- T3 ------------------------------------------------------------------------------------------
+step_t3() {
+  local lim log=$logs/t3_gpu_tests.log rc
+  begin T3 180 30 || return
+  lim=$LIM
+  need_build T3 || return
+  run_cmd "$lim" "$log" "$BUILD"/tests/grass_gpu_tests --reporter compact
+  rc=$?
+  [ $dry = 1 ] && { record T3 dry-run "GPU tests printed"; return; }
+  local tail_line fallbacks
+  tail_line=$(grep -E '^(Passed|Failed|All tests|test cases)' "$log" | tail -1)
+  fallbacks=$(grep -c 'using cublasGemmEx' "$log")
+  record T3 "$(status_of $rc)" "${tail_line:-see logs/t3_gpu_tests.log}; $fallbacks cublasGemmEx fallback lines"
+}
+
+# ---- bench ---------------------------------------------------------------------------------------
+step_bench() {
+  local lim log=$logs/kernel_bench.log rc
+  begin bench 90 20 || return
+  lim=$LIM
+  if [ ! -x "$BUILD"/kernel_bench ] && [ $dry = 0 ]; then
+    record bench "not built" "no kernel_bench target in this tree (tools/kernel_lab)"
+    return
+  fi
+  run_cmd "$lim" "$log" "$BUILD"/kernel_bench --model 60m,1b,13b --csv "$out/kernel_bench.csv"
+  rc=$?
+  [ $dry = 1 ] && { record bench dry-run "$([ -x "$BUILD"/kernel_bench ] && echo "built" || echo "not built here (CPU-side targets only)")"; return; }
+  local rows=0
+  [ -f "$out/kernel_bench.csv" ] && rows=$(($(wc -l <"$out/kernel_bench.csv") - 1))
+  record bench "$(status_of $rc)" "$rows rows in kernel_bench.csv"
+}
+
+# ---- shared by T5 and T7: a synthetic shard of vocab 32000 -------------------------------------------
+shard=$BUILD/first_run_v32000.bin
+ensure_shard() {
+  [ -s "$shard" ] && return 0
+  [ -x "$BUILD"/make_synthetic_shard ] || return 1
+  "$BUILD"/make_synthetic_shard --out "$shard" --vocab 32000 --tokens 4000000 >>"$logs/shard.log" 2>&1
+}
+# step_line_field LOG: "tok/s" etc. helpers
+done_field() { sed -n "s/.*median \([0-9.]*\) tok\/s.*/\1/p" "$1" | tail -1; }
+mfu_field() { sed -n 's/.*tok\/s, MFU \([0-9.]*%\).*/\1/p' "$1" | tail -1; }
+
+# ---- T5 ------------------------------------------------------------------------------------------
+step_t5() {
+  local rc
+  begin T5 200 60 || return
+  need_build T5 || return
+  ensure_shard || { record T5 "fail (no shard)" "log: logs/shard.log"; return; }
+  local shim=$BUILD/libsync_count.so
+  gcc -shared -fPIC -O2 -o "$shim" tools/gpu/sync_count.c -ldl >>"$logs/t5_syncs.log" 2>&1 || shim=""
+  local base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json
+              --set "data.train=$shard" --set device=cuda --set precision=bf16-mixed
+              --set optimizer.name=adamw --set micro_batch_size=16 --set total_batch_size=16
+              --set seq_len=256 --set log_every=1)
+  local counts=$logs/t5_sync_counts.txt n figure="" c
+  rm -f "$counts"
+  for n in 3 6; do  # two runs that differ only in steps: syncs per step = difference / 3
+    rm -rf "$work/t5_1b_$n"
+    c=$(cap 90)
+    local pre=()
+    [ -n "$shim" ] && pre=(env "SYNC_COUNT_OUT=$counts" "LD_PRELOAD=$(realpath "$shim")")
+    [ $n = 6 ] && pre+=(env CUBLASLT_LOG_LEVEL=2 "CUBLASLT_LOG_FILE=$logs/t5_cublaslt_%i.log")
+    run_cmd "$c" "$logs/t5_train_${n}steps.log" "${pre[@]}" "$BUILD"/grass train "${base[@]}" \
+      --set steps=$n --set "out_dir=$work/t5_1b_$n"
+    rc=$?
+    [ $dry = 0 ] && [ $rc != 0 ] && figure+="${n}-step run $(status_of $rc); "
+  done
+  local log6=$logs/t5_train_6steps.log syncs="n/a"
+  if [ $dry = 0 ]; then
+    if [ -n "$shim" ] && [ "$(wc -l <"$counts" 2>/dev/null || echo 0)" -ge 2 ]; then
+      local a b
+      a=$(sed -n 1p "$counts" | grep -o 'total [0-9]*' | grep -o '[0-9]*')
+      b=$(sed -n 2p "$counts" | grep -o 'total [0-9]*' | grep -o '[0-9]*')
+      syncs=$(( (b - a) / 3 ))
+    fi
+    local mfu
+    mfu=$(mfu_field "$log6")
+    figure+="16x256 tokens/step (optimizer every step): $(done_field "$log6") tok/s, MFU ${mfu:-n/a}; "
+    figure+="host syncs/step $syncs; $(grep -c 'using cublasGemmEx' "$log6") cublasGemmEx fallback lines; "
+  fi
+
+  # the profile: nsys when it makes a report, else ncu over one step
+  local nsys_bin prof_rc=1 plog=$logs/t5_profile.log
+  # (not the nsys inside nsight-compute's folder: seen there writing a .qdstrm but no report)
+  nsys_bin=$(command -v nsys || compgen -G "/opt/nvidia/nsight-systems*/*/bin/nsys" | head -1)
+  c=$(cap 150)
+  if [ -n "$nsys_bin" ]; then
+    rm -rf "$work/t5_1b_prof" "$work/t5_profile.nsys-rep"
+    run_cmd "$c" "$plog" "$nsys_bin" profile -t cuda,nvtx --force-overwrite true -o "$work/t5_profile" \
+      "$BUILD"/grass train "${base[@]}" --set steps=3 --set "out_dir=$work/t5_1b_prof"
+    if [ $dry = 1 ] || [ -f "$work/t5_profile.nsys-rep" ]; then
+      run_cmd 60 "$logs/t5_nsys_kern.csv" "$nsys_bin" stats -q --report cuda_gpu_kern_sum --format csv --output - "$work/t5_profile.nsys-rep"
+      run_cmd 60 "$logs/t5_nsys_api.csv" "$nsys_bin" stats -q --report cuda_api_sum --format csv --output - "$work/t5_profile.nsys-rep"
+      run_cmd 30 "$plog" "$PY" tools/gpu/profile_shares.py --nsys-kern "$logs/t5_nsys_kern.csv" \
+        --nsys-api "$logs/t5_nsys_api.csv" --steps 3 --layers 24
+      prof_rc=$?
+      [ $prof_rc = 0 ] && figure+="nsys: "
+    else
+      echo "nsys made no report; trying ncu" >>"$plog"
+    fi
+  fi
+  if [ $prof_rc != 0 ] && { command -v ncu >/dev/null || [ $dry = 1 ]; }; then
+    c=$(cap 150)
+    rm -rf "$work/t5_1b_ncu"
+    run_cmd "$c" "$plog" ncu --metrics gpu__time_duration.sum --csv --log-file "$logs/t5_ncu.csv" \
+      --clock-control none --target-processes all \
+      "$BUILD"/grass train "${base[@]}" --set steps=1 --set "out_dir=$work/t5_1b_ncu"
+    run_cmd 30 "$plog" "$PY" tools/gpu/profile_shares.py --ncu "$logs/t5_ncu.csv" --steps 1 --layers 24
+    prof_rc=$?
+    [ $prof_rc = 0 ] && figure+="ncu (kernel times, serialised): "
+  fi
+  if [ $dry = 1 ]; then
+    if timeout 30 "$PY" tools/gpu/profile_shares.py --self-test >>"$plog" 2>&1 && [ -n "$shim" ]; then
+      record T5 dry-run "sync counter built, profile_shares self-test passed, runs printed"
+    else
+      record T5 "fail (dry-run)" "sync counter or profile_shares self-test (logs: t5_syncs.log, t5_profile.log)"
+    fi
+    return
+  fi
+  if [ $prof_rc = 0 ]; then
+    figure+="$(sed -n 's/^SUMMARY: //p' "$plog" | tail -1)"
+  else
+    figure+="no profile (no nsys report, no ncu)"
+  fi
+  local result=pass
+  [[ $figure == *fail* ]] && result=fail
+  [ -z "$(done_field "$log6")" ] && result=fail
+  record T5 "$result" "$figure"
+}
+
+# ---- T6 ------------------------------------------------------------------------------------------
+step_t6() {
+  local lim log=$logs/t6_large.log rc
+  begin T6 180 40 || return
+  lim=$LIM
+  need_build T6 || return
+  run_cmd "$lim" "$log" env GRASS_LARGE_SCALE=full "$BUILD"/tests/grass_gpu_tests "[large]" --reporter compact
+  rc=$?
+  [ $dry = 1 ] && { record T6 dry-run "large-shape tests printed (their logic: GRASS_LARGE_SCALE=small on the emulator)"; return; }
+  local f
+  f="$(grep -Eo 'sum_squares over [0-9]+ bf16 elements in [0-9.]+ ms' "$log" | head -1); $(grep -Eo 'worst gradient rel error [^ ]+ \([^)]*\)' "$log" | tail -1); $(grep -E '^(Passed|Failed|All tests)' "$log" | tail -1)"
+  record T6 "$(status_of $rc)" "$f"
+}
+
+# ---- T7 ------------------------------------------------------------------------------------------
+step_t7() {
+  local lim rc log=$logs/t7_13b.log plan_log=$logs/t7_13b_plan.log
+  begin T7 180 60 || return
+  lim=$LIM
+  need_build T7 || return
+  ensure_shard || { record T7 "fail (no shard)" "log: logs/shard.log"; return; }
+  local run_cfg=configs/runs/llama_13b_grass.json
+  local sets=(--set "data.train=$shard" --set device=cuda)
+  # the plan (runs on the CPU: also in a dry run)
+  "$BUILD"/grass mem "$run_cfg" --device cuda --memory-limit 40GiB "${sets[@]}" >"$plan_log" 2>&1
+  local plan_total
+  plan_total=$("$BUILD"/grass mem "$run_cfg" --device cuda --json "${sets[@]}" 2>>"$plan_log" | sed -n 's/.*"total":\([0-9]*\).*/\1/p')
+  local plan_gib="?"
+  [ -n "$plan_total" ] && plan_gib=$(awk -v b="$plan_total" 'BEGIN { printf "%.2f", b / 2^30 }')
+  rm -rf "$work/t7_13b"
+  run_cmd "$lim" "$log" "$BUILD"/grass train "$run_cfg" --memory-limit 40GiB "${sets[@]}" --set steps=5 \
+    --set log_every=1 --set "out_dir=$work/t7_13b"
+  rc=$?
+  if [ $dry = 1 ]; then
+    if [ -n "$plan_total" ]; then
+      record T7 dry-run "grass mem: 13B GRASS plan ${plan_gib} GiB, under 40GiB: $(grep -o 'memory_limit [^;]*' "$plan_log" | head -1); run printed"
+    else
+      record T7 "fail (dry-run)" "grass mem failed (log: logs/t7_13b_plan.log)"
+    fi
+    return
+  fi
+  # step lines: "mem A GiB (device U/T GiB)": the arena, then the device's used memory
+  local arena peak
+  arena=$(grep '^step' "$log" | sed -n 's/.*| mem \([0-9.]*\) GiB (device.*/\1/p' | tail -1)
+  peak=$(grep '^step' "$log" | sed -n 's/.*(device \([0-9.]*\)\/.*/\1/p' | sort -n | tail -1)
+  local figure
+  figure="plan ${plan_gib} GiB; arena ${arena:-?} GiB; device peak ${peak:-?} GiB (CUDA context and library memory included); $(grep -c '^step' "$log") step lines; $(done_field "$log") tok/s"
+  # then under a cap equal to the plan, if there is time: the plan's own gate at its edge
+  if [ $rc = 0 ] && [ -n "$plan_total" ] && [ "$(cap 120)" -ge 90 ]; then
+    rm -rf "$work/t7_13b_cap"
+    run_cmd "$(cap 120)" "$logs/t7_13b_cap.log" "$BUILD"/grass train "$run_cfg" --memory-limit "$plan_total" \
+      "${sets[@]}" --set steps=2 --set log_every=1 --set "out_dir=$work/t7_13b_cap"
+    figure+="; with the cap at the plan: $(status_of $?)"
+  fi
+  record T7 "$(status_of $rc)" "$figure"
+}
+
+# ---- summary -------------------------------------------------------------------------------------
+write_summary() {
+  local s f row="" overall
+  {
+    echo "# gpu_first_run: $today, commit $commit"
+    echo
+    echo "Device: $device. Budget ${budget} s, used $((SECONDS - start)) s.$([ $dry = 1 ] && echo " DRY RUN: nothing ran on a GPU.")"
+    echo
+    echo "| step | result | key figures |"
+    echo "|---|---|---|"
+    for s in "${STEPS_DONE[@]}"; do
+      f=${FIGURE[$s]//|/\/}
+      echo "| $s | ${RESULT[$s]} | $f |"
+      case ${RESULT[$s]} in
+        "not selected") ;;
+        *) row+="$s ${RESULT[$s]}: $f; " ;;
+      esac
+    done
+    overall=$(overall_result)
+    echo
+    echo "For the history table of docs/gpu-status.md:"
+    echo
+    echo "| date | commit | device | result |"
+    echo "|---|---|---|---|"
+    echo "| $today | $commit | $device | **gpu_first_run $overall.** ${row//|/\/} |"
+    local rest=()
+    for s in "${STEPS_DONE[@]}"; do [[ ${RESULT[$s]} == "skipped (budget)" ]] && rest+=("$s"); done
+    if [ ${#rest[@]} -gt 0 ]; then
+      echo
+      echo "Out of budget before: ${rest[*]}. In the next call: scripts/gpu_first_run.sh --only build,$(IFS=,; echo "${rest[*]}")"
+    fi
+  } >"$out/summary.md"
+  cat "$out/summary.md"
+}
+overall_result() {
+  local s what=passed
+  for s in "${STEPS_DONE[@]}"; do [[ ${RESULT[$s]} == fail* ]] && what="with failures"; done
+  [ $dry = 1 ] && what="dry run $what"
+  echo "$what"
+}
+
+echo "gpu_first_run: commit $commit, budget ${budget}s, logs in $logs, results in $out$([ $dry = 1 ] && echo ' (DRY RUN)')"
+step_t0
+start_probes
+step_build
+finish_probes
+step_t2
+step_t3
+step_t5
+step_t6
+step_t7
+step_bench  # last: the kernel lab is optional, T6/T7 run nowhere else
+echo
+write_summary
+if [ $dry = 1 ] && [ -d build-deps ] && [ "$(du -sm build-deps | cut -f1)" -gt 60 ]; then
+  echo "note: build-deps/ is $(du -sm build-deps | cut -f1) MiB with the unpacked root: run scripts/gpu_deps.sh again before carrying it (it keeps only the .debs)"
+fi
+[[ "$(overall_result)" == *"with failures" ]] && exit 1
+exit 0

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Runs scripts/gpu_first_run.sh end to end WITHOUT a GPU, on stand-ins, to check the script
+# itself: its steps, time limits, log parsing, summary and exit status. Not a check of any GPU
+# code (the emulator tests do that); what runs where:
+#   nvidia-smi          a stub printing an H100 SXM's query line
+#   compute-sanitizer   a stub that runs the program it is given and reports no errors
+#   ncu                 a stub that runs the program and writes a CSV of three kernel times
+#   grass               grass_emu (the CLI on the CUDA emulator) with the models shrunk: the 1B
+#                       and 13B runs train a 2-layer model of hidden 64 and vocab 32000
+#   grass_gpu_tests     grass_gpu_emu_tests (the plain run filtered to two short tests; the
+#                       large shapes at GRASS_LARGE_SCALE=small)
+#   python              /usr/bin/python3 (Debian's CPU torch): T1's probe at toy sizes with
+#                       --device cpu; T4 reports "skipped (no torch/CUDA)"
+#   tools/gpu/fake_device_check.sh [BUILD_DIR]   (default build: it needs tests/cuda_emu/grass_emu,
+#                                                 tests/grass_gpu_emu_tests, make_synthetic_shard)
+# Takes 2-4 minutes on 2 cores. Exit status 0 when the run's summary says what it should.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+emu=$(cd "${1:-build}" && pwd) || exit 1
+for f in tests/cuda_emu/grass_emu tests/grass_gpu_emu_tests make_synthetic_shard; do
+  [ -x "$emu/$f" ] || { echo "fake_device_check: $emu/$f missing (cmake --build $emu --target ${f##*/})"; exit 1; }
+done
+fake=$(mktemp -d /tmp/grass_fake_device.XXXXXX)
+trap '[ "${KEEP:-0}" = 1 ] || rm -rf "$fake"' EXIT
+mkdir -p "$fake/bin" "$fake/build/tests" "$fake/out"
+
+cat >"$fake/bin/nvidia-smi" <<'EOF'
+#!/bin/sh
+echo "name, driver_version, memory.total [MiB], clocks.max.sm [MHz], power.limit [W]"
+echo "FAKE H100 80GB HBM3, 580.00.00, 81559 MiB, 1980 MHz, 700.00 W"
+EOF
+cat >"$fake/bin/compute-sanitizer" <<'EOF'
+#!/bin/bash
+while [[ $# -gt 0 && $1 == --* ]]; do
+  case $1 in --tool|--racecheck-report|--leak-check|--error-exitcode) shift 2 ;; *) shift ;; esac
+done
+"$@"
+rc=$?
+echo "========= ERROR SUMMARY: 0 errors"
+exit $rc
+EOF
+cat >"$fake/bin/ncu" <<'EOF'
+#!/bin/bash
+log=/dev/stdout
+while [[ $# -gt 0 && $1 == --* ]]; do
+  case $1 in
+    --log-file) log=$2; shift 2 ;;
+    --metrics|--clock-control|--target-processes) shift 2 ;;
+    *) shift ;;
+  esac
+done
+"$@" >/dev/null
+rc=$?
+{
+  echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+  echo '"0","1","grass","h","nvjet_tst_128x256_64x4_2x1_v_bz_TNT","1","7","(384, 1, 1)","(66, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","600.00"'
+  echo '"1","1","grass","h","attention_forward_kernel","1","7","(256, 1, 1)","(4, 32, 16)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","300.00"'
+  echo '"2","1","grass","h","rmsnorm_forward_kernel","1","7","(256, 1, 1)","(100, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","100.00"'
+} >"$log"
+exit $rc
+EOF
+# a 2-layer model with the real vocabulary, for the 1B and 13B runs
+cat >"$fake/model.json" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 64,
+ "initializer_range": 0.02, "intermediate_size": 172, "max_position_embeddings": 2048,
+ "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2,
+ "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+ "tie_word_embeddings": false, "vocab_size": 32000}
+EOF
+cat >"$fake/build/grass" <<EOF
+#!/bin/bash
+args=()
+for a in "\$@"; do
+  case \$a in
+    model=configs/models/llama_1b.json) a=model=$fake/model.json ;;
+    micro_batch_size=16|total_batch_size=16) a=\${a%=16}=2 ;;
+    seq_len=256) a=seq_len=64 ;;
+  esac
+  args+=("\$a")
+done
+[ "\$1" = train ] && [[ "\$2" == *13b* ]] && args+=(--set model=$fake/model.json --set seq_len=64 --set optimizer.rank=8)
+exec "$emu/tests/cuda_emu/grass_emu" "\${args[@]}"
+EOF
+cat >"$fake/build/tests/grass_gpu_tests" <<EOF
+#!/bin/bash
+export OMP_WAIT_POLICY=PASSIVE
+[ "\${GRASS_LARGE_SCALE:-}" = full ] && export GRASS_LARGE_SCALE=small
+[ "\$*" = "--reporter compact" ] && set -- "gpu sum_squares*,gpu f32_to_bf16*" "\$@"
+exec "$emu/tests/grass_gpu_emu_tests" "\$@"
+EOF
+cat >"$fake/python" <<'EOF'
+#!/bin/bash
+case "$*" in
+  *gemm_align_probe.py*) exec /usr/bin/python3 "$@" --device cpu --n 128 --c 64 --iters 2 ;;
+  *) exec /usr/bin/python3 "$@" ;;
+esac
+EOF
+chmod +x "$fake"/bin/* "$fake/build/grass" "$fake/build/tests/grass_gpu_tests" "$fake/python"
+ln -s "$emu/make_synthetic_shard" "$fake/build/make_synthetic_shard"
+
+echo "fake_device_check: running scripts/gpu_first_run.sh on stand-ins in $fake"
+PATH="$fake/bin:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
+  OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build --budget 900 >"$fake/run.log" 2>&1
+rc=$?
+cat "$fake/run.log"
+fails=0
+expect() {  # expect DESCRIPTION GREP-PATTERN: a line of the summary matches
+  if grep -Eq "$2" "$fake/out/summary.md"; then echo "ok: $1"; else echo "FAIL: $1 ($2)"; fails=$((fails + 1)); fi
+}
+expect "T0 reads the device and calls it SXM" '^\| T0 \| pass \| FAKE H100 80GB HBM3 \(SXM, 81559 MiB'
+expect "T1 prints the alignment verdict" '^\| T1 \| pass \| 5461/5504 slowdown .*row-pitch padding'
+expect "T4 is skipped without SDPA/CUDA" '^\| T4 \| skipped \(no torch/CUDA\)'
+expect "T2 runs three sanitizers" '^\| T2 \| pass \| racecheck 0 reports; synccheck 0 reports; memcheck 0 reports'
+expect "T3 reports Catch's totals" '^\| T3 \| pass \| (Passed|All tests)'
+expect "T5 measures tok/s, syncs and the shares" '^\| T5 \| pass \| .*tok/s.*host syncs/step [0-9]+.*GEMM 60\.0%, attention 30\.0%, other 10\.0%'
+expect "T6 runs the large-shape tests" '^\| T6 \| pass \| .*worst gradient rel error'
+expect "T7 sets the step lines beside the plan" '^\| T7 \| pass \| plan 28\.39 GiB; arena [0-9.]+ GiB; device peak [0-9.]+ GiB'
+expect "bench says not built" '^\| bench \| not built'
+expect "a history row" '^\| [0-9-]+ \| [^|]+ \| FAKE H100 .* \| \*\*gpu_first_run passed\.\*\*'
+if [ -s "$fake/out/first_run_logs.tar.gz" ]; then echo "ok: logs packed"; else echo "FAIL: no logs tarball"; fails=$((fails + 1)); fi
+if [ $rc = 0 ]; then echo "ok: exit 0"; else echo "FAIL: exit $rc"; fails=$((fails + 1)); fi
+echo "fake_device_check: $fails failure(s)"
+[ $fails = 0 ]
