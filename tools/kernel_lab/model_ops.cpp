@@ -347,9 +347,10 @@ void bench_embedding(Lab& lab, const Model& m) {
 // ---- head ---------------------------------------------------------------------------------------
 // logits = nf[N,C]·w[V,C]ᵀ and the summed cross-entropy over the valid targets (forward); dnf
 // (overwritten) and dw[V,C] += its gradient (backward). The GPU works in chunks of head_rows()
-// tokens and recomputes each chunk's logits in the backward rather than keep [N, V].
+// tokens and recomputes each chunk's logits in the backward rather than keep [N, V]; training
+// runs both in one pass (head_forward_backward), each chunk's logits computed once.
 // FLOPs: the forward's logits GEMM, 2·N·C·V (the softmax's O(N·V) is not counted); the backward's
-// 6·N·C·V: the logits again, dnf = dlogits·w and dw += dlogitsᵀ·nf.
+// 6·N·C·V: the logits again, dnf = dlogits·w and dw += dlogitsᵀ·nf; the one pass's also 6·N·C·V.
 // The check ignores every target but the sampled rows' (target -1), so the loss and dw come from
 // those rows alone and the CPU computes them exactly; the timed calls have every target valid.
 void bench_head(Lab& lab, const Model& m) {
@@ -371,39 +372,60 @@ void bench_head(Lab& lab, const Model& m) {
   Buffer gnf(gpu, nf, A), gw(gpu, w, s.weight_bytes), gdw(gpu, dw0, s.grad_bytes);
   Buffer gdnf(gpu, N * C, A), glogits(gpu, head_rows(s, N, V) * V, A), glse(gpu, N, 4);
   Buffer gcheck_targets(gpu, check_targets), gtargets(gpu, targets);
+  Buffer gloss(gpu, 1, 8);  // the loss sum, fp64
+  auto loss_of = [&] {
+    double loss = 0;
+    gpu.download(&loss, gloss.ptr(), sizeof loss);
+    return loss;
+  };
 
-  int64_t valid = 0;
-  const double loss = gpu.head_forward(glogits.ptr(), glse.f32(), &valid, gnf.ptr(), gw.ptr(),
-                                       gcheck_targets.i32(), check_targets.data(), N, C, V);
+  gpu.head_forward(glogits.ptr(), glse.f32(), static_cast<double*>(gloss.ptr()), gnf.ptr(),
+                   gw.ptr(), gcheck_targets.i32(), N, C, V);
+  const double loss = loss_of();
   gdnf.poison();
   gpu.head_backward(gdnf.ptr(), gdw.ptr(), glogits.ptr(), glse.f32(), gnf.ptr(), gw.ptr(),
                     gcheck_targets.i32(), N, C, V, 1.0);
   const std::vector<float> nf_s = rows_of(nf, C, rows);  // [S, C]
   std::vector<float> logits_ref(size_t(S) * V), lse_ref(static_cast<size_t>(S));
   std::vector<float> dnf_ref(size_t(S * C)), dw_ref = dw0;
-  int64_t valid_ref = 0;
-  const double loss_ref = cpu.head_forward(logits_ref.data(), lse_ref.data(), &valid_ref,
-                                           nf_s.data(), w.data(), targets_s.data(),
-                                           targets_s.data(), S, C, V);
+  double loss_ref = 0;
+  cpu.head_forward(logits_ref.data(), lse_ref.data(), &loss_ref, nf_s.data(), w.data(),
+                   targets_s.data(), S, C, V);
   cpu.head_backward(dnf_ref.data(), dw_ref.data(), logits_ref.data(), lse_ref.data(), nf_s.data(),
                     w.data(), targets_s.data(), S, C, V, 1.0);
-  const double fwd_err = valid == valid_ref ? scalar_error(loss, loss_ref) : INFINITY;
+  const double fwd_err = scalar_error(loss, loss_ref);
   const double bwd_err =
       worst({max_row_error(gdnf.get(), dnf_ref, C, rows), max_row_error(gdw.get(), dw_ref, C)});
+  // the one pass from the same start: the same loss and gradients
+  gdw.put(dw0);
+  gdnf.poison();
+  gpu.head_forward_backward(gdnf.ptr(), gdw.ptr(), glogits.ptr(), glse.f32(),
+                            static_cast<double*>(gloss.ptr()), gnf.ptr(), gw.ptr(),
+                            gcheck_targets.i32(), N, C, V, 1.0);
+  const double one_pass_err = worst({scalar_error(loss_of(), loss_ref),
+                                     max_row_error(gdnf.get(), dnf_ref, C, rows),
+                                     max_row_error(gdw.get(), dw_ref, C)});
 
   auto forward = [&] {
-    gpu.head_forward(glogits.ptr(), glse.f32(), &valid, gnf.ptr(), gw.ptr(), gtargets.i32(),
-                     targets.data(), N, C, V);
+    gpu.head_forward(glogits.ptr(), glse.f32(), static_cast<double*>(gloss.ptr()), gnf.ptr(),
+                     gw.ptr(), gtargets.i32(), N, C, V);
   };
   auto backward = [&] {  // the loss averaged over the batch, as the trainer scales it
     gpu.head_backward(gdnf.ptr(), gdw.ptr(), glogits.ptr(), glse.f32(), gnf.ptr(), gw.ptr(),
                       gtargets.i32(), N, C, V, 1.0 / double(N));
+  };
+  auto one_pass = [&] {
+    gpu.head_forward_backward(gdnf.ptr(), gdw.ptr(), glogits.ptr(), glse.f32(),
+                              static_cast<double*>(gloss.ptr()), gnf.ptr(), gw.ptr(),
+                              gtargets.i32(), N, C, V, 1.0 / double(N));
   };
   const double head_flops = 2.0 * double(N) * C * V;
   lab.report(m, {.op = "head.fwd", .shape = shape, .ms = lab.time_ms(forward),
                  .flops = head_flops, .err = fwd_err, .tol = kTolLoss});
   lab.report(m, {.op = "head.bwd", .shape = shape, .ms = lab.time_ms(backward),
                  .flops = 3 * head_flops, .err = bwd_err, .tol = kTolBf16});
+  lab.report(m, {.op = "head.fwd_bwd", .shape = shape, .ms = lab.time_ms(one_pass),
+                 .flops = 3 * head_flops, .err = one_pass_err, .tol = kTolBf16});
 }
 
 }  // namespace grass::lab

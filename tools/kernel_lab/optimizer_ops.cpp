@@ -152,18 +152,21 @@ void bench_adamw(Lab& lab, const Model& m) {
 }
 
 // ---- sum of squares -----------------------------------------------------------------------------
-// Σ g² over n = V·C gradient elements, deterministic, returned on the host: the global norm that
-// clipping needs. Bytes: reads g once (n·G).
+// Σ g² over n = V·C gradient elements, deterministic, added to an fp64 of backend memory: the
+// global norm that clipping needs. Bytes: reads g once (n·G).
 void bench_sum_squares(Lab& lab, const Model& m) {
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
   const int G = gpu.storage().grad_bytes;
   const int64_t n = int64_t(m.V()) * m.C();
   const std::vector<float> g = lab.uniform(n, -1, 1, G);  // [n]
-  Buffer gg(gpu, g, G);
-  double sum = 0;
-  auto op = [&] { sum = gpu.sum_squares(gg.ptr(), n); };
+  Buffer gg(gpu, g, G), gsum(gpu, 1, 8);
+  auto op = [&] { gpu.sum_squares(static_cast<double*>(gsum.ptr()), gg.ptr(), n); };
+  gpu.zero(gsum.ptr(), sizeof(double));
   op();
-  const double err = scalar_error(sum, cpu.sum_squares(g.data(), n));
+  double sum = 0, want = 0;
+  gpu.download(&sum, gsum.ptr(), sizeof sum);
+  cpu.sum_squares(&want, g.data(), n);
+  const double err = scalar_error(sum, want);
   lab.report(m, {.op = "sum_squares", .shape = dims({{"n", n}}) + " (V x C)",
                  .ms = lab.time_ms(op), .bytes = double(n) * G, .err = err, .tol = kTolReduce});
 }
