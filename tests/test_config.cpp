@@ -614,4 +614,17 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
   run["optimizer"] = {{"name", "adamw"}, {"rank", 8}};
   CHECK(run_error(run) ==
         "run.json: optimizer.rank: only the projected optimizers (grass, galore, flora) use this key");
+
+  // target_lr_scale: AdamW's version of GRASS's learning-rate split
+  run["optimizer"] = {{"name", "adamw"}, {"target_lr_scale", 0.25}};
+  const grass::RunConfig split = grass::parse_run_config(run, "run.json");
+  CHECK(split.optimizer.target_lr_scale == 0.25);
+  CHECK(grass::parse_run_config(grass::to_json(split), "").optimizer == split.optimizer);
+  run["optimizer"] = {{"name", "adamw"}};
+  CHECK(grass::to_json(grass::parse_run_config(run, "run.json"))["optimizer"].count("target_lr_scale") == 0);
+  run["optimizer"] = {{"name", "adamw"}, {"target_lr_scale", 0}};
+  CHECK(run_error(run) == "run.json: optimizer.target_lr_scale: must be positive, got 0");
+  run["optimizer"] = {{"name", "grass"}, {"target_lr_scale", 0.5}};
+  CHECK(run_error(run) == "run.json: optimizer.target_lr_scale: only adamw uses this key (the "
+                          "projected optimizers' `scale` sets their targets' learning rate)");
 }

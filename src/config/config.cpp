@@ -303,7 +303,8 @@ void check_projection_against_model(const ObjectReader& run, RunConfig& c) {
 }
 
 void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
-  std::vector<std::string> keys = {"name", "lr", "betas", "eps", "weight_decay"};
+  std::vector<std::string> keys = {"name", "lr", "betas", "eps", "weight_decay",
+                                   "target_lr_scale"};
   keys.insert(keys.end(), kProjectionKeys.begin(), kProjectionKeys.end());
   keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
   obj.reject_unknown_keys(keys);
@@ -324,6 +325,11 @@ void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
   require(o.eps > 0, obj.at("eps"), "positive", o.eps);
   o.weight_decay = obj.number("weight_decay").value_or(o.weight_decay);
   require(o.weight_decay >= 0, obj.at("weight_decay"), "non-negative", o.weight_decay);
+  if (obj.find("target_lr_scale") && o.kind != OptimizerKind::AdamW)
+    obj.at("target_lr_scale").fail("only adamw uses this key (the projected optimizers' `scale` "
+                                    "sets their targets' learning rate)");
+  o.target_lr_scale = obj.number("target_lr_scale").value_or(o.target_lr_scale);
+  require(o.target_lr_scale > 0, obj.at("target_lr_scale"), "positive", o.target_lr_scale);
 }
 
 void read_schedule(const ObjectReader& obj, ScheduleConfig& s) {
@@ -539,6 +545,7 @@ json to_json(const RunConfig& c) {
                     {"betas", json::array({o.beta1, o.beta2})},
                     {"eps", o.eps},
                     {"weight_decay", o.weight_decay}};
+  if (o.target_lr_scale != 1.0) optimizer["target_lr_scale"] = o.target_lr_scale;
   if (is_projected(o.kind)) {
     const ProjectionConfig& g = o.projection;
     json targets = json::array();

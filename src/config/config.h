@@ -71,6 +71,10 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.999;  // JSON: "betas": [b1, b2]
   double eps = 1e-8;
   double weight_decay = 0.0;        // decoupled; never applied to RMSNorm gains
+  // AdamW only: the learning rate of the tensors the projected optimizers target by default
+  // (every layer's q/k/v/o/gate/up/down) is lr × target_lr_scale, so an AdamW run can have
+  // GRASS's split (its targets move at lr × scale, the rest at lr) without the projection.
+  double target_lr_scale = 1.0;
   ProjectionConfig projection;      // grass, galore, flora: their targets; the rest AdamW
   bool operator==(const OptimizerConfig&) const = default;
 };

@@ -3,9 +3,11 @@
 // like the dense gradient buffer, in the arena's optimizer category.
 // Precision (kernels/storage.h): fp32 updates the weights in place; bf16-mixed updates the fp32
 // master copy and re-rounds the weights from it; pure bf16 updates the weights and stores them
-// and the moments with stochastic rounding.
+// and the moments with stochastic rounding. With cfg.target_lr_scale, the default projection
+// targets (every layer's q/k/v/o/gate/up/down) train at lr × target_lr_scale.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "config/config.h"
 #include "core/arena.h"
@@ -26,6 +28,7 @@ class AdamW final : public Optimizer {
   OptimizerConfig cfg_;
   LlamaModel& model_;
   uint64_t seed_;
+  std::vector<double> lr_scale_;  // per tensor of the model: 1, or target_lr_scale for a target
   int64_t step_ = 0;   // from 0; Adam's bias correction counts from 1
   void* m_ = nullptr;  // first moment  [num_dense_grads], state-typed backend memory
   void* v_ = nullptr;  // second moment [num_dense_grads]
