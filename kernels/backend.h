@@ -189,9 +189,13 @@ class Backend : public MemoryResource {
   // multiple of 8 (aligned rows of dy for the GPU's GEMM).
   virtual void full_weight_grad(float* g, const void* dy, const void* x, int64_t N, int in,
                                 int out, int row0, int rows) = 0;
-  // squared norms of g[out, in]'s rows (host_norms_sq[out]) or columns ([in]), on the host
-  virtual void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
-                                 bool rows) = 0;
+  // A refresh's slice norms, gathered in the backend's own fp64 buffer so that a target's
+  // chunks cost one wait, not one each. g holds rows row0 .. row0 + rows of a weight gradient
+  // [out, in] (full_weight_grad): by_rows, their squared norms are written at [row0, row0 + rows);
+  // otherwise its columns' squared norms are added to [0, in) (set, when row0 == 0).
+  virtual void grass_slice_norms(const float* g, int row0, int rows, int in, bool by_rows) = 0;
+  // The buffer's first n norms, on the host.
+  virtual void read_slice_norms(double* host, int n) = 0;
   // The sparse Adam update of one target (ops::grass_adam_update), the weight w[out, in] as in
   // adamw_update. gc may be overwritten.
   virtual void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,

@@ -4,8 +4,10 @@
 // Activations stay fp32.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend.h"
 #include "clip_rule.h"
@@ -171,9 +173,19 @@ class CpuBackend final : public Backend {
                         int row0, int rows) override {
     cpu::gemm(true, false, rows, in, int(N), 1.0f, f(dy) + row0, out, f(x), in, 0.0f, g, in);
   }
-  void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
-                         bool rows) override {
-    ops::grass_slice_norms(host_norms_sq, g, out, in, rows);
+  void grass_slice_norms(const float* g, int row0, int rows, int in, bool by_rows) override {
+    if (by_rows) {
+      if (slice_norms_.size() < size_t(row0 + rows)) slice_norms_.resize(size_t(row0 + rows));
+      ops::grass_slice_norms(slice_norms_.data() + row0, g, rows, in, true);
+      return;
+    }
+    chunk_norms_.resize(size_t(in));
+    ops::grass_slice_norms(chunk_norms_.data(), g, rows, in, false);
+    if (row0 == 0) slice_norms_.assign(size_t(in), 0.0);
+    for (int c = 0; c < in; c++) slice_norms_[size_t(c)] += chunk_norms_[size_t(c)];
+  }
+  void read_slice_norms(double* host, int n) override {
+    std::copy(slice_norms_.begin(), slice_norms_.begin() + n, host);
   }
   void grass_adam_update(WeightRef weight, void* gc, void* m, void* v, const GrassSlices& s,
                          double alpha, const AdamArgs& a, uint64_t seed) override {
@@ -238,6 +250,7 @@ class CpuBackend final : public Backend {
   }
 
   float* attention_scratch_ = nullptr;
+  std::vector<double> slice_norms_, chunk_norms_;  // grass_slice_norms' buffer and a chunk's
 };
 
 }  // namespace

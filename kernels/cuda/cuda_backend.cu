@@ -14,6 +14,7 @@
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
 #include "cuda/staging.cuh"
+#include "lowrank_ops.h"
 
 namespace grass {
 
@@ -289,13 +290,17 @@ class CudaBackend final : public Backend {
                         int row0, int rows) override {
     cuda::linear_full_grad_f32(ctx_, g, b(dy), b(x), N, in, out, row0, rows);
   }
-  void grass_slice_norms(double* host_norms_sq, const float* g, int out, int in,
-                         bool rows) override {
-    const int n = rows ? out : in;
-    GRASS_CHECK(n <= slice_norms_capacity_, "slice-norm scratch smaller than a target's side");
+  void grass_slice_norms(const float* g, int row0, int rows, int in, bool by_rows) override {
+    GRASS_CHECK((by_rows ? row0 + rows : in) <= slice_norms_capacity_,
+                "slice-norm scratch smaller than a target's side");
     double* norms = static_cast<double*>(scratch_.slice_norms);
-    cuda::grass_slice_norms(ctx_, norms, g, out, in, rows);
-    download(host_norms_sq, norms, size_t(n) * sizeof(double));
+    if (by_rows)
+      cuda::grass_slice_norms(ctx_, norms + row0, g, rows, in, true, false);
+    else
+      cuda::grass_slice_norms(ctx_, norms, g, rows, in, false, row0 > 0);
+  }
+  void read_slice_norms(double* host, int n) override {
+    download(host, scratch_.slice_norms, size_t(n) * sizeof(double));
   }
   void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,
                          double alpha, const AdamArgs& a, uint64_t seed) override {
@@ -311,10 +316,14 @@ class CudaBackend final : public Backend {
                                   lowrank_workspace_bytes(storage_, p.out, p.in, p.r), b(dy), b(x),
                                   p.P, N, p.in, p.out, p.r, p.rows);
   }
-  // The SVD runs on the host (LAPACK, as the CPU backend's, bit for bit), not with cuSOLVER: one
-  // out x in download per target per refresh.
+  // The SVD runs on the host (LAPACK, the CPU backend's op, bit for bit), not with cuSOLVER
+  // (kernels/cuda/lowrank.cu says why): one out x in download, a wait, per target per refresh.
   void galore_basis(float* P, const float* g, int out, int in, int r, bool rows) override {
-    cuda::galore_basis(ctx_, P, g, out, in, r, rows);
+    const int side = rows ? out : in;
+    std::vector<float> host_g(size_t(out) * size_t(in)), host_P(size_t(side) * size_t(r));
+    download(host_g.data(), g, host_g.size() * sizeof(float));
+    ops::galore_basis<float>(host_P.data(), host_g.data(), out, in, r, rows);
+    upload_async(P, host_P.data(), host_P.size() * sizeof(float));
   }
   // Generated on the host and uploaded: the same P as the CPU backend's, bit for bit.
   void flora_projection(float* P, uint64_t seed, int64_t tensor, int64_t refresh, int side,

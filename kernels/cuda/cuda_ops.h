@@ -152,9 +152,9 @@ void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* s
                            const bf16* dy, const bf16* x, const int32_t* sigma, const float* rho,
                            int64_t N, int in, int out, int r, bool rows);
 // norms_sq[out] (rows) or norms_sq[in] (cols) = squared L2 norms of the slices of g[out, in]
-// (fp32), each in a fixed order.
+// (fp32), each in a fixed order; cols with `accumulate`: norms_sq[c] += the column's.
 void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int out, int in,
-                       bool rows);
+                       bool rows, bool accumulate);
 // Adam on gc·grad_scale (m, v shaped like gc; step counts from 1 since the last refresh), then
 // the sparse update w[σ_j] -= lr·alpha·scale_j·Δ_j (rows: w[σ_j, :]; cols: w[:, σ_j]), scale_j the
 // slice's step factor (ops::grass_adam_update). σ is sorted ascending and may repeat: the Δ of
@@ -188,10 +188,6 @@ void lowrank_compressed_grad(const Context& ctx, void* R, GradType gtype, bf16* 
                              void* workspace, int64_t workspace_bytes, const bf16* dy,
                              const bf16* x, const float* P, int64_t N, int in, int out, int r,
                              bool rows);
-// GaLore's basis P [side, r] of g [out, in] (both fp32, device): on the HOST, with LAPACK
-// (ops::galore_basis<float>, bit-identical to the CPU backend), not cuSOLVER. It downloads g and
-// uploads P, synchronising the stream: once per target per refresh.
-void galore_basis(const Context& ctx, float* P, const float* g, int out, int in, int r, bool rows);
 // FLORA's projection P [side, r]: ops::flora_projection's stream drawn on the device (no host
 // round trip); equal to the CPU's up to the device's double log and cos, then fp32 rounding.
 void flora_projection(const Context& ctx, float* P, uint64_t seed, int64_t tensor, int64_t refresh,

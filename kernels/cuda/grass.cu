@@ -53,10 +53,11 @@ __global__ void row_norms_sq(double* norms_sq, const float* g, int in) {
   if (threadIdx.x == 0) norms_sq[blockIdx.x] = partial[0];
 }
 
-// norms_sq[c] = Σ_i g[i, c]² for a tile of kColTile columns per block: each of kRowLanes lanes
-// sums every kRowLanes-th row (reads coalesced along the row), then lane 0 adds the lanes in order.
+// norms_sq[c] = Σ_i g[i, c]² (+ norms_sq[c] when accumulating a chunk of rows) for a tile of
+// kColTile columns per block: each of kRowLanes lanes sums every kRowLanes-th row (reads
+// coalesced along the row), then lane 0 adds the lanes in order.
 constexpr int kColTile = 32, kRowLanes = 8;
-__global__ void col_norms_sq(double* norms_sq, const float* g, int out, int in) {
+__global__ void col_norms_sq(double* norms_sq, const float* g, int out, int in, bool accumulate) {
   __shared__ double partial[kRowLanes][kColTile];
   const int c = blockIdx.x * kColTile + threadIdx.x;
   double sum = 0;
@@ -70,7 +71,7 @@ __global__ void col_norms_sq(double* norms_sq, const float* g, int out, int in) 
   if (threadIdx.y != 0 || c >= in) return;
   double total = 0;
   for (int lane = 0; lane < kRowLanes; lane++) total += partial[lane][threadIdx.x];
-  norms_sq[c] = total;
+  norms_sq[c] = accumulate ? norms_sq[c] + total : total;
 }
 
 // The scalars of one Adam step, prepared on the host.
@@ -162,13 +163,14 @@ void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* s
 }
 
 void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int out, int in,
-                       bool rows) {
+                       bool rows, bool accumulate) {
   if (out == 0 || in == 0) return;
   if (rows) {
     row_norms_sq<<<out, kThreads, 0, ctx.stream>>>(norms_sq, g, in);
   } else {
     const dim3 block(kColTile, kRowLanes);
-    col_norms_sq<<<ceil_div(in, kColTile), block, 0, ctx.stream>>>(norms_sq, g, out, in);
+    col_norms_sq<<<ceil_div(in, kColTile), block, 0, ctx.stream>>>(norms_sq, g, out, in,
+                                                                  accumulate);
   }
   GRASS_LAUNCH_CHECK();
 }

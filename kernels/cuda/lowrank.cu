@@ -4,11 +4,11 @@
 // transfer and GaLore's Adam step, whose dense back-projection is one GEMM.
 //
 // Where the work runs:
-//   galore_basis      the host's LAPACK (ops::galore_basis<float>, OpenBLAS sgesdd), NOT cuSOLVER:
-//                     the SVD is the CPU backend's, bit for bit, so GaLore's P does not depend on
-//                     the device (and cuSOLVER is not emulated in CI). The cost is one out x in
-//                     fp32 download per target per refresh (every update_proj_gap steps) and
-//                     a synchronised stream.
+//   galore_basis      the host's LAPACK (ops::galore_basis<float>, OpenBLAS sgesdd), NOT cuSOLVER,
+//                     in CudaBackend::galore_basis: the SVD is the CPU backend's, bit for bit, so
+//                     GaLore's P does not depend on the device (and cuSOLVER is not emulated in
+//                     CI). The cost is one out x in fp32 download (a wait) per target per refresh
+//                     (every update_proj_gap steps).
 //   flora_projection  a kernel drawing core/rng.h's stream, so a FLORA step regenerates P with no
 //                     host round trip. Its Box-Muller takes log and cos in double on the device,
 //                     which may differ from the host's in the last bits of a double: P agrees
@@ -20,14 +20,12 @@
 // calls give identical bits.
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "cuda/common.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm.cuh"
-#include "lowrank_ops.h"
 
 namespace grass::cuda {
 
@@ -212,20 +210,6 @@ void lowrank_compressed_grad(const Context& ctx, void* R, GradType gtype, bf16* 
     // R[out, r] += dy[N, out]ᵀ·scratch[N, r]
     linear_backward_dw(ctx, R, gtype, dy, scratch, N, r, out);
   }
-}
-
-void galore_basis(const Context& ctx, float* P, const float* g, int out, int in, int r,
-                  bool rows) {
-  // Host LAPACK, not cuSOLVER (the file's header says why): g [out, in] down, P [side, r] up.
-  const int side = rows ? out : in;
-  std::vector<float> host_g(size_t(out) * size_t(in)), host_P(size_t(side) * size_t(r));
-  GRASS_CUDA_CHECK(cudaMemcpyAsync(host_g.data(), g, host_g.size() * sizeof(float),
-                                   cudaMemcpyDeviceToHost, ctx.stream));
-  GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-  ops::galore_basis<float>(host_P.data(), host_g.data(), out, in, r, rows);
-  GRASS_CUDA_CHECK(cudaMemcpyAsync(P, host_P.data(), host_P.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, ctx.stream));
-  GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // host_P dies on return
 }
 
 void flora_projection(const Context& ctx, float* P, uint64_t seed, int64_t tensor, int64_t refresh,

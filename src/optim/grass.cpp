@@ -86,17 +86,16 @@ void Grass::accumulate(int tensor, void* gc, const void* dy, const void* x, int6
 }
 
 std::vector<double> Grass::slice_norms(const Target& t, const void* dy, const void* x, int64_t N) {
-  std::vector<double> norms_sq(size_t(t.rows ? t.out : t.in), 0.0), chunk;
+  std::vector<double> norms_sq(size_t(t.rows ? t.out : t.in), 0.0);
+  // The uniform rules draw without looking at the norms: no full gradient to form.
+  const Selection rule = cfg_.projection.selection;
+  if (rule == Selection::Uniform || rule == Selection::UniformNR) return norms_sq;
   for (int row0 = 0; row0 < t.out; row0 += chunk_rows_) {
     const int rows = std::min(chunk_rows_, t.out - row0);
     backend_->full_weight_grad(chunk_grad_, dy, x, N, t.in, t.out, row0, rows);
-    chunk.resize(size_t(t.rows ? rows : t.in));
-    backend_->grass_slice_norms(chunk.data(), chunk_grad_, rows, t.in, t.rows);
-    if (t.rows)
-      std::copy(chunk.begin(), chunk.end(), norms_sq.begin() + row0);
-    else
-      for (int c = 0; c < t.in; c++) norms_sq[size_t(c)] += chunk[size_t(c)];
+    backend_->grass_slice_norms(chunk_grad_, row0, rows, t.in, t.rows);
   }
+  backend_->read_slice_norms(norms_sq.data(), int(norms_sq.size()));  // the one wait
   return norms_sq;
 }
 

@@ -134,7 +134,7 @@ TEST_CASE("grass: slice norms match the CPU in double", "[gpu]") {
     INFO("rows=" << rows);
     DeviceBuffer<double> norms(rows ? kOut : kIn);
     norms.poison();
-    cuda::grass_slice_norms(tc.ctx, norms.ptr, d_g.ptr, kOut, kIn, rows);
+    cuda::grass_slice_norms(tc.ctx, norms.ptr, d_g.ptr, kOut, kIn, rows, false);
     std::vector<double> want(norms.n);
     ops::grass_slice_norms<float>(want.data(), g.data(), kOut, kIn, rows);
     const std::vector<double> got = norms.download();
@@ -305,7 +305,7 @@ TEST_CASE("grass: the same calls twice give the same bits", "[gpu]") {
     m[run] = d_m.download();
     v[run] = d_v.download();
     norms.poison();
-    cuda::grass_slice_norms(tc.ctx, norms.ptr, g.ptr, kOut, kIn, rows);
+    cuda::grass_slice_norms(tc.ctx, norms.ptr, g.ptr, kOut, kIn, rows, false);
     norm[run] = norms.download();
   }
   CHECK(same_bits(gc[0], gc[1]));
