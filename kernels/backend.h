@@ -133,6 +133,11 @@ class Backend : public MemoryResource {
                                   const int32_t* host_tokens, int64_t N, int C) = 0;
   virtual void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int64_t N,
                                int C, double eps) = 0;
+  // sum[N,C] = a + b, then out, rstd = rmsnorm(sum): residual_forward then rmsnorm_forward, the
+  // same bits, in one op (on the GPU one kernel: no second one reading the sum straight back).
+  virtual void residual_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a,
+                                        const void* b, const void* w, int64_t N, int C,
+                                        double eps) = 0;
   virtual void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
                                 const float* rstd, int64_t N, int C) = 0;
   virtual void rope_forward(void* x, int B, int T, int H, int HD, double theta) = 0;   // in place

@@ -90,6 +90,11 @@ class CpuBackend final : public Backend {
                        double eps) override {
     ops::rmsnorm_forward(f(out), rstd, f(x), f(w), N, C, eps);
   }
+  void residual_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* b,
+                                const void* w, int64_t N, int C, double eps) override {
+    ops::residual_forward(f(sum), f(a), f(b), N * C);
+    ops::rmsnorm_forward(f(out), rstd, f(sum), f(w), N, C, eps);
+  }
   void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
                         const float* rstd, int64_t N, int C) override {
     ops::rmsnorm_backward(f(dx), f(dw), f(dout), f(x), f(w), rstd, N, C);

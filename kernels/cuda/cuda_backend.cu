@@ -200,6 +200,10 @@ class CudaBackend final : public Backend {
                        double eps) override {
     cuda::rmsnorm_forward(ctx_, b(out), rstd, b(x), b(w), N, C, float(eps));
   }
+  void residual_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* c,
+                                const void* w, int64_t N, int C, double eps) override {
+    cuda::residual_rmsnorm_forward(ctx_, b(sum), b(out), rstd, b(a), b(c), b(w), N, C, float(eps));
+  }
   void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
                         const float* rstd, int64_t N, int C) override {
     cuda::rmsnorm_backward(ctx_, b(dx), dw, grad_type(), b(dout), b(x), b(w), rstd,

@@ -76,6 +76,10 @@ void embedding_backward(const Context& ctx, void* dtable, GradType gtype, const 
 // out[N,C] = w[C] * x * rstd,  rstd[N] = 1/sqrt(mean(x²) + eps)
 void rmsnorm_forward(const Context& ctx, bf16* out, float* rstd, const bf16* x, const bf16* w,
                      int64_t N, int C, float eps);
+// sum[N,C] = a + b, then out, rstd = rmsnorm(sum) in one kernel: the bits of residual_forward
+// followed by rmsnorm_forward.
+void residual_rmsnorm_forward(const Context& ctx, bf16* sum, bf16* out, float* rstd, const bf16* a,
+                              const bf16* b, const bf16* w, int64_t N, int C, float eps);
 // dx[N,C] += ∂/∂x (the residual stream accumulates);  dw[C] += ∂/∂w.
 // dw's column sums go through scratch[rmsnorm_scratch_floats(N, C)] in a fixed order.
 int64_t rmsnorm_scratch_floats(int64_t N, int C);

@@ -1,6 +1,8 @@
 // RMSNorm on the GPU (HF LlamaRMSNorm): out = w * x * rstd, rstd = 1/sqrt(mean(x²) + eps).
 //
 // Forward: one block per row; the row's sum of squares is a fixed-shape block reduction in fp32.
+// The same kernel also does the residual add before a norm (x = a + b, stored as the residual
+// stream), so that x is not written by one kernel and read straight back by the next.
 // Backward: dx is per row, but dw[c] = Σ_n dout[n,c]·xhat[n,c] sums over every row. Instead of
 // atomics, the rows are cut into at most kRowBlocks contiguous chunks (a function of N only, so
 // the scratch size is known up front and the sum order never depends on the device): each block
@@ -32,9 +34,12 @@ constexpr int kReduceLanes = 16;
 
 
 // out[N, C], rstd[N], x[N, C], w[C]; block = one row, thread t = packs t, t + blockDim, ...
-template <int VEC>
-__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, const bf16* w, int C,
-                                       float eps) {
+// With ADD (residual_rmsnorm_forward) the row normalised is x + b[N, C], rounded to bf16 and
+// stored to sum[N, C] as residual_forward stores it, then read in the same order as without ADD:
+// the bits of residual_forward followed by rmsnorm_forward, without a second kernel reading sum.
+template <int VEC, bool ADD>
+__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* sum, const bf16* x,
+                                       const bf16* b, const bf16* w, int C, float eps) {
   using Pack = BF16Pack<VEC>;
   const int64_t row = blockIdx.x;
   const Pack* x_row = reinterpret_cast<const Pack*>(x + row * C);
@@ -44,7 +49,14 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, co
 
   float sum_sq = 0.0f;
   for (int p = threadIdx.x; p < packs; p += blockDim.x) {
-    const Pack xp = x_row[p];
+    Pack xp = x_row[p];
+    if constexpr (ADD) {
+      const Pack bp = reinterpret_cast<const Pack*>(b + row * C)[p];
+#pragma unroll
+      for (int j = 0; j < VEC; j++)
+        xp.v[j] = __float2bfloat16_rn(__bfloat162float(xp.v[j]) + __bfloat162float(bp.v[j]));
+      reinterpret_cast<Pack*>(sum + row * C)[p] = xp;
+    }
 #pragma unroll
     for (int j = 0; j < VEC; j++) {
       const float xv = __bfloat162float(xp.v[j]);
@@ -54,9 +66,11 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, co
   const float r = 1.0f / sqrtf(block_sum(sum_sq) / float(C) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
 
-  // Second pass over the row: it was just read by this block, so it comes from L1/L2.
+  // Second pass over the row: it was just read (or, with ADD, written: each thread reads back its
+  // own packs) by this block, so it comes from L1/L2.
+  const Pack* normed_row = reinterpret_cast<const Pack*>((ADD ? sum : x) + row * C);
   for (int p = threadIdx.x; p < packs; p += blockDim.x) {
-    const Pack xp = x_row[p], wp = w_packs[p];
+    const Pack xp = normed_row[p], wp = w_packs[p];
     Pack op;
 #pragma unroll
     for (int j = 0; j < VEC; j++)
@@ -157,11 +171,32 @@ void rmsnorm_forward(const Context& ctx, bf16* out, float* rstd, const bf16* x, 
   GRASS_CHECK(N >= 0 && N <= INT32_MAX && C > 0, "rmsnorm_forward: bad shape");
   if (N == 0) return;
   if (C % 8 == 0 && aligned16(out) && aligned16(x) && aligned16(w))
-    rmsnorm_forward_kernel<8>
-        <<<unsigned(N), row_threads(C / 8), 0, ctx.stream>>>(out, rstd, x, w, C, eps);
+    rmsnorm_forward_kernel<8, false><<<unsigned(N), row_threads(C / 8), 0, ctx.stream>>>(
+        out, rstd, nullptr, x, nullptr, w, C, eps);
   else
-    rmsnorm_forward_kernel<1>
-        <<<unsigned(N), row_threads(C), 0, ctx.stream>>>(out, rstd, x, w, C, eps);
+    rmsnorm_forward_kernel<1, false><<<unsigned(N), row_threads(C), 0, ctx.stream>>>(
+        out, rstd, nullptr, x, nullptr, w, C, eps);
+  GRASS_LAUNCH_CHECK();
+}
+
+void residual_rmsnorm_forward(const Context& ctx, bf16* sum, bf16* out, float* rstd, const bf16* a,
+                              const bf16* b, const bf16* w, int64_t N, int C, float eps) {
+  GRASS_CHECK(N >= 0 && N <= INT32_MAX && C > 0, "residual_rmsnorm_forward: bad shape");
+  if (N == 0) return;
+  // The packing decides the order of the sums of squares: rmsnorm_forward's choice for x = sum.
+  const bool packed = C % 8 == 0 && aligned16(out) && aligned16(sum) && aligned16(w);
+  if (packed && !(aligned16(a) && aligned16(b))) {
+    // a or b cannot be read in packs where the norm must be: the two kernels, the same bits.
+    residual_forward(ctx, sum, a, b, N * C);
+    rmsnorm_forward(ctx, out, rstd, sum, w, N, C, eps);
+    return;
+  }
+  if (packed)
+    rmsnorm_forward_kernel<8, true><<<unsigned(N), row_threads(C / 8), 0, ctx.stream>>>(
+        out, rstd, sum, a, b, w, C, eps);
+  else
+    rmsnorm_forward_kernel<1, true><<<unsigned(N), row_threads(C), 0, ctx.stream>>>(
+        out, rstd, sum, a, b, w, C, eps);
   GRASS_LAUNCH_CHECK();
 }
 

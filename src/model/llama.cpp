@@ -310,8 +310,9 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   const double eps = cfg_.rms_norm_eps, theta = cfg_.rope_theta;
   const LayerWeights w = layer_weights(l);
   LayerActs& a = acts_[l];
-  // attention block: h = x + o_proj(attn(rope(q), rope(k), v)) on n1 = rmsnorm(x)
-  be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
+  // attention block: h = x + o_proj(attn(rope(q), rope(k), v)) on n1 = rmsnorm(x). The forward
+  // made n1 with x; a checkpoint's recomputation starts from the stored x alone.
+  if (!to_output) be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
   be.linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
   be.linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
   be.linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
@@ -319,16 +320,22 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   be.rope_forward(a.k, B, T, NKV, HD, theta);
   be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD);
   be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
-  be.residual_forward(a.h, a.x_in, ws_.proj, N * C);
-  // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h)
-  be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
+  // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
+  be.residual_rmsnorm_forward(a.h, a.n2, a.rstd2, a.x_in, ws_.proj, w.mlp_norm, N, C, eps);
   be.linear_forward(a.gate, a.n2, w.wgate, N, C, F);
   be.linear_forward(a.up, a.n2, w.wup, N, C, F);
   be.swiglu_forward(a.act, a.gate, a.up, N * F);
   if (!to_output) return;
-  void* x_next = l + 1 < cfg_.num_hidden_layers ? acts_[l + 1].x_in : x_out_;
   be.linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
-  be.residual_forward(x_next, a.h, ws_.proj, N * C);
+  // x_next and its norm: the next layer's n1, or after the last layer the final norm
+  const StreamNorm next = stream_norm(l + 1);
+  be.residual_rmsnorm_forward(next.x, next.out, next.rstd, a.h, ws_.proj, next.w, N, C, eps);
+}
+
+LlamaModel::StreamNorm LlamaModel::stream_norm(int l) {
+  if (l == cfg_.num_hidden_layers)
+    return {x_out_, nf_, rstdf_, at(params_, off_norm_, storage().weight_bytes)};
+  return {acts_[l].x_in, acts_[l].n1, acts_[l].rstd1, layer_weights(l).attn_norm};
 }
 
 double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B) {
@@ -397,14 +404,15 @@ void LlamaModel::forward_to_head(const int32_t* inputs, const int32_t* targets, 
   be.upload_async(inputs_, inputs, size_t(N) * sizeof(int32_t));
   be.upload_async(targets_, targets, size_t(N) * sizeof(int32_t));
 
-  void* x = acts_.empty() ? x_out_ : acts_[0].x_in;
-  be.embedding_forward(x, inputs_, weight(tensors_[0]), N, C);
+  // The embedding enters the residual stream and is normalised here; every later norm of the
+  // stream is made with the residual add before it (layer_forward).
+  const StreamNorm first = stream_norm(0);
+  be.embedding_forward(first.x, inputs_, weight(tensors_[0]), N, C);
+  be.rmsnorm_forward(first.out, first.rstd, first.x, first.w, N, C, cfg_.rms_norm_eps);
   for (int l = 0; l < cfg_.num_hidden_layers; l++) {
     const TraceRange layer_range(trace_names_[size_t(l)].c_str());
     layer_forward(l, B, true);
   }
-  be.rmsnorm_forward(nf_, rstdf_, x_out_, at(params_, off_norm_, storage().weight_bytes), N, C,
-                     cfg_.rms_norm_eps);
 }
 
 void LlamaModel::backward(double loss_scale) {

@@ -137,9 +137,20 @@ class LlamaModel {
   // After it (ws_.dnorm = d loss / d nf, lm_head's gradient formed): the rest of the backward.
   void backward_from_head(int lm_head);
   void allocate_activations(Arena& arena, int64_t N, int NH);
-  // Layer l's forward from acts_[l].x_in; `to_output` false stops after what the backward reads
-  // (the recomputation of activation checkpointing: down_proj and the residual are not needed).
+  // Layer l's forward from acts_[l].x_in and its norm n1, to the next layer's x_in and n1 (or
+  // x_out_ and nf_). `to_output` false is the recomputation of activation checkpointing: it makes
+  // n1 from x_in and stops after what the backward reads (down_proj and the residual are not
+  // needed).
   void layer_forward(int l, int B, bool to_output);
+  // The residual stream entering layer l (l = num_hidden_layers: leaving the last layer) and the
+  // RMSNorm that reads it, layer l's input_layernorm or the final norm.
+  struct StreamNorm {
+    void* x;        // [N, C]
+    void* out;      // [N, C]
+    float* rstd;    // [N] fp32
+    const void* w;  // [C]
+  };
+  StreamNorm stream_norm(int l);
   // dx (overwritten, or accumulated) and the weight gradient of layer l's i-th tensor, y = x·wᵀ
   void linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w, const void* dy,
                        const void* x, int64_t N, int in, int out);

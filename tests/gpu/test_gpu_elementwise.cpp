@@ -1,14 +1,16 @@
 // The GPU's row and elementwise kernels against the CPU reference (kernels/ops.h, float):
-// embedding, RMSNorm, RoPE, SwiGLU, residual. Inputs are fresh random values rounded to bf16, so
-// both sides see the same numbers; shapes are awkward on purpose (C = 5461, N = 3·77) and also hit
-// the 16-byte vector paths (C and n multiples of 8). Every output is poisoned first, accumulated
-// outputs start from random values, and the reductions run twice to prove bitwise determinism.
+// embedding, RMSNorm, RoPE, SwiGLU, residual, and the residual add fused with RMSNorm. Inputs are
+// fresh random values rounded to bf16, so both sides see the same numbers; shapes are awkward on
+// purpose (C = 5461, N = 3·77) and also hit the 16-byte vector paths (C and n multiples of 8).
+// Every output is poisoned first, accumulated outputs start from random values, and the
+// reductions run twice to prove bitwise determinism.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "backend.h"
 #include "gpu_test_util.h"
 #include "ops.h"
 
@@ -328,5 +330,72 @@ TEST_CASE("gpu residual add is a + b rounded once, also in place", "[gpu]") {
     CHECK(count_misses(get(d_out), want, 0.0, 0.0) == 0);
     cuda::residual_forward(tc.ctx, d_a.ptr, d_a.ptr, d_b.ptr, n);  // out aliases a
     CHECK(count_misses(get(d_a), want, 0.0, 0.0) == 0);
+  }
+}
+
+// n bf16 elements `shift` elements into their allocation (shift 1: rows lose the 16-byte
+// alignment of the vector paths), poisoned.
+struct ShiftedBuffer {
+  DeviceBuffer<bf16> all;
+  int shift;
+  ShiftedBuffer(size_t n, int by) : all(n + 1), shift(by) { all.poison(); }
+  bf16* ptr() { return all.ptr + shift; }
+  void put(const std::vector<float>& x) {
+    const std::vector<bf16> host = gputest::to_bf16(x);
+    gputest::check(
+        cudaMemcpy(ptr(), host.data(), host.size() * sizeof(bf16), cudaMemcpyHostToDevice),
+        "upload");
+  }
+  std::vector<float> get() const {
+    const std::vector<float> x = ::get(all);
+    return std::vector<float>(x.begin() + shift, x.end() - 1 + shift);
+  }
+};
+
+TEST_CASE("gpu residual + rmsnorm in one kernel gives the two kernels' bits", "[gpu]") {
+  gputest::TestContext tc;
+  const float eps = 1e-5f;
+  struct Case {
+    int64_t N;
+    int C, a_shift, sum_shift;
+  };
+  const Case cases[] = {{101, 347, 0, 0},    // odd C: one value at a time
+                        {231, 2048, 0, 0},   // packs of 8
+                        {231, 2048, 1, 0},   // a unaligned where the norm reads packs
+                        {231, 2048, 0, 1}};  // sum unaligned: the norm reads one value at a time
+  for (const auto& [N, C, a_shift, sum_shift] : cases) {
+    CAPTURE(N, C, a_shift, sum_shift);
+    const size_t NC = size_t(N) * C;
+    const std::vector<float> a = gputest::bf16_rounded(gputest::randn(NC));
+    const std::vector<float> b = gputest::bf16_rounded(gputest::randn(NC));
+    std::vector<float> w = gputest::randn(C, 0.1);
+    for (float& v : w) v += 1.0f;
+    w = gputest::bf16_rounded(w);
+    ShiftedBuffer d_a(NC, a_shift), d_b(NC, 0), d_sum(NC, sum_shift), d_sum2(NC, sum_shift);
+    DeviceBuffer<bf16> d_w(C), d_out(NC), d_out2(NC);
+    DeviceBuffer<float> d_rstd(N), d_rstd2(N);
+    d_a.put(a);
+    d_b.put(b);
+    put(d_w, w);
+    for (auto* d : {&d_out, &d_out2}) d->poison();
+    for (auto* d : {&d_rstd, &d_rstd2}) d->poison();
+    cuda::residual_rmsnorm_forward(tc.ctx, d_sum.ptr(), d_out.ptr, d_rstd.ptr, d_a.ptr(),
+                                   d_b.ptr(), d_w.ptr, N, C, eps);
+    cuda::residual_forward(tc.ctx, d_sum2.ptr(), d_a.ptr(), d_b.ptr(), int64_t(NC));
+    cuda::rmsnorm_forward(tc.ctx, d_out2.ptr, d_rstd2.ptr, d_sum2.ptr(), d_w.ptr, N, C, eps);
+    const std::vector<float> sum = d_sum.get(), out = get(d_out), rstd = d_rstd.download();
+    CHECK(same_bits(sum, d_sum2.get()));
+    CHECK(same_bits(out, get(d_out2)));
+    CHECK(same_bits(rstd, d_rstd2.download()));
+
+    // The CPU keeps the sum in fp32: the GPU's is that rounded once, and the GPU's norm of the
+    // rounded sum is within a bf16 rounding of the CPU's norm of the exact one.
+    std::vector<float> want_sum(NC), want_out(NC), want_rstd(N);
+    default_cpu_backend().residual_rmsnorm_forward(want_sum.data(), want_out.data(),
+                                                   want_rstd.data(), a.data(), b.data(), w.data(),
+                                                   N, C, eps);
+    CHECK(count_misses(sum, gputest::bf16_rounded(want_sum), 0.0, 0.0) == 0);
+    CHECK(count_misses(out, want_out, kBf16Rel, 1e-4) == 0);
+    CHECK(rel_error(rstd, want_rstd) <= 1e-3);
   }
 }

@@ -284,10 +284,14 @@ void bench_swiglu(Lab& lab, const Model& m) {
 // ---- residual -----------------------------------------------------------------------------------
 // out[N,C] = a + b (its backward is the identity: no op). Bytes: reads a and b, writes out
 // (3·N·C·A). The CPU reference runs on every element.
+// Fused with the RMSNorm that reads the sum (the model's call): sum = a + b, out, rstd =
+// rmsnorm(sum) with w[C]. Bytes: reads a and b, writes sum and out (4·N·C·A), writes rstd (4·N);
+// w is noise.
 void bench_residual(Lab& lab, const Model& m) {
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
   const int A = gpu.storage().act_bytes, C = m.C();
-  const int64_t n = m.N() * C;
+  const int64_t N = m.N(), n = N * C;
+  const std::string shape = dims({{"N", N}, {"C", C}});
   const std::vector<float> a = lab.uniform(n, -1, 1, A), b = lab.uniform(n, -1, 1, A);
   Buffer ga(gpu, a, A), gb(gpu, b, A), gout(gpu, n, A);
   auto forward = [&] { gpu.residual_forward(gout.ptr(), ga.ptr(), gb.ptr(), n); };
@@ -296,8 +300,26 @@ void bench_residual(Lab& lab, const Model& m) {
   std::vector<float> want(static_cast<size_t>(n));
   cpu.residual_forward(want.data(), a.data(), b.data(), n);
   const double err = max_row_error(gout.get(), want, C);
-  lab.report(m, {.op = "residual.fwd", .shape = dims({{"N", m.N()}, {"C", C}}),
-                 .ms = lab.time_ms(forward), .bytes = 3.0 * A * n, .err = err, .tol = kTolBf16});
+  lab.report(m, {.op = "residual.fwd", .shape = shape, .ms = lab.time_ms(forward),
+                 .bytes = 3.0 * A * n, .err = err, .tol = kTolBf16});
+
+  const std::vector<float> w = lab.uniform(C, 0.9, 1.1, gpu.storage().weight_bytes);  // [C]
+  Buffer gw(gpu, w, gpu.storage().weight_bytes), gsum(gpu, n, A), grstd(gpu, N, 4);
+  auto fused = [&] {
+    gpu.residual_rmsnorm_forward(gsum.ptr(), gout.ptr(), grstd.f32(), ga.ptr(), gb.ptr(), gw.ptr(),
+                                 N, C, m.config.rms_norm_eps);
+  };
+  for (Buffer* out : {&gsum, &gout, &grstd}) out->poison();
+  fused();
+  std::vector<float> sum_ref(static_cast<size_t>(n)), out_ref(static_cast<size_t>(n)),
+      rstd_ref(static_cast<size_t>(N));
+  cpu.residual_rmsnorm_forward(sum_ref.data(), out_ref.data(), rstd_ref.data(), a.data(), b.data(),
+                               w.data(), N, C, m.config.rms_norm_eps);
+  const double fused_err = worst({max_row_error(gsum.get(), sum_ref, C),
+                                  max_row_error(gout.get(), out_ref, C),
+                                  max_row_error(grstd.get(), rstd_ref, 1)});
+  lab.report(m, {.op = "residual_rmsnorm.fwd", .shape = shape, .ms = lab.time_ms(fused),
+                 .bytes = 4.0 * A * n + 4.0 * N, .err = fused_err, .tol = kTolBf16});
 }
 
 // ---- embedding ----------------------------------------------------------------------------------
