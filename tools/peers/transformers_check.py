@@ -29,7 +29,7 @@ from transformers import LlamaForCausalLM
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
-import check_export as C  # noqa: E402  (read_shard: the token shard format)
+import check_export as C  # noqa: E402  (the token shard format and the evaluation windows)
 
 IGNORE = -100  # transformers' ignore index
 
@@ -39,22 +39,12 @@ def run(cmd, **kw):
     return subprocess.run(cmd, check=True, **kw)
 
 
-def transformers_loss(hf_dir, dtype, tokens, n_targets, T, batch=8):
+def transformers_loss(hf_dir, dtype, tokens, n_targets, T):
     """Mean cross-entropy over targets 1..n_targets of the stream, grass's windows, in `dtype`."""
     model = LlamaForCausalLM.from_pretrained(hf_dir, torch_dtype=dtype).eval()
-    windows = (n_targets + T - 1) // T
     total, counted = 0.0, 0
     with torch.no_grad():
-        for first in range(0, windows, batch):
-            ids, tgt = [], []
-            for w in range(first, min(windows, first + batch)):
-                off = w * T
-                needed = min(T, n_targets - off)
-                win = tokens[off:off + needed + 1]
-                ids.append([win[t] if t < needed else 0 for t in range(T)])
-                tgt.append([win[t + 1] if t < needed else IGNORE for t in range(T)])
-            ids = torch.tensor(ids, dtype=torch.int64)
-            tgt = torch.tensor(tgt, dtype=torch.int64)
+        for ids, tgt in C.eval_windows(tokens, n_targets, T, IGNORE):
             logits = model(input_ids=ids).logits.to(torch.float64)
             total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                                            ignore_index=IGNORE, reduction="sum"))

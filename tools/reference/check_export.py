@@ -106,12 +106,10 @@ def read_shard(path):
     return list(struct.unpack_from(f"<{count}{fmt}", raw, 256))
 
 
-def eval_loss(params, cfg, tokens, n_targets, seq_len, batch=8):
-    """grass's Evaluator protocol in float64: mean CE over targets 1..n_targets of the stream."""
-    T = seq_len
+def eval_windows(tokens, n_targets, T, ignore_index, batch=8):
+    """grass's Evaluator protocol: batches of (inputs, targets) [b, T] over targets 1..n_targets
+    of the stream, windows of T+1 tokens at stride T, the last one padded (its targets ignored)."""
     windows = (n_targets + T - 1) // T
-    total = 0.0
-    counted = 0
     for first in range(0, windows, batch):
         ids, tgt = [], []
         for w in range(first, min(windows, first + batch)):
@@ -119,9 +117,15 @@ def eval_loss(params, cfg, tokens, n_targets, seq_len, batch=8):
             needed = min(T, n_targets - off)
             win = tokens[off:off + needed + 1]
             ids.append([win[t] if t < needed else 0 for t in range(T)])
-            tgt.append([win[t + 1] if t < needed else L.IGNORE_INDEX for t in range(T)])
-        ids = torch.tensor(ids, dtype=torch.int64)
-        tgt = torch.tensor(tgt, dtype=torch.int64)
+            tgt.append([win[t + 1] if t < needed else ignore_index for t in range(T)])
+        yield torch.tensor(ids, dtype=torch.int64), torch.tensor(tgt, dtype=torch.int64)
+
+
+def eval_loss(params, cfg, tokens, n_targets, seq_len):
+    """grass's Evaluator protocol in float64: mean CE over targets 1..n_targets of the stream."""
+    total = 0.0
+    counted = 0
+    for ids, tgt in eval_windows(tokens, n_targets, seq_len, L.IGNORE_INDEX):
         logits, _ = L.forward(params, cfg, ids)
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                              ignore_index=L.IGNORE_INDEX, reduction="sum")
