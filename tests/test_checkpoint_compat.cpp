@@ -2,8 +2,11 @@
 // checkpoint (bf16-mixed: master copy, AdamW and GRASS moments, σ, ρ, the counters in
 // grass_targets) written at step 2 by the engine before the optimizer-step redesign, that run's
 // metrics.jsonl, and the checksums of the step-4 checkpoint that engine went on to write.
-// Today's engine must resume it and write the same bytes.
+// Today's engine must resume it and write the same bytes. That engine ran with 2 OpenMP threads,
+// and a CPU run's last bits depend on the thread count (docs/architecture.md, "Thread count and
+// bits"), so the resumed run takes 2 threads too, whatever the machine has.
 #include <catch2/catch.hpp>
+#include <omp.h>
 
 #include <filesystem>
 #include <fstream>
@@ -35,7 +38,10 @@ TEST_CASE("a checkpoint of the engine before the step redesign resumes to the sa
   run["optimizer"]["rho_in_update"] = true;  // that engine's update; no refresh in steps 3 and 4
   run["data"]["train"] = dir.file("shard.bin");
   run["out_dir"] = dir.file("out");
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(2);
   const TrainResult result = train(parse_run_config(run, "checkpoint_v1 run"));
+  omp_set_num_threads(threads);
   CHECK(result.first_step == 2);
   REQUIRE(result.losses.size() == 2);
   CHECK(result.losses[0] == expected["step_4"]["losses"][2].get<double>());
