@@ -21,6 +21,9 @@ void StagingRing::reclaim(size_t begin, size_t end, int64_t* waits) {
     const InFlight& f = in_flight_[i];
     const bool overlaps = f.begin < end && begin < f.end;
     cudaError_t state = cudaEventQuery(f.done);
+    // "not ready" is an answer, not a failure, but the runtime may keep it as the last error,
+    // which the next launch check would report: clear it (as PyTorch's CUDAEvent::query does).
+    if (state == cudaErrorNotReady) (void)cudaGetLastError();
     if (state == cudaErrorNotReady && overlaps) {
       GRASS_CUDA_CHECK(cudaEventSynchronize(f.done));
       ++*waits;
