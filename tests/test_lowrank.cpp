@@ -365,14 +365,8 @@ void check_adam_update(int out, int in, int r, bool rows) {
   std::vector<T> v0 = randn<T>(nr, 34, 0.5);
   for (T& e : v0) e = e * e;
   const std::vector<T> P = randn<T>(size_t(rows ? out : in) * r, 35, 0.5);
-  AdamArgs a;
-  a.grad_scale = 0.7;
-  a.lr = 1e-2;
-  a.beta1 = 0.9;
-  a.beta2 = 0.95;
-  a.eps = 1e-6;
-  a.weight_decay = 0.1;
-  a.step = 3;
+  const AdamArgs a{.grad_scale = 0.7, .lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-6,
+                   .weight_decay = 0.1, .step = 3};
   const double alpha = 0.25;
   std::vector<T> w = w0, R = R0, m = m0, v = v0;
   ops::lowrank_adam_update(w.data(), R.data(), m.data(), v.data(), P.data(), out, in, r, rows,

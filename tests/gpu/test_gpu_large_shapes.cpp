@@ -54,6 +54,7 @@
 #include "core/rng.h"
 #include "cuda/device.h"
 #include "gpu_test_util.h"
+#include "training_run.h"
 #include "model/llama.h"
 #include "optim/step.h"
 #include "storage.h"
@@ -174,27 +175,10 @@ RunConfig run_config(const ModelShape& s, int micro_batch) {
   return c;
 }
 
-// A model on one backend in an arena of the planned size, as the trainer builds it; the weights
-// are init_weights(seed): the same fp32 values, rounded to the same bf16, on either backend.
-struct Run {
-  RunConfig cfg;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Arena> arena;
-  TrainingState state;
-
-  Run(const RunConfig& c, bool cuda) : cfg(c) {
-    const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, cuda);
-    backend = cuda ? make_cuda_backend(storage) : make_cpu_backend(storage);
-    const MemoryPlan plan = plan_memory(cfg, storage);
-    backend->reserve(plan.total, plan.buffers);
-    arena = std::make_unique<Arena>(false, *backend);
-    state = build_training_state(cfg, *arena, *backend);
-    model().init_weights(cfg.seed);
-  }
-  Run(const Run&) = delete;
-  Run& operator=(const Run&) = delete;
-
-  LlamaModel& model() { return *state.model; }
+// A bf16-mixed model on one backend, as the trainer builds it (training_run.h): the same fp32
+// weights, rounded to the same bf16, on either backend.
+struct Run : gputest::TrainingRun {
+  Run(const RunConfig& c, bool cuda) : TrainingRun(c, PrecisionChoice::Bf16Mixed, cuda) {}
   // Forward (and backward when asked) of one micro-batch from zeroed gradients: the loss.
   double loss(const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, bool backward) {
     LlamaModel& m = model();
@@ -202,11 +186,6 @@ struct Run {
     const double l = m.forward(in.data(), tg.data(), B);
     if (backward) m.backward(1.0);
     return l;
-  }
-  std::vector<float> grad(const ParamTensor& t) {
-    std::vector<float> host(size_t(t.numel));
-    backend->read_grads(host.data(), model().grads_buffer(), t.grad_offset, t.numel);
-    return host;
   }
 };
 

@@ -84,15 +84,8 @@ struct TypedBuffer {
 // The Adam hyperparameters of the update tests: step 3 (bias corrections not 1), clipping on,
 // weight decay on.
 AdamArgs adam_args() {
-  AdamArgs a;
-  a.grad_scale = 0.7;
-  a.lr = 1e-2;
-  a.beta1 = 0.9;
-  a.beta2 = 0.95;
-  a.eps = 1e-6;
-  a.weight_decay = 0.1;
-  a.step = 3;
-  return a;
+  return {.grad_scale = 0.7, .lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-6,
+          .weight_decay = 0.1, .step = 3};
 }
 
 // The fraction of values whose bf16 rounding-to-nearest differs from that of the unrounded

@@ -46,6 +46,7 @@
 #include "core/arena.h"
 #include "core/rng.h"
 #include "gpu_test_util.h"
+#include "training_run.h"
 #include "model/llama.h"
 #include "storage.h"
 #include "optim/grass.h"
@@ -146,31 +147,14 @@ Batch random_batch(int64_t n, int vocab, uint64_t seed) {
 
 // ---- a run on one backend -----------------------------------------------------------------------
 
-// A backend, an arena of its memory and a training state in it, built as the trainer builds
-// them: the memory plan's one reservation (a no-op on the CPU), then build_training_state, then
-// init_weights(seed), which writes the same fp32 values through either backend. Members are
-// destroyed in reverse order: the state, then the arena (handing its buffers back), then the
-// backend.
-struct Run {
-  RunConfig cfg;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Arena> arena;
-  TrainingState state;
+// A training state on one backend, as the trainer builds it (training_run.h), and the
+// trainer's two halves of a step.
+struct Run : gputest::TrainingRun {
   double gnorm = 0;  // of the last update()
 
-  Run(const RunConfig& c, const std::string& precision, bool cuda) : cfg(c) {
-    const Storage storage = storage_for(test::named<PrecisionChoice>(precision), cuda);
-    backend = cuda ? make_cuda_backend(storage) : make_cpu_backend(storage);
-    const MemoryPlan plan = plan_memory(cfg, storage);
-    backend->reserve(plan.total, plan.buffers);
-    arena = std::make_unique<Arena>(false, *backend);
-    state = build_training_state(cfg, *arena, *backend);
-    model().init_weights(cfg.seed);
-  }
-  Run(const Run&) = delete;
-  Run& operator=(const Run&) = delete;
+  Run(const RunConfig& c, const std::string& precision, bool cuda)
+      : TrainingRun(c, test::named<PrecisionChoice>(precision), cuda) {}
 
-  LlamaModel& model() { return *state.model; }
   Grass& grass() { return *state.optimizers->find<Grass>(); }
   DeferredStep& deferred() { return dynamic_cast<DeferredStep&>(*state.step); }
 
@@ -187,12 +171,6 @@ struct Run {
   void update() { gnorm = deferred().finish(); }
 
   // ---- reading backend memory on the host ----
-  std::vector<float> grad(const ParamTensor& t) {
-    REQUIRE(t.dense());
-    std::vector<float> host(size_t(t.numel));
-    backend->read_grads(host.data(), model().grads_buffer(), t.grad_offset, t.numel);
-    return host;
-  }
   std::vector<float> weights(const ParamTensor& t) { return model().read_tensor(t); }
   // The fp32 master copy of t (empty without one)
   std::vector<float> master(const ParamTensor& t) {

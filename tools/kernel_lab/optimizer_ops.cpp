@@ -23,15 +23,8 @@ constexpr uint64_t kSeed = 7;  // pure bf16's stochastic rounding streams
 // the bias corrections are not 1. lr 1e-2 moves weights of at most 0.01 by ~100 bf16 spacings or
 // more, so pure bf16's stochastic rounding is well under 1% of the change rather than all of it.
 AdamArgs adam_args() {
-  AdamArgs a;
-  a.grad_scale = 0.7;
-  a.lr = 1e-2;
-  a.beta1 = 0.9;
-  a.beta2 = 0.95;
-  a.eps = 1e-8;
-  a.weight_decay = 0.1;
-  a.step = 3;
-  return a;
+  return {.grad_scale = 0.7, .lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+          .weight_decay = 0.1, .step = 3};
 }
 
 // m [rows, width] transposed: [width, rows]
