@@ -1,29 +1,44 @@
 #!/usr/bin/env bash
 # Optimizer comparisons (issue 15; docs/experiments.md). One table per command:
+#   scripts/experiments/compare_optimizers.sh a [--out DIR] [--jobs N]
+#     Table A, quality: AdamW, AdamW with GRASS's learning-rate split, GRASS top_r /
+#     multinomial_nr / uniform_nr, GaLore and FLORA on the quickstart model and on a tied 8-layer
+#     variant whose projections hold 73% of the weights (configs/models/llama_quickstart_tied.json).
+#     Each method: a learning-rate grid at seed 42, then seeds 1 and 2 at its best rate.
+#   scripts/experiments/compare_optimizers.sh b [--out DIR] [--jobs N]
+#     Table B, GRASS ablations on the quickstart model at Table A's best top_r rate (run a first):
+#     rank x K, rho in the update or not, with and without replacement, staggered refresh; 3 seeds.
 #   scripts/experiments/compare_optimizers.sh c [--out DIR]
 #     Table C, cost: for every method at llama_60m on this machine's CPU (fp32, 4 x 256 tokens a
 #     step, rank 128, a refresh every 5 steps, 11 steps), the median time of an ordinary step and
 #     of a refresh step (steps 6 and 11: step 1 also warms up), and the arena's measured peak
 #     beside `grass mem`'s plan for the CPU.
-# Resumable: each run goes to DIR/<table>/<method>/ (default DIR: runs/compare) and is skipped
-# when its metrics are complete; delete a run's folder to redo it. One progress line per run on
-# stderr; the markdown table on stdout and in DIR/<table>.md.
-# (Tables A and B, the learning-rate grids and seeds, are still to come.)
+# Tables A and B share one protocol: the bundled C4-format sample (run scripts/run.sh once first),
+# 400 steps of one micro-batch of 16 x 128 tokens (819,200 tokens), cosine schedule with 30 warmup
+# steps, clip 1.0, rank 32 = d/4 and K = 40 (10 refreshes) for the projected methods, scale 0.25,
+# validation loss on the whole validation shard (128,238 targets) every 100 steps. Each run uses
+# one thread (OMP_NUM_THREADS=1: the CPU's sums depend on the thread count) and --jobs runs (default
+# 2, one per core) go at once.
+# Resumable: each run goes to its own folder under DIR (default runs/compare) and is skipped when
+# it finished; delete a folder to redo that run. One progress line per run on stderr; the markdown
+# tables on stdout and in DIR/<table>.md, the plots in docs/img/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 c [--out DIR]" >&2; exit 2; }
+usage() { echo "usage: $0 a|b|c [--out DIR] [--jobs N]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 table=$1; shift
-out=runs/compare
+out=runs/compare jobs=2
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift ;;
+    --jobs) jobs=$2; shift ;;
     *) usage ;;
   esac
   shift
 done
-[ "$table" = c ] || usage
+case $table in a|b|c) ;; *) usage ;; esac
 [ -x build/grass ] || scripts/build.sh >/dev/null
+report() { /usr/bin/python3 scripts/experiments/compare_report.py "$@"; }
 
 # The methods of Tables A and C: name, then the optimizer's --set arguments.
 methods=(
@@ -35,7 +50,127 @@ methods=(
   "galore|optimizer.name=galore"
   "flora|optimizer.name=flora"
 )
+method_args() {  # the --set arguments of method $1
+  local entry
+  for entry in "${methods[@]}"; do
+    [ "${entry%%|*}" = "$1" ] || continue
+    local o
+    for o in ${entry#*|}; do printf -- '--set\n%s\n' "$o"; done
+    return
+  done
+  echo "unknown method $1" >&2; exit 2
+}
 
+# --- Tables A and B: quality runs on the bundled sample ---------------------------------------
+steps=400 interval=40 rank=32 eval_tokens=128238 lr_grid=(1e-3 3e-3 1e-2 3e-2)
+quality_args=(--set steps=$steps --set micro_batch_size=16 --set total_batch_size=16
+              --set eval_every=100 --set eval_tokens=$eval_tokens --set log_every=50
+              --set checkpoint_every=0)
+projected_args=(--set optimizer.rank=$rank --set optimizer.update_interval=$interval)
+
+finished() { [ -f "$1/metrics.jsonl" ] && grep -q "\"eval\":true,\"step\":$steps," "$1/metrics.jsonl"; }
+
+# A queue of runs, each "label|dir|--set arguments...", run $jobs at a time.
+queue=()
+enqueue() { local IFS='|'; queue+=("$*"); }
+run_queue() {
+  local total=${#queue[@]} n=0 entry failed=0
+  for entry in "${queue[@]}"; do
+    n=$((n + 1))
+    IFS='|' read -r -a f <<<"$entry"
+    local label=${f[0]} dir=${f[1]}
+    if finished "$dir"; then
+      echo "[$table $n/$total] $label: done before, kept" >&2; continue
+    fi
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || failed=1; done
+    (
+      rm -rf "$dir"; mkdir -p "$dir"
+      start=$SECONDS
+      if OMP_NUM_THREADS=1 build/grass train configs/runs/quickstart.json "${f[@]:2}" \
+           --set out_dir="$dir" >"$dir.log" 2>&1 && finished "$dir"; then
+        echo "[$table $n/$total] $label: $((SECONDS - start)) s, val loss $(report last-val "$dir")" >&2
+      else
+        echo "[$table $n/$total] $label: FAILED (log: $dir.log)" >&2; exit 1
+      fi
+    ) &
+  done
+  while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || failed=1; done
+  queue=()
+  [ $failed = 0 ] || { echo "some runs failed; rerun the command to retry them" >&2; exit 1; }
+}
+
+quality_prereqs() {
+  [ -f data/c4_sample/tokens/train.manifest.json ] ||
+    { echo "the sample's shards are missing: run scripts/run.sh once first" >&2; exit 2; }
+}
+
+if [ "$table" = a ]; then
+  quality_prereqs
+  models=(quickstart quickstart_tied)
+  for model in "${models[@]}"; do
+    base=(--set model=configs/models/llama_$model.json "${quality_args[@]}")
+    for entry in "${methods[@]}"; do
+      name=${entry%%|*}
+      mapfile -t margs < <(method_args "$name")
+      case $name in adamw*) extra=() ;; *) extra=("${projected_args[@]}") ;; esac
+      for lr in "${lr_grid[@]}"; do
+        enqueue "$model $name lr $lr seed 42" "$out/a/$model/$name/lr${lr}_s42" \
+          "${base[@]}" "${margs[@]}" "${extra[@]}" --set optimizer.lr=$lr --set seed=42
+      done
+    done
+  done
+  run_queue
+  for model in "${models[@]}"; do
+    base=(--set model=configs/models/llama_$model.json "${quality_args[@]}")
+    for entry in "${methods[@]}"; do
+      name=${entry%%|*}
+      mapfile -t margs < <(method_args "$name")
+      case $name in adamw*) extra=() ;; *) extra=("${projected_args[@]}") ;; esac
+      lr=$(report best-lr "$out/a/$model/$name")
+      for seed in 1 2; do
+        enqueue "$model $name lr $lr seed $seed" "$out/a/$model/$name/lr${lr}_s$seed" \
+          "${base[@]}" "${margs[@]}" "${extra[@]}" --set optimizer.lr=$lr --set seed=$seed
+      done
+    done
+  done
+  run_queue
+  report table-a "$out/a" "${models[@]}" | tee "$out/a.md"
+  exit 0
+fi
+
+if [ "$table" = b ]; then
+  quality_prereqs
+  [ -d "$out/a/quickstart/grass_top_r" ] || { echo "run table a first: table b uses its best top_r rate" >&2; exit 2; }
+  lr=$(report best-lr "$out/a/quickstart/grass_top_r")
+  base=(--set model=configs/models/llama_quickstart.json "${quality_args[@]}" --set optimizer.name=grass
+        --set optimizer.lr=$lr)
+  variants=()
+  for r in 16 32 64; do
+    for k in 10 40 160; do
+      variants+=("r${r}_K$k|optimizer.selection=top_r optimizer.rank=$r optimizer.update_interval=$k")
+    done
+  done
+  for sel in multinomial uniform; do
+    for rho in false true; do
+      variants+=("${sel}_rho_$rho|optimizer.selection=$sel optimizer.rho_in_update=$rho")
+    done
+    variants+=("${sel}_nr|optimizer.selection=${sel}_nr")
+  done
+  variants+=("top_r_stagger|optimizer.selection=top_r optimizer.refresh_stagger=true")
+  for variant in "${variants[@]}"; do
+    name=${variant%%|*}
+    vargs=("${projected_args[@]}")  # rank and K first: a variant's own values come later and win
+    for o in ${variant#*|}; do vargs+=(--set "$o"); done
+    for seed in 42 1 2; do
+      enqueue "$name seed $seed" "$out/b/$name/s$seed" "${base[@]}" "${vargs[@]}" --set seed=$seed
+    done
+  done
+  run_queue
+  report table-b "$out/b" "$lr" | tee "$out/b.md"
+  exit 0
+fi
+
+# --- Table C: cost at 60M ---------------------------------------------------------------------
 model=configs/models/llama_60m.json
 steps=11 interval=5 rank=128
 mkdir -p data/synthetic "$out/c"
@@ -51,44 +186,25 @@ i=0
 for entry in "${methods[@]}"; do
   i=$((i + 1))
   name=${entry%%|*}
-  read -r -a opt <<<"${entry#*|}"
+  mapfile -t margs < <(method_args "$name")
   run_dir="$out/c/$name"
   args=(--set model="$model" --set data.train="$shard" --set device=cpu --set precision=fp32
         --set micro_batch_size=4 --set total_batch_size=4 --set seq_len=256 --set steps=$steps
-        --set log_every=1 --set out_dir="$run_dir" --set checkpoint_every=0)
-  for o in "${opt[@]}"; do args+=(--set "$o"); done
+        --set log_every=1 --set out_dir="$run_dir" --set checkpoint_every=0 "${margs[@]}")
   case $name in grass*|galore|flora)
     args+=(--set optimizer.rank=$rank --set optimizer.update_interval=$interval) ;;
   esac
   if [ -f "$run_dir/metrics.jsonl" ] && [ "$(grep -c '"step_ms"' "$run_dir/metrics.jsonl")" -ge $steps ]; then
-    echo "[$i/${#methods[@]}] $name: done before, kept" >&2
+    echo "[c $i/${#methods[@]}] $name: done before, kept" >&2
   else
     rm -rf "$run_dir"
     start=$SECONDS
     build/grass train configs/runs/bench_60m.json "${args[@]}" >"$out/c/$name.log" 2>&1 ||
-      { echo "[$i/${#methods[@]}] $name: failed (log: $out/c/$name.log)" >&2; exit 1; }
-    echo "[$i/${#methods[@]}] $name: $steps steps in $((SECONDS - start)) s" >&2
+      { echo "[c $i/${#methods[@]}] $name: failed (log: $out/c/$name.log)" >&2; exit 1; }
+    echo "[c $i/${#methods[@]}] $name: $steps steps in $((SECONDS - start)) s" >&2
   fi
   plan=$(build/grass mem configs/runs/bench_60m.json --device cpu --json "${args[@]}" |
          python3 -c 'import json, sys; print(json.load(sys.stdin)["total"])')
-  python3 - "$run_dir/metrics.jsonl" "$name" "$interval" "$plan" >>"$table_md" <<'PY'
-import json, statistics, sys
-path, name, interval, plan = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-rows = [json.loads(l) for l in open(path) if '"step_ms"' in l]
-projected = not name.startswith("adamw")
-# 1-based steps; a refresh at step 1, 1 + interval, ...; step 1 also warms up and is left out
-refresh = [r["step_ms"] for r in rows if projected and r["step"] > 1 and (r["step"] - 1) % interval == 0]
-plain = [r["step_ms"] for r in rows if r["step"] > 1 and not (projected and (r["step"] - 1) % interval == 0)]
-step = statistics.median(plain)
-mib = lambda b: f"{b / 2**20:.0f} MiB"
-peak = max(r["mem_bytes"] for r in rows)
-if refresh:
-    ref = statistics.median(refresh)
-    extra = ref - step
-    cols = [f"{ref:.0f}", f"{extra:+.0f} ms ({extra / step:+.0%}); {extra / 200 / step:+.2%} a step at K = 200"]
-else:
-    cols = ["-", "-"]
-print(f"| {name} | {step:.0f} | {cols[0]} | {cols[1]} | {mib(peak)} | {mib(plan)} |")
-PY
+  report table-c-row "$run_dir/metrics.jsonl" "$name" "$interval" "$plan" >>"$table_md"
 done
 cat "$table_md"

@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""Tables and plots of scripts/experiments/compare_optimizers.sh's runs (docs/experiments.md).
+
+    compare_report.py last-val RUN_DIR            the run's last validation loss
+    compare_report.py best-lr METHOD_DIR          the grid rate (folder lr<X>_s42) with the lowest
+                                                  final validation loss
+    compare_report.py table-a A_DIR MODEL...      Table A (markdown) and docs/img/compare_a_<MODEL>.png
+    compare_report.py table-b B_DIR LR            Table B (markdown) and docs/img/compare_b.png
+    compare_report.py table-c-row METRICS NAME K PLAN_BYTES   one row of Table C
+
+A difference between two methods "counts" when it exceeds twice the larger of their seed spreads
+(max - min of the final validation loss over seeds 42, 1, 2). Plots need python3-matplotlib.
+"""
+import json
+import os
+import statistics
+import sys
+
+SEEDS = (42, 1, 2)
+BASELINE_B = "r32_K40"
+LABELS = {
+    "adamw": "AdamW",
+    "adamw_split": "AdamW, split rates",
+    "grass_top_r": "GRASS top_r",
+    "grass_multinomial_nr": "GRASS multinomial_nr",
+    "grass_uniform_nr": "GRASS uniform_nr",
+    "galore": "GaLore",
+    "flora": "FLORA",
+}
+
+
+def read_run(run_dir):
+    """(eval curve [(tokens, val_loss)], tokens per step) of one run."""
+    evals, tokens_per_step = [], None
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("eval"):
+                evals.append((row["step"], row["val_loss"]))
+            elif tokens_per_step is None:
+                tokens_per_step = row["tokens"] // row["step"]
+    return [(s * tokens_per_step, v) for s, v in evals]
+
+
+def final_val(run_dir):
+    return read_run(run_dir)[-1][1]
+
+
+def grid(method_dir):
+    """{lr string: final validation loss} of the seed-42 grid runs."""
+    out = {}
+    for name in os.listdir(method_dir):
+        path = os.path.join(method_dir, name)
+        if name.startswith("lr") and name.endswith("_s42") and os.path.isdir(path):
+            out[name[2:-4]] = final_val(path)
+    return dict(sorted(out.items(), key=lambda kv: float(kv[0])))
+
+
+def best_lr(method_dir):
+    g = grid(method_dir)
+    return min(g, key=g.get)
+
+
+def seed_runs(dirs):
+    """Final losses, mean, spread and curves of the runs in dirs (one per seed)."""
+    finals = [final_val(d) for d in dirs]
+    return {
+        "finals": finals,
+        "mean": statistics.fmean(finals),
+        "spread": max(finals) - min(finals),
+        "curves": [read_run(d) for d in dirs],
+    }
+
+
+def versus(a, b):
+    """a's mean minus b's, and whether it exceeds twice the larger seed spread."""
+    delta = a["mean"] - b["mean"]
+    counts = abs(delta) > 2 * max(a["spread"], b["spread"])
+    return f"{delta:+.4f} ({'counts' if counts else 'within noise'})"
+
+
+def plot(path, title, series):
+    """series: [(label, seed_runs result)]: the mean over seeds and a min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # Left: the whole run; right: its second half, where the methods separate.
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), dpi=120)
+    for half, ax in enumerate(axes):
+        for label, runs in series:
+            points = len(runs["curves"][0])
+            keep = slice(points // 2 if half else 0, points)
+            tokens = [t for t, _ in runs["curves"][0]][keep]
+            per_step = list(zip(*[[v for _, v in c] for c in runs["curves"]]))[keep]
+            mean = [statistics.fmean(vs) for vs in per_step]
+            line, = ax.plot(tokens, mean, marker="o", markersize=3, linewidth=1.5, label=label)
+            ax.fill_between(tokens, [min(vs) for vs in per_step], [max(vs) for vs in per_step],
+                            color=line.get_color(), alpha=0.2)
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def table_a(a_dir, models):
+    for model in models:
+        model_dir = os.path.join(a_dir, model)
+        methods = [m for m in LABELS if os.path.isdir(os.path.join(model_dir, m))]
+        grids = {m: grid(os.path.join(model_dir, m)) for m in methods}
+        rates = sorted({lr for g in grids.values() for lr in g}, key=float)
+        results = {}
+        for m in methods:
+            lr = best_lr(os.path.join(model_dir, m))
+            dirs = [os.path.join(model_dir, m, f"lr{lr}_s{s}") for s in SEEDS]
+            results[m] = (lr, seed_runs(dirs))
+        print(f"\n**{model}** (final validation loss; grid at seed 42, then seeds 42, 1, 2 at the best rate)\n")
+        print("| method | " + " | ".join(f"lr {r}" for r in rates) +
+              " | best lr | mean of 3 seeds | spread | vs AdamW | vs AdamW, split rates |")
+        print("|---" * (len(rates) + 6) + "|")
+        for m in methods:
+            lr, runs = results[m]
+            edge = " (grid edge)" if lr in (rates[0], rates[-1]) else ""
+            cells = [f"{grids[m][r]:.4f}" if r in grids[m] else "" for r in rates]
+            vs = [versus(runs, results[b][1]) if b in results and b != m else "-"
+                  for b in ("adamw", "adamw_split")]
+            print(f"| {LABELS[m]} | " + " | ".join(cells) +
+                  f" | {lr}{edge} | {runs['mean']:.4f} | {runs['spread']:.4f} | {vs[0]} | {vs[1]} |")
+        plot(f"docs/img/compare_a_{model}.png",
+             f"Table A, {model}: validation loss, mean and min-max of 3 seeds at each method's best lr",
+             [(f"{LABELS[m]} (lr {results[m][0]})", results[m][1]) for m in methods])
+
+
+def table_b(b_dir, lr):
+    variants = [v for v in os.listdir(b_dir) if os.path.isdir(os.path.join(b_dir, v))]
+    results = {v: seed_runs([os.path.join(b_dir, v, f"s{s}") for s in SEEDS]) for v in variants}
+    base = results[BASELINE_B]
+    cell = lambda v: f"{results[v]['mean']:.4f} ± {results[v]['spread'] / 2:.4f}"
+    grid_runs = [v for v in variants if v.startswith("r") and "_K" in v]
+    ranks = sorted({int(v[1:].split("_K")[0]) for v in grid_runs})
+    intervals = sorted({int(v.split("_K")[1]) for v in grid_runs})
+    print(f"\nGRASS top_r at lr {lr}, scale 0.25: final validation loss, mean of seeds 42, 1, 2 "
+          "± half their spread\n")
+    print("| rank \\ K | " + " | ".join(f"K {k}" for k in intervals) + " |")
+    print("|---" * (len(intervals) + 1) + "|")
+    for r in ranks:
+        print(f"| r {r} | " + " | ".join(cell(f"r{r}_K{k}") for k in intervals) + " |")
+    others = sorted(v for v in variants if v not in grid_runs)
+    print(f"\nSelection variants at r 32, K 40 (the same rate), against top_r ({BASELINE_B}):\n")
+    print("| variant | mean ± half spread | vs top_r |")
+    print("|---|---|---|")
+    for v in others:
+        print(f"| {v} | {cell(v)} | {versus(results[v], base)} |")
+    plot("docs/img/compare_b.png",
+         f"Table B: GRASS selection variants (r 32, K 40, lr {lr}), mean and min-max of 3 seeds",
+         [(v, results[v]) for v in [BASELINE_B] + others])
+
+
+def table_c_row(path, name, interval, plan):
+    rows = [json.loads(l) for l in open(path) if '"step_ms"' in l]
+    projected = not name.startswith("adamw")
+    # 1-based steps; a refresh at step 1, 1 + interval, ...; step 1 also warms up and is left out
+    is_refresh = lambda r: projected and (r["step"] - 1) % interval == 0
+    refresh = [r["step_ms"] for r in rows if r["step"] > 1 and is_refresh(r)]
+    plain = [r["step_ms"] for r in rows if r["step"] > 1 and not is_refresh(r)]
+    step = statistics.median(plain)
+    mib = lambda b: f"{b / 2**20:.0f} MiB"
+    peak = max(r["mem_bytes"] for r in rows)
+    if refresh:
+        ref = statistics.median(refresh)
+        extra = ref - step
+        cols = [f"{ref:.0f}", f"{extra:+.0f} ms ({extra / step:+.0%}); {extra / 200 / step:+.2%} a step at K = 200"]
+    else:
+        cols = ["-", "-"]
+    print(f"| {name} | {step:.0f} | {cols[0]} | {cols[1]} | {mib(peak)} | {mib(plan)} |")
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "last-val":
+        print(f"{final_val(args[0]):.4f}")
+    elif cmd == "best-lr":
+        print(best_lr(args[0]))
+    elif cmd == "table-a":
+        table_a(args[0], args[1:])
+    elif cmd == "table-b":
+        table_b(args[0], args[1])
+    elif cmd == "table-c-row":
+        table_c_row(args[0], args[1], int(args[2]), int(args[3]))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
