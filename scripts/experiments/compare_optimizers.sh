@@ -8,6 +8,11 @@
 #   scripts/experiments/compare_optimizers.sh b [--out DIR] [--jobs N]
 #     Table B, GRASS ablations on the quickstart model at Table A's best top_r rate (run a first):
 #     rank x K, rho in the update or not, with and without replacement, staggered refresh; 3 seeds.
+#   scripts/experiments/compare_optimizers.sh peers [--out DIR] [--jobs N]
+#     The peers beside grass (run a first): the GaLore authors' galore-torch and FLORA's flora-opt
+#     through the PyTorch reference model (tools/peers/train_peer.py, in tools/peers/setup_venv.sh
+#     torch2's environment or PEERS_PYTHON), against grass's GaLore and FLORA at Table A's best
+#     rates; both read the data in stream order (data.shuffle = false), 3 seeds each.
 #   scripts/experiments/compare_optimizers.sh c [--out DIR]
 #     Table C, cost: for every method at llama_60m on this machine's CPU (fp32, 4 x 256 tokens a
 #     step, rank 128, a refresh every 5 steps, 11 steps), the median time of an ordinary step and
@@ -24,7 +29,7 @@
 # tables on stdout and in DIR/<table>.md, the plots in docs/img/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 a|b|c [--out DIR] [--jobs N]" >&2; exit 2; }
+usage() { echo "usage: $0 a|b|c|peers [--out DIR] [--jobs N]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 table=$1; shift
 out=runs/compare jobs=2
@@ -36,7 +41,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $table in a|b|c) ;; *) usage ;; esac
+case $table in a|b|c|peers) ;; *) usage ;; esac
 [ -x build/grass ] || scripts/build.sh >/dev/null
 report() { /usr/bin/python3 scripts/experiments/compare_report.py "$@"; }
 
@@ -67,10 +72,11 @@ quality_args=(--set steps=$steps --set micro_batch_size=16 --set total_batch_siz
               --set eval_every=100 --set eval_tokens=$eval_tokens --set log_every=50
               --set checkpoint_every=0)
 projected_args=(--set optimizer.rank=$rank --set optimizer.update_interval=$interval)
+grass_train=(build/grass train configs/runs/quickstart.json)
 
 finished() { [ -f "$1/metrics.jsonl" ] && grep -q "\"eval\":true,\"step\":$steps," "$1/metrics.jsonl"; }
 
-# A queue of runs, each "label|dir|--set arguments...", run $jobs at a time.
+# A queue of runs, each "label|dir|command...", run $jobs at a time (the command writes to dir).
 queue=()
 enqueue() { local IFS='|'; queue+=("$*"); }
 run_queue() {
@@ -86,8 +92,7 @@ run_queue() {
     (
       rm -rf "$dir"; mkdir -p "$dir"
       start=$SECONDS
-      if OMP_NUM_THREADS=1 build/grass train configs/runs/quickstart.json "${f[@]:2}" \
-           --set out_dir="$dir" >"$dir.log" 2>&1 && finished "$dir"; then
+      if OMP_NUM_THREADS=1 "${f[@]:2}" >"$dir.log" 2>&1 && finished "$dir"; then
         echo "[$table $n/$total] $label: $((SECONDS - start)) s, val loss $(report last-val "$dir")" >&2
       else
         echo "[$table $n/$total] $label: FAILED (log: $dir.log)" >&2; exit 1
@@ -114,7 +119,8 @@ if [ "$table" = a ]; then
       mapfile -t margs < <(method_args "$name")
       case $name in adamw*) extra=() ;; *) extra=("${projected_args[@]}") ;; esac
       for lr in "${lr_grid[@]}"; do
-        enqueue "$model $name lr $lr seed 42" "$out/a/$model/$name/lr${lr}_s42" \
+        dir=$out/a/$model/$name/lr${lr}_s42
+        enqueue "$model $name lr $lr seed 42" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
           "${base[@]}" "${margs[@]}" "${extra[@]}" --set optimizer.lr=$lr --set seed=42
       done
     done
@@ -128,7 +134,8 @@ if [ "$table" = a ]; then
       case $name in adamw*) extra=() ;; *) extra=("${projected_args[@]}") ;; esac
       lr=$(report best-lr "$out/a/$model/$name")
       for seed in 1 2; do
-        enqueue "$model $name lr $lr seed $seed" "$out/a/$model/$name/lr${lr}_s$seed" \
+        dir=$out/a/$model/$name/lr${lr}_s$seed
+        enqueue "$model $name lr $lr seed $seed" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
           "${base[@]}" "${margs[@]}" "${extra[@]}" --set optimizer.lr=$lr --set seed=$seed
       done
     done
@@ -162,11 +169,42 @@ if [ "$table" = b ]; then
     vargs=("${projected_args[@]}")  # rank and K first: a variant's own values come later and win
     for o in ${variant#*|}; do vargs+=(--set "$o"); done
     for seed in 42 1 2; do
-      enqueue "$name seed $seed" "$out/b/$name/s$seed" "${base[@]}" "${vargs[@]}" --set seed=$seed
+      dir=$out/b/$name/s$seed
+      enqueue "$name seed $seed" "$dir" "${grass_train[@]}" --set out_dir="$dir" "${base[@]}" "${vargs[@]}" \
+        --set seed=$seed
     done
   done
   run_queue
   report table-b "$out/b" "$lr" | tee "$out/b.md"
+  exit 0
+fi
+
+if [ "$table" = peers ]; then
+  quality_prereqs
+  py=${PEERS_PYTHON:-build/torch2-venv/bin/python}
+  "$py" -c "import galore_torch, flora_opt" 2>/dev/null ||
+    { echo "$py cannot import galore_torch and flora_opt: run tools/peers/setup_venv.sh torch2" >&2; exit 2; }
+  peer_args=(--model configs/models/llama_quickstart.json --train data/c4_sample/tokens/train_00000.bin
+             --val data/c4_sample/tokens/val_00000.bin --steps $steps --batch 16 --seq-len 128
+             --eval-every 100 --eval-tokens $eval_tokens --rank $rank --interval $interval)
+  base=(--set model=configs/models/llama_quickstart.json "${quality_args[@]}" "${projected_args[@]}"
+        --set data.shuffle=false)
+  for pair in galore:galore-torch flora:flora-opt; do
+    name=${pair%%:*} peer=${pair#*:}
+    [ -d "$out/a/quickstart/$name" ] || { echo "run table a first: the peers run at its best rates" >&2; exit 2; }
+    lr=$(report best-lr "$out/a/quickstart/$name")
+    mapfile -t margs < <(method_args "$name")
+    for seed in 42 1 2; do
+      dir=$out/peers/grass_$name/s$seed
+      enqueue "grass $name lr $lr seed $seed" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
+        "${base[@]}" "${margs[@]}" --set optimizer.lr=$lr --set seed=$seed
+      dir=$out/peers/$peer/s$seed
+      enqueue "$peer lr $lr seed $seed" "$dir" "$py" tools/peers/train_peer.py --optimizer $peer \
+        --out "$dir" "${peer_args[@]}" --lr $lr --seed $seed
+    done
+  done
+  run_queue
+  report table-peers "$out/peers" | tee "$out/peers.md"
   exit 0
 fi
 

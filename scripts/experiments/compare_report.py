@@ -6,6 +6,7 @@
                                                   final validation loss
     compare_report.py table-a A_DIR MODEL...      Table A (markdown) and docs/img/compare_a_<MODEL>.png
     compare_report.py table-b B_DIR LR            Table B (markdown) and docs/img/compare_b.png
+    compare_report.py table-peers PEERS_DIR       the peers' table and docs/img/compare_peers.png
     compare_report.py table-c-row METRICS NAME K PLAN_BYTES   one row of Table C
 
 A difference between two methods "counts" when it exceeds twice the larger of their seed spreads
@@ -161,6 +162,35 @@ def table_b(b_dir, lr):
          [(v, results[v]) for v in [BASELINE_B] + others])
 
 
+def median_step_ms(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return statistics.median(r["step_ms"] for r in rows if "step_ms" in r and r["step"] > 1)
+
+
+def table_peers(peers_dir):
+    pairs = [("galore", "galore-torch"), ("flora", "flora-opt")]
+    cell = lambda r: f"{r['mean']:.4f} ± {r['spread'] / 2:.4f}"
+    print("\nFinal validation loss, mean of seeds 42, 1, 2 ± half their spread; median step time "
+          "(steps 2-400, one thread, two runs at a time)\n")
+    print("| method | grass | peer | peer - grass | grass step | peer step |")
+    print("|---|---|---|---|---|---|")
+    series = []
+    for name, peer in pairs:
+        dirs = {who: [os.path.join(peers_dir, who, f"s{s}") for s in SEEDS]
+                for who in (f"grass_{name}", peer)}
+        if not all(os.path.isdir(d) for ds in dirs.values() for d in ds):
+            continue
+        ours, theirs = seed_runs(dirs[f"grass_{name}"]), seed_runs(dirs[peer])
+        ms = {who: statistics.median(median_step_ms(d) for d in ds) for who, ds in dirs.items()}
+        print(f"| {LABELS[name]} vs {peer} | {cell(ours)} | {cell(theirs)} | {versus(theirs, ours)} | "
+              f"{ms[f'grass_{name}']:.0f} ms | {ms[peer]:.0f} ms |")
+        series += [(f"grass {LABELS[name]}", ours), (peer, theirs)]
+    plot("docs/img/compare_peers.png",
+         "grass's GaLore and FLORA beside galore-torch and flora-opt (quickstart model, 3 seeds)",
+         series)
+
+
 def table_c_row(path, name, interval, plan):
     rows = [json.loads(l) for l in open(path) if '"step_ms"' in l]
     projected = not name.startswith("adamw")
@@ -190,6 +220,8 @@ def main():
         table_a(args[0], args[1:])
     elif cmd == "table-b":
         table_b(args[0], args[1])
+    elif cmd == "table-peers":
+        table_peers(args[0])
     elif cmd == "table-c-row":
         table_c_row(args[0], args[1], int(args[2]), int(args[3]))
     else:
