@@ -4,7 +4,8 @@
 #     Table A, quality: AdamW, AdamW with GRASS's learning-rate split, GRASS top_r /
 #     multinomial_nr / uniform_nr, GaLore and FLORA on the quickstart model and on a tied 8-layer
 #     variant whose projections hold 73% of the weights (configs/models/llama_quickstart_tied.json).
-#     Each method: a learning-rate grid at seed 42, then seeds 1 and 2 at its best rate.
+#     Each method: a learning-rate grid at seed 42 (extended past an edge that holds the best rate,
+#     up to 3 more rates), then seeds 1 and 2 at its best rate.
 #   scripts/experiments/compare_optimizers.sh b [--out DIR] [--jobs N]
 #     Table B, GRASS ablations on the quickstart model at Table A's best top_r rate (run a first):
 #     rank x K, rho in the update or not, with and without replacement, staggered refresh; 3 seeds.
@@ -68,6 +69,8 @@ method_args() {  # the --set arguments of method $1
 
 # --- Tables A and B: quality runs on the bundled sample ---------------------------------------
 steps=400 interval=40 rank=32 eval_tokens=128238 lr_grid=(1e-3 3e-3 1e-2 3e-2)
+# A best rate on the grid's edge extends the grid along this ladder, one rate at a time.
+lr_ladder=(1e-4 3e-4 1e-3 3e-3 1e-2 3e-2 1e-1 3e-1)
 quality_args=(--set steps=$steps --set micro_batch_size=16 --set total_batch_size=16
               --set eval_every=100 --set eval_tokens=$eval_tokens --set log_every=50
               --set checkpoint_every=0)
@@ -126,6 +129,23 @@ if [ "$table" = a ]; then
     done
   done
   run_queue
+  for _ in 1 2 3; do
+    for model in "${models[@]}"; do
+      base=(--set model=configs/models/llama_$model.json "${quality_args[@]}")
+      for entry in "${methods[@]}"; do
+        name=${entry%%|*}
+        lr=$(report next-lr "$out/a/$model/$name" "${lr_ladder[@]}")
+        [ -n "$lr" ] || continue
+        mapfile -t margs < <(method_args "$name")
+        case $name in adamw*) extra=() ;; *) extra=("${projected_args[@]}") ;; esac
+        dir=$out/a/$model/$name/lr${lr}_s42
+        enqueue "$model $name lr $lr seed 42 (past the grid's edge)" "$dir" "${grass_train[@]}" \
+          --set out_dir="$dir" "${base[@]}" "${margs[@]}" "${extra[@]}" --set optimizer.lr=$lr --set seed=42
+      done
+    done
+    [ ${#queue[@]} -gt 0 ] || break
+    run_queue
+  done
   for model in "${models[@]}"; do
     base=(--set model=configs/models/llama_$model.json "${quality_args[@]}")
     for entry in "${methods[@]}"; do

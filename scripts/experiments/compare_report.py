@@ -4,6 +4,8 @@
     compare_report.py last-val RUN_DIR            the run's last validation loss
     compare_report.py best-lr METHOD_DIR          the grid rate (folder lr<X>_s42) with the lowest
                                                   final validation loss
+    compare_report.py next-lr METHOD_DIR LR...    the next rate of the ladder LR... past the grid's
+                                                  edge when the best rate is on it, else nothing
     compare_report.py table-a A_DIR MODEL...      Table A (markdown) and docs/img/compare_a_<MODEL>.png
     compare_report.py table-b B_DIR LR            Table B (markdown) and docs/img/compare_b.png
     compare_report.py table-peers PEERS_DIR       the peers' table and docs/img/compare_peers.png
@@ -60,6 +62,18 @@ def grid(method_dir):
 def best_lr(method_dir):
     g = grid(method_dir)
     return min(g, key=g.get)
+
+
+def next_lr(method_dir, ladder):
+    """The ladder's rate beyond the grid's edge when the best rate is on that edge, else ''."""
+    g = grid(method_dir)
+    best, tried = best_lr(method_dir), list(g)
+    i = ladder.index(best)
+    if best == tried[-1] and i + 1 < len(ladder):
+        return ladder[i + 1]
+    if best == tried[0] and i > 0:
+        return ladder[i - 1]
+    return ""
 
 
 def seed_runs(dirs):
@@ -126,7 +140,8 @@ def table_a(a_dir, models):
         print("|---" * (len(rates) + 6) + "|")
         for m in methods:
             lr, runs = results[m]
-            edge = " (grid edge)" if lr in (rates[0], rates[-1]) else ""
+            own = list(grids[m])
+            edge = " (grid edge)" if lr in (own[0], own[-1]) else ""
             cells = [f"{grids[m][r]:.4f}" if r in grids[m] else "" for r in rates]
             vs = [versus(runs, results[b][1]) if b in results and b != m else "-"
                   for b in ("adamw", "adamw_split")]
@@ -216,6 +231,8 @@ def main():
         print(f"{final_val(args[0]):.4f}")
     elif cmd == "best-lr":
         print(best_lr(args[0]))
+    elif cmd == "next-lr":
+        print(next_lr(args[0], args[1:]))
     elif cmd == "table-a":
         table_a(args[0], args[1:])
     elif cmd == "table-b":
