@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config nlohmann-json3-dev catch2 zlib1g-dev
-          libopenblas-openmp-dev libsentencepiece-dev sentencepiece)
+          libopenblas-openmp-dev libsentencepiece-dev sentencepiece libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -60,7 +60,8 @@ int cmd_train(const Args& args) {
     }
   }
   if (run_path.empty()) throw UserError("train: missing <run.json> (see grass train --help)");
-  train(load_run_config(run_path, overrides), options);
+  options.comm = &communicator();
+  train(load_run_config(run_path, overrides, options.comm->world()), options);
   return 0;
 }
 

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/communicator.h"
+
 namespace grass::cli {
 
 using Args = std::vector<std::string>;
@@ -17,5 +19,7 @@ int cmd_tokenizer(const Args& args);
 int cmd_export(const Args& args);
 
 bool is_help(const std::string& arg);  // -h or --help
+// The ranks this process is one of: MPI's when mpirun (or srun) started it, else one process.
+Communicator& communicator();
 
 }  // namespace grass::cli

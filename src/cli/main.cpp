@@ -1,6 +1,8 @@
 // grass: the command line. Each subcommand lives in src/cli/cmd_<name>.cpp; every user error ends
-// as one "error: ..." line on stderr and exit code 2, an internal error as exit code 1.
+// as one "error: ..." line on stderr and exit code 2, an internal error as exit code 1. Under
+// mpirun each rank's line names the rank, and the first error ends every rank of the job.
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,8 @@
 namespace {
 
 constexpr int kExitUserError = 2;
+
+grass::Communicator* launched_ranks = nullptr;  // set by main() when a launcher started us
 
 struct Command {
   const char* name;
@@ -48,9 +52,33 @@ void print_usage(FILE* out) {
 
 namespace grass::cli {
 bool is_help(const std::string& arg) { return arg == "-h" || arg == "--help"; }
+Communicator& communicator() { return launched_ranks ? *launched_ranks : single_process(); }
 }  // namespace grass::cli
 
+namespace {
+// One line on stderr; under several ranks it names the rank and ends the whole job.
+int fail(const char* kind, const char* what, int code) {
+  std::fflush(stdout);
+  grass::Communicator& ranks = grass::cli::communicator();
+  if (ranks.world() == 1) {
+    std::fprintf(stderr, "%s: %s\n", kind, what);
+    return code;
+  }
+  std::fprintf(stderr, "%s (rank %d of %d): %s\n", kind, ranks.rank(), ranks.world(), what);
+  std::fflush(stderr);
+  ranks.abort(code);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  std::unique_ptr<grass::Communicator> launched;
+  try {
+    launched = grass::launch_communicator(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "internal error: starting MPI: %s\n", e.what());
+    return 1;
+  }
+  launched_ranks = launched.get();
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     if (args.empty()) {
@@ -67,12 +95,8 @@ int main(int argc, char** argv) {
       if (name == c.name) return c.run(args);
     throw grass::UserError("unknown command \"" + name + "\" (see grass --help)");
   } catch (const grass::UserError& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return kExitUserError;
+    return fail("error", e.what(), kExitUserError);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "internal error: %s\n", e.what());
-    return 1;
+    return fail("internal error", e.what(), 1);
   }
 }

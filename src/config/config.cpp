@@ -354,6 +354,11 @@ void read_batch(const ObjectReader& run, RunConfig& c) {
         .fail(std::to_string(total) + " is not a multiple of micro_batch_size (" +
               std::to_string(micro) + "); nearest valid value: " + std::to_string(nearest));
   }
+  if (total % (micro * c.ranks) != 0)  // every rank takes the same number of micro-batches
+    run.at("total_batch_size")
+        .fail(std::to_string(total) + " must be a multiple of micro_batch_size x ranks = " +
+              std::to_string(micro) + " x " + std::to_string(c.ranks) +
+              " (every rank takes the same number of micro-batches)");
 }
 
 void read_precision(const ObjectReader& run, RunConfig& c) {
@@ -374,11 +379,12 @@ void read_memory(const ObjectReader& run, RunConfig& c) {
   c.activation_checkpointing = read_choice(run, "activation_checkpointing", "mode",
                                            kActivationCheckpointing, c.activation_checkpointing);
   c.fused_update = read_choice(run, "fused_update", "mode", kFusedUpdate, c.fused_update);
-  if (c.fused_update == "on" && c.grad_accum_steps() > 1)
+  if (c.fused_update == "on" && c.micro_batches_per_rank() > 1)
     run.at("fused_update")
         .fail("\"on\" needs one micro-batch per step (total_batch_size " +
               std::to_string(c.total_batch_size) + " is " + std::to_string(c.grad_accum_steps()) +
               " micro-batches of " + std::to_string(c.micro_batch_size) +
+              (c.ranks > 1 ? " over " + std::to_string(c.ranks) + " ranks" : std::string()) +
               "): the gradients of several micro-batches must be summed before they are applied");
   if (const json* limit = run.find("memory_limit")) {
     std::optional<int64_t> bytes;
@@ -443,11 +449,12 @@ ModelConfig load_model_config(const std::string& path) {
   return parse_model_config(json_check::read_json_file(path), path);
 }
 
-RunConfig parse_run_config(const json& j, const std::string& where) {
+RunConfig parse_run_config(const json& j, const std::string& where, int ranks) {
   const ObjectReader run(j, Location{where, ""});
   run.reject_unknown_keys(kRunKeys);
   RunConfig c;
   c.source = where;
+  c.ranks = ranks;
   read_model(run, c);
   read_data(run, c);
   if (const json* optimizer = run.find("optimizer"))
@@ -509,10 +516,11 @@ void apply_overrides(json& run, const std::vector<std::string>& overrides) {
   }
 }
 
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides,
+                          int ranks) {
   json run = json_check::read_json_file(path);
   apply_overrides(run, overrides);
-  return parse_run_config(run, path);
+  return parse_run_config(run, path, ranks);
 }
 
 json to_json(const ModelConfig& m) {

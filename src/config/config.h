@@ -127,7 +127,11 @@ struct RunConfig {
   std::string init_from;            // Hugging Face model dir (or .safetensors) to start from;
                                     // "": weights initialised from seed
 
-  int grad_accum_steps() const { return total_batch_size / micro_batch_size; }
+  int ranks = 1;                    // data-parallel ranks (mpirun's -np), set by the launcher,
+                                    // not a config key
+
+  int grad_accum_steps() const { return total_batch_size / micro_batch_size; }  // all ranks'
+  int micro_batches_per_rank() const { return grad_accum_steps() / ranks; }
   int64_t tokens_per_step() const { return int64_t(total_batch_size) * seq_len; }
   bool operator==(const RunConfig&) const = default;
 };
@@ -139,9 +143,11 @@ ModelConfig load_model_config(const std::string& path);
 
 // Load a run config file, apply "--set key=value" overrides (dotted keys, value parsed as JSON
 // when it is valid JSON, else taken as a string), then validate. Relative paths inside (model,
-// data.train) are resolved against the current directory.
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
-RunConfig parse_run_config(const nlohmann::json& j, const std::string& where);
+// data.train) are resolved against the current directory. ranks: the data-parallel ranks the run
+// will have, against which the batch sizes are checked.
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                          int ranks = 1);
+RunConfig parse_run_config(const nlohmann::json& j, const std::string& where, int ranks = 1);
 
 // Applies "key=value" overrides to a run config's JSON before it is parsed: the dotted key is
 // created where absent (parse_run_config then rejects unknown keys). Throws UserError naming a

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/hash.h"
 #include "optim/grass_selection.h"
 
 namespace grass {
@@ -13,8 +14,8 @@ using nlohmann::json;
 
 
 Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
-             int64_t refresh_chunk_bytes)
-    : cfg_(cfg), model_(model), rank_(cfg.projection.rank), target_of_tensor_(model.tensors().size(), -1),
+             int64_t refresh_chunk_bytes, Communicator& comm)
+    : cfg_(cfg), model_(model), comm_(comm), rank_(cfg.projection.rank), target_of_tensor_(model.tensors().size(), -1),
       backend_(&model.backend()) {
   const int r = rank_;
   const Storage& storage = model.storage();
@@ -93,6 +94,7 @@ std::vector<double> Grass::slice_norms(const Target& t, const void* dy, const vo
   for (int row0 = 0; row0 < t.out; row0 += chunk_rows_) {
     const int rows = std::min(chunk_rows_, t.out - row0);
     backend_->full_weight_grad(chunk_grad_, dy, x, N, t.in, t.out, row0, rows);
+    comm_.all_reduce_sum(chunk_grad_, int64_t(rows) * t.in, Element::F32);
     backend_->grass_slice_norms(chunk_grad_, row0, rows, t.in, t.rows);
   }
   backend_->read_slice_norms(norms_sq.data(), int(norms_sq.size()));  // the one wait
@@ -115,8 +117,13 @@ void Grass::select(Target& t, const void* dy, const void* x, int64_t N) {
   // The draws come from the stream (seed, step, tensor); the selection itself (a sort or a draw
   // over at most max(out, in) norms) runs on the host.
   const uint64_t seed = derive_seed(derive_seed(cfg_.projection.seed, uint64_t(step_)), t.tensor_index);
-  store_selection(t, compact_slices(select_slices(cfg_.projection.selection,
-                                                  slice_norms(t, dy, x, N), rank_, seed)));
+  const SliceSelection s = compact_slices(select_slices(cfg_.projection.selection,
+                                                       slice_norms(t, dy, x, N), rank_, seed));
+  if (comm_.world() > 1)
+    comm_.check_same(fnv1a64(s.sigma.data(), s.sigma.size() * sizeof(int32_t)),
+                     "step " + std::to_string(step_ + 1) + ": the GRASS selection σ of " +
+                         model_.tensors()[size_t(t.tensor_index)].name);
+  store_selection(t, s);
   // The paper resets the moments with the selection: they described other rows.
   const size_t state_bytes = size_t(rank_) * (t.rows ? t.in : t.out) * backend_->storage().state_bytes;
   backend_->zero(t.m, state_bytes);

@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "core/arena.h"
+#include "dist/communicator.h"
 #include "model/llama.h"
 #include "optim/grass_selection.h"
 #include "optim/optimizer.h"
@@ -23,10 +24,11 @@ class Grass final : public Optimizer {
  public:
   // Trains the model's projected tensors. max_tokens: the largest micro-batch, in tokens (B x T),
   // for the gather scratch. A refresh forms the full gradient in row chunks of at most
-  // refresh_chunk_bytes (fp32), at least 8 rows.
+  // refresh_chunk_bytes (fp32), at least 8 rows. With several ranks (comm) each chunk is summed
+  // over them before its norms, so every rank selects the same σ (and checks that it did).
   static constexpr int64_t kRefreshChunkBytes = 16 << 20;
   Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
-        int64_t refresh_chunk_bytes = kRefreshChunkBytes);
+        int64_t refresh_chunk_bytes = kRefreshChunkBytes, Communicator& comm = single_process());
   const char* name() const override { return "grass"; }
 
   // G_C's capacity, r slices: the strategy zeroes and sums all of it, and the rows (or columns)
@@ -82,6 +84,7 @@ class Grass final : public Optimizer {
 
   OptimizerConfig cfg_;
   LlamaModel& model_;
+  Communicator& comm_;
   int rank_;
   std::vector<Target> targets_;
   std::vector<int> target_of_tensor_;  // tensor index -> targets_ index, or -1

@@ -10,8 +10,9 @@ namespace grass {
 using nlohmann::json;
 
 LowRankOptimizer::LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model,
-                                   int64_t max_tokens, Arena& arena, bool full_gradients)
-    : cfg_(cfg), model_(model), backend_(model.backend()), rank_(cfg.projection.rank),
+                                   int64_t max_tokens, Arena& arena, bool full_gradients,
+                                   Communicator& comm)
+    : cfg_(cfg), model_(model), backend_(model.backend()), comm_(comm), rank_(cfg.projection.rank),
       target_of_tensor_(model.tensors().size(), -1) {
   const Storage& storage = model.storage();
   const std::string name = name_of(cfg.kind);
@@ -61,6 +62,7 @@ void LowRankOptimizer::accumulate(int tensor, void* R, const void* dy, const voi
   const Target& t = targets_[k];
   if (needs_full_gradient(k)) {  // the refresh's transient full gradient, one weight at a time
     backend_.full_weight_grad(full_grad_, dy, x, N, t.in, t.out, 0, t.out);
+    comm_.all_reduce_sum(full_grad_, int64_t(t.out) * t.in, Element::F32);
     refresh_from(k, full_grad_);
   }
   // R from the activations with this step's projection, refresh steps included: the same as
@@ -109,8 +111,9 @@ void LowRankOptimizer::restore_state(const json& saved) {
 
 // ---- GaLore -------------------------------------------------------------------------------------
 
-GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena)
-    : LowRankOptimizer(cfg, model, max_tokens, arena, /*full_gradients=*/true),
+GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
+               Communicator& comm)
+    : LowRankOptimizer(cfg, model, max_tokens, arena, /*full_gradients=*/true, comm),
       needs_refresh_(targets_.size(), false) {  // begin_step(0) refreshes; a resumed run has P
   for (const Target& t : targets_)
     P_.push_back(arena.alloc<float>(MemCategory::Optimizer,
@@ -132,8 +135,9 @@ void GaLore::refresh_from(size_t k, const float* g) {
 
 // ---- FLORA --------------------------------------------------------------------------------------
 
-Flora::Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena)
-    : LowRankOptimizer(cfg, model, max_tokens, arena, /*full_gradients=*/false) {
+Flora::Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
+             Communicator& comm)
+    : LowRankOptimizer(cfg, model, max_tokens, arena, /*full_gradients=*/false, comm) {
   int64_t largest_P = 0, largest_R = 0;
   for (const Target& t : targets_) {
     largest_P = std::max(largest_P, int64_t(t.side) * rank_);

@@ -12,6 +12,7 @@
 
 #include "config/config.h"
 #include "core/arena.h"
+#include "dist/communicator.h"
 #include "model/llama.h"
 #include "optim/optimizer.h"
 
@@ -45,8 +46,9 @@ class LowRankOptimizer : public Optimizer {
  protected:
   // Allocates every target's moments and the workspaces; full_gradients: the transient buffer
   // for a refresh's full gradient (GaLore; FLORA never forms one).
+  // comm: the data-parallel ranks, over which a refresh's full gradient is summed.
   LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens,
-                   Arena& arena, bool full_gradients);
+                   Arena& arena, bool full_gradients, Communicator& comm);
   // The projection of target k for the current step (backend memory, fp32 [side, r]).
   virtual const float* projection(size_t k) = 0;
   // Whether target k must form a new projection from this step's first full gradient (GaLore's
@@ -63,6 +65,7 @@ class LowRankOptimizer : public Optimizer {
   OptimizerConfig cfg_;
   LlamaModel& model_;
   Backend& backend_;
+  Communicator& comm_;
   int rank_;
   std::vector<Target> targets_;
   int64_t step_ = 0;
@@ -80,7 +83,8 @@ class LowRankOptimizer : public Optimizer {
 // across refreshes, as galore_torch keeps them.
 class GaLore final : public LowRankOptimizer {
  public:
-  GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena);
+  GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
+         Communicator& comm = single_process());
   const char* name() const override { return "galore"; }
   void begin_step(int64_t step) override;
   const char* state_key() const override { return "galore_targets"; }
@@ -103,7 +107,8 @@ class GaLore final : public LowRankOptimizer {
 // projection (down_new(up_old(M))) before the step's gradient is formed.
 class Flora final : public LowRankOptimizer {
  public:
-  Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena);
+  Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
+        Communicator& comm = single_process());
   const char* name() const override { return "flora"; }
   void begin_step(int64_t step) override;  // the moment transfer at a resampling step
   const char* state_key() const override { return "flora_targets"; }

@@ -15,8 +15,8 @@ int64_t projected_numel(const OptimizerSet& optimizers, int tensor) {
 }  // namespace
 
 StepStrategy::StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, double max_norm,
-                           Arena& arena)
-    : model_(model), optimizers_(optimizers), max_norm_(max_norm),
+                           Arena& arena, Communicator& comm)
+    : model_(model), optimizers_(optimizers), comm_(comm), max_norm_(max_norm),
       clip_(reinterpret_cast<ClipScalars*>(arena.alloc_bytes(
           MemCategory::Workspace, "clipping scalars (fp64)", sizeof(ClipScalars)))) {}
 
@@ -33,8 +33,8 @@ double StepStrategy::read_norm(int tensors_per_clip) {
 }
 
 DeferredStep::DeferredStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm,
-                           Arena& arena)
-    : StepStrategy(model, optimizers, max_norm, arena), projected_(model.tensors().size(), nullptr) {
+                           Arena& arena, Communicator& comm)
+    : StepStrategy(model, optimizers, max_norm, arena, comm), projected_(model.tensors().size(), nullptr) {
   GRASS_CHECK(!model.memory_options().fused_update, "DeferredStep needs the model's gradient buffer");
   for (size_t i = 0; i < model.tensors().size(); i++) {
     const ParamTensor& t = model.tensors()[i];
@@ -64,7 +64,11 @@ void DeferredStep::dense_ready(int, void*) {
 
 double DeferredStep::finish() {
   Backend& backend = model_.backend();
-  // one global norm over the projected and the dense gradients, one coefficient for all
+  // the ranks' sums, then one global norm over the projected and the dense gradients, one
+  // coefficient for all
+  for (size_t i = 0; i < projected_.size(); i++)
+    if (projected_[i]) sum_over_ranks(projected_[i], projected_numel(optimizers_, int(i)));
+  sum_over_ranks(model_.grads_buffer(), model_.num_dense_grads());
   for (size_t i = 0; i < projected_.size(); i++)
     if (projected_[i])
       backend.sum_squares(&clip_->pending, projected_[i], projected_numel(optimizers_, int(i)));
@@ -77,8 +81,8 @@ double DeferredStep::finish() {
 }
 
 FusedStep::FusedStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm,
-                     Arena& arena)
-    : StepStrategy(model, optimizers, max_norm, arena) {
+                     Arena& arena, Communicator& comm)
+    : StepStrategy(model, optimizers, max_norm, arena, comm) {
   GRASS_CHECK(model.memory_options().fused_update, "FusedStep needs a model built for it");
   int64_t largest = 0;
   for (size_t i = 0; i < model.tensors().size(); i++)
@@ -94,6 +98,7 @@ void FusedStep::begin(int64_t step, double lr) {
 }
 
 void FusedStep::apply(int tensor, void* g, int64_t numel) {
+  sum_over_ranks(g, numel);
   model_.backend().sum_squares(&clip_->pending, g, numel);
   model_.backend().clip(clip_, max_norm_);
   update(tensor, g);

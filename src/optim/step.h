@@ -12,6 +12,8 @@
 //                 only at the end, so each tensor's gradient is clipped on its own to the max norm;
 //                 whenever the global norm is within it, so is every tensor's, and the result
 //                 equals the deferred step's. One backward per step.
+// With several ranks (dist/communicator.h) each gradient is summed over the ranks before its
+// norm: deferred, every buffer once after the last micro-batch; fused, each tensor's as it forms.
 // Both report the global L2 norm of the unclipped gradients, dense and projected: the projected
 // gradients are what the optimizers train on (G_C for GRASS), so that is the norm clipped and
 // logged, not the norm the full gradients would have had.
@@ -23,6 +25,7 @@
 
 #include "clip_rule.h"
 #include "core/arena.h"
+#include "dist/communicator.h"
 #include "model/gradient_sink.h"
 #include "model/llama.h"
 #include "optim/optimizer.h"
@@ -31,7 +34,8 @@ namespace grass {
 
 class StepStrategy : public GradientSink {
  public:
-  StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena);
+  StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena,
+               Communicator& comm);
   // Before the step's first forward; step counts from 0.
   virtual void begin(int64_t step, double lr) = 0;
   // After the last backward: the updates are done (or done now); returns the global L2 norm of
@@ -52,8 +56,14 @@ class StepStrategy : public GradientSink {
   // clipped_ to the count of clip() calls that scaled down, times `tensors_per_clip`.
   double read_norm(int tensors_per_clip);
 
+  // g[numel], grad-typed, summed over the ranks in place.
+  void sum_over_ranks(void* g, int64_t numel) {
+    comm_.all_reduce_sum(g, numel, grad_element(model_.storage()));
+  }
+
   LlamaModel& model_;
   const OptimizerSet& optimizers_;
+  Communicator& comm_;
   double max_norm_;
   ClipScalars* clip_;  // backend memory
   double lr_ = 0;
@@ -63,7 +73,8 @@ class StepStrategy : public GradientSink {
 class DeferredStep final : public StepStrategy {
  public:
   // Allocates each projected tensor's gradient buffer.
-  DeferredStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena);
+  DeferredStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena,
+               Communicator& comm = single_process());
   void begin(int64_t step, double lr) override;
   void projected(int tensor, const void* dy, const void* x, int64_t N) override;
   void dense_ready(int tensor, void* grad) override;  // not called: the model holds the gradients
@@ -78,7 +89,8 @@ class DeferredStep final : public StepStrategy {
 class FusedStep final : public StepStrategy {
  public:
   // Allocates one projected-gradient buffer, the largest any tensor needs, shared by all.
-  FusedStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena);
+  FusedStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena,
+            Communicator& comm = single_process());
   void begin(int64_t step, double lr) override;
   void projected(int tensor, const void* dy, const void* x, int64_t N) override;
   void dense_ready(int tensor, void* grad) override;

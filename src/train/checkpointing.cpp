@@ -125,7 +125,10 @@ class CheckpointStateReader final : public StateReader {
 };
 
 // state.json's keys that are not an optimizer's
-const std::set<std::string> kRunStateKeys = {"step", "loader", "tokens_seen", "metrics_rows", "rng"};
+const std::set<std::string> kRunStateKeys = {"step", "loader", "tokens_seen", "metrics_rows", "rng",
+                                             "ranks", "loader_ranks"};
+
+json position_json(const LoaderPosition& p) { return {{"epoch", p.epoch}, {"index", p.index}}; }
 
 }  // namespace
 
@@ -151,7 +154,8 @@ OutDirLock::~OutDirLock() {
 }
 
 std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const TrainingState& state,
-                            const TokenLoader& loader, int64_t step, int64_t metrics_rows) {
+                            const TokenLoader& loader, int64_t step, int64_t metrics_rows,
+                            const std::vector<LoaderPosition>& rank_positions) {
   const std::string root = checkpoint_root(cfg);
   LlamaModel& model = *state.model;
   const void* params = model.weights();
@@ -184,13 +188,17 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
     buffers.write(writer.file_path(kStateFile), {{"format", "grass"}});
     writer.add_written(kStateFile);
 
-    const LoaderPosition position = loader.position();
     json s = {{"step", step},
-              {"loader", {{"epoch", position.epoch}, {"index", position.index}}},
+              {"loader", position_json(loader.position())},
               {"tokens_seen", step * cfg.tokens_per_step()},
               {"metrics_rows", metrics_rows},
               {"rng", "none: every random draw is a pure function of (seed, step or epoch, index); "
                       "the seeds are in config.json"}};
+    if (rank_positions.size() > 1) {
+      s["ranks"] = rank_positions.size();
+      json& positions = s["loader_ranks"] = json::array();
+      for (const LoaderPosition& p : rank_positions) positions.push_back(position_json(p));
+    }
     for (const auto& o : state.optimizers->all())
       if (o->state_key()) s[o->state_key()] = o->save_state();
     writer.write_json(kStateJson, s);
@@ -282,8 +290,22 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
   if (int64_t(r.u64(s, "step", "")) != checkpoint.step())
     r.fail("step " + std::to_string(r.u64(s, "step", "")) + " differs from the manifest's " +
            std::to_string(checkpoint.step()));
-  const LoaderPosition position{r.u64(r.field(s, "loader", ""), "epoch", "loader."),
-                                r.u64(r.field(s, "loader", ""), "index", "loader.")};
+  const int world = state.comm ? state.comm->world() : 1, rank = state.comm ? state.comm->rank() : 0;
+  const uint64_t saved_ranks = s.contains("ranks") ? r.u64(s, "ranks", "") : 1;
+  if (saved_ranks != uint64_t(world))
+    r.fail("written by a run of " + std::to_string(saved_ranks) + " rank(s); this run has " +
+           std::to_string(world) + ": resume it with mpirun -np " + std::to_string(saved_ranks) +
+           " (another rank count would change which windows each rank reads)");
+  const json* saved_position = &r.field(s, "loader", "");
+  if (world > 1) {
+    const json& all = r.field(s, "loader_ranks", "");
+    if (!all.is_array() || all.size() != size_t(world))
+      r.fail("loader_ranks must list one position per rank (" + std::to_string(world) + ")");
+    saved_position = &all[size_t(rank)];
+  }
+  const std::string where = world > 1 ? "loader_ranks[" + std::to_string(rank) + "]." : "loader.";
+  const LoaderPosition position{r.u64(*saved_position, "epoch", where),
+                                r.u64(*saved_position, "index", where)};
   if (position.index >= loader.windows_per_epoch())
     r.fail("data position (epoch " + std::to_string(position.epoch) + ", window " +
            std::to_string(position.index) + ") lies outside the " +

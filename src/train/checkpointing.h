@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "core/arena.h"
@@ -37,8 +38,11 @@ class OutDirLock {
 // Writes the state after `step` optimizer steps to <out_dir>/checkpoints/step_XXXXXXXX, then
 // deletes the checkpoints that checkpoint_keep / checkpoint_keep_every no longer keep. Returns
 // the directory. UserError (a full disk, no permission) leaves the earlier checkpoints intact.
+// With several ranks only rank 0 writes; rank_positions holds every rank's loader position (the
+// ranks' slices of an epoch may differ by a window, so their positions may differ).
 std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const TrainingState& state,
-                            const TokenLoader& loader, int64_t step, int64_t metrics_rows);
+                            const TokenLoader& loader, int64_t step, int64_t metrics_rows,
+                            const std::vector<LoaderPosition>& rank_positions = {});
 
 // The newest checkpoint under `path` that verifies: `path` itself when it holds a manifest, else
 // the step directories in path/checkpoints or in path. Those that fail verification are skipped
@@ -49,7 +53,7 @@ std::optional<Checkpoint> newest_valid_checkpoint(const std::string& path, bool 
 // Checks that a verified checkpoint holds exactly this run's state (same tensors and buffers,
 // same sizes, a well-formed state.json), warns about run config keys that differ from the
 // checkpoint's config.json, and only then copies it in. UserError naming the file for any
-// mismatch, with nothing copied.
+// mismatch, with nothing copied; a checkpoint written by another number of ranks is one.
 struct RestoredRun {
   int64_t step = 0;          // optimizer steps done when the checkpoint was taken
   int64_t metrics_rows = 0;  // rows metrics.jsonl had then

@@ -56,6 +56,7 @@ std::string format_step_line(const StepMetrics& m) {
                 (long long)m.step, (long long)m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms,
                 human_rate(m.tokens_per_s).c_str(), flops, mfu, mem.c_str());
   std::string line = buf;
+  if (m.comm_bytes >= 0) line += " | comm " + format_bytes(m.comm_bytes);
   if (m.step < m.total_steps) line += " | eta " + human_duration(m.eta_s);
   return line;
 }
@@ -109,6 +110,7 @@ void MetricsWriter::write(const StepMetrics& m) {
     j["mem_device_bytes"] = m.mem_device_bytes;
   }
   if (m.host_waits >= 0) j["host_waits"] = m.host_waits;
+  if (m.comm_bytes >= 0) j["comm_bytes"] = m.comm_bytes;
   out_ << j.dump() << '\n';
   out_.flush();
   if (!out_) throw UserError(path_ + ": write failed (disk full?)");

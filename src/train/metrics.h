@@ -21,11 +21,13 @@ struct StepMetrics {
   int64_t mem_device_used_bytes = 0;  // the device's memory in use (cudaMemGetInfo); 0 on the CPU
   int64_t mem_device_bytes = 0;       // the device's memory; 0 on the CPU
   int64_t host_waits = -1;  // times the host waited for the device this step; < 0: on the CPU
+  int64_t comm_bytes = -1;  // bytes this rank put into sums over the ranks; < 0: one process
   double eta_s = 0;         // time left at the mean step time so far (step line only)
 };
 
 // "step 120/10000 | loss 4.8123 | lr 6.0e-04 | gnorm 0.91 | 412 ms | 158.9k tok/s |
-//  412.3 TFLOP/s | MFU 41.7% | mem 31.4/79.1 GiB | eta 1h07m"
+//  412.3 TFLOP/s | MFU 41.7% | mem 31.4/79.1 GiB | eta 1h07m"; with several ranks, the bytes
+// each summed over them ("comm 6.8 MiB") before the eta
 std::string format_step_line(const StepMetrics& m);
 
 // One validation evaluation (train/evaluator.h), after `step` optimizer steps.

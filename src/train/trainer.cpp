@@ -29,7 +29,7 @@ namespace grass {
 namespace {
 
 void print_run_table(const RunConfig& cfg, const Backend& backend, const std::string& why_cpu,
-                     const LlamaModel& model,
+                     const Communicator& comm, const LlamaModel& model,
                      double flops_per_token, const TokenLoader& loader, const Arena& arena) {
   const ModelConfig& m = cfg.model;
   std::printf("grass train %s\n", cfg.source.c_str());
@@ -40,11 +40,18 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
               m.intermediate_size, m.num_attention_heads, m.num_key_value_heads,
               m.num_hidden_layers, m.vocab_size, m.tie_word_embeddings ? ", tied" : "");
   std::printf("  parameters    %.2f M\n", double(model.num_params()) / 1e6);
+  if (comm.world() > 1)
+    std::printf("  ranks         %s, data-parallel: each reads 1/%d of every step's batch, and "
+                "the gradients are summed over them\n",
+                comm.describe().c_str(), comm.world());
   std::printf("  data          %zu shard(s), %.2f M tokens\n", loader.shards().size(),
               double(loader.total_tokens()) / 1e6);
-  std::printf("  batch         %d x %d micro-batches of %d x %d tokens = %lld tokens per step\n",
+  std::printf("  batch         %d x %d micro-batches of %d x %d tokens = %lld tokens per step%s\n",
               cfg.grad_accum_steps(), cfg.micro_batch_size, cfg.micro_batch_size, cfg.seq_len,
-              (long long)cfg.tokens_per_step());
+              (long long)cfg.tokens_per_step(),
+              comm.world() > 1
+                  ? (" (" + std::to_string(cfg.micro_batches_per_rank()) + " per rank)").c_str()
+                  : "");
   std::printf("  optimizer     %s lr %.1e betas (%.3g, %.3g) eps %.0e wd %.3g, clip %.3g\n",
               name_of(cfg.optimizer.kind), cfg.optimizer.lr, cfg.optimizer.beta1,
               cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay, cfg.grad_clip);
@@ -92,13 +99,18 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
 }  // namespace
 
 TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
+  Communicator& comm = options.comm ? *options.comm : single_process();
+  const bool leader = comm.leader();
+  const std::string source = cfg.source.empty() ? "" : cfg.source + ": ";
+  GRASS_CHECK(cfg.ranks == comm.world(), "a run config checked for another number of ranks");
   // Everything that can fail on user input happens before out_dir is touched.
   TokenLoader loader(cfg.train_files, cfg.micro_batch_size, cfg.seq_len,
-                     {.shuffle = cfg.shuffle, .seed = cfg.seed, .prefetch = true});
+                     {.shuffle = cfg.shuffle, .seed = cfg.seed, .rank = comm.rank(),
+                      .world = comm.world(), .prefetch = true});
   loader.check_vocab(cfg.model.vocab_size);
   if (!cfg.tokenizer.empty()) loader.stream().check_tokenizer(cfg.tokenizer);
-  std::optional<Evaluator> evaluator;
-  if (!cfg.val_files.empty()) {
+  std::optional<Evaluator> evaluator;  // rank 0 evaluates: the ranks hold the same weights
+  if (!cfg.val_files.empty() && leader) {
     evaluator.emplace(cfg.val_files, cfg.eval_tokens);
     evaluator->stream().check_vocab(cfg.model.vocab_size);
     if (!cfg.tokenizer.empty()) evaluator->stream().check_tokenizer(cfg.tokenizer);
@@ -106,18 +118,22 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
 
   std::string why_cpu;
   const std::unique_ptr<Backend> backend = choose_backend(cfg, &why_cpu);
+  if (comm.world() > 1 && backend->storage().cuda)
+    throw UserError(source + "device: several ranks on GPUs need NCCL, which grass does not use "
+                    "yet; run the ranks with device: cpu, or one process per GPU run");
   // GPU memory comes as one reservation of the planned size, cut into the named buffers.
   const MemoryPlan plan = plan_memory(cfg, backend->storage());
   check_memory_limit(cfg, backend->storage(), plan);
   backend->reserve(plan.total, plan.buffers);
   Arena arena(false, *backend);
-  TrainingState state = build_training_state(cfg, arena, *backend);
+  TrainingState state = build_training_state(cfg, arena, *backend, comm);
   LlamaModel& model = *state.model;
 
   // The starting point: a checkpoint, pretrained weights, or the seed. out_dir is created and
   // locked first, so no other run writes checkpoints while they are read; its files are not
   // touched until the starting point has been read and checked.
-  const OutDirLock lock(cfg.out_dir);
+  std::optional<OutDirLock> lock;  // rank 0 writes out_dir; the other ranks only read it
+  if (leader) lock.emplace(cfg.out_dir);
   const std::string root = checkpoint_root(cfg);
   const std::optional<Checkpoint> resume = options.resume.empty()
                                                ? newest_valid_checkpoint(root, false)
@@ -138,60 +154,59 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     try {
       load_hf_model(model, cfg.init_from);
     } catch (const UserError& e) {
-      throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "init_from: " + e.what());
+      throw UserError(source + "init_from: " + e.what());
     }
   } else {
     model.init_weights(cfg.seed);
   }
-
-
-  remove_checkpoint_leftovers(root);
-  if (cfg.checkpoint_every > 0) {  // an unwritable place fails now, not after the first steps
-    std::error_code ec;
-    std::filesystem::create_directories(root, ec);
-    if (ec) throw UserError(root + ": cannot create the checkpoint directory: " + ec.message());
-  }
-  write_file_durably(cfg.out_dir + "/config.json", to_json(cfg).dump(2) + "\n");
-  // A resumed run continues metrics.jsonl after the checkpoint's step; a fresh one starts it anew.
-  const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
-  const int64_t kept_rows = resume ? truncate_metrics_after(metrics_path, start_step) : 0;
-  MetricsWriter metrics(metrics_path, resume.has_value(), kept_rows);
-  if (resume && kept_rows != checkpoint_metrics_rows)
-    std::fprintf(stderr,
-                 "warning: %s holds %lld rows up to step %lld where the checkpoint's run had "
-                 "%lld (another out_dir, or an edited file); new rows are appended after them\n",
-                 metrics_path.c_str(), (long long)kept_rows, (long long)start_step,
-                 (long long)checkpoint_metrics_rows);
-  // FLOPs actually done: a GRASS target's weight gradient costs 2rn, not 2mn
-  const double flops_per_token =
+  std::optional<MetricsWriter> metrics;  // rank 0's
+  const double flops_per_token =  // FLOPs actually done: a GRASS target's costs 2rn, not 2mn
       model.flops_per_token() - state.optimizers->flops_saved_per_token();
-  print_run_table(cfg, *backend, why_cpu, model, flops_per_token, loader, arena);
-  if (evaluator) {
-    std::printf("  eval          first %lld tokens of %s, %s\n", (long long)cfg.eval_tokens,
-                evaluator->stream().describe().c_str(),
-                cfg.eval_every > 0
-                    ? ("every " + std::to_string(cfg.eval_every) + " steps and at the end").c_str()
-                    : "after the last step");
+  if (leader) {
+    remove_checkpoint_leftovers(root);
+    if (cfg.checkpoint_every > 0) {  // an unwritable place fails now, not after the first steps
+      std::error_code ec;
+      std::filesystem::create_directories(root, ec);
+      if (ec) throw UserError(root + ": cannot create the checkpoint directory: " + ec.message());
+    }
+    write_file_durably(cfg.out_dir + "/config.json", to_json(cfg).dump(2) + "\n");
+    // A resumed run continues metrics.jsonl after the checkpoint's step; a fresh one starts anew.
+    const std::string metrics_path = cfg.out_dir + "/metrics.jsonl";
+    const int64_t kept_rows = resume ? truncate_metrics_after(metrics_path, start_step) : 0;
+    metrics.emplace(metrics_path, resume.has_value(), kept_rows);
+    if (resume && kept_rows != checkpoint_metrics_rows)
+      std::fprintf(stderr,
+                   "warning: %s holds %lld rows up to step %lld where the checkpoint's run had "
+                   "%lld (another out_dir, or an edited file); new rows are appended after them\n",
+                   metrics_path.c_str(), (long long)kept_rows, (long long)start_step,
+                   (long long)checkpoint_metrics_rows);
+    print_run_table(cfg, *backend, why_cpu, comm, model, flops_per_token, loader, arena);
+    if (evaluator)
+      std::printf("  eval          first %lld tokens of %s, %s\n", (long long)cfg.eval_tokens,
+                  evaluator->stream().describe().c_str(),
+                  cfg.eval_every > 0
+                      ? ("every " + std::to_string(cfg.eval_every) + " steps and at the end").c_str()
+                      : "after the last step");
+    if (cfg.checkpoint_every > 0)
+      std::printf("  checkpoints   every %lld steps and after the last, into %s; keep the last %lld%s\n",
+                  (long long)cfg.checkpoint_every, root.c_str(), (long long)cfg.checkpoint_keep,
+                  cfg.checkpoint_keep_every > 0
+                      ? (" and every multiple of " + std::to_string(cfg.checkpoint_keep_every)).c_str()
+                      : "");
+    if (resume)
+      std::printf("  resume        from %s (step %lld of %lld)\n", resume->dir().c_str(),
+                  (long long)start_step, (long long)cfg.steps);
+    else if (!cfg.init_from.empty())
+      std::printf("  init          weights from %s\n", cfg.init_from.c_str());
     std::fflush(stdout);
   }
-  if (cfg.checkpoint_every > 0)
-    std::printf("  checkpoints   every %lld steps and after the last, into %s; keep the last %lld%s\n",
-                (long long)cfg.checkpoint_every, root.c_str(), (long long)cfg.checkpoint_keep,
-                cfg.checkpoint_keep_every > 0
-                    ? (" and every multiple of " + std::to_string(cfg.checkpoint_keep_every)).c_str()
-                    : "");
-  if (resume)
-    std::printf("  resume        from %s (step %lld of %lld)\n", resume->dir().c_str(),
-                (long long)start_step, (long long)cfg.steps);
-  else if (!cfg.init_from.empty())
-    std::printf("  init          weights from %s\n", cfg.init_from.c_str());
-  std::fflush(stdout);
 
   TrainResult result;
   result.first_step = start_step;
   if (resume) result.resumed_from = resume->dir();
   if (start_step >= cfg.steps) {
-    std::printf("done: nothing to train, the checkpoint is at step %lld of %lld (raise steps to "
+    if (leader)
+      std::printf("done: nothing to train, the checkpoint is at step %lld of %lld (raise steps to "
                 "train further)\n",
                 (long long)start_step, (long long)cfg.steps);
     return result;
@@ -228,13 +243,15 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     m.mem_device_used_bytes = device.used;
     m.mem_device_bytes = device.total;
     if (backend->storage().cuda) m.host_waits = backend->host_waits() - waits_before;
+    const int64_t comm_bytes = comm.take_bytes_reduced();
+    if (comm.world() > 1) m.comm_bytes = comm_bytes;
     m.tokens_seen = (step + 1) * cfg.tokens_per_step();
     m.mem_bytes = arena.peak_bytes();
     seconds_so_far += seconds;
     m.eta_s = seconds_so_far / double(step + 1 - start_step) * double(cfg.steps - step - 1);
-    metrics.write(m);
+    if (metrics) metrics->write(m);
     const bool log_now = (step + 1) % cfg.log_every == 0 || step == start_step || step + 1 == cfg.steps;
-    if (log_now) {
+    if (log_now && leader) {
       std::printf("%s\n", format_step_line(m).c_str());
       std::fflush(stdout);
     }
@@ -244,7 +261,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     if (evaluator && eval_now) {
       const EvalResult eval = evaluator->evaluate(model, cfg.micro_batch_size);
       const EvalMetrics e{step + 1, eval.loss, eval.perplexity, eval.tokens};
-      metrics.write_eval(e);
+      metrics->write_eval(e);
       std::printf("%s\n", format_eval_line(e).c_str());
       std::fflush(stdout);
       result.final_eval = eval;
@@ -252,11 +269,21 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     if (cfg.checkpoint_every > 0 &&
         ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == cfg.steps)) {
       const auto c0 = std::chrono::steady_clock::now();
-      const std::string dir = save_checkpoint(cfg, arena, state, loader, step + 1, metrics.rows());
-      if (log_now || cfg.checkpoint_every >= cfg.log_every) {
-        std::printf("checkpoint %s (%.2f s)\n", dir.c_str(),
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count());
-        std::fflush(stdout);
+      std::vector<LoaderPosition> positions;  // every rank's, for a resume on as many ranks
+      if (comm.world() > 1) {
+        const LoaderPosition mine = loader.position();
+        const std::vector<uint64_t> epochs = comm.all_gather(mine.epoch);
+        const std::vector<uint64_t> indices = comm.all_gather(mine.index);
+        for (size_t r = 0; r < epochs.size(); r++) positions.push_back({epochs[r], indices[r]});
+      }
+      if (leader) {
+        const std::string dir =
+            save_checkpoint(cfg, arena, state, loader, step + 1, metrics->rows(), positions);
+        if (log_now || cfg.checkpoint_every >= cfg.log_every) {
+          std::printf("checkpoint %s (%.2f s)\n", dir.c_str(),
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count());
+          std::fflush(stdout);
+        }
       }
     }
     if (step > start_step) rates.push_back(m.tokens_per_s);  // the first step warms caches and pages
@@ -265,6 +292,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     std::sort(rates.begin(), rates.end());
     result.tokens_per_second = rates[rates.size() / 2];
   }
+  if (!leader) return result;
   char mfu[48] = "";
   if (backend->peak_flops() > 0)
     std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%",

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "dist/communicator.h"
 #include "train/evaluator.h"
 
 namespace grass {
@@ -23,6 +24,9 @@ struct TrainOptions {
   // A checkpoint directory (or a run's out_dir) to resume from. Empty: the newest complete
   // checkpoint in <out_dir>/checkpoints when there is one, else a fresh start.
   std::string resume;
+  // The data-parallel ranks (dist/communicator.h); null: one process. Every rank calls train()
+  // with the same config; rank 0 alone prints, evaluates and writes out_dir.
+  Communicator* comm = nullptr;
 };
 
 // Everything a run needs is validated (config, data, vocabulary, the checkpoint it resumes from,

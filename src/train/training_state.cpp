@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "core/error.h"
 #include "optim/adamw.h"
 #include "optim/grass.h"
 #include "optim/lowrank.h"
@@ -13,12 +14,14 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
   options.checkpoint_layers = cfg.activation_checkpointing == "layer";
   options.fused_update = cfg.fused_update == "on" ||
                          (cfg.fused_update == "auto" && storage.pure_bf16() &&
-                          cfg.grad_accum_steps() == 1);
+                          cfg.micro_batches_per_rank() == 1);
   return options;
 }
 
-TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend) {
+TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend,
+                                   Communicator& comm) {
   TrainingState s;
+  s.comm = &comm;
   const OptimizerKind kind = cfg.optimizer.kind;
   const std::vector<std::string> projected =
       is_projected(kind)
@@ -33,19 +36,20 @@ TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& 
   switch (kind) {
     case OptimizerKind::AdamW: break;
     case OptimizerKind::Grass:
-      s.optimizers->add(std::make_unique<Grass>(cfg.optimizer, *s.model, max_tokens, arena));
+      s.optimizers->add(std::make_unique<Grass>(cfg.optimizer, *s.model, max_tokens, arena,
+                                                Grass::kRefreshChunkBytes, comm));
       break;
     case OptimizerKind::GaLore:
-      s.optimizers->add(std::make_unique<GaLore>(cfg.optimizer, *s.model, max_tokens, arena));
+      s.optimizers->add(std::make_unique<GaLore>(cfg.optimizer, *s.model, max_tokens, arena, comm));
       break;
     case OptimizerKind::Flora:
-      s.optimizers->add(std::make_unique<Flora>(cfg.optimizer, *s.model, max_tokens, arena));
+      s.optimizers->add(std::make_unique<Flora>(cfg.optimizer, *s.model, max_tokens, arena, comm));
       break;
   }
   if (memory.fused_update)
-    s.step = std::make_unique<FusedStep>(*s.model, *s.optimizers, cfg.grad_clip, arena);
+    s.step = std::make_unique<FusedStep>(*s.model, *s.optimizers, cfg.grad_clip, arena, comm);
   else
-    s.step = std::make_unique<DeferredStep>(*s.model, *s.optimizers, cfg.grad_clip, arena);
+    s.step = std::make_unique<DeferredStep>(*s.model, *s.optimizers, cfg.grad_clip, arena, comm);
   s.model->set_gradient_sink(s.step.get());
   return s;
 }
@@ -54,17 +58,21 @@ StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, dou
                        const std::function<void(int32_t*, int32_t*)>& next_batch) {
   LlamaModel& model = *s.model;
   s.step->begin(step, lr);
-  const int accum = cfg.grad_accum_steps();
+  const int world = s.comm->world();
+  GRASS_CHECK(cfg.ranks == world, "a run config checked for another number of ranks");
+  const int accum = cfg.micro_batches_per_rank();
   const size_t N = size_t(cfg.micro_batch_size) * cfg.seq_len;
   std::vector<int32_t> inputs(N), targets(N);
   StepOutcome out;
   for (int micro = 0; micro < accum; micro++) {
     next_batch(inputs.data(), targets.data());
-    // the step's loss is the mean over its micro-batches
-    model.forward_backward(inputs.data(), targets.data(), cfg.micro_batch_size, 1.0 / accum);
+    // the step's loss is the mean over every rank's micro-batches: the ranks' gradients are summed
+    model.forward_backward(inputs.data(), targets.data(), cfg.micro_batch_size,
+                           1.0 / (double(accum) * world));
   }
   out.grad_norm = s.step->finish();
-  for (const double loss : model.take_losses()) out.loss += loss / accum;
+  for (const double loss : model.take_losses()) out.loss += loss / (double(accum) * world);
+  s.comm->all_reduce_sum(&out.loss, 1, Element::F64);
   return out;
 }
 

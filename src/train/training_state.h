@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "core/arena.h"
+#include "dist/communicator.h"
 #include "model/llama.h"
 #include "optim/optimizer.h"
 #include "optim/step.h"
@@ -17,21 +18,24 @@ struct TrainingState {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<OptimizerSet> optimizers;  // dense AdamW, and the projected optimizer if any
   std::unique_ptr<StepStrategy> step;        // the model's gradient sink
+  Communicator* comm = nullptr;              // the ranks whose gradients each step sums
 };
 
 // How the run's model holds its memory: activation_checkpointing, and fused_update resolved for
-// the storage ("auto": on in pure bf16 when a step is one micro-batch).
+// the storage ("auto": on in pure bf16 when a rank's step is one micro-batch).
 ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage);
 
 // Allocates from `arena` (the backend's memory) with the element sizes of the backend's storage;
-// with a planning arena nothing is allocated or initialised.
-TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend);
+// with a planning arena nothing is allocated or initialised. comm: the data-parallel ranks.
+TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend,
+                                   Communicator& comm = single_process());
 
-// One optimizer step as the trainer takes it: the forward and backward of every micro-batch
-// (next_batch fills inputs and targets, [micro_batch_size, seq_len] each), then the step
-// strategy's norm, clipping and updates (made during the backward when fused). step counts from 0.
+// One optimizer step as the trainer takes it: the forward and backward of this rank's
+// micro-batches (next_batch fills inputs and targets, [micro_batch_size, seq_len] each; a rank
+// takes total_batch_size / (micro_batch_size x world) of them), then the step strategy's sums over
+// the ranks, norm, clipping and updates (made during the backward when fused). step counts from 0.
 struct StepOutcome {
-  double loss = 0;       // mean over the step's micro-batches
+  double loss = 0;       // mean over the step's micro-batches, every rank's
   double grad_norm = 0;  // global L2 norm of the unclipped gradients, dense and projected
 };
 StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, double lr,

@@ -1,0 +1,58 @@
+#include "dist/communicator.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace grass {
+
+Element grad_element(const Storage& storage) {
+  return storage.grad_bytes == 2 ? Element::BF16 : Element::F32;
+}
+
+void Communicator::check_same(uint64_t value, const std::string& what) {
+  const std::vector<uint64_t> values = all_gather(value);
+  for (int r = 1; r < world_; r++)
+    if (values[size_t(r)] != values[0])
+      throw UserError(what + " differs between rank 0 and rank " + std::to_string(r) + " (of " +
+                      std::to_string(world_) + "): the ranks would train different models");
+}
+
+void Communicator::abort(int code) {
+  end_job(code);
+  std::_Exit(code);
+}
+
+int64_t Communicator::take_bytes_reduced() {
+  const int64_t bytes = bytes_reduced_;
+  bytes_reduced_ = 0;
+  return bytes;
+}
+
+namespace {
+
+class SingleProcess final : public Communicator {
+ public:
+  std::string describe() const override { return "one process"; }
+  void all_reduce_sum(void*, int64_t, Element) override {}
+  std::vector<uint64_t> all_gather(uint64_t value) override { return {value}; }
+  void end_job(int) override {}
+};
+
+}  // namespace
+
+Communicator& single_process() {
+  static SingleProcess one;
+  return one;
+}
+
+// mpi_communicator.cpp
+std::unique_ptr<Communicator> make_mpi_communicator(int* argc, char*** argv);
+
+std::unique_ptr<Communicator> launch_communicator(int* argc, char*** argv) {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(var)) return make_mpi_communicator(argc, argv);
+  return nullptr;
+}
+
+}  // namespace grass

@@ -1,0 +1,58 @@
+// The ranks of a data-parallel run and the collectives its step needs (docs/distributed.md).
+// One process per rank, started by `mpirun -np N grass train ...` (or by srun through OpenMPI's
+// PMIx): every rank holds the whole model and optimizer state, reads its own slice of each global
+// batch, and the step sums the ranks' gradients before clipping and updating, so every rank
+// makes the same update. Without a launcher, grass is one process and nothing is exchanged.
+//
+// The reductions operate on host memory (the CPU backend's buffers). Sums go to rank 0 in rank
+// order and back out: every rank holds the same bits, and a rerun repeats them.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "storage.h"
+
+namespace grass {
+
+enum class Element { F32, BF16, F64 };
+// The element of the storage's gradients (fp32, or bf16 in pure bf16).
+Element grad_element(const Storage& storage);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  bool leader() const { return rank_ == 0; }  // the rank that writes files and prints
+  virtual std::string describe() const = 0;   // "MPI (OpenMPI 4.1.4), 2 ranks"
+
+  // data[0, count) summed over the ranks, in place on every rank.
+  virtual void all_reduce_sum(void* data, int64_t count, Element element) = 0;
+  // Every rank's value, in rank order, on every rank.
+  virtual std::vector<uint64_t> all_gather(uint64_t value) = 0;
+  // UserError on every rank unless all ranks passed the same value; `what` says what it is,
+  // and the message names the first rank that differs from rank 0.
+  void check_same(uint64_t value, const std::string& what);
+  // Bytes this rank contributed to sums since the last call (the step log's "comm").
+  int64_t take_bytes_reduced();
+  // Ends the whole job (every rank) with this exit code; this rank has said why.
+  [[noreturn]] void abort(int code);
+
+ protected:
+  virtual void end_job(int code) = 0;  // asks the launcher to end the other ranks
+  int rank_ = 0;
+  int world_ = 1;
+  int64_t bytes_reduced_ = 0;
+};
+
+// One process, world 1: every collective is the identity.
+Communicator& single_process();
+
+// MPI when a launcher started this process (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK in the
+// environment), initialised here and finalised when the object is destroyed; null otherwise
+// (then single_process() is the run's communicator).
+std::unique_ptr<Communicator> launch_communicator(int* argc, char*** argv);
+
+}  // namespace grass

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Data parallelism over MPI, end to end with the real binary (docs/distributed.md): runs of 2 and
+# 4 CPU ranks under mpirun must match the one-process run with the same global batch, step for
+# step (loss and gradient norm within 1e-6 relative: only the order of the sums differs), for
+# AdamW, GRASS (refreshes included), GaLore and FLORA, deferred and fused; a rerun must repeat its
+# bits; a 2-rank run resumed from its checkpoint must equal the uninterrupted 2-rank run byte for
+# byte and a resume on another rank count is refused; a batch the ranks cannot split is refused
+# with one line; and a rank killed mid-run ends the whole job within a timeout, leaving the
+# checkpoints it wrote verifiable.
+# The one-process twin of a run of W ranks with micro-batches of m reads micro-batches of m x W:
+# rank r takes positions r, r + W, ... of each epoch's order, so the i-th micro-batches of the
+# ranks together hold exactly the one-process run's i-th micro-batch (GRASS's refresh selects on
+# the first micro-batch, so this twin is the one that matches it exactly).
+# Run by ctest with GRASS=<path to the grass binary> and DIST_SELFTEST=<dist_selftest>, from the
+# source directory.
+set -uo pipefail
+: "${GRASS:?set GRASS to the grass binary}"
+: "${DIST_SELFTEST:?set DIST_SELFTEST to the dist_selftest binary}"
+command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (apt-get install openmpi-bin)"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Several ranks on 2 cores: oversubscribed ranks must yield the core while they wait.
+mpi=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl self,vader)
+
+# The communicator alone: its sums and its refusal of values that differ between ranks.
+for n in 2 4; do
+  "${mpi[@]}" -np $n "$DIST_SELFTEST" >"$tmp/selftest$n.log" 2>&1 ||
+    { fail "dist_selftest on $n ranks"; cat "$tmp/selftest$n.log"; }
+done
+
+"$(dirname "$GRASS")/make_synthetic_shard" --out "$tmp/train.bin" --vocab 512 --tokens 40000 >/dev/null
+cat >"$tmp/run.json" <<JSON
+{"model": "configs/models/llama_tiny.json",
+ "data": {"train": "$tmp/train.bin"},
+ "optimizer": {"name": "adamw", "lr": 3e-3},
+ "schedule": {"name": "cosine", "warmup_steps": 2},
+ "micro_batch_size": 4, "total_batch_size": 16, "seq_len": 32, "steps": 7,
+ "log_every": 1, "out_dir": "$tmp/unused"}
+JSON
+
+# compare A B: every step's loss and gradient norm within 1e-6 relative
+compare() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
+import json, sys
+rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
+assert len(rows[0]) == len(rows[1]) > 0, f"{len(rows[0])} against {len(rows[1])} steps"
+for a, b in zip(*rows):
+    for key in ("loss", "grad_norm"):
+        rel = abs(a[key] - b[key]) / abs(a[key])
+        assert rel <= 1e-6, f"step {a['step']}: {key} {a[key]!r} against {b[key]!r} ({rel:.2e})"
+PY
+}
+
+# case NAME RANKS MICRO OPTIONS...: W ranks with micro-batches of MICRO against one process
+case_run() {
+  local name=$1 ranks=$2 micro=$3
+  shift 3
+  "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/$name.one" --set micro_batch_size=$((micro * ranks)) \
+    "$@" >"$tmp/$name.one.log" 2>&1 || { fail "$name: the one-process run failed"; cat "$tmp/$name.one.log"; return; }
+  "${mpi[@]}" -np "$ranks" "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/$name.dp" \
+    --set micro_batch_size="$micro" "$@" >"$tmp/$name.dp.log" 2>&1 ||
+    { fail "$name: the $ranks-rank run failed"; cat "$tmp/$name.dp.log"; return; }
+  grep -q "ranks .*$ranks ranks" "$tmp/$name.dp.log" || fail "$name: the run table does not show $ranks ranks"
+  compare "$tmp/$name.one" "$tmp/$name.dp" || fail "$name: $ranks ranks differ from one process"
+}
+
+grass=(--set optimizer.name=grass --set optimizer.rank=8 --set optimizer.update_interval=3)
+lowrank=(--set optimizer.rank=8 --set optimizer.update_interval=3)
+case_run adamw2 2 2
+case_run adamw4 4 2
+case_run grass2 2 4 "${grass[@]}"
+case_run grass4_multinomial 4 2 "${grass[@]}" --set optimizer.selection=multinomial
+case_run galore2 2 2 --set optimizer.name=galore "${lowrank[@]}"
+case_run flora2 2 2 --set optimizer.name=flora "${lowrank[@]}"
+# fused updates: one micro-batch per rank and step
+case_run fused_adamw2 2 8 --set fused_update=on
+case_run fused_grass2 2 8 --set fused_update=on "${grass[@]}"
+
+# The same bits on a rerun.
+"${mpi[@]}" -np 2 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/grass2.again" --set micro_batch_size=4 \
+  "${grass[@]}" >"$tmp/again.log" 2>&1 || fail "the rerun failed"
+python3 -c "
+import json, sys
+strip = lambda p: [{k: v for k, v in json.loads(l).items() if k in ('step', 'loss', 'grad_norm')} for l in open(p)]
+sys.exit(strip('$tmp/grass2.dp/metrics.jsonl') != strip('$tmp/grass2.again/metrics.jsonl'))" ||
+  fail "a rerun of 2 ranks gives other losses or norms"
+
+# Resume: 2 ranks stopped after step 4 (its checkpoint) and resumed equal the uninterrupted run
+# (a constant rate: the cosine's depends on `steps`, which the first part sets to 4).
+ckpt=(--set checkpoint_every=4 "${grass[@]}" --set micro_batch_size=4 --set schedule.name=constant
+      --set schedule.warmup_steps=0)
+"${mpi[@]}" -np 2 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/resume" "${ckpt[@]}" --set steps=4 \
+  >"$tmp/resume1.log" 2>&1 || fail "the run to step 4 failed"
+"${mpi[@]}" -np 2 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/resume" "${ckpt[@]}" \
+  >"$tmp/resume2.log" 2>&1 || { fail "the resumed run failed"; cat "$tmp/resume2.log"; }
+grep -q "resume .*step 4 of 7" "$tmp/resume2.log" || fail "the second run did not resume from step 4"
+"${mpi[@]}" -np 2 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/straight" "${ckpt[@]}" \
+  >"$tmp/straight.log" 2>&1 || fail "the uninterrupted run failed"
+for f in model.safetensors state.safetensors; do
+  cmp -s "$tmp/resume/checkpoints/step_00000007/$f" "$tmp/straight/checkpoints/step_00000007/$f" ||
+    fail "resumed on 2 ranks: $f differs from the uninterrupted run's"
+done
+"$GRASS" train "$tmp/run.json" --set out_dir="$tmp/resume" "${ckpt[@]}" --set steps=9 \
+  --set micro_batch_size=8 >"$tmp/resume_one.log" 2>&1
+if [ $? -ne 2 ] || ! grep -q "written by a run of 2 rank(s); this run has 1" "$tmp/resume_one.log"; then
+  fail "a 2-rank checkpoint resumed by one process is not refused with one line"; cat "$tmp/resume_one.log"
+fi
+
+# A batch the ranks cannot split: one error line (per rank), exit 2, nothing written.
+"${mpi[@]}" -np 4 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/split" --set micro_batch_size=8 \
+  >"$tmp/split.log" 2>&1
+rc=$?
+grep -q "error (rank 0 of 4): .*total_batch_size: 16 must be a multiple of micro_batch_size x ranks = 8 x 4" \
+  "$tmp/split.log" || { fail "an unsplittable batch is not named"; cat "$tmp/split.log"; }
+[ $rc -ne 0 ] || fail "an unsplittable batch exits 0"
+[ ! -e "$tmp/split" ] || fail "an unsplittable batch created out_dir"
+
+# A rank killed mid-run ends the job within 60 s; the checkpoints written before verify.
+start=$SECONDS
+"${mpi[@]}" -np 2 bash -c '
+  if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 4; kill -9 $$) & fi
+  exec "$0" train "$1" --set out_dir="$2" --set steps=100000 --set checkpoint_every=5 --set checkpoint_keep=1 \
+    --set micro_batch_size=4' "$GRASS" "$tmp/run.json" "$tmp/killed" >"$tmp/killed.log" 2>&1 &
+job=$!
+while kill -0 $job 2>/dev/null && [ $((SECONDS - start)) -lt 60 ]; do sleep 1; done
+if kill -0 $job 2>/dev/null; then
+  fail "a job with a killed rank still runs after 60 s"; kill -9 $job
+else
+  wait $job && fail "a job with a killed rank exits 0"
+fi
+newest=$(ls -1 "$tmp/killed/checkpoints" 2>/dev/null | grep -E '^step_[0-9]{8}$' | sort | tail -1)
+if [ -z "$newest" ]; then
+  fail "no checkpoint before the kill"; cat "$tmp/killed.log"
+else
+  "$GRASS" export --checkpoint "$tmp/killed/checkpoints/$newest" --out "$tmp/killed_export" >/dev/null 2>&1 ||
+    fail "the checkpoint left by the killed job does not verify"
+fi
+
+if [ $failures -gt 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "data parallel: 8 rank/optimizer cases match one process; rerun, resume, refusals and a killed rank checked"
