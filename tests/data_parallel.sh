@@ -2,7 +2,8 @@
 # Data parallelism over MPI, end to end with the real binary (docs/distributed.md): runs of 2 and
 # 4 CPU ranks under mpirun must match the one-process run with the same global batch, step for
 # step (loss and gradient norm within 1e-6 relative: only the order of the sums differs), for
-# AdamW, GRASS (refreshes included), GaLore and FLORA, deferred and fused; a rerun must repeat its
+# AdamW, GRASS (refreshes included), GaLore and FLORA, deferred and fused; the bytes each rank
+# sums must equal `grass mem`'s plan of them; a rerun must repeat its
 # bits; a 2-rank run resumed from its checkpoint must equal the uninterrupted 2-rank run byte for
 # byte and a resume on another rank count is refused; a batch the ranks cannot split is refused
 # with one line; and a rank killed mid-run ends the whole job within a timeout, leaving the
@@ -79,6 +80,26 @@ case_run flora2 2 2 --set optimizer.name=flora "${lowrank[@]}"
 case_run fused_adamw2 2 8 --set fused_update=on
 case_run fused_grass2 2 8 --set fused_update=on "${grass[@]}"
 
+# The bytes each rank summed, counted in the run, equal the plan's (grass mem): every step, plus
+# the full gradients at GRASS's and GaLore's refreshes (steps 1, 4, 7 at K = 3).
+bytes_match() {
+  local name=$1
+  shift
+  "$GRASS" mem "$tmp/run.json" --device cpu --json "$@" >"$tmp/$name.plan.json" ||
+    { fail "$name: grass mem failed"; return; }
+  python3 - "$tmp/$name.plan.json" "$tmp/$name.dp/metrics.jsonl" <<'PY' || fail "$name: comm_bytes differ from the plan"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+for row in (json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l):
+    want = plan["step_sum_bytes"] + (plan["refresh_sum_bytes"] if (row["step"] - 1) % 3 == 0 else 0)
+    assert row["comm_bytes"] == want, f"step {row['step']}: {row['comm_bytes']} bytes, the plan says {want}"
+PY
+}
+bytes_match adamw2
+bytes_match grass2 "${grass[@]}"
+bytes_match galore2 --set optimizer.name=galore "${lowrank[@]}"
+bytes_match flora2 --set optimizer.name=flora "${lowrank[@]}"
+
 # The same bits on a rerun.
 "${mpi[@]}" -np 2 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/grass2.again" --set micro_batch_size=4 \
   "${grass[@]}" >"$tmp/again.log" 2>&1 || fail "the rerun failed"
@@ -140,4 +161,4 @@ else
 fi
 
 if [ $failures -gt 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "data parallel: 8 rank/optimizer cases match one process; rerun, resume, refusals and a killed rank checked"
+echo "data parallel: 8 rank/optimizer cases match one process; bytes as planned; rerun, resume, refusals and a killed rank checked"

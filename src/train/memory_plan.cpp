@@ -14,11 +14,23 @@ namespace grass {
 MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage) {
   Arena planning(/*planning=*/true);
   const std::unique_ptr<Backend> sizes_only = make_planning_backend(storage);
-  build_training_state(cfg, planning, *sizes_only);
+  const TrainingState s = build_training_state(cfg, planning, *sizes_only);
   MemoryPlan plan;
   for (int c = 0; c < kMemCategories; c++) plan.bytes[c] = planning.bytes(MemCategory(c));
   plan.total = planning.total_bytes();
   plan.buffers = planning.num_blocks();
+  const Selection rule = cfg.optimizer.projection.selection;
+  const bool refresh_reads_full_gradient =
+      cfg.optimizer.kind == OptimizerKind::GaLore ||
+      (cfg.optimizer.kind == OptimizerKind::Grass && rule != Selection::Uniform &&
+       rule != Selection::UniformNR);
+  plan.step_sum_bytes = sizeof(double);  // the loss
+  for (size_t i = 0; i < s.model->tensors().size(); i++) {
+    const int64_t numel = s.model->tensors()[i].numel;
+    const int64_t projected = s.optimizers->of(int(i)).projected_numel(int(i));
+    plan.step_sum_bytes += (projected > 0 ? projected : numel) * storage.grad_bytes;
+    if (projected > 0 && refresh_reads_full_gradient) plan.refresh_sum_bytes += numel * 4;
+  }
   return plan;
 }
 
@@ -142,6 +154,11 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   for (int c = 0; c < kMemCategories; c++)
     table_row(rows[c], [&](size_t i) { return format_bytes(plans[i].bytes[c]); });
   table_row("total", [&](size_t i) { return format_bytes(plans[i].total); });
+  out += "summed over the ranks of a data-parallel run, per rank:\n";
+  table_row("each step", [&](size_t i) { return format_bytes(plans[i].step_sum_bytes); });
+  table_row("+ at a refresh", [&](size_t i) {
+    return plans[i].refresh_sum_bytes > 0 ? format_bytes(plans[i].refresh_sum_bytes) : std::string("-");
+  });
   const MemoryPlan& run = plans[0];
   if (cfg.memory_limit > 0) {
     const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
@@ -174,6 +191,8 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"fused_update", memory.fused_update},
       {"bytes", bytes},
       {"total", plan.total},
+      {"step_sum_bytes", plan.step_sum_bytes},
+      {"refresh_sum_bytes", plan.refresh_sum_bytes},
   };
   if (is_projected(cfg.optimizer.kind)) out["rank"] = cfg.optimizer.projection.rank;
   if (cfg.memory_limit > 0) {

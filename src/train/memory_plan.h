@@ -15,6 +15,12 @@ struct MemoryPlan {
   std::array<int64_t, kMemCategories> bytes{};  // by MemCategory
   int64_t total = 0;
   int64_t buffers = 0;  // named allocations (a device reservation pads each to its alignment)
+  // What each rank of a data-parallel run sums with the others (docs/distributed.md): every step,
+  // each dense gradient and each projected one, and the loss (fp64); at a refresh, also the fp32
+  // full gradient of every target whose refresh reads one (GRASS's norm-based rules, GaLore's
+  // SVD).
+  int64_t step_sum_bytes = 0;
+  int64_t refresh_sum_bytes = 0;
 };
 
 MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage);
