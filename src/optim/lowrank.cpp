@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/hash.h"
 
 namespace grass {
 
@@ -130,6 +131,14 @@ void GaLore::begin_step(int64_t step) {
 void GaLore::refresh_from(size_t k, const float* g) {
   const Target& t = targets_[k];
   backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows);
+  if (comm_.world() > 1) {  // the same summed gradient, but an SVD that differs in the last bit
+                            // (another thread count, another library) would split the replicas
+    std::vector<float> P(size_t(t.side) * size_t(rank_));
+    backend_.download(P.data(), P_[k], P.size() * sizeof(float));
+    comm_.check_same(fnv1a64(P.data(), P.size() * sizeof(float)),
+                     "step " + std::to_string(step_ + 1) + ": GaLore's projection of " +
+                         model_.tensors()[size_t(t.tensor_index)].name);
+  }
   needs_refresh_[k] = false;
 }
 
