@@ -84,6 +84,11 @@ grep -q "memory_limit 1.00 GiB: fits" "$tmp/stdout" && passes=$((passes + 1)) ||
 expect 0 "" -- mem "$tmp/run.json" --json --memory-limit 1GiB
 grep -q '"fits":true' "$tmp/stdout" && passes=$((passes + 1)) || { echo "FAIL: mem --json lacks fits"; failures=$((failures + 1)); }
 expect 2 'fused_update: "on" needs one micro-batch per step' -- train "$tmp/run.json" --set fused_update=on
+# grass mem --ranks: one rank's plan, and a batch the ranks cannot split named
+expect 0 "" -- mem "$tmp/run.json" --ranks 2 --set total_batch_size=4 --set micro_batch_size=2
+grep -q "one of 2 data-parallel ranks" "$tmp/stdout" && passes=$((passes + 1)) || { echo "FAIL: mem --ranks should name the ranks"; failures=$((failures + 1)); }
+expect 2 'total_batch_size: 4 must be a multiple of micro_batch_size x ranks = 2 x 3' -- mem "$tmp/run.json" --ranks 3 --set total_batch_size=4 --set micro_batch_size=2
+expect 2 '--ranks 0: expected an integer >= 1' -- mem "$tmp/run.json" --ranks 0
 expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/lean" --set total_batch_size=2 \
   --set activation_checkpointing=layer --set fused_update=on --memory-limit 1GiB
 grep -q "checkpointed per layer (recomputed in the backward); updates fused" "$tmp/stdout" &&

@@ -11,7 +11,7 @@ namespace grass::cli {
 
 namespace {
 const char* kMemUsage =
-    "usage: grass mem <run.json> [--device cpu|cuda] [--memory-limit SIZE] [--json]\n"
+    "usage: grass mem <run.json> [--device cpu|cuda] [--memory-limit SIZE] [--ranks N] [--json]\n"
     "                 [--set key=value ...]\n"
     "\n"
     "Prints the memory the run will take, by category (weights, dense and compressed gradients,\n"
@@ -24,6 +24,9 @@ const char* kMemUsage =
     "  --device cpu|cuda     plan for this backend instead of the run's\n"
     "  --memory-limit SIZE   as the run key memory_limit (\"40GiB\", \"32GiB\", \"40GB\"): says\n"
     "                        whether the run fits and the largest micro_batch_size that does\n"
+    "  --ranks N             plan one rank of `mpirun -np N grass train`: each rank holds the\n"
+    "                        same memory, and takes total_batch_size / (micro_batch_size x N)\n"
+    "                        micro-batches a step (docs/distributed.md)\n"
     "  --json                one JSON object (the run's plan in bytes) instead of the table\n"
     "  --set key=value       override a run config key, as for grass train\n";
 }  // namespace
@@ -31,6 +34,7 @@ const char* kMemUsage =
 int cmd_mem(const Args& args) {
   std::string run_path, device, value;
   bool json = false;
+  int ranks = 1;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
@@ -44,6 +48,10 @@ int cmd_mem(const Args& args) {
       json = true;
     } else if (take_option(args, i, "--memory-limit", value)) {
       overrides.push_back("memory_limit=" + value);
+    } else if (take_option(args, i, "--ranks", value)) {
+      const uint64_t n = parse_count("--ranks", value, 1);
+      if (n > (1u << 20)) throw UserError("--ranks " + value + ": more ranks than grass plans for");
+      ranks = int(n);
     } else if (a == "--device") {
       if (i + 1 >= args.size()) throw UserError("--device needs cpu or cuda");
       device = args[++i];
@@ -58,7 +66,7 @@ int cmd_mem(const Args& args) {
     }
   }
   if (run_path.empty()) throw UserError("mem: missing <run.json> (see grass mem --help)");
-  const RunConfig cfg = load_run_config(run_path, overrides);
+  const RunConfig cfg = load_run_config(run_path, overrides, ranks);
   const Storage storage =
       device.empty() ? planned_storage(cfg) : storage_for(cfg.precision, device == "cuda");
   std::fputs((json ? memory_plan_json(cfg, storage) : format_memory_plans(cfg, storage)).c_str(),

@@ -127,10 +127,11 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   char line[200];
   std::string out;
   const double params = double(cfg.model.num_parameters());
-  std::snprintf(line, sizeof line, "model %.3f %s parameters, micro-batch %d x %d tokens\n",
+  std::snprintf(line, sizeof line, "model %.3f %s parameters, micro-batch %d x %d tokens",
                 params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M",
                 cfg.micro_batch_size, cfg.seq_len);
   out += line;
+  out += cfg.ranks > 1 ? ", one of " + std::to_string(cfg.ranks) + " data-parallel ranks\n" : "\n";
   out += std::string("storage ") + (storage.cuda ? "CUDA backend, " : "CPU backend, ") +
          storage.describe() + (storage.master ? "; the master copy counts as optimizer state" : "") +
          "\n";
