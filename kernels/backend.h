@@ -20,6 +20,7 @@
 #include "adam_args.h"
 #include "clip_rule.h"
 #include "core/arena.h"
+#include "dist/communicator.h"
 #include "storage.h"
 
 namespace grass {
@@ -94,6 +95,13 @@ class Backend : public MemoryResource {
   virtual DeviceMemory device_memory() const = 0;
   // Waits for the queued work: step times measure work done, not work launched.
   virtual void synchronize() = 0;
+  // The communicator whose sums work on this backend's memory, for the data-parallel ranks
+  // `ranks` (MPI, host memory); null when `ranks` itself serves (the CPU backend's memory is the
+  // host's). The CUDA backend's sums its device buffers through NCCL on its own stream.
+  virtual std::unique_ptr<Communicator> communicator_for(Communicator& ranks) {
+    (void)ranks;
+    return nullptr;
+  }
 
   // ---- memory ---------------------------------------------------------------------------------
   // The GPU takes its memory as one reservation of `total` bytes in `buffers` allocations (the
@@ -236,7 +244,8 @@ std::unique_ptr<Backend> make_cpu_backend(const Storage& storage);
 std::unique_ptr<Backend> make_planning_backend(const Storage& storage);
 // The fp32 CPU backend, for what builds a model without choosing one (tests, tools).
 Backend& default_cpu_backend();
-// Throws UserError when no usable GPU is present; only in builds with CUDA.
-std::unique_ptr<Backend> make_cuda_backend(const Storage& storage);
+// On GPU `device` (a rank's index on its node). Throws UserError when no usable GPU is present;
+// only in builds with CUDA.
+std::unique_ptr<Backend> make_cuda_backend(const Storage& storage, int device = 0);
 
 }  // namespace grass

@@ -13,6 +13,7 @@
 #include "cuda/common.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"
+#include "cuda/nccl_communicator.h"
 #include "cuda/staging.cuh"
 #include "lowrank_ops.h"
 
@@ -36,11 +37,11 @@ constexpr size_t kStagingBytes = size_t(32) << 20;
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Storage& storage, std::string gpu)
+  CudaBackend(const Storage& storage, std::string gpu, int device)
       : Backend(storage), gpu_(std::move(gpu)), staging_(kStagingBytes) {
     GRASS_CHECK(storage.cuda && storage.bf16_weights(),
                 "the CUDA backend needs a bf16 CUDA storage plan");
-    GRASS_CUDA_CHECK(cudaSetDevice(0));
+    GRASS_CUDA_CHECK(cudaSetDevice(device));
     // Everything that takes device memory outside the arena happens here, before reserve(), so
     // that the reservation is the run's last allocation: the stream, both cuBLAS handles (and the
     // kernels, loaded eagerly: probe_device, cuda/device.h).
@@ -73,6 +74,9 @@ class CudaBackend final : public Backend {
     return {int64_t(total_bytes - free_bytes), int64_t(total_bytes)};
   }
   void synchronize() override { sync(); }
+  std::unique_ptr<Communicator> communicator_for(Communicator& ranks) override {
+    return cuda::make_nccl_communicator(ranks, ctx_.stream);
+  }
 
   // ---- memory ---------------------------------------------------------------------------------
   void reserve(int64_t total, int64_t buffers) override {
@@ -381,13 +385,13 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(const Storage& storage) {
-  const cuda::DeviceProbe gpu = cuda::probe_device();
+std::unique_ptr<Backend> make_cuda_backend(const Storage& storage, int device) {
+  const cuda::DeviceProbe gpu = cuda::probe_device(device);
   if (!gpu.usable) throw UserError("device cuda: " + gpu.description);
   if (!storage.bf16_weights())
     throw UserError("precision \"fp32\" runs on the CPU backend only: on the GPU use "
                     "\"bf16-mixed\" or \"bf16\"");
-  return std::make_unique<CudaBackend>(storage, gpu.description);
+  return std::make_unique<CudaBackend>(storage, gpu.description, device);
 }
 
 }  // namespace grass

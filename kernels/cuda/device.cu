@@ -21,7 +21,7 @@ std::string failure(const char* what, cudaError_t err) {
 
 }  // namespace
 
-DeviceProbe probe_device() {
+DeviceProbe probe_device(int device) {
   // Before the first CUDA call, which reads it. Lazy loading (CUDA's default since 12.2) would
   // put each kernel's code on the device at its first launch: after the run's one reservation,
   // so a run planned near the card's capacity could fail at step 0, or at the first launch of a
@@ -34,8 +34,12 @@ DeviceProbe probe_device() {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) return {false, failure("cudaGetDeviceCount", err)};
   if (count == 0) return {false, "no usable GPU (no CUDA device found)"};
+  if (device >= count)
+    return {false, "no GPU " + std::to_string(device) + " for this rank (the node has " +
+                       std::to_string(count) + "): start at most one rank per GPU on each node"};
+  if ((err = cudaSetDevice(device)) != cudaSuccess) return {false, failure("cudaSetDevice", err)};
   cudaDeviceProp prop{};
-  if ((err = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess)
+  if ((err = cudaGetDeviceProperties(&prop, device)) != cudaSuccess)
     return {false, failure("cudaGetDeviceProperties", err)};
 
   constexpr int n = 1000;

@@ -4,8 +4,10 @@
 // batch, and the step sums the ranks' gradients before clipping and updating, so every rank
 // makes the same update. Without a launcher, grass is one process and nothing is exchanged.
 //
-// The reductions operate on host memory (the CPU backend's buffers). Sums go to rank 0 in rank
-// order and back out: every rank holds the same bits, and a rerun repeats them.
+// all_reduce_sum works on the backend's memory: the MPI communicator sums host buffers (the CPU
+// backend's), to rank 0 in rank order and back out, so every rank holds the same bits and a rerun
+// repeats them; the CUDA backend's communicator (Backend::communicator_for) sums device buffers
+// through NCCL on the backend's stream.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -25,11 +27,16 @@ class Communicator {
   virtual ~Communicator() = default;
   int rank() const { return rank_; }
   int world() const { return world_; }
+  int local_rank() const { return local_rank_; }  // among the ranks on this node: its GPU
   bool leader() const { return rank_ == 0; }  // the rank that writes files and prints
   virtual std::string describe() const = 0;   // "MPI (OpenMPI 4.1.4), 2 ranks"
 
-  // data[0, count) summed over the ranks, in place on every rank.
+  // data[0, count) (the backend's memory) summed over the ranks, in place on every rank.
   virtual void all_reduce_sum(void* data, int64_t count, Element element) = 0;
+  // A host value summed over the ranks.
+  virtual double sum(double value) = 0;
+  // bytes[0, n) of rank 0's, on every rank.
+  virtual void broadcast(void* bytes, size_t n) = 0;
   // Every rank's value, in rank order, on every rank.
   virtual std::vector<uint64_t> all_gather(uint64_t value) = 0;
   // UserError on every rank unless all ranks passed the same value; `what` says what it is,
@@ -44,6 +51,7 @@ class Communicator {
   virtual void end_job(int code) = 0;  // asks the launcher to end the other ranks
   int rank_ = 0;
   int world_ = 1;
+  int local_rank_ = 0;
   int64_t bytes_reduced_ = 0;
 };
 

@@ -53,6 +53,11 @@ class MpiCommunicator final : public Communicator {
     // A failed call returns its code to check(), which reports it, instead of MPI's default of
     // ending the job with no word on where it happened.
     check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    MPI_Comm node;  // the ranks that share this node's memory: a rank's index there picks its GPU
+    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+          "MPI_Comm_split_type");
+    check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
+    MPI_Comm_free(&node);
     check(MPI_Op_create(sum_f32, /*commute=*/0, &ops_[0]), "MPI_Op_create");
     check(MPI_Op_create(sum_bf16, 0, &ops_[1]), "MPI_Op_create");
     check(MPI_Op_create(sum_f64, 0, &ops_[2]), "MPI_Op_create");
@@ -87,6 +92,15 @@ class MpiCommunicator final : public Communicator {
       check(MPI_Bcast(chunk, n, type[index], 0, MPI_COMM_WORLD), "MPI_Bcast");
       done += n;
     }
+  }
+
+  double sum(double value) override {
+    all_reduce_sum(&value, 1, Element::F64);
+    return value;
+  }
+
+  void broadcast(void* bytes, size_t n) override {
+    check(MPI_Bcast(bytes, int(n), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
   }
 
   std::vector<uint64_t> all_gather(uint64_t value) override {

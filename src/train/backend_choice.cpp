@@ -7,15 +7,15 @@
 
 namespace grass {
 
-std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_cpu) {
+std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_cpu, int gpu_index) {
   std::string ignored;
   std::string& why = why_cpu ? *why_cpu : ignored;
   const std::string where = (cfg.source.empty() ? std::string("run config") : cfg.source) + ": ";
   if (cfg.device == "cpu") return make_cpu_backend(storage_for(cfg.precision, false));
 #ifdef GRASS_HAVE_CUDA
-  const cuda::DeviceProbe gpu = cuda::probe_device();
+  const cuda::DeviceProbe gpu = cuda::probe_device(gpu_index);
   if (gpu.usable && (cfg.device == "cuda" || cfg.precision != PrecisionChoice::F32))
-    return make_cuda_backend(storage_for(cfg.precision, true));
+    return make_cuda_backend(storage_for(cfg.precision, true), gpu_index);
   if (gpu.usable) {  // auto with fp32: the CPU reference is the only fp32 backend
     why = "precision fp32 runs on the CPU backend only (GPU " + gpu.description + " unused)";
     return make_cpu_backend(storage_for(cfg.precision, false));

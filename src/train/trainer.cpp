@@ -117,16 +117,19 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   }
 
   std::string why_cpu;
-  const std::unique_ptr<Backend> backend = choose_backend(cfg, &why_cpu);
-  if (comm.world() > 1 && backend->storage().cuda)
-    throw UserError(source + "device: several ranks on GPUs need NCCL, which grass does not use "
-                    "yet; run the ranks with device: cpu, or one process per GPU run");
+  const std::unique_ptr<Backend> backend = choose_backend(cfg, &why_cpu, comm.local_rank());
+  // Under a launcher the gradients' sums go through the communicator that works on the backend's
+  // memory: MPI's own on the CPU, NCCL's on the GPU (from one rank up, so one GPU tries NCCL).
+  const bool launched = &comm != &single_process();
+  const std::unique_ptr<Communicator> device_comm =
+      launched ? backend->communicator_for(comm) : nullptr;
+  Communicator& grads_comm = device_comm ? *device_comm : comm;
   // GPU memory comes as one reservation of the planned size, cut into the named buffers.
   const MemoryPlan plan = plan_memory(cfg, backend->storage());
   check_memory_limit(cfg, backend->storage(), plan);
   backend->reserve(plan.total, plan.buffers);
   Arena arena(false, *backend);
-  TrainingState state = build_training_state(cfg, arena, *backend, comm);
+  TrainingState state = build_training_state(cfg, arena, *backend, grads_comm);
   LlamaModel& model = *state.model;
 
   // The starting point: a checkpoint, pretrained weights, or the seed. out_dir is created and
@@ -180,7 +183,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
                    "%lld (another out_dir, or an edited file); new rows are appended after them\n",
                    metrics_path.c_str(), (long long)kept_rows, (long long)start_step,
                    (long long)checkpoint_metrics_rows);
-    print_run_table(cfg, *backend, why_cpu, comm, model, flops_per_token, loader, arena);
+    print_run_table(cfg, *backend, why_cpu, grads_comm, model, flops_per_token, loader, arena);
     if (evaluator)
       std::printf("  eval          first %lld tokens of %s, %s\n", (long long)cfg.eval_tokens,
                   evaluator->stream().describe().c_str(),
@@ -243,7 +246,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     m.mem_device_used_bytes = device.used;
     m.mem_device_bytes = device.total;
     if (backend->storage().cuda) m.host_waits = backend->host_waits() - waits_before;
-    const int64_t comm_bytes = comm.take_bytes_reduced();
+    const int64_t comm_bytes = grads_comm.take_bytes_reduced();
     if (comm.world() > 1) m.comm_bytes = comm_bytes;
     m.tokens_seen = (step + 1) * cfg.tokens_per_step();
     m.mem_bytes = arena.peak_bytes();

@@ -72,7 +72,7 @@ StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, dou
   }
   out.grad_norm = s.step->finish();
   for (const double loss : model.take_losses()) out.loss += loss / (double(accum) * world);
-  s.comm->all_reduce_sum(&out.loss, 1, Element::F64);
+  out.loss = s.comm->sum(out.loss);
   return out;
 }
 

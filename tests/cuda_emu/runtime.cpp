@@ -28,6 +28,9 @@ namespace {
 
 constexpr size_t kPage = 4096;
 constexpr size_t kTotalMemory = size_t(16) << 30;  // what cudaMemGetInfo reports as the card
+// A node of 8 emulated GPUs, all in the host's memory: each data-parallel rank under mpirun takes
+// the one at its index on the node, as on a real node.
+constexpr int kDevices = 8;
 constexpr int kMaxSharedOptin = 232448;             // sm_90: 227 KiB of shared memory per block
 constexpr int kDefaultMaxShared = 48 << 10;
 
@@ -213,16 +216,18 @@ const char* cudaGetErrorString(cudaError_t err) {
 }
 cudaError_t cudaGetDeviceCount(int* count) {
   lazy_module_loading();  // a first CUDA call reads the loading mode
-  *count = 1;
+  *count = kDevices;
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaSetDevice(int device) {
+  return device >= 0 && device < kDevices ? cudaSuccess : cudaErrorInvalidValue;
+}
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return cudaErrorInvalidValue;
+  if (device < 0 || device >= kDevices) return cudaErrorInvalidValue;
   *prop = {};
   std::snprintf(prop->name, sizeof prop->name, "cuda_emu (CPU emulation)");
   prop->totalGlobalMem = kTotalMemory;

@@ -1,0 +1,97 @@
+// cuda_emu's NCCL (include/nccl.h) over MPI: every rank gathers every rank's buffer and sums them
+// in rank order, adding in fp32 and rounding bf16 after each addition as a ring would.
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/bf16.h"
+
+struct ncclComm {
+  int nranks = 0;
+  int rank = 0;
+};
+
+namespace {
+
+template <typename T>
+void sum_in_rank_order(const std::vector<char>& all, void* out, size_t count, int nranks) {
+  const T* parts = reinterpret_cast<const T*>(all.data());
+  T* sum = static_cast<T*>(out);
+  for (size_t i = 0; i < count; i++) {
+    T s = parts[i];
+    for (int r = 1; r < nranks; r++) s += parts[size_t(r) * count + i];
+    sum[i] = s;
+  }
+}
+
+void sum_bf16_in_rank_order(const std::vector<char>& all, void* out, size_t count, int nranks) {
+  const uint16_t* parts = reinterpret_cast<const uint16_t*>(all.data());
+  uint16_t* sum = static_cast<uint16_t*>(out);
+  for (size_t i = 0; i < count; i++) {
+    uint16_t s = parts[i];
+    for (int r = 1; r < nranks; r++)
+      s = grass::float_to_bf16(grass::bf16_to_float(s) + grass::bf16_to_float(parts[size_t(r) * count + i]));
+    sum[i] = s;
+  }
+}
+
+}  // namespace
+
+const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclInternalError: return "internal error (cuda_emu: MPI is not initialised)";
+    case ncclInvalidArgument: return "invalid argument";
+  }
+  return "unknown error";
+}
+
+ncclResult_t ncclGetVersion(int* version) {
+  *version = 22800;  // reported as the CUDA install's 2.28.0
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  std::memset(id->internal, 0, sizeof id->internal);
+  std::strcpy(id->internal, "cuda_emu");
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  int initialised = 0, size = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) return ncclInternalError;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (nranks != size || std::strcmp(id.internal, "cuda_emu") != 0) return ncclInvalidArgument;
+  *comm = new ncclComm{nranks, rank};
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  delete comm;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t) {
+  if (op != ncclSum) return ncclInvalidArgument;
+  const size_t element = datatype == ncclFloat64 ? 8 : datatype == ncclFloat32 ? 4 : 2;
+  const size_t bytes = count * element;
+  if (bytes > size_t(INT32_MAX)) return ncclInvalidArgument;  // the emulator runs small models
+  std::vector<char> all(bytes * size_t(comm->nranks));
+  if (MPI_Allgather(sendbuff, int(bytes), MPI_BYTE, all.data(), int(bytes), MPI_BYTE,
+                    MPI_COMM_WORLD) != MPI_SUCCESS)
+    return ncclInternalError;
+  switch (datatype) {
+    case ncclFloat32: sum_in_rank_order<float>(all, recvbuff, count, comm->nranks); break;
+    case ncclFloat64: sum_in_rank_order<double>(all, recvbuff, count, comm->nranks); break;
+    case ncclBfloat16: sum_bf16_in_rank_order(all, recvbuff, count, comm->nranks); break;
+  }
+  return ncclSuccess;
+}
