@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first minutes on a lent GPU, one command (../shared/GPU_FIRST_RUN.md, steps T0-T7;
+# The first minutes on a lent GPU, one command (../shared/GPU_FIRST_RUN.md, steps T0-T7, and T8;
 # docs/gpu-status.md "Before and during a GPU session"). Under 10 minutes on an H100: every step
 # has its own time limit, the whole run a deadline (--budget), and a step that fails, hangs or
 # finds no time left is recorded and the next one runs.
@@ -23,6 +23,8 @@
 #   T7     13B GRASS headroom: configs/runs/llama_13b_grass.json for a few steps under
 #          --memory-limit 40GiB; the step lines' memory beside `grass mem`'s plan (then, if time
 #          is left, 2 steps with the cap at the plan itself)
+#   T8     data parallelism through the real NCCL: `mpirun -np 1 grass train` on llama_60m (when
+#          mpirun and a build with MPI are there)
 #   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv)
 #          when that target exists; last, being optional
 # It ends with a markdown table (also $OUT/summary.md, rewritten after every step) to paste
@@ -36,7 +38,7 @@
 #                    runs the Python probes' --dry-run and profile_shares' self-test, builds the
 #                    sync counter, makes the shard, runs `grass mem` for the 13B plan, and prints
 #                    each GPU step's commands instead of running them
-#     --only/--skip  comma-separated step names from: T0,T1,build,T2,T3,T4,bench,T5,T6,T7
+#     --only/--skip  comma-separated step names from: T0,T1,build,T2,T3,T4,bench,T5,T6,T7,T8
 #     --budget       seconds for the whole run (default 560: the device tool allows 600 a call)
 #     --skip-build   use the binaries already in build-gpu/
 # Environment: OUT (where results go), CUDA_ARCH (default 90), CMAKE_ARGS (more -D options),
@@ -48,7 +50,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 export PATH="/usr/local/cuda/bin:$PATH"
 
-ALL_STEPS=(T0 T1 build T2 T3 T4 bench T5 T6 T7)
+ALL_STEPS=(T0 T1 build T2 T3 T4 bench T5 T6 T7 T8)
 dry=0 skip_build=0 budget=560 only="" skip=""
 usage() { sed -n '2,45p' "$0"; }
 while [ $# -gt 0 ]; do
@@ -376,6 +378,31 @@ ensure_shard() {
 done_field() { sed -n "s/.*median \([0-9.]*\) tok\/s.*/\1/p" "$1" | tail -1; }
 mfu_field() { sed -n 's/.*tok\/s, MFU \([0-9.]*%\).*/\1/p' "$1" | tail -1; }
 
+# ---- T8 ------------------------------------------------------------------------------------------
+# Data parallelism's GPU path through the real NCCL (issue 16; docs/distributed.md): one rank under
+# mpirun, so the gradients' sums go through ncclAllReduce on the backend's stream. Needs mpirun
+# and a build with MPI; the device machine may have neither (then: skipped, and why).
+step_t8() {
+  local rc log=$logs/t8_nccl.log
+  begin T8 60 20 || return
+  need_build T8 || return
+  if ! command -v mpirun >/dev/null; then record T8 "skipped (no mpirun)" "OpenMPI is not on this machine"; return; fi
+  if [ $dry = 0 ] && ! grep -q "grass: MPI TRUE" "$logs"/build*.log 2>/dev/null; then
+    record T8 "skipped (no MPI)" "built without MPI (no libopenmpi-dev)"; return
+  fi
+  ensure_shard || { record T8 "fail (no shard)" "log: logs/shard.log"; return; }
+  rm -rf "$work/t8_nccl"
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_cmd "$LIM" "$log" mpirun -np 1 \
+    "$BUILD"/grass train configs/runs/bench_60m.json --set "data.train=$shard" --set device=cuda \
+    --set precision=bf16-mixed --set steps=4 --set log_every=1 --set "out_dir=$work/t8_nccl"
+  rc=$?
+  [ $dry = 1 ] && { record T8 dry-run "mpirun -np 1 printed"; return; }
+  if [ $rc = 0 ] && ! grep -q "gradients through NCCL" "$log"; then
+    record T8 "fail" "the run did not sum through NCCL (log: logs/t8_nccl.log)"; return
+  fi
+  record T8 "$(status_of $rc)" "$(grep -o 'gradients through NCCL [0-9.]*' "$log" | head -1); $(grep '^step' "$log" | sed -n 's/.*| comm \([^|]*\).*/comm \1/p' | tail -1); $(done_field "$log") tok/s"
+}
+
 # ---- T5 ------------------------------------------------------------------------------------------
 step_t5() {
   local rc
@@ -572,6 +599,7 @@ step_t3
 step_t5
 step_t6
 step_t7
+step_t8
 step_bench  # last: the kernel lab is optional, T6/T7 run nowhere else
 echo
 write_summary

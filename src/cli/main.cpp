@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<grass::Communicator> launched;
   try {
     launched = grass::launch_communicator(&argc, &argv);
+  } catch (const grass::UserError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return kExitUserError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "internal error: starting MPI: %s\n", e.what());
     return 1;

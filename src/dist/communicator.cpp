@@ -1,6 +1,7 @@
 #include "dist/communicator.h"
 
 #include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 
@@ -48,12 +49,22 @@ Communicator& single_process() {
   return one;
 }
 
+#ifdef GRASS_HAVE_MPI
 // mpi_communicator.cpp
 std::unique_ptr<Communicator> make_mpi_communicator(int* argc, char*** argv);
+#endif
 
 std::unique_ptr<Communicator> launch_communicator(int* argc, char*** argv) {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
-    if (std::getenv(var)) return make_mpi_communicator(argc, argv);
+    if (std::getenv(var)) {
+#ifdef GRASS_HAVE_MPI
+      return make_mpi_communicator(argc, argv);
+#else
+      (void)argc, (void)argv;
+      throw UserError(std::string("started by a launcher (") + var + " is set), but this grass "
+                      "was built without MPI: install libopenmpi-dev and rebuild");
+#endif
+    }
   return nullptr;
 }
 

@@ -60,7 +60,8 @@ Communicator& single_process();
 
 // MPI when a launcher started this process (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK in the
 // environment), initialised here and finalised when the object is destroyed; null otherwise
-// (then single_process() is the run's communicator).
+// (then single_process() is the run's communicator). UserError under a launcher in a build
+// without MPI.
 std::unique_ptr<Communicator> launch_communicator(int* argc, char*** argv);
 
 }  // namespace grass

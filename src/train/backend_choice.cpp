@@ -25,6 +25,7 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
                     "; use \"auto\" or \"cpu\" to train on the CPU");
   why = gpu.description;
 #else
+  (void)gpu_index;
   why = "built without CUDA";
   if (cfg.device == "cuda")
     throw UserError(where + "device: \"cuda\" but this grass was built without CUDA (no nvcc at "

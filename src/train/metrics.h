@@ -21,7 +21,8 @@ struct StepMetrics {
   int64_t mem_device_used_bytes = 0;  // the device's memory in use (cudaMemGetInfo); 0 on the CPU
   int64_t mem_device_bytes = 0;       // the device's memory; 0 on the CPU
   int64_t host_waits = -1;  // times the host waited for the device this step; < 0: on the CPU
-  int64_t comm_bytes = -1;  // bytes this rank put into sums over the ranks; < 0: one process
+  int64_t comm_bytes = -1;  // bytes this rank put into sums over the ranks; < 0: not launched
+                            // by mpirun
   double eta_s = 0;         // time left at the mean step time so far (step line only)
 };
 

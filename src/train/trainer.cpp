@@ -247,7 +247,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     m.mem_device_bytes = device.total;
     if (backend->storage().cuda) m.host_waits = backend->host_waits() - waits_before;
     const int64_t comm_bytes = grads_comm.take_bytes_reduced();
-    if (comm.world() > 1) m.comm_bytes = comm_bytes;
+    if (launched) m.comm_bytes = comm_bytes;
     m.tokens_seen = (step + 1) * cfg.tokens_per_step();
     m.mem_bytes = arena.peak_bytes();
     seconds_so_far += seconds;
