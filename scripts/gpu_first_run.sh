@@ -387,8 +387,8 @@ step_t8() {
   begin T8 60 20 || return
   need_build T8 || return
   if ! command -v mpirun >/dev/null; then record T8 "skipped (no mpirun)" "OpenMPI is not on this machine"; return; fi
-  if [ $dry = 0 ] && ! grep -q "grass: MPI TRUE" "$logs"/build*.log 2>/dev/null; then
-    record T8 "skipped (no MPI)" "built without MPI (no libopenmpi-dev)"; return
+  if [ $dry = 0 ] && ! ldd "$BUILD"/grass 2>/dev/null | grep -q libmpi; then
+    record T8 "skipped (no MPI)" "$BUILD/grass is not linked with MPI (built without libopenmpi-dev)"; return
   fi
   ensure_shard || { record T8 "fail (no shard)" "log: logs/shard.log"; return; }
   rm -rf "$work/t8_nccl"
