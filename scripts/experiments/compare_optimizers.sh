@@ -112,52 +112,39 @@ quality_prereqs() {
     { echo "the sample's shards are missing: run scripts/run.sh once first" >&2; exit 2; }
 }
 
+# enqueue_a MODEL METHOD LR SEED [NOTE]: one Table A run, in $out/a/MODEL/METHOD/lr<LR>_s<SEED>
+enqueue_a() {
+  local model=$1 name=$2 lr=$3 seed=$4 note=${5:-} dir=$out/a/$1/$2/lr$3_s$4 margs extra=()
+  mapfile -t margs < <(method_args "$name")
+  case $name in adamw*) ;; *) extra=("${projected_args[@]}") ;; esac
+  enqueue "$model $name lr $lr seed $seed$note" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
+    --set model=configs/models/llama_$model.json "${quality_args[@]}" "${margs[@]}" "${extra[@]}" \
+    --set optimizer.lr="$lr" --set seed="$seed"
+}
+
 if [ "$table" = a ]; then
   quality_prereqs
   models=(quickstart quickstart_tied)
   for model in "${models[@]}"; do
-    base=(--set model=configs/models/llama_$model.json "${quality_args[@]}")
     for entry in "${methods[@]}"; do
-      name=${entry%%|*}
-      mapfile -t margs < <(method_args "$name")
-      case $name in adamw*) extra=() ;; *) extra=("${projected_args[@]}") ;; esac
-      for lr in "${lr_grid[@]}"; do
-        dir=$out/a/$model/$name/lr${lr}_s42
-        enqueue "$model $name lr $lr seed 42" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
-          "${base[@]}" "${margs[@]}" "${extra[@]}" --set optimizer.lr=$lr --set seed=42
-      done
+      for lr in "${lr_grid[@]}"; do enqueue_a "$model" "${entry%%|*}" "$lr" 42; done
     done
   done
   run_queue
   for _ in 1 2 3; do
     for model in "${models[@]}"; do
-      base=(--set model=configs/models/llama_$model.json "${quality_args[@]}")
       for entry in "${methods[@]}"; do
-        name=${entry%%|*}
-        lr=$(report next-lr "$out/a/$model/$name" "${lr_ladder[@]}")
-        [ -n "$lr" ] || continue
-        mapfile -t margs < <(method_args "$name")
-        case $name in adamw*) extra=() ;; *) extra=("${projected_args[@]}") ;; esac
-        dir=$out/a/$model/$name/lr${lr}_s42
-        enqueue "$model $name lr $lr seed 42 (past the grid's edge)" "$dir" "${grass_train[@]}" \
-          --set out_dir="$dir" "${base[@]}" "${margs[@]}" "${extra[@]}" --set optimizer.lr=$lr --set seed=42
+        lr=$(report next-lr "$out/a/$model/${entry%%|*}" "${lr_ladder[@]}")
+        [ -z "$lr" ] || enqueue_a "$model" "${entry%%|*}" "$lr" 42 " (past the grid's edge)"
       done
     done
     [ ${#queue[@]} -gt 0 ] || break
     run_queue
   done
   for model in "${models[@]}"; do
-    base=(--set model=configs/models/llama_$model.json "${quality_args[@]}")
     for entry in "${methods[@]}"; do
-      name=${entry%%|*}
-      mapfile -t margs < <(method_args "$name")
-      case $name in adamw*) extra=() ;; *) extra=("${projected_args[@]}") ;; esac
-      lr=$(report best-lr "$out/a/$model/$name")
-      for seed in 1 2; do
-        dir=$out/a/$model/$name/lr${lr}_s$seed
-        enqueue "$model $name lr $lr seed $seed" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
-          "${base[@]}" "${margs[@]}" "${extra[@]}" --set optimizer.lr=$lr --set seed=$seed
-      done
+      lr=$(report best-lr "$out/a/$model/${entry%%|*}")
+      for seed in 1 2; do enqueue_a "$model" "${entry%%|*}" "$lr" "$seed"; done
     done
   done
   run_queue
