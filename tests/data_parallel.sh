@@ -6,8 +6,8 @@
 # sums must equal `grass mem`'s plan of them; a rerun must repeat its
 # bits; a 2-rank run resumed from its checkpoint must equal the uninterrupted 2-rank run byte for
 # byte and a resume on another rank count is refused; a batch the ranks cannot split is refused
-# with one line; and a rank killed mid-run ends the whole job within a timeout, leaving the
-# checkpoints it wrote verifiable.
+# with one line; and a rank killed mid-run, or stopped, ends the whole job within a timeout,
+# leaving the checkpoints it wrote verifiable.
 # The one-process twin of a run of W ranks with micro-batches of m reads micro-batches of m x W:
 # rank r takes positions r, r + W, ... of each epoch's order, so the i-th micro-batches of the
 # ranks together hold exactly the one-process run's i-th micro-batch (GRASS's refresh selects on
@@ -89,11 +89,15 @@ case_run fused_grass2 2 8 --set fused_update=on "${grass[@]}"
 # order of the fp32 sums moves the master weights in their last bits, and a bf16 weight rounded
 # the other way changes the next forward (bf16-mixed, 1e-3; measured 1.4e-5); pure bf16 sums
 # bf16 gradients, each rank's rounded before the sum (1e-2).
+# GRASS_BUCKET_MB=0: each gradient's sum starts the moment the step hands it over, so a sum started
+# before its gradient is complete would miss a part.
+export GRASS_BUCKET_MB=0
 emu=(--set device=cuda --set precision=bf16-mixed "${grass[@]}")
 bin=$GRASS_EMU tol=1e-3 case_run emu_grass2 2 2 "${emu[@]}"
 grep -q "gradients through NCCL" "$tmp/emu_grass2.dp.log" || fail "emu_grass2: the gradients did not go through NCCL"
 bin=$GRASS_EMU tol=1e-2 case_run emu_bf16_fused2 2 8 --set device=cuda --set precision=bf16 "${grass[@]}"
 grep -q "updates fused into the backward" "$tmp/emu_bf16_fused2.dp.log" || fail "emu_bf16_fused2: not fused"
+unset GRASS_BUCKET_MB
 
 # The bytes each rank summed, counted in the run, equal the plan's (grass mem): every step, plus
 # the full gradients at GRASS's and GaLore's refreshes (steps 1, 4, 7 at K = 3).
@@ -175,5 +179,31 @@ else
     fail "the checkpoint left by the killed job does not verify"
 fi
 
+# A rank that stops answering (SIGSTOP: alive, never joining the next sum) ends the job through
+# the waiting rank's watchdog (GRASS_TIMEOUT_S) within 60 s, with one line naming the rank that
+# waited and what it waited in; the checkpoints written before verify.
+start=$SECONDS
+GRASS_TIMEOUT_S=3 "${mpi[@]}" -x GRASS_TIMEOUT_S -np 2 bash -c '
+  if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 4; kill -STOP $$) & fi
+  exec "$0" train "$1" --set out_dir="$2" --set steps=100000 --set checkpoint_every=5 --set checkpoint_keep=1 \
+    --set micro_batch_size=4' "$GRASS" "$tmp/run.json" "$tmp/hung" >"$tmp/hung.log" 2>&1 &
+job=$!
+while kill -0 $job 2>/dev/null && [ $((SECONDS - start)) -lt 60 ]; do sleep 1; done
+if kill -0 $job 2>/dev/null; then
+  fail "a job with a stopped rank still runs after 60 s"; pkill -9 -f "$tmp/hung"; kill -9 $job
+else
+  wait $job && fail "a job with a stopped rank exits 0"
+fi
+grep -q "error (rank 0 of 2): .* has waited [0-9]* s for the other ranks (GRASS_TIMEOUT_S = 3): another rank has stopped or died" \
+  "$tmp/hung.log" || { fail "a stopped rank is not reported by the rank that waited"; cat "$tmp/hung.log"; }
+newest=$(ls -1 "$tmp/hung/checkpoints" 2>/dev/null | grep -E '^step_[0-9]{8}$' | sort | tail -1)
+if [ -z "$newest" ]; then
+  fail "no checkpoint before the stop"; cat "$tmp/hung.log"
+else
+  "$GRASS" export --checkpoint "$tmp/hung/checkpoints/$newest" --out "$tmp/hung_export" >/dev/null 2>&1 ||
+    fail "the checkpoint left by the stopped job does not verify"
+fi
+pkill -9 -f "$tmp/hung" 2>/dev/null  # a stopped rank mpirun left behind
+
 if [ $failures -gt 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "data parallel: 10 rank/optimizer cases (2 on the emulated GPU) match one process; bytes as planned; rerun, resume, refusals and a killed rank checked"
+echo "data parallel: 10 rank/optimizer cases (2 on the emulated GPU) match one process; bytes as planned; rerun, resume, refusals, a killed and a stopped rank checked"

@@ -1,11 +1,15 @@
 #include "cuda/nccl_communicator.h"
 
-#include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "cuda/common.cuh"
+#include "dist/watchdog.h"
 
 namespace grass::cuda {
 
@@ -14,6 +18,19 @@ namespace {
 void check_nccl(ncclResult_t status, const char* call) {
   if (status == ncclSuccess) return;
   throw InternalError(std::string(call) + " failed: " + ncclGetErrorString(status));
+}
+
+// The step's started sums go out in groups of at least this many bytes: one NCCL launch each,
+// large enough to run near the link's bandwidth, small enough that the first ones start early in
+// the backward. GRASS_BUCKET_MB, else 25 (PyTorch DDP's bucket_cap_mb); 0 sends each at once.
+int64_t bucket_bytes_from_environment() {
+  const char* text = std::getenv("GRASS_BUCKET_MB");
+  if (!text || !*text) return int64_t(25) << 20;
+  char* end = nullptr;
+  const double mb = std::strtod(text, &end);
+  if (*end != '\0' || !(mb >= 0))
+    throw UserError(std::string("GRASS_BUCKET_MB: '") + text + "' is not a number of MiB >= 0");
+  return int64_t(mb * (1 << 20));
 }
 
 class NcclCommunicator final : public Communicator {
@@ -30,28 +47,69 @@ class NcclCommunicator final : public Communicator {
     ncclGetVersion(&version);
     version_ = std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
                std::to_string(version % 100);
+    bucket_limit_ = bucket_bytes_from_environment();
+    GRASS_CUDA_CHECK(cudaStreamCreate(&sum_stream_));
+    GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&backward_done_, cudaEventDisableTiming));
+    if (Watchdog* dog = ranks.watchdog())
+      dog->set_health_check([comm = comm_]() -> std::string {
+        ncclResult_t state = ncclSuccess;
+        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return "";  // asked again in a second
+        if (state == ncclSuccess || state == ncclInProgress) return "";
+        return std::string("NCCL failed: ") + ncclGetErrorString(state);
+      });
   }
-  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+  ~NcclCommunicator() override {
+    if (Watchdog* dog = ranks_.watchdog()) dog->set_health_check({});
+    ncclCommDestroy(comm_);
+    cudaEventDestroy(backward_done_);
+    cudaStreamDestroy(sum_stream_);
+  }
 
   std::string describe() const override {
     return ranks_.describe() + ", gradients through NCCL " + version_;
   }
 
   // NCCL reduces each element in one fixed order per run configuration and hands every rank the
-  // same result (its ring and tree both end by broadcasting the reduced chunk).
+  // same result (its ring and tree both end by broadcasting the reduced chunk). Every NCCL call
+  // goes on the sum stream, in the order asked for: two streams of one communicator could run its
+  // collectives in different orders on different ranks, and hang. Here the backend's stream waits
+  // for this sum (and any started before it) before its next kernel.
   void all_reduce_sum(void* data, int64_t count, Element element) override {
-    const ncclDataType_t type[] = {ncclFloat32, ncclBfloat16, ncclFloat64};
-    const int64_t bytes[] = {4, 2, 8};
-    bytes_reduced_ += count * bytes[int(element)];
-    check_nccl(ncclAllReduce(data, data, size_t(count), type[int(element)], ncclSum, comm_, stream_),
-               "ncclAllReduce");
+    start_sum(data, count, element);
+    wait_sums();
   }
+
+  void start_sum(void* data, int64_t count, Element element) override {
+    bytes_reduced_ += count * kBytes[int(element)];
+    bucket_.push_back({data, count, element});
+    bucket_bytes_ += count * kBytes[int(element)];
+    if (bucket_bytes_ >= bucket_limit_) flush();
+  }
+
+  void wait_sums() override {
+    flush();
+    if (!summing_) return;
+    summing_ = false;
+    // what the backend's stream queues next (the norms, the updates) waits for the last bucket
+    cudaEvent_t summed = nullptr;
+    GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&summed, cudaEventDisableTiming));
+    GRASS_CUDA_CHECK(cudaEventRecord(summed, sum_stream_));
+    GRASS_CUDA_CHECK(cudaStreamWaitEvent(stream_, summed, 0));
+    // and the watchdog's deadline on them: NCCL waits on the device, where the host does not see
+    // it (the host blocks later, at its next wait for the GPU)
+    const std::shared_ptr<CUevent_st> owned(summed, [](cudaEvent_t e) { cudaEventDestroy(e); });
+    if (Watchdog* dog = ranks_.watchdog())
+      dog->begin("a sum of gradients over NCCL",
+                 [owned] { return cudaEventQuery(owned.get()) != cudaErrorNotReady; });
+  }
+
   double sum(double value) override {
     bytes_reduced_ += sizeof value;
     return ranks_.sum(value);
   }
   void broadcast(void* bytes, size_t n) override { ranks_.broadcast(bytes, n); }
   std::vector<uint64_t> all_gather(uint64_t value) override { return ranks_.all_gather(value); }
+  Watchdog* watchdog() override { return ranks_.watchdog(); }
 
  protected:
   void end_job(int code) override {
@@ -60,9 +118,40 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  static constexpr ncclDataType_t kType[] = {ncclFloat32, ncclBfloat16, ncclFloat64};
+  static constexpr int64_t kBytes[] = {4, 2, 8};
+  struct Sum {
+    void* data;
+    int64_t count;
+    Element element;
+  };
+
+  // The bucket's sums, one NCCL group, on the sum stream once the backward's kernels queued so
+  // far (which formed these gradients) are done.
+  void flush() {
+    if (bucket_.empty()) return;
+    GRASS_CUDA_CHECK(cudaEventRecord(backward_done_, stream_));
+    GRASS_CUDA_CHECK(cudaStreamWaitEvent(sum_stream_, backward_done_, 0));
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (const Sum& s : bucket_)
+      check_nccl(ncclAllReduce(s.data, s.data, size_t(s.count), kType[int(s.element)], ncclSum,
+                               comm_, sum_stream_),
+                 "ncclAllReduce");
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    bucket_.clear();
+    bucket_bytes_ = 0;
+    summing_ = true;
+  }
+
   Communicator& ranks_;
-  cudaStream_t stream_;
+  cudaStream_t stream_;                // the backend's: the backward, norms and updates
+  cudaStream_t sum_stream_ = nullptr;  // every NCCL call, beside the backward
+  cudaEvent_t backward_done_ = nullptr;
   ncclComm_t comm_ = nullptr;
+  std::vector<Sum> bucket_;
+  int64_t bucket_bytes_ = 0;
+  int64_t bucket_limit_ = 0;
+  bool summing_ = false;  // sums queued on the sum stream since the last wait_sums()
   std::string version_;
 };
 

@@ -19,6 +19,15 @@ void Communicator::check_same(uint64_t value, const std::string& what) {
                       std::to_string(world_) + "): the ranks would train different models");
 }
 
+void Communicator::start_sum(void* data, int64_t count, Element element) {
+  started_.push_back({data, count, element});
+}
+
+void Communicator::wait_sums() {
+  for (const Sum& s : started_) all_reduce_sum(s.data, s.count, s.element);
+  started_.clear();
+}
+
 void Communicator::abort(int code) {
   end_job(code);
   std::_Exit(code);

@@ -8,6 +8,10 @@
 // backend's), to rank 0 in rank order and back out, so every rank holds the same bits and a rerun
 // repeats them; the CUDA backend's communicator (Backend::communicator_for) sums device buffers
 // through NCCL on the backend's stream.
+// start_sum/wait_sums are the step's sums of its gradients, started as each gradient completes in
+// the last backward: the MPI communicator queues them and sums them in wait_sums(), in the order
+// started (a CPU backend may still round the gradients when the backward ends); NCCL's sums them
+// on a communication stream in buckets, under the rest of the backward.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,6 +21,8 @@
 #include "storage.h"
 
 namespace grass {
+
+class Watchdog;  // dist/watchdog.h
 
 enum class Element { F32, BF16, F64 };
 // The element of the storage's gradients (fp32, or bf16 in pure bf16).
@@ -33,6 +39,11 @@ class Communicator {
 
   // data[0, count) (the backend's memory) summed over the ranks, in place on every rank.
   virtual void all_reduce_sum(void* data, int64_t count, Element element) = 0;
+  // Starts summing data[0, count) (the backend's memory) over the ranks in place; the sum may run
+  // after this returns, so the data stays untouched until wait_sums().
+  virtual void start_sum(void* data, int64_t count, Element element);
+  // Every started sum is complete for whatever the backend runs next.
+  virtual void wait_sums();
   // A host value summed over the ranks.
   virtual double sum(double value) = 0;
   // bytes[0, n) of rank 0's, on every rank.
@@ -44,6 +55,8 @@ class Communicator {
   void check_same(uint64_t value, const std::string& what);
   // Bytes this rank contributed to sums since the last call (the step log's "comm").
   int64_t take_bytes_reduced();
+  // The deadline on this rank's waits for the others (dist/watchdog.h); null with one process.
+  virtual Watchdog* watchdog() { return nullptr; }
   // Ends the whole job (every rank) with this exit code; this rank has said why.
   [[noreturn]] void abort(int code);
 
@@ -53,6 +66,14 @@ class Communicator {
   int world_ = 1;
   int local_rank_ = 0;
   int64_t bytes_reduced_ = 0;
+
+ private:
+  struct Sum {
+    void* data;
+    int64_t count;
+    Element element;
+  };
+  std::vector<Sum> started_;  // the default start_sum's queue
 };
 
 // One process, world 1: every collective is the identity.

@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <memory>
 
 #include "core/bf16.h"
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "dist/watchdog.h"
 
 namespace grass {
 
@@ -66,8 +68,11 @@ class MpiCommunicator final : public Communicator {
     MPI_Get_library_version(version, &length);
     library_ = std::string(version, size_t(length));
     library_ = library_.substr(0, library_.find_first_of(",\n"));
+    if (world_ > 1)
+      watchdog_ = std::make_unique<Watchdog>(rank_, world_, Watchdog::timeout_from_environment());
   }
   ~MpiCommunicator() override {
+    watchdog_.reset();
     for (MPI_Op& op : ops_) MPI_Op_free(&op);
     MPI_Finalize();
   }
@@ -82,6 +87,7 @@ class MpiCommunicator final : public Communicator {
     const size_t bytes[] = {4, 2, 8};
     bytes_reduced_ += count * int64_t(bytes[index]);
     if (world_ == 1) return;
+    const WatchedWait wait(watchdog_.get(), "a sum over MPI");
     char* p = static_cast<char*>(data);
     for (int64_t done = 0; done < count;) {  // MPI counts are ints
       const int n = int(std::min<int64_t>(count - done, INT_MAX / 8));
@@ -100,21 +106,25 @@ class MpiCommunicator final : public Communicator {
   }
 
   void broadcast(void* bytes, size_t n) override {
+    const WatchedWait wait(watchdog_.get(), "a broadcast from rank 0 over MPI");
     check(MPI_Bcast(bytes, int(n), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
   }
 
   std::vector<uint64_t> all_gather(uint64_t value) override {
     std::vector<uint64_t> out(static_cast<size_t>(world_));
+    const WatchedWait wait(watchdog_.get(), "an all-gather over MPI");
     check(MPI_Allgather(&value, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD),
           "MPI_Allgather");
     return out;
   }
 
+  Watchdog* watchdog() override { return watchdog_.get(); }
   void end_job(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
 
  private:
   MPI_Op ops_[3] = {};  // sums of F32, BF16, F64, indexed by Element
   std::string library_;
+  std::unique_ptr<Watchdog> watchdog_;  // with several ranks
 };
 
 }  // namespace

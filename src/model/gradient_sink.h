@@ -12,10 +12,11 @@ class GradientSink {
   // (act-typed backend memory, valid until this returns). The tensor's optimizer forms its
   // low-rank gradient from them; the out x in gradient is never formed here.
   virtual void projected(int tensor, const void* dy, const void* x, int64_t N) = 0;
-  // Models built with fused updates only (one backward per step): the dense gradient of `tensor`
-  // is complete in `grad` (grad-typed, rounded to its storage); the buffer is reused for the next
-  // tensor as soon as this returns. Otherwise gradients accumulate in the model's gradient buffer
-  // over the step's micro-batches and this is never called.
+  // The backward's part of the dense gradient of `tensor` is in `grad` (grad-typed). With fused
+  // updates (one backward per step) it is the whole gradient, rounded to its storage, in a buffer
+  // reused for the next tensor as soon as this returns. Otherwise it has been added to the
+  // tensor's slice of the model's gradient buffer, which holds the step's sum so far (the CPU
+  // backend rounds the buffer to its storage when the backward ends: Backend::store_gradients).
   virtual void dense_ready(int tensor, void* grad) = 0;
 };
 

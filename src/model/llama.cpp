@@ -248,10 +248,13 @@ void* LlamaModel::begin_gradient(int index) {
 }
 
 void LlamaModel::end_gradient(int index) {
-  if (!memory_.fused_update) return;  // the whole buffer is stored after the backward
   const ParamTensor& t = tensors_[index];
-  GRASS_CHECK(sink_, "fused updates need a GradientSink");
   void* g = grad(t);
+  if (!memory_.fused_update) {  // the whole buffer is stored after the backward
+    if (sink_) sink_->dense_ready(index, g);
+    return;
+  }
+  GRASS_CHECK(sink_, "fused updates need a GradientSink");
   backend_->store_gradients(g, t.numel);
   sink_->dense_ready(index, g);
 }

@@ -21,6 +21,7 @@ StepStrategy::StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, do
           MemCategory::Workspace, "clipping scalars (fp64)", sizeof(ClipScalars)))) {}
 
 void StepStrategy::begin_scalars(int64_t step) {
+  summing_ = false;
   model_.backend().zero(clip_, sizeof(ClipScalars));
   for (const auto& o : optimizers_.all()) o->begin_step(step);
 }
@@ -51,24 +52,35 @@ void DeferredStep::begin(int64_t step, double lr) {
     if (projected_[i])
       model_.backend().zero(projected_[i], size_t(projected_numel(optimizers_, int(i))) *
                                                model_.storage().grad_bytes);
+  sums_started_ = 0;
   begin_scalars(step);
 }
 
 void DeferredStep::projected(int tensor, const void* dy, const void* x, int64_t N) {
-  optimizers_.of(tensor).accumulate(tensor, projected_.at(size_t(tensor)), dy, x, N);
+  void* gc = projected_.at(size_t(tensor));
+  optimizers_.of(tensor).accumulate(tensor, gc, dy, x, N);
+  if (summing_) {
+    comm_.start_sum(gc, projected_numel(optimizers_, tensor), grad_element(model_.storage()));
+    sums_started_++;
+  }
 }
 
-void DeferredStep::dense_ready(int, void*) {
-  throw InternalError("dense_ready() in a deferred step: the model holds the dense gradients");
+void DeferredStep::dense_ready(int tensor, void* grad) {
+  if (!summing_) return;  // more micro-batches to add
+  comm_.start_sum(grad, model_.tensors()[size_t(tensor)].numel, grad_element(model_.storage()));
+  sums_started_++;
 }
 
 double DeferredStep::finish() {
   Backend& backend = model_.backend();
   // the ranks' sums, then one global norm over the projected and the dense gradients, one
   // coefficient for all
-  for (size_t i = 0; i < projected_.size(); i++)
-    if (projected_[i]) sum_over_ranks(projected_[i], projected_numel(optimizers_, int(i)));
-  sum_over_ranks(model_.grads_buffer(), model_.num_dense_grads());
+  if (comm_.world() > 1) {
+    GRASS_CHECK(sums_started_ == projected_.size(),
+                "a step over several ranks summed " + std::to_string(sums_started_) + " of " +
+                    std::to_string(projected_.size()) + " gradients (last_micro_batch() not called?)");
+    comm_.wait_sums();
+  }
   for (size_t i = 0; i < projected_.size(); i++)
     if (projected_[i])
       backend.sum_squares(&clip_->pending, projected_[i], projected_numel(optimizers_, int(i)));

@@ -13,7 +13,9 @@
 //                 whenever the global norm is within it, so is every tensor's, and the result
 //                 equals the deferred step's. One backward per step.
 // With several ranks (dist/communicator.h) each gradient is summed over the ranks before its
-// norm: deferred, every buffer once after the last micro-batch; fused, each tensor's as it forms.
+// norm: deferred, each tensor's as the last micro-batch's backward completes it, started there
+// (NCCL: on a communication stream, under the rest of the backward) and waited for in finish();
+// fused, each tensor's as it forms, before its update.
 // Both report the global L2 norm of the unclipped gradients, dense and projected: the projected
 // gradients are what the optimizers train on (G_C for GRASS), so that is the norm clipped and
 // logged, not the norm the full gradients would have had.
@@ -38,6 +40,9 @@ class StepStrategy : public GradientSink {
                Communicator& comm);
   // Before the step's first forward; step counts from 0.
   virtual void begin(int64_t step, double lr) = 0;
+  // Before the step's last forward: from here each gradient is complete when the backward hands
+  // it over, and its sum over the ranks can start.
+  void last_micro_batch() { summing_ = comm_.world() > 1; }
   // After the last backward: the updates are done (or done now); returns the global L2 norm of
   // the step's unclipped gradients.
   virtual double finish() = 0;
@@ -66,6 +71,7 @@ class StepStrategy : public GradientSink {
   Communicator& comm_;
   double max_norm_;
   ClipScalars* clip_;  // backend memory
+  bool summing_ = false;  // the last micro-batch, with several ranks
   double lr_ = 0;
   int clipped_ = 0;
 };
@@ -77,13 +83,14 @@ class DeferredStep final : public StepStrategy {
                Communicator& comm = single_process());
   void begin(int64_t step, double lr) override;
   void projected(int tensor, const void* dy, const void* x, int64_t N) override;
-  void dense_ready(int tensor, void* grad) override;  // not called: the model holds the gradients
+  void dense_ready(int tensor, void* grad) override;
   double finish() override;
   // Tensor t's projected gradient as accumulated so far (grad-typed; null for a dense tensor).
   const void* projected_gradient(int tensor) const { return projected_.at(size_t(tensor)); }
 
  private:
   std::vector<void*> projected_;  // per tensor: its projected gradient buffer, or null
+  size_t sums_started_ = 0;       // tensors whose sum over the ranks has started this step
 };
 
 class FusedStep final : public StepStrategy {

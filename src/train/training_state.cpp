@@ -66,6 +66,7 @@ StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, dou
   StepOutcome out;
   for (int micro = 0; micro < accum; micro++) {
     next_batch(inputs.data(), targets.data());
+    if (micro == accum - 1) s.step->last_micro_batch();
     // the step's loss is the mean over every rank's micro-batches: the ranks' gradients are summed
     model.forward_backward(inputs.data(), targets.data(), cfg.micro_batch_size,
                            1.0 / (double(accum) * world));

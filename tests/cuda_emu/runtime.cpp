@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <deque>
 #include <cstdio>
@@ -39,12 +40,9 @@ void set_error(cudaError_t err) {
   if (last_error == cudaSuccess) last_error = err;
 }
 // A fault of a kernel that ran: reported by the next synchronising call, as a GPU does.
-cudaError_t pending_fault = cudaSuccess;
-cudaError_t take_fault() {
-  const cudaError_t err = pending_fault;
-  pending_fault = cudaSuccess;
-  return err;
-}
+// Atomic: a data-parallel run's watchdog queries events from its own thread (dist/watchdog.h).
+std::atomic<cudaError_t> pending_fault{cudaSuccess};
+cudaError_t take_fault() { return pending_fault.exchange(cudaSuccess); }
 
 // Module loading, as the process's first CUDA call found CUDA_MODULE_LOADING (cuda_runtime.h).
 bool lazy_module_loading() {
@@ -268,6 +266,7 @@ cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
 // An event is complete once recorded; waiting on it reports a kernel's fault, as a GPU does.
 cudaError_t cudaEventQuery(cudaEvent_t) { return take_fault(); }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return take_fault(); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 
 // ---- fibers ----------------------------------------------------------------------------------
 // Every emulated thread is a fiber, so a switch must be cheap: on x86-64 a few instructions save
