@@ -24,6 +24,7 @@ MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage) {
       cfg.optimizer.kind == OptimizerKind::GaLore ||
       (cfg.optimizer.kind == OptimizerKind::Grass && rule != Selection::Uniform &&
        rule != Selection::UniformNR);
+  plan.flops_per_token = flops_per_token(s);
   plan.step_sum_bytes = sizeof(double);  // the loss
   for (size_t i = 0; i < s.model->tensors().size(); i++) {
     const int64_t numel = s.model->tensors()[i].numel;
@@ -194,6 +195,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"total", plan.total},
       {"step_sum_bytes", plan.step_sum_bytes},
       {"refresh_sum_bytes", plan.refresh_sum_bytes},
+      {"flops_per_token", plan.flops_per_token},
   };
   if (is_projected(cfg.optimizer.kind)) out["rank"] = cfg.optimizer.projection.rank;
   if (cfg.memory_limit > 0) {

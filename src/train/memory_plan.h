@@ -21,6 +21,7 @@ struct MemoryPlan {
   // SVD).
   int64_t step_sum_bytes = 0;
   int64_t refresh_sum_bytes = 0;
+  double flops_per_token = 0;  // training FLOPs per token, as MFU counts them (training_state.h)
 };
 
 MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage);

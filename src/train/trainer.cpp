@@ -163,8 +163,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     model.init_weights(cfg.seed);
   }
   std::optional<MetricsWriter> metrics;  // rank 0's
-  const double flops_per_token =  // FLOPs actually done: a GRASS target's costs 2rn, not 2mn
-      model.flops_per_token() - state.optimizers->flops_saved_per_token();
+  const double flops_per_token = grass::flops_per_token(state);
   if (leader) {
     remove_checkpoint_leftovers(root);
     if (cfg.checkpoint_every > 0) {  // an unwritable place fails now, not after the first steps

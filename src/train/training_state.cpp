@@ -54,6 +54,10 @@ TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& 
   return s;
 }
 
+double flops_per_token(const TrainingState& s) {
+  return s.model->flops_per_token() - s.optimizers->flops_saved_per_token();
+}
+
 StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, double lr,
                        const std::function<void(int32_t*, int32_t*)>& next_batch) {
   LlamaModel& model = *s.model;

@@ -34,6 +34,10 @@ TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& 
 // micro-batches (next_batch fills inputs and targets, [micro_batch_size, seq_len] each; a rank
 // takes total_batch_size / (micro_batch_size x world) of them), then the step strategy's sums over
 // the ranks, norm, clipping and updates (made during the backward when fused). step counts from 0.
+// Training FLOPs per token as MFU counts them: the model's, less the weight-gradient FLOPs the
+// projected gradients save (a GRASS target costs 2rn, not 2mn).
+double flops_per_token(const TrainingState& s);
+
 struct StepOutcome {
   double loss = 0;       // mean over the step's micro-batches, every rank's
   double grad_norm = 0;  // global L2 norm of the unclipped gradients, dense and projected
