@@ -380,11 +380,13 @@ mfu_field() { sed -n 's/.*tok\/s, MFU \([0-9.]*%\).*/\1/p' "$1" | tail -1; }
 
 # ---- T8 ------------------------------------------------------------------------------------------
 # Data parallelism's GPU path through the real NCCL (issue 16; docs/distributed.md): one rank under
-# mpirun, so the gradients' sums go through ncclAllReduce on the backend's stream. Needs mpirun
-# and a build with MPI; the device machine may have neither (then: skipped, and why).
+# mpirun, so the gradients' sums go through ncclAllReduce on the sum stream: AdamW in bf16-mixed
+# (deferred: the started sums in 25 MiB buckets), then GRASS top_r in pure bf16 (fused: one sum per
+# tensor, and a refresh's full-gradient chunks every 2 steps). Needs mpirun and a build with MPI;
+# the device machine may have neither (then: skipped, and why).
 step_t8() {
   local rc log=$logs/t8_nccl.log
-  begin T8 60 20 || return
+  begin T8 60 20 || return  # each of its two runs
   need_build T8 || return
   if ! command -v mpirun >/dev/null; then record T8 "skipped (no mpirun)" "OpenMPI is not on this machine"; return; fi
   if [ $dry = 0 ] && ! ldd "$BUILD"/grass 2>/dev/null | grep -q libmpi; then
@@ -396,6 +398,14 @@ step_t8() {
     "$BUILD"/grass train configs/runs/bench_60m.json --set "data.train=$shard" --set device=cuda \
     --set precision=bf16-mixed --set steps=4 --set log_every=1 --set "out_dir=$work/t8_nccl"
   rc=$?
+  if [ $rc = 0 ]; then
+    rm -rf "$work/t8_nccl_grass"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_cmd "$LIM" "$logs/t8_nccl_grass.log" \
+      mpirun -np 1 "$BUILD"/grass train configs/runs/bench_60m.json --set "data.train=$shard" \
+      --set device=cuda --set precision=bf16 --set optimizer.name=grass --set optimizer.rank=128 \
+      --set optimizer.update_interval=2 --set steps=4 --set log_every=1 --set "out_dir=$work/t8_nccl_grass"
+    rc=$?
+  fi
   [ $dry = 1 ] && { record T8 dry-run "mpirun -np 1 printed"; return; }
   if [ $rc = 0 ] && ! grep -q "gradients through NCCL" "$log"; then
     record T8 "fail" "the run did not sum through NCCL (log: logs/t8_nccl.log)"; return

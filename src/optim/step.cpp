@@ -75,9 +75,9 @@ double DeferredStep::finish() {
   Backend& backend = model_.backend();
   // the ranks' sums, then one global norm over the projected and the dense gradients, one
   // coefficient for all
-  if (comm_.world() > 1) {
+  if (launched()) {
     GRASS_CHECK(sums_started_ == projected_.size(),
-                "a step over several ranks summed " + std::to_string(sums_started_) + " of " +
+                "a launched step summed " + std::to_string(sums_started_) + " of " +
                     std::to_string(projected_.size()) + " gradients (last_micro_batch() not called?)");
     comm_.wait_sums();
   }

@@ -42,7 +42,7 @@ class StepStrategy : public GradientSink {
   virtual void begin(int64_t step, double lr) = 0;
   // Before the step's last forward: from here each gradient is complete when the backward hands
   // it over, and its sum over the ranks can start.
-  void last_micro_batch() { summing_ = comm_.world() > 1; }
+  void last_micro_batch() { summing_ = launched(); }
   // After the last backward: the updates are done (or done now); returns the global L2 norm of
   // the step's unclipped gradients.
   virtual double finish() = 0;
@@ -61,6 +61,9 @@ class StepStrategy : public GradientSink {
   // clipped_ to the count of clip() calls that scaled down, times `tensors_per_clip`.
   double read_norm(int tensors_per_clip);
 
+  // Started by a launcher: the gradients are summed over the ranks, even over one (the identity,
+  // but through the communicator: `mpirun -np 1` on a GPU runs the real NCCL).
+  bool launched() const { return &comm_ != &single_process(); }
   // g[numel], grad-typed, summed over the ranks in place.
   void sum_over_ranks(void* g, int64_t numel) {
     comm_.all_reduce_sum(g, numel, grad_element(model_.storage()));
@@ -71,7 +74,7 @@ class StepStrategy : public GradientSink {
   Communicator& comm_;
   double max_norm_;
   ClipScalars* clip_;  // backend memory
-  bool summing_ = false;  // the last micro-batch, with several ranks
+  bool summing_ = false;  // the last micro-batch of a launched run
   double lr_ = 0;
   int clipped_ = 0;
 };
