@@ -158,6 +158,12 @@ grep -q "error (rank 0 of 4): .*total_batch_size: 16 must be a multiple of micro
 [ $rc -ne 0 ] || fail "an unsplittable batch exits 0"
 [ ! -e "$tmp/split" ] || fail "an unsplittable batch created out_dir"
 
+# A timeout that is not a number: one line, before MPI starts.
+GRASS_TIMEOUT_S=abc "${mpi[@]}" -x GRASS_TIMEOUT_S -np 2 "$GRASS" train "$tmp/run.json" \
+  --set out_dir="$tmp/badtimeout" >"$tmp/badtimeout.log" 2>&1 && fail "GRASS_TIMEOUT_S=abc exits 0"
+grep -q "error: GRASS_TIMEOUT_S: 'abc' is not a positive number of seconds" "$tmp/badtimeout.log" ||
+  { fail "GRASS_TIMEOUT_S=abc is not named"; cat "$tmp/badtimeout.log"; }
+
 # A rank killed mid-run ends the job within 60 s; the checkpoints written before verify.
 start=$SECONDS
 "${mpi[@]}" -np 2 bash -c '

@@ -47,6 +47,7 @@ void sum_bf16(void* in, void* inout, int* len, MPI_Datatype*) {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(int* argc, char*** argv) {
+    const double timeout_s = Watchdog::timeout_from_environment();  // a bad value: before MPI starts
     int provided = 0;
     // Only the main thread calls MPI (the loader's prefetch thread never does).
     check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
@@ -69,7 +70,7 @@ class MpiCommunicator final : public Communicator {
     library_ = std::string(version, size_t(length));
     library_ = library_.substr(0, library_.find_first_of(",\n"));
     if (world_ > 1)
-      watchdog_ = std::make_unique<Watchdog>(rank_, world_, Watchdog::timeout_from_environment());
+      watchdog_ = std::make_unique<Watchdog>(rank_, world_, timeout_s);
   }
   ~MpiCommunicator() override {
     watchdog_.reset();
