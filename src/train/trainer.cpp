@@ -58,8 +58,10 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
   if (is_projected(cfg.optimizer.kind)) {
     const ProjectionConfig& g = cfg.optimizer.projection;
     std::string targets;
-    for (const ProjectionTarget t : g.targets)
-      targets += (targets.empty() ? "" : ",") + std::string(name_of(t));
+    for (const ProjectionTarget t : g.targets) {
+      if (!targets.empty()) targets += ',';
+      targets += name_of(t);
+    }
     const char* refresh = cfg.optimizer.kind == OptimizerKind::Grass    ? "selection"
                           : cfg.optimizer.kind == OptimizerKind::GaLore ? "SVD"
                                                                         : "resampling";
