@@ -164,52 +164,41 @@ GRASS_TIMEOUT_S=abc "${mpi[@]}" -x GRASS_TIMEOUT_S -np 2 "$GRASS" train "$tmp/ru
 grep -q "error: GRASS_TIMEOUT_S: 'abc' is not a positive number of seconds" "$tmp/badtimeout.log" ||
   { fail "GRASS_TIMEOUT_S=abc is not named"; cat "$tmp/badtimeout.log"; }
 
-# A rank killed mid-run ends the job within 60 s; the checkpoints written before verify.
-start=$SECONDS
-"${mpi[@]}" -np 2 bash -c '
-  if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 4; kill -9 $$) & fi
-  exec "$0" train "$1" --set out_dir="$2" --set steps=100000 --set checkpoint_every=5 --set checkpoint_keep=1 \
-    --set micro_batch_size=4' "$GRASS" "$tmp/run.json" "$tmp/killed" >"$tmp/killed.log" 2>&1 &
-job=$!
-while kill -0 $job 2>/dev/null && [ $((SECONDS - start)) -lt 60 ]; do sleep 1; done
-if kill -0 $job 2>/dev/null; then
-  fail "a job with a killed rank still runs after 60 s"; kill -9 $job
-else
-  wait $job && fail "a job with a killed rank exits 0"
-fi
-newest=$(ls -1 "$tmp/killed/checkpoints" 2>/dev/null | grep -E '^step_[0-9]{8}$' | sort | tail -1)
-if [ -z "$newest" ]; then
-  fail "no checkpoint before the kill"; cat "$tmp/killed.log"
-else
-  "$GRASS" export --checkpoint "$tmp/killed/checkpoints/$newest" --out "$tmp/killed_export" >/dev/null 2>&1 ||
-    fail "the checkpoint left by the killed job does not verify"
-fi
+# fault NAME SIGNAL: a 2-rank job whose rank 1 gets SIGNAL 4 s in must end within 60 s, not with
+# exit 0, and leave its newest checkpoint verifiable; the job's log is $tmp/NAME.log.
+fault() {
+  local name=$1 signal=$2 start=$SECONDS job newest
+  "${mpi[@]}" -x GRASS_TIMEOUT_S -np 2 bash -c '
+    if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 4; kill -'"$signal"' $$) & fi
+    exec "$0" train "$1" --set out_dir="$2" --set steps=100000 --set checkpoint_every=5 --set checkpoint_keep=1 \
+      --set micro_batch_size=4' "$GRASS" "$tmp/run.json" "$tmp/$name" >"$tmp/$name.log" 2>&1 &
+  job=$!
+  while kill -0 $job 2>/dev/null && [ $((SECONDS - start)) -lt 60 ]; do sleep 1; done
+  if kill -0 $job 2>/dev/null; then
+    fail "$name: the job still runs after 60 s"; kill -9 $job
+  else
+    wait $job && fail "$name: the job exits 0"
+  fi
+  pkill -9 -f "$tmp/$name" 2>/dev/null  # a stopped rank mpirun left behind
+  newest=$(ls -1 "$tmp/$name/checkpoints" 2>/dev/null | grep -E '^step_[0-9]{8}$' | sort | tail -1)
+  if [ -z "$newest" ]; then
+    fail "$name: no checkpoint before the fault"; cat "$tmp/$name.log"
+  else
+    "$GRASS" export --checkpoint "$tmp/$name/checkpoints/$newest" --out "$tmp/${name}_export" >/dev/null 2>&1 ||
+      fail "$name: the checkpoint left by the job does not verify"
+  fi
+}
 
+# A rank killed mid-run ends the job through mpirun.
+export GRASS_TIMEOUT_S=600  # the watchdog must not be what ends it
+fault killed 9
 # A rank that stops answering (SIGSTOP: alive, never joining the next sum) ends the job through
-# the waiting rank's watchdog (GRASS_TIMEOUT_S) within 60 s, with one line naming the rank that
-# waited and what it waited in; the checkpoints written before verify.
-start=$SECONDS
-GRASS_TIMEOUT_S=3 "${mpi[@]}" -x GRASS_TIMEOUT_S -np 2 bash -c '
-  if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then (sleep 4; kill -STOP $$) & fi
-  exec "$0" train "$1" --set out_dir="$2" --set steps=100000 --set checkpoint_every=5 --set checkpoint_keep=1 \
-    --set micro_batch_size=4' "$GRASS" "$tmp/run.json" "$tmp/hung" >"$tmp/hung.log" 2>&1 &
-job=$!
-while kill -0 $job 2>/dev/null && [ $((SECONDS - start)) -lt 60 ]; do sleep 1; done
-if kill -0 $job 2>/dev/null; then
-  fail "a job with a stopped rank still runs after 60 s"; pkill -9 -f "$tmp/hung"; kill -9 $job
-else
-  wait $job && fail "a job with a stopped rank exits 0"
-fi
+# the waiting rank's watchdog, with one line naming the rank that waited and what it waited in.
+export GRASS_TIMEOUT_S=3
+fault stopped STOP
 grep -q "error (rank 0 of 2): .* has waited [0-9]* s for the other ranks (GRASS_TIMEOUT_S = 3): another rank has stopped or died" \
-  "$tmp/hung.log" || { fail "a stopped rank is not reported by the rank that waited"; cat "$tmp/hung.log"; }
-newest=$(ls -1 "$tmp/hung/checkpoints" 2>/dev/null | grep -E '^step_[0-9]{8}$' | sort | tail -1)
-if [ -z "$newest" ]; then
-  fail "no checkpoint before the stop"; cat "$tmp/hung.log"
-else
-  "$GRASS" export --checkpoint "$tmp/hung/checkpoints/$newest" --out "$tmp/hung_export" >/dev/null 2>&1 ||
-    fail "the checkpoint left by the stopped job does not verify"
-fi
-pkill -9 -f "$tmp/hung" 2>/dev/null  # a stopped rank mpirun left behind
+  "$tmp/stopped.log" || { fail "a stopped rank is not reported by the rank that waited"; cat "$tmp/stopped.log"; }
+unset GRASS_TIMEOUT_S
 
 if [ $failures -gt 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "data parallel: 10 rank/optimizer cases (2 on the emulated GPU) match one process; bytes as planned; rerun, resume, refusals, a killed and a stopped rank checked"
