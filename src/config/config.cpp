@@ -142,6 +142,7 @@ const std::vector<std::string> kRunKeys = {
     "device",
     "activation_checkpointing",
     "fused_update",
+    "pad_ffn",
     "memory_limit",
     "seed",
     "out_dir",
@@ -162,6 +163,7 @@ const std::vector<std::string> kSchedules = {"cosine", "constant"};
 const std::vector<std::string> kDevices = {"auto", "cpu", "cuda"};
 const std::vector<std::string> kActivationCheckpointing = {"none", "layer"};
 const std::vector<std::string> kFusedUpdate = {"auto", "on", "off"};
+const std::vector<std::string> kPadFfn = {"auto", "on", "off"};
 
 std::string quoted_list(const std::vector<std::string>& names) {
   std::string text;
@@ -379,6 +381,7 @@ void read_memory(const ObjectReader& run, RunConfig& c) {
   c.activation_checkpointing = read_choice(run, "activation_checkpointing", "mode",
                                            kActivationCheckpointing, c.activation_checkpointing);
   c.fused_update = read_choice(run, "fused_update", "mode", kFusedUpdate, c.fused_update);
+  c.pad_ffn = read_choice(run, "pad_ffn", "mode", kPadFfn, c.pad_ffn);
   if (c.fused_update == "on" && c.micro_batches_per_rank() > 1)
     run.at("fused_update")
         .fail("\"on\" needs one micro-batch per step (total_batch_size " +
@@ -587,6 +590,7 @@ json to_json(const RunConfig& c) {
       {"device", c.device},
       {"activation_checkpointing", c.activation_checkpointing},
       {"fused_update", c.fused_update},
+      {"pad_ffn", c.pad_ffn},
       {"seed", c.seed},
       {"out_dir", c.out_dir},
       {"log_every", c.log_every},

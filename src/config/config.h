@@ -112,6 +112,10 @@ struct RunConfig {
   // "auto" | "on" | "off": apply each gradient as soon as the backward forms it, so no gradient
   // buffer for the whole model exists (needs one micro-batch per step; auto: on in pure bf16).
   std::string fused_update = "auto";
+  // "auto" | "on" | "off": store an ffn width that is not a multiple of 8 (LLaMA-1B's 5461)
+  // padded to one, with zero pad rows and columns, so the MLP's bf16 GEMMs get 16-byte-aligned
+  // rows; the numbers computed are the same (auto: on with the CUDA backend).
+  std::string pad_ffn = "auto";
   // The most bytes the run's memory plan may take (its device arena is exactly the plan); 0: no
   // cap. JSON: "40GiB", "32 GiB", "512MiB", "40GB" (10^9) or a number of bytes.
   int64_t memory_limit = 0;

@@ -19,15 +19,14 @@ void load_hf_weights(LlamaModel& model, const SafetensorsFile& file, const std::
     const std::string name = prefix + t.name;
     if (!file.contains(name))
       throw UserError(file.path() + ": tensor " + name + " is missing (the model config expects " +
-                      shape_str(t.shape) + ")");
+                      shape_str(t.hf_shape) + ")");
     const TensorEntry& e = file.get(name);
-    if (e.shape != t.shape)
+    if (e.shape != t.hf_shape)
       throw UserError(file.path() + ": tensor " + name + " has shape " + shape_str(e.shape) +
-                      " but the model config needs " + shape_str(t.shape));
+                      " but the model config needs " + shape_str(t.hf_shape));
     const std::vector<float> values = file.read_f32(name);
-    std::copy(values.begin(), values.end(), model.params() + t.offset);
+    model.write_tensor(t, values.data());
   }
-  model.weights_written();
 }
 
 }  // namespace grass

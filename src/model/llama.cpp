@@ -51,6 +51,10 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
     : cfg_(cfg), max_B_(max_batch), T_(seq_len), memory_(memory), backend_(&backend) {
   const Storage& storage = backend.storage();
   const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
+  F_ = memory.pad_ffn ? (cfg.intermediate_size + kFfnRowMultiple - 1) / kFfnRowMultiple *
+                            kFfnRowMultiple
+                      : cfg.intermediate_size;
+  const int64_t Fs = F_;
   const int64_t HD = cfg.head_dim(), QD = cfg.num_attention_heads * HD,
                 KVD = cfg.num_key_value_heads * HD;
   const int L = cfg.num_hidden_layers;
@@ -60,27 +64,27 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   ts.add("model.embed_tokens.weight", {V, C}, false);
   for (int l = 0; l < L; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    off_layer_.push_back(ts.num_params());
+    off_layer_.push_back(ts.num_stored());
     ts.add(p + kLayerTensorNames[0], {C}, true);
     ts.add(p + kLayerTensorNames[1], {QD, C}, false);
     ts.add(p + kLayerTensorNames[2], {KVD, C}, false);
     ts.add(p + kLayerTensorNames[3], {KVD, C}, false);
     ts.add(p + kLayerTensorNames[4], {C, QD}, false);
     ts.add(p + kLayerTensorNames[5], {C}, true);
-    ts.add(p + kLayerTensorNames[6], {F, C}, false);
-    ts.add(p + kLayerTensorNames[7], {F, C}, false);
-    ts.add(p + kLayerTensorNames[8], {C, F}, false);
+    ts.add(p + kLayerTensorNames[6], {F, C}, false, {Fs, C});
+    ts.add(p + kLayerTensorNames[7], {F, C}, false, {Fs, C});
+    ts.add(p + kLayerTensorNames[8], {C, F}, false, {C, Fs});
   }
-  off_norm_ = ts.num_params();
+  off_norm_ = ts.num_stored();
   ts.add("model.norm.weight", {C}, true);
   off_lm_head_ = off_embed_;  // tied: lm_head reads (and trains) the embedding table
   if (!cfg.tie_word_embeddings) {
-    off_lm_head_ = ts.num_params();
+    off_lm_head_ = ts.num_stored();
     ts.add("lm_head.weight", {V, C}, false);
   }
   GRASS_CHECK(ts.num_params() == cfg.num_parameters(), "parameter layout disagrees with the config");
   ts.set_projected(projected);
-  const int64_t num_params = ts.num_params(), num_dense_grads = ts.num_dense_grads();
+  const int64_t num_params = ts.num_stored(), num_dense_grads = ts.num_dense_grads();
 
   // Element sizes are the backend's: fp32 on the CPU, bf16 activations and weights on the GPU.
   params_ = arena.alloc_bytes(MemCategory::Weights, "parameters", num_params * storage.weight_bytes);
@@ -129,10 +133,10 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   ws_.dq = wsp("dq", N * QD);
   ws_.dk = wsp("dk", N * KVD);
   ws_.dv = wsp("dv", N * KVD);
-  ws_.dact = wsp("dact", N * F);
-  ws_.dgate = wsp("dgate", N * F);
-  ws_.dup = wsp("dup", N * F);
-  const WorkspaceShape shape{max_batch, seq_len, int(C), int(F), int(V), int(NH),
+  ws_.dact = wsp("dact", N * Fs);
+  ws_.dgate = wsp("dgate", N * Fs);
+  ws_.dup = wsp("dup", N * Fs);
+  const WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
                              cfg.num_key_value_heads, int(HD)};
   const BackendScratch sizes = backend_scratch(storage, shape);
   auto backend_ws = [&](const std::string& name, int64_t bytes) {
@@ -152,7 +156,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
 
 void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
   const Storage& storage = backend_->storage();
-  const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size, HD = cfg_.head_dim();
+  const int64_t C = cfg_.hidden_size, F = F_, HD = cfg_.head_dim();
   const int64_t QD = NH * HD, KVD = cfg_.num_key_value_heads * HD;
   auto act = [&](const std::string& name, int64_t count) {
     return arena.alloc_bytes(MemCategory::Activations, name, count * storage.act_bytes);
@@ -263,32 +267,42 @@ void LlamaModel::init_weights(uint64_t seed) {
   std::vector<float> host;
   for (size_t i = 0; i < tensors_.size(); i++) {
     const ParamTensor& t = tensors_[i];
-    host.resize(size_t(t.numel));
+    host.resize(size_t(t.hf_numel));
     if (t.is_norm) {
       std::fill(host.begin(), host.end(), 1.0f);
     } else {
       const uint64_t stream = derive_seed(seed, i);
       const double stddev = cfg_.initializer_range;
 #pragma omp parallel for
-      for (int64_t j = 0; j < t.numel; j++) host[j] = float(stddev * normal(stream, uint64_t(j)));
+      for (int64_t j = 0; j < t.hf_numel; j++) host[j] = float(stddev * normal(stream, uint64_t(j)));
     }
     write_tensor(t, host.data());
   }
 }
 
 void LlamaModel::write_tensor(const ParamTensor& t, const float* host) {
-  backend_->write_weights(params_, master_, t.offset, host, t.numel);
+  if (!t.padded()) {
+    backend_->write_weights(params_, master_, t.offset, host, t.numel);
+    return;
+  }
+  std::vector<float> stored(size_t(t.numel));
+  hf_to_stored(t, host, stored.data(), sizeof(float));
+  backend_->write_weights(params_, master_, t.offset, stored.data(), t.numel);
 }
 
 std::vector<float> LlamaModel::read_tensor(const ParamTensor& t) const {
-  std::vector<float> host(size_t(t.numel));
-  backend_->read_weights(host.data(), params_, t.offset, t.numel);
+  std::vector<float> stored(size_t(t.numel));
+  backend_->read_weights(stored.data(), params_, t.offset, t.numel);
+  if (!t.padded()) return stored;
+  std::vector<float> host(size_t(t.hf_numel));
+  stored_to_hf(t, stored.data(), host.data(), sizeof(float));
   return host;
 }
 
 void LlamaModel::weights_written() {
   float* p = params();
-  for (const ParamTensor& t : tensors_) write_tensor(t, p + t.offset);
+  for (const ParamTensor& t : tensors_)  // stored layout in place: the pad is the caller's zeros
+    backend_->write_weights(params_, master_, t.offset, p + t.offset, t.numel);
 }
 
 void LlamaModel::zero_grads() {
@@ -300,14 +314,15 @@ double LlamaModel::flops_per_token() const {
   // Matmul weights: everything but the norms, and the embedding table unless it is also lm_head.
   int64_t matmul_params = 0;
   for (const auto& t : tensors_)
-    if (!t.is_norm && (t.offset != off_embed_ || cfg_.tie_word_embeddings)) matmul_params += t.numel;
+    if (!t.is_norm && (t.offset != off_embed_ || cfg_.tie_word_embeddings))
+      matmul_params += t.hf_numel;
   const double attention = 12.0 * cfg_.num_hidden_layers * cfg_.hidden_size * T_;
   return 6.0 * double(matmul_params) + attention;
 }
 
 void LlamaModel::layer_forward(int l, int B, bool to_output) {
   Backend& be = *backend_;
-  const int T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size;
+  const int T = T_, C = cfg_.hidden_size, F = F_;
   const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
   const int64_t N = int64_t(B) * T;
   const double eps = cfg_.rms_norm_eps, theta = cfg_.rope_theta;
@@ -439,7 +454,7 @@ int LlamaModel::begin_head_gradient() {
 void LlamaModel::backward_from_head(int lm_head) {
   const TraceRange range("backward");
   Backend& be = *backend_;
-  const int B = B_, T = T_, C = cfg_.hidden_size, F = cfg_.intermediate_size;
+  const int B = B_, T = T_, C = cfg_.hidden_size, F = F_;
   const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
   const int64_t N = int64_t(B) * T;
   const double theta = cfg_.rope_theta;

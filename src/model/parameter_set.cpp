@@ -1,17 +1,68 @@
 #include "model/parameter_set.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 
 #include "core/error.h"
 
 namespace grass {
 
-void ParameterSet::add(const std::string& name, std::vector<int64_t> shape, bool is_norm) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  tensors_.push_back({name, std::move(shape), num_params_, numel, is_norm, num_dense_grads_});
-  num_params_ += numel;
-  num_dense_grads_ += numel;
+namespace {
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Rows and row length of a tensor's two layouts (a vector is one row).
+struct RowLayout {
+  int64_t hf_rows, hf_cols, pitch;
+};
+RowLayout row_layout(const ParamTensor& t) {
+  if (t.shape.size() == 1) return {1, t.hf_shape[0], t.shape[0]};
+  return {t.hf_shape[0], t.hf_shape[1], t.shape[1]};
+}
+}  // namespace
+
+void ParameterSet::add(const std::string& name, std::vector<int64_t> hf_shape, bool is_norm,
+                       std::vector<int64_t> stored) {
+  if (stored.empty()) stored = hf_shape;
+  GRASS_CHECK(stored.size() == hf_shape.size() && hf_shape.size() <= 2,
+              "a parameter is a vector or a matrix: " + name);
+  for (size_t i = 0; i < stored.size(); i++)
+    GRASS_CHECK(stored[i] >= hf_shape[i], "a stored shape smaller than its tensor: " + name);
+  ParamTensor t;
+  t.name = name;
+  t.numel = product(stored);
+  t.shape = std::move(stored);
+  t.offset = num_stored_;
+  t.is_norm = is_norm;
+  t.grad_offset = num_dense_grads_;
+  t.hf_numel = product(hf_shape);
+  t.hf_shape = std::move(hf_shape);
+  num_params_ += t.hf_numel;
+  num_stored_ += t.numel;
+  num_dense_grads_ += t.numel;
+  tensors_.push_back(std::move(t));
+}
+
+void hf_to_stored(const ParamTensor& t, const void* hf, void* stored, int elem_bytes) {
+  const RowLayout r = row_layout(t);
+  auto* out = static_cast<std::byte*>(stored);
+  std::memset(out, 0, size_t(t.numel) * elem_bytes);
+  for (int64_t i = 0; i < r.hf_rows; i++)
+    std::memcpy(out + i * r.pitch * elem_bytes,
+                static_cast<const std::byte*>(hf) + i * r.hf_cols * elem_bytes,
+                size_t(r.hf_cols) * elem_bytes);
+}
+
+void stored_to_hf(const ParamTensor& t, const void* stored, void* hf, int elem_bytes) {
+  const RowLayout r = row_layout(t);
+  for (int64_t i = 0; i < r.hf_rows; i++)
+    std::memcpy(static_cast<std::byte*>(hf) + i * r.hf_cols * elem_bytes,
+                static_cast<const std::byte*>(stored) + i * r.pitch * elem_bytes,
+                size_t(r.hf_cols) * elem_bytes);
 }
 
 void ParameterSet::set_projected(const std::vector<std::string>& names) {

@@ -9,20 +9,35 @@
 
 namespace grass {
 
+// A tensor is stored as `shape`, which is Hugging Face's `hf_shape` or, for the ffn tensors of a
+// model with padded ffn rows (ModelMemoryOptions::pad_ffn), larger: extra rows at the end and a
+// row pitch wider than the row. The pad entries are zero and stay zero (their gradients are zero,
+// so every optimizer leaves them alone); what the engine computes on sees `shape`, what it reads
+// and writes as files (checkpoints' weights, exports, imports) sees `hf_shape`.
 struct ParamTensor {
   std::string name;
-  std::vector<int64_t> shape;
-  int64_t offset = 0;       // in elements, into the weights (and the master copy)
-  int64_t numel = 0;
-  bool is_norm = false;     // RMSNorm gains: no weight decay
-  int64_t grad_offset = 0;  // into the dense gradient buffer; -1 for a projected tensor
+  std::vector<int64_t> shape;  // as stored
+  int64_t offset = 0;          // in elements, into the weights (and the master copy)
+  int64_t numel = 0;           // stored elements, pad included
+  bool is_norm = false;        // RMSNorm gains: no weight decay
+  int64_t grad_offset = 0;     // into the dense gradient buffer; -1 for a projected tensor
+  std::vector<int64_t> hf_shape;  // Hugging Face's: the stored shape less its pad
+  int64_t hf_numel = 0;
   bool dense() const { return grad_offset >= 0; }
+  bool padded() const { return numel != hf_numel; }
 };
+
+// Copies tensor t between Hugging Face's layout (hf_numel elements of elem_bytes) and the stored
+// one (numel elements, the pad written as zero bytes).
+void hf_to_stored(const ParamTensor& t, const void* hf, void* stored, int elem_bytes);
+void stored_to_hf(const ParamTensor& t, const void* stored, void* hf, int elem_bytes);
 
 class ParameterSet {
  public:
-  // Appends a tensor to the flat weight buffer (dense until set_projected says otherwise).
-  void add(const std::string& name, std::vector<int64_t> shape, bool is_norm);
+  // Appends a tensor to the flat weight buffer (dense until set_projected says otherwise), stored
+  // as `stored` (each dimension at least hf_shape's; empty: as hf_shape).
+  void add(const std::string& name, std::vector<int64_t> hf_shape, bool is_norm,
+           std::vector<int64_t> stored = {});
   // The named tensors (each must exist) become projected; the others get consecutive slices of
   // the dense gradient buffer, in list order.
   void set_projected(const std::vector<std::string>& names);
@@ -32,12 +47,14 @@ class ParameterSet {
   std::vector<ParamTensor>::const_iterator begin() const { return tensors_.begin(); }
   std::vector<ParamTensor>::const_iterator end() const { return tensors_.end(); }
   int index_of(const std::string& name) const;  // InternalError when absent
-  int64_t num_params() const { return num_params_; }
+  int64_t num_params() const { return num_params_; }  // the model's parameters, as HF counts them
+  int64_t num_stored() const { return num_stored_; }  // elements of the weight buffer, pad included
   int64_t num_dense_grads() const { return num_dense_grads_; }  // elements of the gradient buffer
 
  private:
   std::vector<ParamTensor> tensors_;
   int64_t num_params_ = 0;
+  int64_t num_stored_ = 0;
   int64_t num_dense_grads_ = 0;
 };
 

@@ -28,8 +28,10 @@ Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
     t.tensor_index = int(i);
     t.out = int(p.shape[0]);
     t.in = int(p.shape[1]);
-    t.rows = cfg.projection.selects_rows(t.out, t.in);
-    GRASS_CHECK(r <= (t.rows ? t.out : t.in), "rank exceeds the selectable side of " + p.name);
+    // the side is chosen on Hugging Face's shape, so padding never changes it
+    t.rows = cfg.projection.selects_rows(int(p.hf_shape[0]), int(p.hf_shape[1]));
+    t.selectable = int(p.hf_shape[t.rows ? 0 : 1]);
+    GRASS_CHECK(r <= t.selectable, "rank exceeds the selectable side of " + p.name);
     t.slices = r;
     t.gc_numel = int64_t(r) * (t.rows ? t.in : t.out);
     t.count.assign(size_t(r), 1);
@@ -87,7 +89,7 @@ void Grass::accumulate(int tensor, void* gc, const void* dy, const void* x, int6
 }
 
 std::vector<double> Grass::slice_norms(const Target& t, const void* dy, const void* x, int64_t N) {
-  std::vector<double> norms_sq(size_t(t.rows ? t.out : t.in), 0.0);
+  std::vector<double> norms_sq(size_t(t.selectable), 0.0);
   // The uniform rules draw without looking at the norms: no full gradient to form.
   const Selection rule = cfg_.projection.selection;
   if (rule == Selection::Uniform || rule == Selection::UniformNR) return norms_sq;
@@ -134,7 +136,11 @@ void Grass::select(Target& t, const void* dy, const void* x, int64_t N) {
 
 double Grass::flops_saved_per_token() const {
   double saved = 0;
-  for (const Target& t : targets_) saved += 2.0 * t.out * t.in - 2.0 * double(t.gc_numel);
+  for (const Target& t : targets_) {  // counted on Hugging Face's shapes, as the model's FLOPs are
+    const ParamTensor& p = model_.tensors()[size_t(t.tensor_index)];
+    const double out = double(p.hf_shape[0]), in = double(p.hf_shape[1]);
+    saved += 2.0 * out * in - 2.0 * rank_ * (t.rows ? in : out);
+  }
   return saved;
 }
 
@@ -194,7 +200,7 @@ void Grass::check_state(const json* saved, const StateReader& reader) const {
     const json& target = (*saved)[k];
     const int64_t r = target.contains("count") ? int64_t(target["count"].size())
                                                : int64_t(bytes.size() / sizeof(int32_t));
-    const int64_t limit = t.rows ? t.out : t.in;
+    const int64_t limit = t.selectable;
     for (int64_t i = 0; i < r; i++) {
       int32_t v;
       std::memcpy(&v, bytes.data() + i * sizeof(int32_t), sizeof v);

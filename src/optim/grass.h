@@ -55,8 +55,10 @@ class Grass final : public Optimizer {
 
   struct Target {
     int tensor_index;
-    int out, in;
+    int out, in;           // the weight as stored (ParamTensor::shape)
     bool rows;             // selects rows (out) rather than columns (in)
+    int selectable;        // slices that can be selected: Hugging Face's rows or columns (a
+                           // padded ffn's pad slices are zero and never selected)
     int slices;            // distinct selected slices, ≤ r (repeated draws merged)
     int64_t gc_numel;      // slices·in (rows) or out·slices (cols)
     // backend memory (host on the CPU), moments state-typed; each sized for r slices

@@ -26,9 +26,12 @@ LowRankOptimizer::LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model
     t.tensor_index = int(i);
     t.out = int(p.shape[0]);
     t.in = int(p.shape[1]);
-    t.rows = t.out < t.in;  // the shorter side; a square weight projects its columns
+    // the shorter side (on Hugging Face's shape, so padding never changes it); a square weight
+    // projects its columns
+    t.rows = p.hf_shape[0] < p.hf_shape[1];
     t.side = t.rows ? t.out : t.in;
-    GRASS_CHECK(rank_ <= t.side, "rank exceeds the projected side of " + p.name);
+    t.hf_side = int(p.hf_shape[t.rows ? 0 : 1]);
+    GRASS_CHECK(rank_ <= t.hf_side, "rank exceeds the projected side of " + p.name);
     t.r_numel = int64_t(rank_) * (t.rows ? t.in : t.out);
     t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + "." + name + ".m",
                             t.r_numel * storage.state_bytes);
@@ -86,7 +89,11 @@ void LowRankOptimizer::update(int tensor, void* R, const double* clip, double lr
 
 double LowRankOptimizer::flops_saved_per_token() const {
   double saved = 0;
-  for (const Target& t : targets_) saved += 2.0 * t.out * t.in - 2.0 * rank_ * (t.out + t.in);
+  for (const Target& t : targets_) {  // counted on Hugging Face's shapes, as the model's FLOPs are
+    const ParamTensor& p = model_.tensors()[size_t(t.tensor_index)];
+    const double out = double(p.hf_shape[0]), in = double(p.hf_shape[1]);
+    saved += 2.0 * out * in - 2.0 * rank_ * (out + in);
+  }
   return saved;
 }
 
@@ -110,6 +117,11 @@ void LowRankOptimizer::restore_state(const json& saved) {
     targets_[k].adam_step = saved[k]["adam_step"].get<int64_t>();
 }
 
+void LowRankOptimizer::zero_pad_rows(float* P, const Target& t) {
+  if (t.side > t.hf_side)
+    backend_.zero(P + int64_t(t.hf_side) * rank_, size_t(t.side - t.hf_side) * rank_ * sizeof(float));
+}
+
 // ---- GaLore -------------------------------------------------------------------------------------
 
 GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
@@ -131,6 +143,7 @@ void GaLore::begin_step(int64_t step) {
 void GaLore::refresh_from(size_t k, const float* g) {
   const Target& t = targets_[k];
   backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows);
+  zero_pad_rows(P_[k], t);
   if (comm_.world() > 1) {  // the same summed gradient, but an SVD that differs in the last bit
                             // (another thread count, another library) would split the replicas
     std::vector<float> P(size_t(t.side) * size_t(rank_));
@@ -161,6 +174,7 @@ Flora::Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
 void Flora::generate(float* P, size_t k, int64_t refresh) {
   const Target& t = targets_[k];
   backend_.flora_projection(P, cfg_.projection.seed, t.tensor_index, refresh, t.side, rank_);
+  zero_pad_rows(P, t);
 }
 
 const float* Flora::projection(size_t k) {

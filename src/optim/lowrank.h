@@ -32,9 +32,11 @@ class LowRankOptimizer : public Optimizer {
 
   struct Target {
     int tensor_index;
-    int out, in;
+    int out, in;        // the weight as stored (ParamTensor::shape)
     bool rows;          // projects the out side (R [r, in]) rather than the in side (R [out, r])
     int side;           // out or in
+    int hf_side;        // the side without a padded ffn's pad: P's rows beyond it are zero, so
+                        // the update never reaches the pad
     int64_t r_numel;    // r·in or out·r
     void* m;            // Adam moments, shaped like R (state-typed)
     void* v;
@@ -61,6 +63,8 @@ class LowRankOptimizer : public Optimizer {
     return {P, t.out, t.in, rank_, t.rows};
   }
   size_t index_of(int tensor) const;
+  // Zeroes P's rows beyond the target's hf_side (none unless its projected side is padded).
+  void zero_pad_rows(float* P, const Target& t);
 
   OptimizerConfig cfg_;
   LlamaModel& model_;

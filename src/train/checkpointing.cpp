@@ -54,7 +54,8 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 bool free_to_change(const std::string& key) {
   static const std::set<std::string> keys = {
       "out_dir",          "log_every",       "eval_every",            "eval_tokens",
-      "checkpoint_every", "checkpoint_keep", "checkpoint_keep_every", "init_from"};
+      "checkpoint_every", "checkpoint_keep", "checkpoint_keep_every", "init_from",
+      "pad_ffn"};  // a layout: a checkpoint of the other layout does not fit and says so
   return keys.count(key) || key == "data.val" || key.starts_with("data.val[");
 }
 
@@ -175,10 +176,17 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
     CheckpointWriter writer(root, step);
     SafetensorsWriter weights;
     const auto* weight_bytes =
-        static_cast<const std::byte*>(host_view(params, model.num_params() * wbytes));
-    for (const ParamTensor& t : model.tensors())
-      weights.add(t.name, weight_dtype(model), t.shape, weight_bytes + t.offset * wbytes,
-                  size_t(t.numel) * wbytes);
+        static_cast<const std::byte*>(host_view(params, model.num_stored_params() * wbytes));
+    std::vector<std::vector<std::byte>> unpadded;  // padded tensors in Hugging Face's layout
+    for (const ParamTensor& t : model.tensors()) {
+      const std::byte* bytes = weight_bytes + t.offset * wbytes;
+      if (t.padded()) {
+        std::vector<std::byte>& hf = unpadded.emplace_back(size_t(t.hf_numel) * wbytes);
+        stored_to_hf(t, bytes, hf.data(), wbytes);
+        bytes = hf.data();
+      }
+      weights.add(t.name, weight_dtype(model), t.hf_shape, bytes, size_t(t.hf_numel) * wbytes);
+    }
     weights.write(writer.file_path(kModelFile), {{"format", "pt"}});
     writer.add_written(kModelFile);
 
@@ -259,10 +267,10 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
     if (!weights.contains(t.name))
       throw UserError(weights.path() + ": tensor " + t.name + " is missing" + mismatch);
     const TensorEntry& e = weights.get(t.name);
-    if (e.dtype != weight_dtype(model) || e.shape != t.shape)
+    if (e.dtype != weight_dtype(model) || e.shape != t.hf_shape)
       throw UserError(weights.path() + ": tensor " + t.name + " is " + e.dtype + " " +
                       shape_str(e.shape) + ", this run needs " + weight_dtype(model) + " " +
-                      shape_str(t.shape) + mismatch);
+                      shape_str(t.hf_shape) + mismatch);
   }
   if (weights.names().size() != model.tensors().size())
     throw UserError(weights.path() + ": holds " + std::to_string(weights.names().size()) +
@@ -326,10 +334,18 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
 
   // 2. Copy, through the backend (a memcpy on the CPU, an upload to the GPU).
   Backend& backend = model.backend();
+  const int wbytes = model.storage().weight_bytes;
+  std::vector<std::byte> padded;
   for (const ParamTensor& t : model.tensors()) {
     const TensorEntry& e = weights.get(t.name);
-    backend.upload(static_cast<std::byte*>(model.weights()) + t.offset * model.storage().weight_bytes,
-                   e.bytes.data(), e.bytes.size());
+    const std::byte* bytes = e.bytes.data();
+    if (t.padded()) {
+      padded.resize(size_t(t.numel) * wbytes);
+      hf_to_stored(t, bytes, padded.data(), wbytes);
+      bytes = padded.data();
+    }
+    backend.upload(static_cast<std::byte*>(model.weights()) + t.offset * wbytes, bytes,
+                   size_t(t.numel) * wbytes);
   }
   for (const Arena::Block& b : blocks) {
     const TensorEntry& e = buffers.get(b.name);

@@ -53,12 +53,12 @@ void load_hf_model(LlamaModel& model, const std::string& path) {
   for (const ParamTensor& t : model.tensors()) {
     if (!weights.contains(t.name))
       throw UserError(path + ": tensor " + t.name + " is missing (the model config expects " +
-                      shape_str(t.shape) + ")");
+                      shape_str(t.hf_shape) + ")");
     const SafetensorsFile& file = weights.file_of(t.name);
     const TensorEntry& e = file.get(t.name);
-    if (e.shape != t.shape)
+    if (e.shape != t.hf_shape)
       throw UserError(file.path() + ": tensor " + t.name + " has shape " + shape_str(e.shape) +
-                      " but the model config needs " + shape_str(t.shape));
+                      " but the model config needs " + shape_str(t.hf_shape));
     const std::vector<float> values = file.read_f32(t.name);
     model.write_tensor(t, values.data());  // and the master copy, on any backend
     used.insert(t.name);
@@ -87,10 +87,10 @@ ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir,
     if (!weights.contains(t.name))
       throw UserError(weights.path() + ": tensor " + t.name + " is missing");
     const TensorEntry& e = weights.get(t.name);
-    if ((e.dtype != "F32" && e.dtype != "BF16") || e.shape != t.shape)  // CPU runs, GPU runs
+    if ((e.dtype != "F32" && e.dtype != "BF16") || e.shape != t.hf_shape)  // CPU runs, GPU runs
       throw UserError(weights.path() + ": tensor " + t.name + " is " + e.dtype + " " +
                       shape_str(e.shape) + ", the checkpoint's config needs F32 or BF16 " +
-                      shape_str(t.shape));
+                      shape_str(t.hf_shape));
   }
 
   std::string tokenizer_path = tokenizer;
@@ -122,17 +122,17 @@ ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir,
   const std::string wanted = bf16 ? "BF16" : "F32";
   for (const ParamTensor& t : layout.tensors()) {
     const TensorEntry& e = weights.get(t.name);
-    result.parameters += t.numel;
+    result.parameters += t.hf_numel;
     if (e.dtype == wanted) {
-      out.add(t.name, wanted, t.shape, e.bytes.data(), e.bytes.size());
+      out.add(t.name, wanted, t.hf_shape, e.bytes.data(), e.bytes.size());
     } else if (bf16) {
       const std::vector<float> values = weights.read_f32(t.name);
       std::vector<uint16_t>& half = to_bf16.emplace_back(values.size());
       std::transform(values.begin(), values.end(), half.begin(), float_to_bf16);
-      out.add(t.name, "BF16", t.shape, half.data(), half.size() * sizeof(uint16_t));
+      out.add(t.name, "BF16", t.hf_shape, half.data(), half.size() * sizeof(uint16_t));
     } else {  // bf16 widens to fp32 exactly
       const std::vector<float>& values = to_f32.emplace_back(weights.read_f32(t.name));
-      out.add(t.name, "F32", t.shape, values.data(), values.size() * sizeof(float));
+      out.add(t.name, "F32", t.hf_shape, values.data(), values.size() * sizeof(float));
     }
   }
   const std::string model_path = out_dir + "/model.safetensors";

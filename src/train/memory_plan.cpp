@@ -191,6 +191,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"storage", storage.describe()},
       {"activation_checkpointing", memory.checkpoint_layers ? "layer" : "none"},
       {"fused_update", memory.fused_update},
+      {"pad_ffn", memory.pad_ffn},
       {"bytes", bytes},
       {"total", plan.total},
       {"step_sum_bytes", plan.step_sum_bytes},

@@ -15,6 +15,7 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
   options.fused_update = cfg.fused_update == "on" ||
                          (cfg.fused_update == "auto" && storage.pure_bf16() &&
                           cfg.micro_batches_per_rank() == 1);
+  options.pad_ffn = cfg.pad_ffn == "on" || (cfg.pad_ffn == "auto" && storage.cuda);
   return options;
 }
 

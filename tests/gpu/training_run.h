@@ -45,6 +45,25 @@ struct TrainingRun {
     backend->read_grads(host.data(), model().grads_buffer(), t.grad_offset, t.numel);
     return host;
   }
+  // The stored elements of t outside Hugging Face's shape (a padded ffn's pad), in the weights
+  // and, with one, the master copy: empty for an unpadded tensor.
+  std::vector<float> pad_values(const ParamTensor& t) {
+    std::vector<float> stored(size_t(t.numel)), master;
+    backend->read_weights(stored.data(), model().weights(), t.offset, t.numel);
+    if (model().master()) {
+      master.resize(size_t(t.numel));
+      backend->download(master.data(), model().master() + t.offset, master.size() * sizeof(float));
+    }
+    const int64_t cols = t.shape.back(), hf_cols = t.hf_shape.back();
+    const int64_t hf_rows = t.shape.size() == 2 ? t.hf_shape[0] : 1;
+    std::vector<float> pad;
+    for (int64_t e = 0; e < t.numel; e++)
+      if (e / cols >= hf_rows || e % cols >= hf_cols) {
+        pad.push_back(stored[size_t(e)]);
+        if (!master.empty()) pad.push_back(master[size_t(e)]);
+      }
+    return pad;
+  }
 };
 
 }  // namespace grass::gputest

@@ -10,6 +10,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/llama.h"
 
 namespace grass::lab {
 
@@ -63,6 +64,14 @@ std::vector<LinearShape> linear_shapes(const Model& m, bool with_head) {
                                    ProjectionTarget::Up, ProjectionTarget::Down}) {
     const auto [out, in] = m.config.linear_shape(t);
     add(out, in, name_of(t));
+  }
+  // The engine's GPU runs store an ffn that is not a multiple of 8 padded (pad_ffn): time the
+  // stored shapes beside Hugging Face's, so the table shows what the padding buys.
+  if (const int F = m.F(); F % kFfnRowMultiple != 0) {
+    const int padded = (F + kFfnRowMultiple - 1) / kFfnRowMultiple * kFfnRowMultiple;
+    add(padded, m.C(), "gate(padded)");
+    add(padded, m.C(), "up(padded)");
+    add(m.C(), padded, "down(padded)");
   }
   if (with_head) add(m.V(), m.C(), "lm_head");
   return shapes;

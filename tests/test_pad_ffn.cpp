@@ -1,0 +1,68 @@
+// An ffn width that is not a multiple of 8 stored padded to one (run config pad_ffn; the CUDA
+// backend's default) is a layout only: the unpadded model's numbers (its bits where the
+// arithmetic allows, tests/pad_ffn_runs.h), a pad held at exactly zero, and Hugging Face's
+// shapes in checkpoints and exports (tests/test_checkpoint.cpp resumes padded runs).
+#include <catch2/catch.hpp>
+
+#include "core/arena.h"
+#include "model/llama.h"
+#include "pad_ffn_runs.h"
+
+using namespace grass;
+
+TEST_CASE("a padded ffn trains as the unpadded model does", "[pad]") {
+  // fp32 and bf16-mixed round deterministically: the same bits, whatever the optimizer, while
+  // OpenBLAS blocks K = 341 and 344 alike; at LLaMA-1B's 5461 it splits K = 5461 and 5464 into
+  // other blocks (Adam turns last-bit differences of small gradients into ~1e-6 of a weight),
+  // and pure bf16 draws its rounding by stored position: close, not equal.
+  const test::PadCase c = GENERATE(
+      test::PadCase{"adamw", "fp32", 2, 341, 0}, test::PadCase{"adamw", "bf16-mixed", 2, 341, 0},
+      test::PadCase{"grass", "fp32", 2, 341, 0}, test::PadCase{"grass", "bf16-mixed", 2, 341, 0},
+      test::PadCase{"galore", "bf16-mixed", 2, 341, 0}, test::PadCase{"flora", "fp32", 2, 341, 0},
+      // an ffn of 13 under hidden 16: gate and up select (GRASS) or project (GaLore, FLORA)
+      // their padded side, whose pad must never be chosen or reached (LAPACK factors the padded
+      // gradient of GaLore in other blocks: close, not equal)
+      test::PadCase{"grass", "fp32", 2, 13, 0}, test::PadCase{"galore", "fp32", 2, 13, 1e-5},
+      test::PadCase{"flora", "bf16-mixed", 2, 13, 0},
+      test::PadCase{"adamw", "fp32", 2, 5461, 1e-5}, test::PadCase{"grass", "fp32", 2, 5461, 1e-5},
+      test::PadCase{"adamw", "bf16", 1, 341, 5e-2}, test::PadCase{"grass", "bf16", 1, 5461, 5e-2},
+      test::PadCase{"flora", "bf16", 1, 341, 5e-2});
+  test::check_padding_changes_nothing(c, /*cuda=*/false, /*steps=*/5);
+}
+
+TEST_CASE("a padded model stores gate and up with zero rows and down with a wider pitch", "[pad]") {
+  ModelConfig m = test::pad_ffn_run("adamw", "fp32", 1, 45, true).model;
+  m.intermediate_size = 45;
+  Arena arena;
+  LlamaModel model(m, arena, 1, 8, {}, default_cpu_backend(), {.pad_ffn = true});
+  model.init_weights(3);
+  CHECK(model.ffn_stored() == 48);
+  CHECK(model.num_params() == m.num_parameters());
+  CHECK(model.num_stored_params() == m.num_parameters() + 3 * 3 * 16);
+  const ParamTensor& gate = model.tensor("model.layers.0.mlp.gate_proj.weight");
+  const ParamTensor& down = model.tensor("model.layers.0.mlp.down_proj.weight");
+  CHECK(gate.shape == std::vector<int64_t>{48, 16});
+  CHECK(gate.hf_shape == std::vector<int64_t>{45, 16});
+  CHECK(down.shape == std::vector<int64_t>{16, 48});
+  CHECK(down.hf_shape == std::vector<int64_t>{16, 45});
+  // down's row i holds the Hugging Face row i, then 3 zeros; read_tensor gives the rows back
+  const std::vector<float> hf = model.read_tensor(down);
+  REQUIRE(hf.size() == 16 * 45);
+  const float* stored = model.params() + down.offset;
+  for (int i = 0; i < 16; i++) {
+    INFO("row " << i);
+    CHECK(std::equal(hf.begin() + i * 45, hf.begin() + (i + 1) * 45, stored + i * 48));
+    CHECK(stored[i * 48 + 45] == 0.0f);
+    CHECK(stored[i * 48 + 47] == 0.0f);
+  }
+  // the same draws as the unpadded model's: init takes each element's stream index in HF's layout
+  Arena other;
+  LlamaModel plain(m, other, 1, 8);
+  plain.init_weights(3);
+  CHECK(plain.read_tensor(plain.tensor(down.name)) == hf);
+  std::vector<float> changed = hf;
+  changed[45] = 1.5f;  // row 1, column 0
+  model.write_tensor(down, changed.data());
+  CHECK(stored[48] == 1.5f);
+  CHECK(stored[45] == 0.0f);
+}
