@@ -69,9 +69,9 @@ inline double relative_difference(const std::vector<float>& a, const std::vector
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// Trains both layouts for `steps` steps on the same random tokens and checks the loss and
-// gradient norm of every step and every tensor (Hugging Face's layout) at the end against c.tol,
-// and a pad of exact zeros (+0.0) in the padded run's weights and master copy.
+// Trains both layouts for `steps` steps on the same random tokens and checks the loss of every
+// step and every tensor (Hugging Face's layout) at the end against c.tol, the gradient norms to
+// 1e-12 at least, and a pad of exact zeros (+0.0) in the padded run's weights and master copy.
 inline void check_padding_changes_nothing(const PadCase& c, bool cuda, int steps) {
   INFO(c.optimizer << " " << c.precision << ", " << c.micro_batches << " micro-batch(es), ffn "
                    << c.ffn);
@@ -103,7 +103,9 @@ inline void check_padding_changes_nothing(const PadCase& c, bool cuda, int steps
     INFO("step " << step << ": loss " << a.loss << " and " << b.loss << ", gradient norm "
                  << a.grad_norm << " and " << b.grad_norm);
     CHECK(same(a.loss, b.loss));
-    CHECK(same(a.grad_norm, b.grad_norm));
+    // a sum over the stored gradients, which the GPU splits into blocks by position: the pad
+    // moves the splits, so the order of the additions, not their terms, differs
+    CHECK(std::abs(a.grad_norm - b.grad_norm) <= std::max(c.tol, 1e-12) * b.grad_norm);
   }
   int padded_tensors = 0;
   for (const ParamTensor& t : padded.model().tensors()) {

@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 #include "train/checkpointing.h"
 #include "train/metrics.h"
@@ -44,8 +45,10 @@ std::vector<json> read_rows(const std::string& path) {
 
 // A small run on a random shard in `dir`: 2 micro-batches per step, shuffled, prefetching.
 // "grass-lean": GRASS in pure bf16 with one micro-batch per step and per-layer checkpointing, so
-// its updates are fused into the backward.
+// its updates are fused into the backward. "-padded": an ffn of 44 stored 48 wide (pad_ffn).
 json small_run(const test::TempDir& dir, const std::string& out, std::string optimizer) {
+  const bool padded = optimizer.ends_with("-padded");
+  if (padded) optimizer.resize(optimizer.size() - std::string("-padded").size());
   const bool lean = optimizer == "grass-lean";
   if (lean) optimizer = "grass";
   const std::string shard = dir.file("train.bin");
@@ -66,6 +69,10 @@ json small_run(const test::TempDir& dir, const std::string& out, std::string opt
     run["optimizer"].update({{"rank", 4}, {"update_interval", 3}});
   if (lean)
     run.update({{"precision", "bf16"}, {"total_batch_size", 2}, {"activation_checkpointing", "layer"}});
+  if (padded) {
+    run["model"]["intermediate_size"] = 44;
+    run["pad_ffn"] = "on";
+  }
   return run;
 }
 
@@ -80,13 +87,19 @@ std::string step_dir(const RunConfig& cfg, int64_t step) {
 
 TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[checkpoint][train]") {
   const std::string optimizer =
-      GENERATE(as<std::string>{}, "adamw", "grass", "grass-lean", "galore", "flora");
+      GENERATE(as<std::string>{}, "adamw", "grass", "grass-lean", "galore", "flora",
+               "adamw-padded", "grass-lean-padded");
   const test::TempDir dir("grass_test_checkpoint");
   const RunConfig whole = parse(small_run(dir, "whole", optimizer));
   CHECK(model_memory_options(whole, storage_for(whole.precision, false)).fused_update ==
-        (optimizer == "grass-lean"));
+        optimizer.starts_with("grass-lean"));
   const TrainResult uninterrupted = train(whole);
   REQUIRE(uninterrupted.losses.size() == 9);
+  if (optimizer.ends_with("-padded")) {  // the checkpoint holds Hugging Face's shapes, not the pad
+    const SafetensorsFile weights(step_dir(whole, 9) + "/model.safetensors");
+    CHECK(weights.get("model.layers.1.mlp.down_proj.weight").shape == std::vector<int64_t>{32, 44});
+    CHECK(weights.get("model.layers.1.mlp.up_proj.weight").shape == std::vector<int64_t>{44, 32});
+  }
 
   // Resume after step 4 (inside a GRASS selection interval of 3) and after step 6 (a refresh is
   // the next step), each in a fresh out_dir holding that checkpoint and the whole run's metrics,

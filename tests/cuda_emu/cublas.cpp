@@ -38,6 +38,7 @@ namespace {
 
 // What cuda_emu.h reports.
 int last_math_mode = -1;
+uint64_t gemm_ex_call_count = 0;
 std::map<cudaDataType_t, int64_t> last_masks;  // by the output's type
 
 cublasStatus_t invalid(const std::string& why) {
@@ -133,6 +134,7 @@ const char* cublasGetStatusString(cublasStatus_t status) {
 
 namespace cuda_emu {
 int last_gemm_ex_math_mode() { return last_math_mode; }
+uint64_t gemm_ex_calls() { return gemm_ex_call_count; }
 int64_t last_reduction_scheme_mask(cudaDataType_t output) {
   const auto it = last_masks.find(output);
   return it == last_masks.end() ? -1 : it->second;
@@ -300,6 +302,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t op_a, cubla
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
   if (!handle || compute != CUBLAS_COMPUTE_32F) return invalid("cublasGemmEx: handle or compute");
   last_math_mode = handle->math;
+  gemm_ex_call_count++;
   const bool ta = op_a == CUBLAS_OP_T, tb = op_b == CUBLAS_OP_T;
   return gemm(op_a, op_b, m, n, k, *static_cast<const float*>(alpha),
               {a, a_type, ta ? k : m, ta ? m : k, lda, "A"},

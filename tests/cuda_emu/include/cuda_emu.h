@@ -13,6 +13,8 @@ namespace cuda_emu {
 uint64_t device_allocations();
 // The math mode (cublasMath_t) of the handle the last cublasGemmEx ran on; -1 before any.
 int last_gemm_ex_math_mode();
+// cublasGemmEx calls so far: the engine's GEMMs that cuBLASLt offered no kernel for.
+uint64_t gemm_ex_calls();
 // The reduction-scheme mask of the last cuBLASLt heuristic query for an output (D) of type
 // `output`; -1 before any.
 int64_t last_reduction_scheme_mask(cudaDataType_t output);
