@@ -56,6 +56,7 @@ int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r);
 // The shapes a model's backward workspace must serve (the largest micro-batch).
 struct WorkspaceShape {
   int B = 0, T = 0, C = 0, F = 0, V = 0, NH = 0, NKV = 0, HD = 0;
+  double rope_theta = 10000.0;
 };
 
 // The backend's own scratch, sized from the storage alone (kernels/backend_sizes.cpp), so that a
@@ -68,10 +69,12 @@ struct BackendScratch {
   int64_t gemm_bytes = 0;       // cuBLASLt workspace
   int64_t tokens_bytes = 0;     // embedding backward's token groups
   int64_t slice_norms_bytes = 0;  // a GRASS refresh's slice norms (doubles)
+  int64_t rope_bytes = 0;         // RoPE: GPU, the cos/sin table [2,T,HD/2] fp32 (filled at
+                                  // bind time); CPU, the rotated copies of q and k
 };
 struct BackendScratchPointers {
   void *attention = nullptr, *norm = nullptr, *reduce = nullptr, *gemm = nullptr,
-       *tokens = nullptr, *slice_norms = nullptr;
+       *tokens = nullptr, *slice_norms = nullptr, *rope = nullptr;
 };
 BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& shape);
 // What attention_forward keeps for the backward (CPU: probabilities [B,NH,T,T]; GPU:
@@ -148,15 +151,18 @@ class Backend : public MemoryResource {
                                         double eps) = 0;
   virtual void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
                                 const float* rstd, int64_t N, int C) = 0;
-  virtual void rope_forward(void* x, int B, int T, int H, int HD, double theta) = 0;   // in place
-  virtual void rope_backward(void* dx, int B, int T, int H, int HD, double theta) = 0;  // in place
-  // saved: attention_saved_bytes(storage(), B, T, NH) bytes, written by the forward for the
-  // backward
+  // Causal attention with RoPE: q[B,T,NH,HD] and k[B,T,NKV,HD] as the projections give them,
+  // rotated (HF rotate-half, angle t / theta^(2i/HD)) inside the op; dq, dk (overwritten) are the
+  // gradients of the unrotated q and k. The GPU rotates the tiles as its kernels load them (RoPE
+  // is never a pass of its own over q and k); the CPU rotates copies in its scratch. theta must be
+  // the bound WorkspaceShape's. saved: attention_saved_bytes(storage(), B, T, NH) bytes, written
+  // by the forward for the backward.
   virtual void attention_forward(void* out, void* saved, const void* q, const void* k,
-                                 const void* v, int B, int T, int NH, int NKV, int HD) = 0;
+                                 const void* v, int B, int T, int NH, int NKV, int HD,
+                                 double theta) = 0;
   virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
                                   const void* saved, const void* q, const void* k, const void* v,
-                                  int B, int T, int NH, int NKV, int HD) = 0;
+                                  int B, int T, int NH, int NKV, int HD, double theta) = 0;
   virtual void swiglu_forward(void* out, const void* gate, const void* up, int64_t n) = 0;
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
                                const void* up, int64_t n) = 0;

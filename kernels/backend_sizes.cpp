@@ -48,8 +48,10 @@ BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) 
   const int64_t N = int64_t(s.B) * s.T;
   if (!storage.cuda) {
     scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T * s.T;  // dscores
+    scratch.rope_bytes = 4 * N * (s.NH + s.NKV) * s.HD;             // rotated q and k
     return scratch;
   }
+  scratch.rope_bytes = 4 * int64_t(s.T) * s.HD;  // cos and sin [T, HD/2]
   scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T;  // D = rowsum(dout ⊙ out)
   scratch.norm_bytes = 4 * std::min<int64_t>(N, kNormRowBlocks) * s.C;
   scratch.reduce_bytes = 8 * kReducePartials;  // the partial sums; the result is the caller's

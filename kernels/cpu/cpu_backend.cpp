@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -66,8 +67,10 @@ class CpuBackend final : public Backend {
   void read_grads(float* host, const void* grads, int64_t first, int64_t n) override {
     std::memcpy(host, f(grads) + first, size_t(n) * sizeof(float));
   }
-  void bind_workspace(const BackendScratchPointers& scratch, const WorkspaceShape&) override {
+  void bind_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& shape) override {
     attention_scratch_ = f(scratch.attention);
+    rope_scratch_ = f(scratch.rope);
+    rope_scratch_floats_ = backend_scratch(storage_, shape).rope_bytes / 4;
   }
 
   // ---- model ops ------------------------------------------------------------------------------
@@ -99,22 +102,21 @@ class CpuBackend final : public Backend {
                         const float* rstd, int64_t N, int C) override {
     ops::rmsnorm_backward(f(dx), f(dw), f(dout), f(x), f(w), rstd, N, C);
   }
-  void rope_forward(void* x, int B, int T, int H, int HD, double theta) override {
-    ops::rope_forward(f(x), f(x), B, T, H, HD, theta);
-  }
-  void rope_backward(void* dx, int B, int T, int H, int HD, double theta) override {
-    ops::rope_backward(f(dx), f(dx), B, T, H, HD, theta);
-  }
+  // RoPE, then attention on the rotated copies; the backward rotates dq and dk back in place.
   void attention_forward(void* out, void* saved, const void* q, const void* k, const void* v, int B,
-                         int T, int NH, int NKV, int HD) override {
-    ops::attention_forward(f(out), f(saved), f(q), f(k), f(v), B, T, NH, NKV, HD);
+                         int T, int NH, int NKV, int HD, double theta) override {
+    const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
+    ops::attention_forward(f(out), f(saved), qr, kr, f(v), B, T, NH, NKV, HD);
   }
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void*,
                           const void* saved, const void* q, const void* k, const void* v, int B,
-                          int T, int NH, int NKV, int HD) override {
+                          int T, int NH, int NKV, int HD, double theta) override {
     GRASS_CHECK(attention_scratch_, "attention_backward before bind_workspace");
-    ops::attention_backward(f(dq), f(dk), f(dv), attention_scratch_, f(dout), f(q), f(k), f(v),
+    const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
+    ops::attention_backward(f(dq), f(dk), f(dv), attention_scratch_, f(dout), qr, kr, f(v),
                             f(saved), B, T, NH, NKV, HD);
+    ops::rope_backward(f(dq), f(dq), B, T, NH, HD, theta);
+    ops::rope_backward(f(dk), f(dk), B, T, NKV, HD, theta);
   }
   void swiglu_forward(void* out, const void* gate, const void* up, int64_t n) override {
     ops::swiglu_forward(f(out), f(gate), f(up), n);
@@ -255,6 +257,20 @@ class CpuBackend final : public Backend {
   }
 
   float* attention_scratch_ = nullptr;
+  float* rope_scratch_ = nullptr;  // [B,T,NH,HD] rotated q, then [B,T,NKV,HD] rotated k
+  int64_t rope_scratch_floats_ = 0;
+  // q and k rotated by RoPE into rope_scratch_
+  std::pair<const float*, const float*> rotated(const void* q, const void* k, int B, int T, int NH,
+                                                int NKV, int HD, double theta) {
+    const int64_t q_floats = int64_t(B) * T * NH * HD;
+    GRASS_CHECK(rope_scratch_ && q_floats + int64_t(B) * T * NKV * HD <= rope_scratch_floats_,
+                "attention: the RoPE scratch is unbound or smaller than this batch");
+    float* qr = rope_scratch_;
+    float* kr = rope_scratch_ + q_floats;
+    ops::rope_forward(qr, f(q), B, T, NH, HD, theta);
+    ops::rope_forward(kr, f(k), B, T, NKV, HD, theta);
+    return {qr, kr};
+  }
   std::vector<double> slice_norms_, chunk_norms_;  // grass_slice_norms' buffer and a chunk's
 };
 

@@ -19,6 +19,9 @@
 // sum l (registers of the row's threads); for each key block up to the diagonal:
 //   S = Q·Kᵀ;  row pass: m' = max(m, rowmax S), P = 2^(S·log2e/√HD - m'), l = l·2^(m-m') + ΣP,
 //   O *= 2^(m-m');  O += P·V.   Finally out = O / l, lse = (m + log2 l)·ln2.
+// RoPE (optional, a table of cos and sin from rope_table()): q and k tiles are rotated as they are
+// loaded (pairs (i, i + HD/2), HF's rotate-half), so q and k stay in memory as the projections
+// wrote them; dq and dk are rotated back as they are stored.
 // Backward, deterministic (no atomics; every sum in a fixed order):
 //   1. D[b,h,t] = Σ dout·out over the head dim (one warp per row), into scratch.
 //   2. dK, dV (grid: key blocks x NKV x B): the key block's K, V stay in shared memory and dK, dV
@@ -86,29 +89,76 @@ __host__ __device__ inline SmemLayout smem_layout(int Br, int Bc, int HDP, bool 
   return L;
 }
 
+// RoPE as the kernels apply it (rope_table() in rope.cu): cos and sin [T, HD/2] of the angle of
+// position t and pair i, or none (cos null) for a tile that is not rotated (v, dout, dv).
+struct Rotation {
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+};
+
 // dst[rows, HDP] (bf16, row stride ld) = rows [0, valid_rows) of src (HD columns, row stride
-// src_stride elements); the other rows and columns HD..HDP are zero, so they add nothing to any
-// product. 16-byte loads: HD is a multiple of 8 and the tensors 16-byte aligned.
+// src_stride elements), row r rotated by RoPE at position t0 + r when rot has a table; the other
+// rows and columns HD..HDP are zero, so they add nothing to any product. Unrotated: 16-byte
+// loads (HD is a multiple of 8 and the tensors 16-byte aligned). Rotated: pairs (i, i + HD/2) of
+// 2 channels each, in fp32 with one rounding, the arithmetic of rope.cu's kernel.
 __device__ __forceinline__ void load_rows(bf16* dst, int ld, const bf16* src, int64_t src_stride,
-                                          int valid_rows, int rows, int HD, int HDP) {
-  const int chunks = HDP / 8;
-  for (int i = threadIdx.x; i < rows * chunks; i += kThreads) {
-    const int r = i / chunks, c = (i % chunks) * 8;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (r < valid_rows && c < HD) val = *reinterpret_cast<const uint4*>(src + r * src_stride + c);
-    *reinterpret_cast<uint4*>(dst + r * ld + c) = val;
+                                          int valid_rows, int rows, int HD, int HDP,
+                                          Rotation rot = {}, int t0 = 0) {
+  if (!rot.cos) {
+    const int chunks = HDP / 8;
+    for (int i = threadIdx.x; i < rows * chunks; i += kThreads) {
+      const int r = i / chunks, c = (i % chunks) * 8;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (r < valid_rows && c < HD) val = *reinterpret_cast<const uint4*>(src + r * src_stride + c);
+      *reinterpret_cast<uint4*>(dst + r * ld + c) = val;
+    }
+    return;
   }
+  const int half = HD / 2, pairs = half / 2;
+  for (int i = threadIdx.x; i < rows * pairs; i += kThreads) {
+    const int r = i / pairs, c = (i % pairs) * 2;
+    float2 y1 = make_float2(0.0f, 0.0f), y2 = y1;
+    if (r < valid_rows) {
+      const float2 x1 = __bfloat1622float2(
+          *reinterpret_cast<const __nv_bfloat162*>(src + r * src_stride + c));
+      const float2 x2 = __bfloat1622float2(
+          *reinterpret_cast<const __nv_bfloat162*>(src + r * src_stride + half + c));
+      const int64_t at = int64_t(t0 + r) * half + c;
+      const float c0 = rot.cos[at], c1 = rot.cos[at + 1], s0 = rot.sin[at], s1 = rot.sin[at + 1];
+      y1 = make_float2(x1.x * c0 - x2.x * s0, x1.y * c1 - x2.y * s1);
+      y2 = make_float2(x2.x * c0 + x1.x * s0, x2.y * c1 + x1.y * s1);
+    }
+    *reinterpret_cast<__nv_bfloat162*>(dst + r * ld + c) = __floats2bfloat162_rn(y1.x, y1.y);
+    *reinterpret_cast<__nv_bfloat162*>(dst + r * ld + half + c) = __floats2bfloat162_rn(y2.x, y2.y);
+  }
+  const int pad_chunks = (HDP - HD) / 8;  // 0 or 1: HD is a multiple of 8, HDP of 16
+  for (int i = threadIdx.x; i < rows * pad_chunks; i += kThreads)
+    *reinterpret_cast<uint4*>(dst + (i / pad_chunks) * ld + HD + (i % pad_chunks) * 8) =
+        make_uint4(0, 0, 0, 0);
 }
 
 // Rows [0, valid_rows) of dst (HD columns, bf16, row stride dst_stride) = src[., HDP] (fp32, row
-// stride ld), rounded to nearest.
+// stride ld), rounded to nearest; with a table, row r is first rotated back (the transpose of
+// RoPE at position t0 + r: the gradient of the unrotated q or k) in fp32.
 __device__ __forceinline__ void store_rows(bf16* dst, int64_t dst_stride, const float* src, int ld,
-                                           int valid_rows, int HD) {
-  const int pairs = HD / 2;
-  for (int i = threadIdx.x; i < valid_rows * pairs; i += kThreads) {
-    const int r = i / pairs, c = (i % pairs) * 2;
-    *reinterpret_cast<__nv_bfloat162*>(dst + r * dst_stride + c) =
-        __floats2bfloat162_rn(src[r * ld + c], src[r * ld + c + 1]);
+                                           int valid_rows, int HD, Rotation rot = {}, int t0 = 0) {
+  if (!rot.cos) {
+    const int pairs = HD / 2;
+    for (int i = threadIdx.x; i < valid_rows * pairs; i += kThreads) {
+      const int r = i / pairs, c = (i % pairs) * 2;
+      *reinterpret_cast<__nv_bfloat162*>(dst + r * dst_stride + c) =
+          __floats2bfloat162_rn(src[r * ld + c], src[r * ld + c + 1]);
+    }
+    return;
+  }
+  const int half = HD / 2;
+  for (int i = threadIdx.x; i < valid_rows * half; i += kThreads) {
+    const int r = i / half, c = i % half;
+    const float x1 = src[r * ld + c], x2 = src[r * ld + half + c];
+    const int64_t at = int64_t(t0 + r) * half + c;
+    const float cs = rot.cos[at], sn = rot.sin[at];
+    dst[r * dst_stride + c] = __float2bfloat16_rn(x1 * cs + x2 * sn);
+    dst[r * dst_stride + half + c] = __float2bfloat16_rn(x2 * cs - x1 * sn);
   }
 }
 
@@ -209,7 +259,8 @@ __device__ __forceinline__ float row_sum(float x) {
 template <int Br, int Bc>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                             int T, int NH, int NKV, int HD, int HDP, float scale_log2) {
+                             int T, int NH, int NKV, int HD, int HDP, float scale_log2,
+                             Rotation rot) {
   constexpr int kTpr = kThreads / Br;  // threads per row in the row pass
   constexpr int kCols = Bc / kTpr;     // score columns per thread
   static_assert(kTpr <= 32 && kThreads % Br == 0 && Bc % kTpr == 0, "row pass tiling");
@@ -231,7 +282,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* p_s = reinterpret_cast<bf16*>(smem + L.s);    // [Br,Bc] probabilities, over the scores
   float* o_s = reinterpret_cast<float*>(smem + L.o);  // [Br,HDP] unnormalised output
 
-  load_rows(q_s, L.ld_hd, qh + q0 * q_stride, q_stride, T - q0, Br, HD, HDP);
+  load_rows(q_s, L.ld_hd, qh + q0 * q_stride, q_stride, T - q0, Br, HD, HDP, rot, q0);
   for (int i = threadIdx.x; i < Br * HDP; i += kThreads) o_s[(i / HDP) * L.ld_f32 + i % HDP] = 0.0f;
 
   // The row pass: this thread's row and its columns lane_in_row + kTpr·e of the score tile.
@@ -241,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
   float l = 0.0f;           // running Σ 2^(s - m)
   const int kv_end = min(T, q0 + Br);  // the block's queries see keys [0, kv_end)
   for (int k0 = 0; k0 < kv_end; k0 += Bc) {
-    load_rows(k_s, L.ld_hd, kg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP);
+    load_rows(k_s, L.ld_hd, kg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP, rot, k0);
     load_rows(v_s, L.ld_hd, vg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP);
     __syncthreads();
     // S[Br,Bc] = Q·Kᵀ (K row-major is Kᵀ column-major)
@@ -323,7 +374,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_backward_dkdv_kernel(bf16* dk, bf16* dv, const float* d, const bf16* dout,
                                    const float* lse, const bf16* q, const bf16* k, const bf16* v,
                                    int T, int NH, int NKV, int HD, int HDP, float scale,
-                                   float scale_log2) {
+                                   float scale_log2, Rotation rot) {
   constexpr int kTpr = kThreads / Br;
   constexpr int kCols = Bc / kTpr;
   static_assert(kTpr <= 32 && kThreads % Br == 0 && Bc % kTpr == 0, "row pass tiling");
@@ -343,7 +394,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* ds_s = reinterpret_cast<bf16*>(smem + L.dp);    // [Br,Bc] dS, over dP
   float* stage = reinterpret_cast<float*>(smem + L.k);  // [Bc,HDP] fp32, over k and v at the end
 
-  load_rows(k_s, L.ld_hd, k + kv_offset, kv_stride, T - k0, Bc, HD, HDP);
+  load_rows(k_s, L.ld_hd, k + kv_offset, kv_stride, T - k0, Bc, HD, HDP, rot, k0);
   load_rows(v_s, L.ld_hd, v + kv_offset, kv_stride, T - k0, Bc, HD, HDP);
   Acc dk_acc[kMaxAccTiles], dv_acc[kMaxAccTiles];  // this warp's tiles of dK, dV [Bc,HDP]
   acc_zero(dk_acc);
@@ -354,7 +405,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t q_offset = (int64_t(b) * T * NH + h) * HD;  // row 0 of q, dout for head h
     // The first query block holding a query ≥ k0; every later one, to the end of T.
     for (int q0 = k0 / Br * Br; q0 < T; q0 += Br) {
-      load_rows(q_s, L.ld_hd, q + q_offset + q0 * q_stride, q_stride, T - q0, Br, HD, HDP);
+      load_rows(q_s, L.ld_hd, q + q_offset + q0 * q_stride, q_stride, T - q0, Br, HD, HDP, rot,
+                q0);
       load_rows(do_s, L.ld_hd, dout + q_offset + q0 * q_stride, q_stride, T - q0, Br, HD, HDP);
       const int qi = q0 + row;
       const bool real_row = qi < T;
@@ -398,7 +450,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   store_acc(stage, L.ld_f32, dk_acc, Bc, HDP);
   __syncthreads();
-  store_rows(dk + kv_offset, kv_stride, stage, L.ld_f32, valid_rows, HD);
+  store_rows(dk + kv_offset, kv_stride, stage, L.ld_f32, valid_rows, HD, rot, k0);
 }
 
 // dQ of one query block of one head: Σ over the key blocks up to the diagonal.
@@ -406,7 +458,8 @@ template <int Br, int Bc>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dq_kernel(bf16* dq, const float* d, const bf16* dout, const float* lse,
                                  const bf16* q, const bf16* k, const bf16* v, int T, int NH,
-                                 int NKV, int HD, int HDP, float scale, float scale_log2) {
+                                 int NKV, int HD, int HDP, float scale, float scale_log2,
+                                 Rotation rot) {
   constexpr int kTpr = kThreads / Br;
   constexpr int kCols = Bc / kTpr;
   static_assert(kTpr <= 32 && kThreads % Br == 0 && Bc % kTpr == 0, "row pass tiling");
@@ -428,7 +481,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* ds_s = reinterpret_cast<bf16*>(smem + L.dp);    // [Br,Bc] dS, over dP
   float* stage = reinterpret_cast<float*>(smem + L.q);  // [Br,HDP] fp32, over q and dout at the end
 
-  load_rows(q_s, L.ld_hd, q + q_offset, q_stride, T - q0, Br, HD, HDP);
+  load_rows(q_s, L.ld_hd, q + q_offset, q_stride, T - q0, Br, HD, HDP, rot, q0);
   load_rows(do_s, L.ld_hd, dout + q_offset, q_stride, T - q0, Br, HD, HDP);
   const int row = threadIdx.x / kTpr, lane_in_row = threadIdx.x % kTpr;
   const int qi = q0 + row;
@@ -440,7 +493,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int kv_end = min(T, q0 + Br);
   for (int k0 = 0; k0 < kv_end; k0 += Bc) {
-    load_rows(k_s, L.ld_hd, kg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP);
+    load_rows(k_s, L.ld_hd, kg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP, rot, k0);
     load_rows(v_s, L.ld_hd, vg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP);
     __syncthreads();
     // S = Q·Kᵀ, dP = dO·Vᵀ  [Br,Bc]
@@ -468,7 +521,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   store_acc(stage, L.ld_f32, dq_acc, Br, HDP);
   __syncthreads();
-  store_rows(dq + q_offset, q_stride, stage, L.ld_f32, min(Br, T - q0), HD);
+  store_rows(dq + q_offset, q_stride, stage, L.ld_f32, min(Br, T - q0), HD, rot, q0);
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -514,22 +567,32 @@ void check_acc_tiles(int rows, int HDP) {
               "attention (CUDA): accumulator tiling too small for HDP=" + std::to_string(HDP));
 }
 
+// The kernels' view of a RoPE table (none when rope.table is null).
+Rotation rotation(RopeTable rope, int T, int HD) {
+  if (!rope.table) return {};
+  GRASS_CHECK(rope.T >= T, "attention (CUDA): a RoPE table of " + std::to_string(rope.T) +
+                               " positions for T = " + std::to_string(T));
+  return {rope.table, rope.table + int64_t(rope.T) * (HD / 2)};
+}
+
 template <int Br, int Bc>
 void launch_forward(const Context& ctx, bf16* out, float* lse, const bf16* q, const bf16* k,
-                    const bf16* v, int B, int T, int NH, int NKV, int HD, int HDP) {
+                    const bf16* v, int B, int T, int NH, int NKV, int HD, int HDP, Rotation rot) {
   const int bytes = smem_layout(Br, Bc, HDP, false).bytes;
   allow_smem(attention_forward_kernel<Br, Bc>, bytes, "attention_forward_kernel");
   const float scale_log2 = float(kLog2e / std::sqrt(double(HD)));
   const dim3 grid(unsigned(ceil_div(T, Br)), unsigned(NH), unsigned(B));
   attention_forward_kernel<Br, Bc>
-      <<<grid, kThreads, bytes, ctx.stream>>>(out, lse, q, k, v, T, NH, NKV, HD, HDP, scale_log2);
+      <<<grid, kThreads, bytes, ctx.stream>>>(out, lse, q, k, v, T, NH, NKV, HD, HDP, scale_log2,
+                                              rot);
   GRASS_LAUNCH_CHECK();
 }
 
 template <int BrKV, int BcKV, int BrQ, int BcQ>
 void launch_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, const float* d,
                      const bf16* dout, const float* lse, const bf16* q, const bf16* k,
-                     const bf16* v, int B, int T, int NH, int NKV, int HD, int HDP) {
+                     const bf16* v, int B, int T, int NH, int NKV, int HD, int HDP,
+                     Rotation rot) {
   check_acc_tiles(BcKV, HDP);
   check_acc_tiles(BrQ, HDP);
   const float scale = float(1.0 / std::sqrt(double(HD)));
@@ -540,14 +603,14 @@ void launch_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, const flo
              "attention_backward_dkdv_kernel");
   const dim3 kv_grid(unsigned(ceil_div(T, BcKV)), unsigned(NKV), unsigned(B));
   attention_backward_dkdv_kernel<BrKV, BcKV><<<kv_grid, kThreads, kv_bytes, ctx.stream>>>(
-      dk, dv, d, dout, lse, q, k, v, T, NH, NKV, HD, HDP, scale, scale_log2);
+      dk, dv, d, dout, lse, q, k, v, T, NH, NKV, HD, HDP, scale, scale_log2, rot);
   GRASS_LAUNCH_CHECK();
 
   const int q_bytes = smem_layout(BrQ, BcQ, HDP, true).bytes;
   allow_smem(attention_backward_dq_kernel<BrQ, BcQ>, q_bytes, "attention_backward_dq_kernel");
   const dim3 q_grid(unsigned(ceil_div(T, BrQ)), unsigned(NH), unsigned(B));
   attention_backward_dq_kernel<BrQ, BcQ><<<q_grid, kThreads, q_bytes, ctx.stream>>>(
-      dq, d, dout, lse, q, k, v, T, NH, NKV, HD, HDP, scale, scale_log2);
+      dq, d, dout, lse, q, k, v, T, NH, NKV, HD, HDP, scale, scale_log2, rot);
   GRASS_LAUNCH_CHECK();
 }
 
@@ -557,16 +620,17 @@ void launch_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, const flo
 // forward 64x64: 101 KiB / (64x32) 140 KiB; dK,dV 64x64: 102 KiB / (64x32) 117 KiB;
 // dQ 64x64: 102 KiB / (32x64) 116 KiB — all under sm_80's 163 KiB.
 void attention_forward(const Context& ctx, bf16* out, float* lse, const bf16* q, const bf16* k,
-                       const bf16* v, int B, int T, int NH, int NKV, int HD) {
+                       const bf16* v, int B, int T, int NH, int NKV, int HD, RopeTable rope) {
   const int HDP = padded_head_dim(B, T, NH, NKV, HD);
   check_aligned(out, "out");
   check_aligned(q, "q");
   check_aligned(k, "k");
   check_aligned(v, "v");
+  const Rotation rot = rotation(rope, T, HD);
   if (HDP <= 128)
-    launch_forward<64, 64>(ctx, out, lse, q, k, v, B, T, NH, NKV, HD, HDP);
+    launch_forward<64, 64>(ctx, out, lse, q, k, v, B, T, NH, NKV, HD, HDP, rot);
   else
-    launch_forward<64, 32>(ctx, out, lse, q, k, v, B, T, NH, NKV, HD, HDP);
+    launch_forward<64, 32>(ctx, out, lse, q, k, v, B, T, NH, NKV, HD, HDP, rot);
 }
 
 // scratch holds D[B,NH,T]; dK and dV accumulate in registers, so they need none.
@@ -576,8 +640,10 @@ int64_t attention_scratch_floats(int B, int T, int NH, int /*NKV*/, int /*HD*/) 
 
 void attention_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, float* scratch,
                         const bf16* dout, const bf16* out, const float* lse, const bf16* q,
-                        const bf16* k, const bf16* v, int B, int T, int NH, int NKV, int HD) {
+                        const bf16* k, const bf16* v, int B, int T, int NH, int NKV, int HD,
+                        RopeTable rope) {
   const int HDP = padded_head_dim(B, T, NH, NKV, HD);
+  const Rotation rot = rotation(rope, T, HD);
   check_aligned(dq, "dq");
   check_aligned(dk, "dk");
   check_aligned(dv, "dv");
@@ -592,9 +658,11 @@ void attention_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, float*
       d, dout, out, B, T, NH, HD);
   GRASS_LAUNCH_CHECK();
   if (HDP <= 128)
-    launch_backward<64, 64, 64, 64>(ctx, dq, dk, dv, d, dout, lse, q, k, v, B, T, NH, NKV, HD, HDP);
+    launch_backward<64, 64, 64, 64>(ctx, dq, dk, dv, d, dout, lse, q, k, v, B, T, NH, NKV, HD, HDP,
+                                    rot);
   else
-    launch_backward<64, 32, 32, 64>(ctx, dq, dk, dv, d, dout, lse, q, k, v, B, T, NH, NKV, HD, HDP);
+    launch_backward<64, 32, 32, 64>(ctx, dq, dk, dv, d, dout, lse, q, k, v, B, T, NH, NKV, HD, HDP,
+                                    rot);
 }
 
 }  // namespace grass::cuda

@@ -156,7 +156,17 @@ class CudaBackend final : public Backend {
                 "RMSNorm scratch smaller than the kernel needs");
     GRASS_CHECK(cuda::sum_squares_scratch_doubles(int64_t(1) << 40) * 8 <= sizes.reduce_bytes,
                 "reduction scratch smaller than the kernel needs");
+    // The RoPE table of this shape, made once for a scratch buffer (the model binds before every
+    // pass; a kernel on the stream, no wait).
+    const bool same_table = scratch.rope == scratch_.rope && s.T == rope_.T && s.HD == rope_HD_ &&
+                            s.rope_theta == rope_theta_;
     scratch_ = scratch;
+    if (scratch.rope && !same_table && s.T > 0 && s.HD > 0) {
+      cuda::rope_table(ctx_, static_cast<float*>(scratch.rope), s.T, s.HD, float(s.rope_theta));
+      rope_ = {static_cast<const float*>(scratch.rope), s.T};
+      rope_HD_ = s.HD;
+      rope_theta_ = s.rope_theta;
+    }
     slice_norms_capacity_ = sizes.slice_norms_bytes / int64_t(sizeof(double));
     ctx_.lt_workspace = scratch.gemm;
     ctx_.lt_workspace_bytes = size_t(sizes.gemm_bytes);
@@ -213,23 +223,17 @@ class CudaBackend final : public Backend {
     cuda::rmsnorm_backward(ctx_, b(dx), dw, grad_type(), b(dout), b(x), b(w), rstd,
                            static_cast<float*>(scratch_.norm), N, C);
   }
-  void rope_forward(void* x, int B, int T, int H, int HD, double theta) override {
-    cuda::rope_forward(ctx_, b(x), B, T, H, HD, float(theta));
-  }
-  void rope_backward(void* dx, int B, int T, int H, int HD, double theta) override {
-    cuda::rope_backward(ctx_, b(dx), B, T, H, HD, float(theta));
-  }
   void attention_forward(void* out, void* saved, const void* q, const void* k, const void* v, int B,
-                         int T, int NH, int NKV, int HD) override {
+                         int T, int NH, int NKV, int HD, double theta) override {
     cuda::attention_forward(ctx_, b(out), static_cast<float*>(saved), b(q), b(k), b(v), B, T, NH,
-                            NKV, HD);
+                            NKV, HD, rope_table(HD, theta));
   }
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
                           const void* saved, const void* q, const void* k, const void* v, int B,
-                          int T, int NH, int NKV, int HD) override {
+                          int T, int NH, int NKV, int HD, double theta) override {
     cuda::attention_backward(ctx_, b(dq), b(dk), b(dv), static_cast<float*>(scratch_.attention),
                              b(dout), b(out), static_cast<const float*>(saved), b(q), b(k), b(v),
-                             B, T, NH, NKV, HD);
+                             B, T, NH, NKV, HD, rope_table(HD, theta));
   }
   void swiglu_forward(void* out, const void* gate, const void* up, int64_t n) override {
     cuda::swiglu_forward(ctx_, b(out), b(gate), b(up), n);
@@ -381,6 +385,15 @@ class CudaBackend final : public Backend {
   cuda::StagingRing staging_;
   int64_t host_waits_ = 0;
   int64_t slice_norms_capacity_ = 0;  // doubles at scratch_.slice_norms
+  // The RoPE table in scratch_.rope, for head dim rope_HD_ and rope_theta_.
+  cuda::RopeTable rope_;
+  int rope_HD_ = 0;
+  double rope_theta_ = 0;
+  cuda::RopeTable rope_table(int HD, double theta) const {
+    GRASS_CHECK(rope_.table && HD == rope_HD_ && theta == rope_theta_,
+                "attention: no RoPE table bound for this head dim and theta");
+    return rope_;
+  }
 };
 
 }  // namespace

@@ -88,8 +88,14 @@ void rmsnorm_backward(const Context& ctx, bf16* dx, void* dw, GradType gtype, co
                       int C);
 
 // ---- RoPE (kernels/cuda/rope.cu), HF rotate-half on x[B,T,H,HD], in place ----------------------
+// The model's attention applies RoPE itself (RopeTable below); these two are the unfused
+// reference its tests compare with.
 void rope_forward(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta);
 void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, float theta);
+// table[2·T·HD/2] = cos then sin of the angle t / theta^(2i/HD), t < T, i < HD/2 ([T, HD/2] each),
+// computed as rope_forward computes them (double, narrowed to fp32), so a rotation by the table
+// gives rope_forward's bits.
+void rope_table(const Context& ctx, float* table, int T, int HD, float theta);
 
 // ---- SwiGLU and residual (kernels/cuda/swiglu.cu) --------------------------------------------
 void swiglu_forward(const Context& ctx, bf16* out, const bf16* gate, const bf16* up, int64_t n);
@@ -102,14 +108,23 @@ void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* 
 // q[B,T,NH,HD], k,v[B,T,NKV,HD]; query head h reads kv head h / (NH/NKV). Flash-style: the T x T
 // scores never exist in memory; the forward keeps lse[B,NH,T] (natural-log logsumexp of the scaled
 // scores) for the backward, which recomputes them. HD ∈ {64, 128} (and any multiple of 8 ≤ 256).
+// With a RoPE table, q and k are the projections' outputs and the kernels rotate them as they load
+// them (the rotated tiles are rope_forward's bits), and dq, dk are the gradients of the unrotated
+// q and k (rotated back in fp32 before their one rounding); without one (table null), q and k are
+// used as they are.
+struct RopeTable {
+  const float* table = nullptr;  // rope_table() of at least T positions and this HD
+  int T = 0;                     // the positions it holds
+};
 void attention_forward(const Context& ctx, bf16* out, float* lse, const bf16* q, const bf16* k,
-                       const bf16* v, int B, int T, int NH, int NKV, int HD);
+                       const bf16* v, int B, int T, int NH, int NKV, int HD, RopeTable rope = {});
 // dq, dk, dv overwritten. scratch[attention_scratch_floats(...)] holds D = rowsum(dout ⊙ out),
 // [B,NH,T] fp32; dK/dV accumulate in registers over the query heads sharing a kv head.
 int64_t attention_scratch_floats(int B, int T, int NH, int NKV, int HD);
 void attention_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, float* scratch,
                         const bf16* dout, const bf16* out, const float* lse, const bf16* q,
-                        const bf16* k, const bf16* v, int B, int T, int NH, int NKV, int HD);
+                        const bf16* k, const bf16* v, int B, int T, int NH, int NKV, int HD,
+                        RopeTable rope = {});
 
 // ---- cross-entropy, fused with its backward (kernels/cuda/cross_entropy.cu) ------------------
 // On one chunk of rows of logits[n, V] (bf16, the lm_head GEMM's output): loss[i] =

@@ -52,7 +52,29 @@ void rope_launch(const Context& ctx, bf16* x, int B, int T, int H, int HD, float
   GRASS_LAUNCH_CHECK();
 }
 
+// table[t·half + i] = cos, table[T·half + t·half + i] = sin; one thread per (t, i), the angle as
+// rope_kernel computes it.
+__global__ void rope_table_kernel(float* table, int T, int HD, double theta) {
+  const int half = HD / 2;
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= int64_t(T) * half) return;
+  const int t = int(e / half), i = int(e % half);
+  const double angle = double(t) / pow(theta, 2.0 * i / HD);
+  double sin_d, cos_d;
+  sincos(angle, &sin_d, &cos_d);
+  table[e] = float(cos_d);
+  table[int64_t(T) * half + e] = float(sin_d);
+}
+
 }  // namespace
+
+void rope_table(const Context& ctx, float* table, int T, int HD, float theta) {
+  GRASS_CHECK(T >= 1 && HD > 0 && HD % 2 == 0, "rope_table: T >= 1 and an even HD");
+  const int64_t n = int64_t(T) * (HD / 2);
+  rope_table_kernel<<<unsigned(ceil_div(n, kThreads)), kThreads, 0, ctx.stream>>>(table, T, HD,
+                                                                                 double(theta));
+  GRASS_LAUNCH_CHECK();
+}
 
 void rope_forward(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta) {
   rope_launch(ctx, x, B, T, H, HD, theta, 1.0f);

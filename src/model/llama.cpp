@@ -137,7 +137,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   ws_.dgate = wsp("dgate", N * Fs);
   ws_.dup = wsp("dup", N * Fs);
   const WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
-                             cfg.num_key_value_heads, int(HD)};
+                             cfg.num_key_value_heads, int(HD), cfg.rope_theta};
   const BackendScratch sizes = backend_scratch(storage, shape);
   auto backend_ws = [&](const std::string& name, int64_t bytes) {
     return bytes ? arena.alloc_bytes(MemCategory::Workspace, "backend." + name, bytes) : nullptr;
@@ -148,6 +148,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   scratch_.gemm = backend_ws("gemm", sizes.gemm_bytes);
   scratch_.tokens = backend_ws("token_groups", sizes.tokens_bytes);
   scratch_.slice_norms = backend_ws("slice_norms", sizes.slice_norms_bytes);
+  scratch_.rope = backend_ws("rope", sizes.rope_bytes);
   scratch_shape_ = shape;
   for (const char* pass : {"forward", "backward"})
     for (int l = 0; l < L; l++) trace_names_.push_back("layer " + std::to_string(l) + " " + pass);
@@ -334,9 +335,7 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   be.linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
   be.linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
   be.linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
-  be.rope_forward(a.q, B, T, NH, HD, theta);
-  be.rope_forward(a.k, B, T, NKV, HD, theta);
-  be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD);
+  be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD, theta);  // RoPE inside
   be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
   // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
   be.residual_rmsnorm_forward(a.h, a.n2, a.rstd2, a.x_in, ws_.proj, w.mlp_norm, N, C, eps);
@@ -485,9 +484,7 @@ void LlamaModel::backward_from_head(int lm_head) {
     // attention block; dres becomes d(x_in)
     linear_backward(ws_.datt, false, l, kO, w.wo, ws_.dres, a.att, N, NH * HD, C);
     be.attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.datt, a.att, a.saved, a.q, a.k, a.v, B, T,
-                          NH, NKV, HD);
-    be.rope_backward(ws_.dq, B, T, NH, HD, theta);
-    be.rope_backward(ws_.dk, B, T, NKV, HD, theta);
+                          NH, NKV, HD, theta);
     linear_backward(ws_.dnorm, false, l, kQ, w.wq, ws_.dq, a.n1, N, C, NH * HD);
     linear_backward(ws_.dnorm, true, l, kK, w.wk, ws_.dk, a.n1, N, C, NKV * HD);
     linear_backward(ws_.dnorm, true, l, kV, w.wv, ws_.dv, a.n1, N, C, NKV * HD);

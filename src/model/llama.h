@@ -124,8 +124,8 @@ class LlamaModel {
     void* x_in;      // [N, C] residual stream entering the layer
     float* rstd1;    // [N] fp32
     void* n1;        // [N, C] input_layernorm output
-    void* q;         // [N, NH*HD] after RoPE
-    void* k;         // [N, NKV*HD] after RoPE
+    void* q;         // [N, NH*HD] before RoPE (the attention op applies it)
+    void* k;         // [N, NKV*HD] before RoPE
     void* v;         // [N, NKV*HD]
     void* saved;     // what attention keeps for its backward (attention_saved_bytes)
     void* att;       // [N, NH*HD] attention output, input of o_proj

@@ -2,7 +2,9 @@
 // (ops::attention_forward/backward<float>) on the same bf16-rounded inputs: forward out and lse,
 // backward dq, dk, dv. The shapes put T off the kernels' 64-row tiles (100, 257), at one token,
 // and on one tile; GQA groups of 1, 2, 4 and 8; HD 64 and 128. Outputs are poisoned first, so an
-// element a kernel forgot to write fails. The backward must also repeat bit for bit.
+// element a kernel forgot to write fails. The backward must also repeat bit for bit. With RoPE in
+// the kernels' loads (the model's use), the forward gives the bits of rope_forward then attention,
+// and the gradients of the unrotated q and k match the CPU's RoPE, attention, RoPE backward.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +14,7 @@
 #include "core/error.h"
 #include "gpu_test_util.h"
 #include "ops.h"
+#include "cuda/cuda_ops.h"
 
 namespace {
 
@@ -81,6 +84,7 @@ struct DeviceAttention {
   size_t nq, nkv;
   DeviceBuffer<bf16> q, k, v, dout, out, dq, dk, dv;
   DeviceBuffer<float> lse, scratch;
+  grass::cuda::RopeTable rope;  // none unless a test sets one
   DeviceAttention(const Shape& shape, const std::vector<float>& q_h, const std::vector<float>& k_h,
                   const std::vector<float>& v_h, const std::vector<float>& dout_h)
       : s(shape),
@@ -105,7 +109,7 @@ struct DeviceAttention {
     out.poison();
     lse.poison();
     grass::cuda::attention_forward(ctx, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, s.B, s.T, s.NH,
-                                   s.NKV, s.HD);
+                                   s.NKV, s.HD, rope);
   }
   void backward(const grass::cuda::Context& ctx) {
     dq.poison();
@@ -113,7 +117,8 @@ struct DeviceAttention {
     dv.poison();
     scratch.poison();
     grass::cuda::attention_backward(ctx, dq.ptr, dk.ptr, dv.ptr, scratch.ptr, dout.ptr, out.ptr,
-                                    lse.ptr, q.ptr, k.ptr, v.ptr, s.B, s.T, s.NH, s.NKV, s.HD);
+                                    lse.ptr, q.ptr, k.ptr, v.ptr, s.B, s.T, s.NH, s.NKV, s.HD,
+                                    rope);
   }
 };
 
@@ -183,5 +188,64 @@ TEST_CASE("cuda attention rejects an unsupported head dim, naming HD", "[gpu]") 
     } catch (const grass::InternalError& e) {
       CHECK(std::string(e.what()).find("HD = " + std::to_string(HD)) != std::string::npos);
     }
+  }
+}
+
+TEST_CASE("cuda attention with RoPE in its loads equals RoPE then attention", "[gpu]") {
+  struct Case {
+    Shape s;
+    double theta;
+  };
+  // HD 8 and 24: pairs of 4 and 12 channels, a zero pad chunk to HDP 16 and 32
+  const Case cases[] = {{{2, 100, 8, 2, 64}, 10000.0},
+                        {{1, 70, 4, 4, 128}, 500000.0},
+                        {{2, 33, 4, 2, 32}, 10000.0},
+                        {{1, 40, 2, 1, 8}, 10000.0},
+                        {{1, 65, 3, 1, 24}, 10000.0}};
+  TestContext tc;
+  for (const Case& c : cases) {
+    const Shape& s = c.s;
+    INFO(describe(s) << " theta=" << c.theta);
+    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
+    const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
+                             v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
+    DeviceBuffer<float> table(size_t(s.T) * s.HD);  // cos and sin [T, HD/2]
+    table.poison();
+    grass::cuda::rope_table(tc.ctx, table.ptr, s.T, s.HD, float(c.theta));
+
+    // Fused: q and k as the projections give them; unfused: rotated first, then plain attention.
+    DeviceAttention fused(s, q, k, v, dout);
+    fused.rope = {table.ptr, s.T};
+    fused.forward(tc.ctx);
+    fused.backward(tc.ctx);
+    DeviceAttention unfused(s, q, k, v, dout);
+    grass::cuda::rope_forward(tc.ctx, unfused.q.ptr, s.B, s.T, s.NH, s.HD, float(c.theta));
+    grass::cuda::rope_forward(tc.ctx, unfused.k.ptr, s.B, s.T, s.NKV, s.HD, float(c.theta));
+    unfused.forward(tc.ctx);
+    unfused.backward(tc.ctx);
+    const std::vector<bf16> out_f = fused.out.download(), out_u = unfused.out.download();
+    CHECK(std::memcmp(out_f.data(), out_u.data(), nq * sizeof(bf16)) == 0);
+    CHECK(fused.lse.download() == unfused.lse.download());
+    // dv reads only the rotated tiles: the same bits
+    const std::vector<bf16> dv_f = fused.dv.download(), dv_u = unfused.dv.download();
+    CHECK(std::memcmp(dv_f.data(), dv_u.data(), nkv * sizeof(bf16)) == 0);
+
+    // dq and dk against the CPU: RoPE, attention, attention backward, RoPE backward
+    std::vector<float> qr(nq), kr(nkv);
+    grass::ops::rope_forward<float>(qr.data(), q.data(), s.B, s.T, s.NH, s.HD, c.theta);
+    grass::ops::rope_forward<float>(kr.data(), k.data(), s.B, s.T, s.NKV, s.HD, c.theta);
+    std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T), scratch(probs.size());
+    grass::ops::attention_forward<float>(out_ref.data(), probs.data(), qr.data(), kr.data(),
+                                         v.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+    CHECK(rel_error(to_f32(out_f), out_ref) <= 1e-2);
+    std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+    grass::ops::attention_backward<float>(dq_ref.data(), dk_ref.data(), dv_ref.data(),
+                                          scratch.data(), dout.data(), qr.data(), kr.data(),
+                                          v.data(), probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+    grass::ops::rope_backward<float>(dq_ref.data(), dq_ref.data(), s.B, s.T, s.NH, s.HD, c.theta);
+    grass::ops::rope_backward<float>(dk_ref.data(), dk_ref.data(), s.B, s.T, s.NKV, s.HD, c.theta);
+    check_grad(to_f32(fused.dq.download()), dq_ref, "dq");
+    check_grad(to_f32(fused.dk.download()), dk_ref, "dk");
+    check_grad(to_f32(dv_f), dv_ref, "dv");
   }
 }

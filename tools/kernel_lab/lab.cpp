@@ -37,7 +37,7 @@ double peak_bandwidth(const std::string& device) {
 }
 
 WorkspaceShape workspace_shape(const Model& m) {
-  return {m.B, m.T, m.C(), m.F(), m.V(), m.NH(), m.NKV(), m.HD()};
+  return {m.B, m.T, m.C(), m.F(), m.V(), m.NH(), m.NKV(), m.HD(), m.config.rope_theta};
 }
 
 // 2-byte elements are bf16, 4-byte ones fp32
@@ -143,17 +143,21 @@ Workspace::Workspace(Lab& lab, const WorkspaceShape& shape, const BackendScratch
       norm_(lab.gpu, sizes.norm_bytes, 1),
       reduce_(lab.gpu, sizes.reduce_bytes, 1),
       gemm_(lab.gpu, sizes.gemm_bytes, 1),
-      tokens_(lab.gpu, sizes.tokens_bytes, 1) {
+      tokens_(lab.gpu, sizes.tokens_bytes, 1),
+      rope_(lab.gpu, sizes.rope_bytes, 1) {
   lab.gpu.bind_workspace({.attention = attention_.ptr(),
                           .norm = norm_.ptr(),
                           .reduce = reduce_.ptr(),
                           .gemm = gemm_.ptr(),
-                          .tokens = tokens_.ptr()},
+                          .tokens = tokens_.ptr(),
+                          .rope = rope_.ptr()},
                          shape);
   WorkspaceShape one_batch = shape;
   one_batch.B = 1;
-  cpu_attention_.resize(size_t(backend_scratch(lab.cpu.storage(), one_batch).attention_bytes / 4));
-  lab.cpu.bind_workspace({.attention = cpu_attention_.data()}, one_batch);
+  const BackendScratch cpu_sizes = backend_scratch(lab.cpu.storage(), one_batch);
+  cpu_attention_.resize(size_t(cpu_sizes.attention_bytes / 4));
+  cpu_rope_.resize(size_t(cpu_sizes.rope_bytes / 4));
+  lab.cpu.bind_workspace({.attention = cpu_attention_.data(), .rope = cpu_rope_.data()}, one_batch);
 }
 
 // ---- checks -----------------------------------------------------------------------------------

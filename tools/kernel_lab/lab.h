@@ -45,7 +45,8 @@ struct LinearShape {
   int out = 0, in = 0;
   std::string layers;  // "q/k/v/o"
 };
-// The distinct shapes of q, k, v, o, gate, up, down, and lm_head when with_head, in that order.
+// The distinct shapes of q, k, v, o, gate, up, down, then, for an ffn not a multiple of 8, gate,
+// up and down padded as the GPU stores them (pad_ffn), and lm_head when with_head.
 std::vector<LinearShape> linear_shapes(const Model& m, bool with_head);
 // "N=4096 C=512": the shape column of the table
 std::string dims(std::initializer_list<std::pair<const char*, int64_t>> named);
@@ -171,8 +172,8 @@ class Workspace {
 
  private:
   Workspace(Lab& lab, const WorkspaceShape& shape, const BackendScratch& sizes);
-  Buffer attention_, norm_, reduce_, gemm_, tokens_;  // GPU
-  std::vector<float> cpu_attention_;
+  Buffer attention_, norm_, reduce_, gemm_, tokens_, rope_;  // GPU
+  std::vector<float> cpu_attention_, cpu_rope_;
 };
 
 class Lab {
@@ -229,7 +230,6 @@ struct Op {
 };
 void bench_linear(Lab& lab, const Model& m);
 void bench_rmsnorm(Lab& lab, const Model& m);
-void bench_rope(Lab& lab, const Model& m);
 void bench_attention(Lab& lab, const Model& m);
 void bench_swiglu(Lab& lab, const Model& m);
 void bench_residual(Lab& lab, const Model& m);
@@ -241,7 +241,7 @@ void bench_grass(Lab& lab, const Model& m);
 void bench_lowrank(Lab& lab, const Model& m);
 inline constexpr Op kOps[] = {
     {"linear", bench_linear},       {"rmsnorm", bench_rmsnorm},
-    {"rope", bench_rope},           {"attention", bench_attention},
+    {"attention", bench_attention},
     {"swiglu", bench_swiglu},       {"residual", bench_residual},
     {"embedding", bench_embedding}, {"head", bench_head},
     {"adamw", bench_adamw},         {"sum_squares", bench_sum_squares},

@@ -29,7 +29,7 @@ const char* kUsage =
     "usage: kernel_bench [--model 60m,1b,13b] [--ops NAME,...] [--batch B] [--seq T] [--repeat N]\n"
     "                    [--precision bf16-mixed|bf16] [--smoke] [--csv FILE] [--seed S]\n"
     "                    [--configs DIR]\n"
-    "ops: linear rmsnorm rope attention swiglu residual embedding head adamw sum_squares grass "
+    "ops: linear rmsnorm attention swiglu residual embedding head adamw sum_squares grass "
     "lowrank\n";
 
 std::vector<std::string> split(const std::string& list) {

@@ -1,4 +1,4 @@
-// The model's ops in the kernel lab (lab.h): linear, RMSNorm, RoPE, attention, SwiGLU, residual,
+// The model's ops in the kernel lab (lab.h): linear, RMSNorm, attention (with RoPE), SwiGLU, residual,
 // embedding and the head, forward and backward. Shapes as in kernels/ops.h: N = B·T rows, C
 // hidden, F ffn width, V vocab, NH query heads, NKV key/value heads, HD head dim; A, W, G the
 // bytes of an activation, a weight and a gradient element in the GPU's storage.
@@ -135,35 +135,11 @@ void bench_rmsnorm(Lab& lab, const Model& m) {
                  .bytes = 4.0 * A * N * C + 4.0 * N, .err = bwd_err, .tol = kTolBf16});
 }
 
-// ---- RoPE ---------------------------------------------------------------------------------------
-// In place on x[B,T,H,HD]: HF's rotate-half pairs (i, i + HD/2) turned by t / theta^(2i/HD); the
-// backward turns them back. Timed on q (H = NH). Bytes: x read and written once (2·B·T·NH·HD·A).
-void bench_rope(Lab& lab, const Model& m) {
-  Backend &gpu = lab.gpu, &cpu = lab.cpu;
-  const int A = gpu.storage().act_bytes, B = m.B, T = m.T, H = m.NH(), HD = m.HD();
-  const double theta = m.config.rope_theta;
-  const int64_t n = int64_t(B) * T * H * HD;
-  const std::string shape = dims({{"B", B}, {"T", T}, {"H", H}, {"HD", HD}});
-  for (const bool backward : {false, true}) {
-    const std::vector<float> x = lab.uniform(n, -1, 1, A);  // [B, T, H, HD]
-    Buffer gx(gpu, x, A);
-    auto rope = [&] {
-      backward ? gpu.rope_backward(gx.ptr(), B, T, H, HD, theta)
-               : gpu.rope_forward(gx.ptr(), B, T, H, HD, theta);
-    };
-    rope();
-    std::vector<float> want = x;
-    backward ? cpu.rope_backward(want.data(), B, T, H, HD, theta)
-             : cpu.rope_forward(want.data(), B, T, H, HD, theta);
-    const double err = max_row_error(gx.get(), want, HD);
-    lab.report(m, {.op = backward ? "rope.bwd" : "rope.fwd", .shape = shape,
-                   .ms = lab.time_ms(rope), .bytes = 2.0 * A * n, .err = err, .tol = kTolBf16});
-  }
-}
-
 // ---- attention ----------------------------------------------------------------------------------
-// Causal attention with GQA: q[B,T,NH,HD], k, v[B,T,NKV,HD] -> out[B,T,NH,HD]; `saved` is what the
-// forward keeps for the backward (the GPU: logsumexp [B,NH,T]); the backward overwrites dq, dk, dv.
+// Causal attention with GQA and RoPE: q[B,T,NH,HD], k, v[B,T,NKV,HD] -> out[B,T,NH,HD], q and k
+// rotated inside the op (the GPU as its kernels load them: RoPE has no pass of its own); `saved` is
+// what the forward keeps for the backward (the GPU: logsumexp [B,NH,T]); the backward overwrites
+// dq, dk, dv (those of the unrotated q, k). The rotation's few FLOPs per element are not counted.
 // FLOPs count the T(T+1)/2 (query, key) pairs the mask leaves, per batch element and head: the
 // forward's q·kᵀ and P·v take 2·HD each per pair (4·HD); the backward recomputes the scores (the
 // GPU keeps no probabilities) and forms dv, dP, dq and dk: 10·HD, 2.5x the forward, as
@@ -184,6 +160,7 @@ void bench_attention(Lab& lab, const Model& m) {
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
   const int A = gpu.storage().act_bytes;
   const int B = m.B, T = m.T, NH = m.NH(), NKV = m.NKV(), HD = m.HD();
+  const double theta = m.config.rope_theta;
   const int64_t nq = m.N() * NH * HD, nkv = m.N() * NKV * HD;
   const double pairs = double(B) * NH * T * (T + 1) / 2;
   const std::string shape = dims({{"B", B}, {"T", T}, {"NH", NH}, {"NKV", NKV}, {"HD", HD}});
@@ -204,7 +181,7 @@ void bench_attention(Lab& lab, const Model& m) {
 
   auto forward = [&] {
     gpu.attention_forward(gout.ptr(), gsaved.ptr(), gq.ptr(), gk.ptr(), gv.ptr(), B, T, NH, NKV,
-                          HD);
+                          HD, theta);
   };
   gout.poison();
   gsaved.poison();
@@ -212,14 +189,14 @@ void bench_attention(Lab& lab, const Model& m) {
   std::vector<float> out_b(q_b.size());
   std::vector<float> probs_b(size_t(attention_saved_bytes(cpu.storage(), 1, T, NH) / 4));
   cpu.attention_forward(out_b.data(), probs_b.data(), q_b.data(), k_b.data(), v_b.data(), 1, T, NH,
-                        NKV, HD);
+                        NKV, HD, theta);
   const double fwd_err = max_row_error(gout.get(), out_b, HD, q_rows);
   lab.report(m, {.op = "attention.fwd", .shape = shape, .ms = lab.time_ms(forward),
                  .flops = 4 * HD * pairs, .err = fwd_err, .tol = kTolBf16});
 
   auto backward = [&] {
     gpu.attention_backward(gdq.ptr(), gdk.ptr(), gdv.ptr(), gdout.ptr(), gout.ptr(),
-                           gsaved.ptr(), gq.ptr(), gk.ptr(), gv.ptr(), B, T, NH, NKV, HD);
+                           gsaved.ptr(), gq.ptr(), gk.ptr(), gv.ptr(), B, T, NH, NKV, HD, theta);
   };
   gdq.poison();
   gdk.poison();
@@ -227,7 +204,8 @@ void bench_attention(Lab& lab, const Model& m) {
   backward();
   std::vector<float> dq_b(q_b.size()), dk_b(k_b.size()), dv_b(v_b.size());
   cpu.attention_backward(dq_b.data(), dk_b.data(), dv_b.data(), dout_b.data(), out_b.data(),
-                         probs_b.data(), q_b.data(), k_b.data(), v_b.data(), 1, T, NH, NKV, HD);
+                         probs_b.data(), q_b.data(), k_b.data(), v_b.data(), 1, T, NH, NKV, HD,
+                         theta);
   // The gradients are compared a head at a time ([T·HD] rows), not a token at a time: an early
   // query's dS = P·(dP - D) nearly cancels (D = rowsum(dout ⊙ out), from the GPU's bf16 out), so
   // its small dq row is ~1% of the typical row off where the whole head is ~3e-3 off. A wrong token
