@@ -131,6 +131,12 @@ class Backend : public MemoryResource {
   // The scratch of backend_scratch(storage(), shape), allocated by the model. A backend may serve
   // several models (tests build two side by side): each binds its own before it runs.
   virtual void bind_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& shape) = 0;
+  // Writes what the scratch holds for every pass (the GPU's RoPE table), once, after it is
+  // allocated and before the first bind_workspace.
+  virtual void init_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& shape) {
+    (void)scratch;
+    (void)shape;
+  }
 
   // ---- model ops --------------------------------------------------------------------------------
   virtual void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) = 0;
@@ -163,9 +169,11 @@ class Backend : public MemoryResource {
   virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
                                   const void* saved, const void* q, const void* k, const void* v,
                                   int B, int T, int NH, int NKV, int HD, double theta) = 0;
-  virtual void swiglu_forward(void* out, const void* gate, const void* up, int64_t n) = 0;
-  virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate,
-                               const void* up, int64_t n) = 0;
+  // out[N,F] = silu(gate)·up, gate and up the halves of gu[N,2F] (row n: gate's F values, then
+  // up's), as one GEMM of gate_proj and up_proj stacked gives them; dgate, dup [N,F] overwritten.
+  virtual void swiglu_forward(void* out, const void* gu, int64_t N, int F) = 0;
+  virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N,
+                               int F) = 0;
   virtual void residual_forward(void* out, const void* a, const void* b, int64_t n) = 0;
   // The head: logits = nf·wᵀ and *loss (one fp64 of backend memory, overwritten) = the summed
   // cross-entropy over the valid targets (target < 0 is ignored), in a fixed order: the host

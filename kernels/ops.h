@@ -66,12 +66,13 @@ void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T*
                         const T* v, const T* probs, int B, int T_, int NH, int NKV, int HD);
 
 // ---- SwiGLU (kernels/cpu/swiglu.cpp) ---------------------------------------------------------
-// out[N,F] = silu(gate) * up
+// out[N,F] = silu(gate) * up, where gate and up are the halves of gu[N, 2F]: row n holds gate's F
+// values, then up's (gate_proj and up_proj computed as one GEMM of the stacked weights).
 template <typename T>
-void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
-// dgate, dup overwritten
+void swiglu_forward(T* out, const T* gu, int64_t N, int F);
+// dgate[N,F], dup[N,F] overwritten, from dout[N,F] and gu[N,2F]
 template <typename T>
-void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gu, int64_t N, int F);
 
 // ---- residual (kernels/cpu/residual.cpp) -----------------------------------------------------
 // out = a + b   (out may alias a). The backward of a residual add is the identity on both sides.

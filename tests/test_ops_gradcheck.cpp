@@ -224,27 +224,35 @@ TEST_CASE("attention in float matches double", "[ops]") {
 }
 
 TEST_CASE("swiglu backward matches finite differences", "[ops][gradcheck]") {
-  const int n = 37;
-  Vec gate = randn(n, 2.0), up = randn(n), R = randn(n);
+  // gate and up as the halves of one packed gu[N, 2F]
+  const int N = 3, F = 13;
+  Vec gu = randn(N * 2 * F, 2.0), R = randn(N * F);
   auto loss = [&] {
-    Vec y = poisoned(n);
-    ops::swiglu_forward(y.data(), gate.data(), up.data(), n);
+    Vec y = poisoned(N * F);
+    ops::swiglu_forward(y.data(), gu.data(), N, F);
     return dot(y, R);
   };
-  Vec dg = poisoned(n), du = poisoned(n);
-  ops::swiglu_backward(dg.data(), du.data(), R.data(), gate.data(), up.data(), n);
-  CHECK(rel_err(dg, numeric_grad(loss, gate)) < kGradTol);
-  CHECK(rel_err(du, numeric_grad(loss, up)) < kGradTol);
+  Vec dg = poisoned(N * F), du = poisoned(N * F);
+  ops::swiglu_backward(dg.data(), du.data(), R.data(), gu.data(), N, F);
+  Vec packed(gu.size());  // dgate and dup in gu's layout
+  for (int r = 0; r < N; r++)
+    for (int c = 0; c < F; c++) {
+      packed[size_t(r) * 2 * F + c] = dg[size_t(r) * F + c];
+      packed[size_t(r) * 2 * F + F + c] = du[size_t(r) * F + c];
+    }
+  CHECK(rel_err(packed, numeric_grad(loss, gu)) < kGradTol);
 }
 
 TEST_CASE("swiglu stays finite where exp overflows", "[ops]") {
   // float exp overflows past 88.7: sigmoid must saturate to 0 or 1, not produce NaN
   const std::vector<float> gate = {-200.f, -90.f, -20.f, 0.f, 20.f, 90.f, 200.f, 1e30f};
-  const std::vector<float> up(gate.size(), 2.0f), dout(gate.size(), 1.0f);
   const int n = int(gate.size());
+  std::vector<float> gu = gate;  // one row: gate, then up = 2
+  gu.insert(gu.end(), gate.size(), 2.0f);
+  const std::vector<float> dout(gate.size(), 1.0f);
   std::vector<float> out(n), dg(n), du(n);
-  ops::swiglu_forward(out.data(), gate.data(), up.data(), n);
-  ops::swiglu_backward(dg.data(), du.data(), dout.data(), gate.data(), up.data(), n);
+  ops::swiglu_forward(out.data(), gu.data(), 1, n);
+  ops::swiglu_backward(dg.data(), du.data(), dout.data(), gu.data(), 1, n);
   for (int i = 0; i < n; i++) {
     INFO("gate " << gate[i]);
     CHECK(std::isfinite(out[i]));

@@ -118,13 +118,14 @@ class CpuBackend final : public Backend {
     ops::rope_backward(f(dq), f(dq), B, T, NH, HD, theta);
     ops::rope_backward(f(dk), f(dk), B, T, NKV, HD, theta);
   }
-  void swiglu_forward(void* out, const void* gate, const void* up, int64_t n) override {
-    ops::swiglu_forward(f(out), f(gate), f(up), n);
+  void swiglu_forward(void* out, const void* gu, int64_t N, int F) override {
+    ops::swiglu_forward(f(out), f(gu), N, F);
   }
-  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                       int64_t n) override {
-    ops::swiglu_backward(f(dgate), f(dup), f(dout), f(gate), f(up), n);
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N,
+                       int F) override {
+    ops::swiglu_backward(f(dgate), f(dup), f(dout), f(gu), N, F);
   }
+
   void residual_forward(void* out, const void* a, const void* b, int64_t n) override {
     ops::residual_forward(f(out), f(a), f(b), n);
   }

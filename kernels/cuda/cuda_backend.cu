@@ -156,21 +156,19 @@ class CudaBackend final : public Backend {
                 "RMSNorm scratch smaller than the kernel needs");
     GRASS_CHECK(cuda::sum_squares_scratch_doubles(int64_t(1) << 40) * 8 <= sizes.reduce_bytes,
                 "reduction scratch smaller than the kernel needs");
-    // The RoPE table of this shape, made once for a scratch buffer (the model binds before every
-    // pass; a kernel on the stream, no wait).
-    const bool same_table = scratch.rope == scratch_.rope && s.T == rope_.T && s.HD == rope_HD_ &&
-                            s.rope_theta == rope_theta_;
     scratch_ = scratch;
-    if (scratch.rope && !same_table && s.T > 0 && s.HD > 0) {
-      cuda::rope_table(ctx_, static_cast<float*>(scratch.rope), s.T, s.HD, float(s.rope_theta));
-      rope_ = {static_cast<const float*>(scratch.rope), s.T};
-      rope_HD_ = s.HD;
-      rope_theta_ = s.rope_theta;
-    }
+    rope_ = {static_cast<const float*>(scratch.rope), s.T};  // init_workspace() filled it
+    rope_HD_ = s.HD;
+    rope_theta_ = s.rope_theta;
     slice_norms_capacity_ = sizes.slice_norms_bytes / int64_t(sizeof(double));
     ctx_.lt_workspace = scratch.gemm;
     ctx_.lt_workspace_bytes = size_t(sizes.gemm_bytes);
+  }  void init_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& s) override {
+    // the RoPE table: a kernel on the stream, no wait
+    if (scratch.rope && s.T > 0 && s.HD > 0)
+      cuda::rope_table(ctx_, static_cast<float*>(scratch.rope), s.T, s.HD, float(s.rope_theta));
   }
+
 
   // ---- model ops ------------------------------------------------------------------------------
   void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) override {
@@ -235,13 +233,14 @@ class CudaBackend final : public Backend {
                              b(dout), b(out), static_cast<const float*>(saved), b(q), b(k), b(v),
                              B, T, NH, NKV, HD, rope_table(HD, theta));
   }
-  void swiglu_forward(void* out, const void* gate, const void* up, int64_t n) override {
-    cuda::swiglu_forward(ctx_, b(out), b(gate), b(up), n);
+  void swiglu_forward(void* out, const void* gu, int64_t N, int F) override {
+    cuda::swiglu_forward(ctx_, b(out), b(gu), N, F);
   }
-  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gate, const void* up,
-                       int64_t n) override {
-    cuda::swiglu_backward(ctx_, b(dgate), b(dup), b(dout), b(gate), b(up), n);
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N,
+                       int F) override {
+    cuda::swiglu_backward(ctx_, b(dgate), b(dup), b(dout), b(gu), N, F);
   }
+
   void residual_forward(void* out, const void* a, const void* c, int64_t n) override {
     cuda::residual_forward(ctx_, b(out), b(a), b(c), n);
   }

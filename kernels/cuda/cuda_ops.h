@@ -98,9 +98,10 @@ void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, fl
 void rope_table(const Context& ctx, float* table, int T, int HD, float theta);
 
 // ---- SwiGLU and residual (kernels/cuda/swiglu.cu) --------------------------------------------
-void swiglu_forward(const Context& ctx, bf16* out, const bf16* gate, const bf16* up, int64_t n);
-void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
-                     const bf16* up, int64_t n);
+// gate and up are the halves of gu[N, 2F] (ops.h); out, dout, dgate, dup are [N, F]
+void swiglu_forward(const Context& ctx, bf16* out, const bf16* gu, int64_t N, int F);
+void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gu,
+                     int64_t N, int F);
 // out = a + b (out may alias a)
 void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t n);
 

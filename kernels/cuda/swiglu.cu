@@ -1,7 +1,9 @@
 // SwiGLU (out = silu(gate) · up) and the residual add on the GPU: elementwise, memory-bound.
 //
-// Each thread handles one pack of VEC bf16 values: 8 (16-byte loads and stores) when n % 8 == 0
-// and every pointer is 16-byte aligned, else 1. Math in fp32, one rounding to bf16 per store.
+// Each thread handles one pack of VEC bf16 values: 8 (16-byte loads and stores) when the row (or
+// n) is a multiple of 8 and every pointer is 16-byte aligned, else 1. Math in fp32, one rounding
+// to bf16 per store. SwiGLU reads gate and up from one [N, 2F] buffer, the output of gate_proj and
+// up_proj as one GEMM.
 #include <cstdint>
 
 #include "core/error.h"
@@ -17,14 +19,17 @@ constexpr int kThreads = 256;
 // sigmoid identically: sigmoid(-200) = 1/(1 + e^80), never 1/(1 + inf).
 constexpr float kExpClamp = 80.0f;
 
-// out[n] = gate·sigmoid(gate)·up;  n = packs·VEC
+// out[N,F] = gate·sigmoid(gate)·up, gate and up the halves of gu[N,2F]; a thread owns one pack of
+// VEC columns of one row, F = row_packs·VEC.
 template <int VEC>
-__global__ void swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t packs) {
+__global__ void swiglu_forward_kernel(bf16* out, const bf16* gu, int64_t packs, int row_packs) {
   using Pack = BF16Pack<VEC>;
   const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= packs) return;
-  const Pack gp = reinterpret_cast<const Pack*>(gate)[p];
-  const Pack up_p = reinterpret_cast<const Pack*>(up)[p];
+  const int64_t r = p / row_packs, c = p % row_packs;
+  const Pack* row = reinterpret_cast<const Pack*>(gu) + r * 2 * row_packs;
+  const Pack gp = row[c];
+  const Pack up_p = row[row_packs + c];
   Pack op;
 #pragma unroll
   for (int j = 0; j < VEC; j++) {
@@ -37,16 +42,18 @@ __global__ void swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* u
 
 // dup = dout·silu(gate);  dgate = dout·up·silu'(gate),  silu'(g) = s·(1 + g·(1 - s)),
 // s = sigmoid(g)
-//   dgate[n], dup[n] overwritten; dout[n], gate[n], up[n]
+//   dgate[N,F], dup[N,F] overwritten; dout[N,F], gu[N,2F]
 template <int VEC>
-__global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
-                                       const bf16* up, int64_t packs) {
+__global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gu,
+                                       int64_t packs, int row_packs) {
   using Pack = BF16Pack<VEC>;
   const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= packs) return;
+  const int64_t r = p / row_packs, c = p % row_packs;
+  const Pack* row = reinterpret_cast<const Pack*>(gu) + r * 2 * row_packs;
   const Pack dp = reinterpret_cast<const Pack*>(dout)[p];
-  const Pack gp = reinterpret_cast<const Pack*>(gate)[p];
-  const Pack up_p = reinterpret_cast<const Pack*>(up)[p];
+  const Pack gp = row[c];
+  const Pack up_p = row[row_packs + c];
   Pack dgate_p, dup_p;
 #pragma unroll
   for (int j = 0; j < VEC; j++) {
@@ -90,26 +97,27 @@ unsigned grid_for(int64_t packs) {
 
 }  // namespace
 
-void swiglu_forward(const Context& ctx, bf16* out, const bf16* gate, const bf16* up, int64_t n) {
-  GRASS_CHECK(n >= 0, "swiglu_forward: negative size");
-  if (n == 0) return;
-  if (vectorizable(n, out, gate, up))
-    swiglu_forward_kernel<8><<<grid_for(n / 8), kThreads, 0, ctx.stream>>>(out, gate, up, n / 8);
+void swiglu_forward(const Context& ctx, bf16* out, const bf16* gu, int64_t N, int F) {
+  GRASS_CHECK(N >= 0 && F >= 0, "swiglu_forward: negative size");
+  if (N == 0 || F == 0) return;
+  if (vectorizable(F, out, gu))  // F % 8 == 0: up's half of each row is 16-byte aligned too
+    swiglu_forward_kernel<8>
+        <<<grid_for(N * F / 8), kThreads, 0, ctx.stream>>>(out, gu, N * F / 8, F / 8);
   else
-    swiglu_forward_kernel<1><<<grid_for(n), kThreads, 0, ctx.stream>>>(out, gate, up, n);
+    swiglu_forward_kernel<1><<<grid_for(N * F), kThreads, 0, ctx.stream>>>(out, gu, N * F, F);
   GRASS_LAUNCH_CHECK();
 }
 
-void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
-                     const bf16* up, int64_t n) {
-  GRASS_CHECK(n >= 0, "swiglu_backward: negative size");
-  if (n == 0) return;
-  if (vectorizable(n, dgate, dup, dout, gate, up))
-    swiglu_backward_kernel<8>
-        <<<grid_for(n / 8), kThreads, 0, ctx.stream>>>(dgate, dup, dout, gate, up, n / 8);
+void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gu,
+                     int64_t N, int F) {
+  GRASS_CHECK(N >= 0 && F >= 0, "swiglu_backward: negative size");
+  if (N == 0 || F == 0) return;
+  if (vectorizable(F, dgate, dup, dout, gu))
+    swiglu_backward_kernel<8><<<grid_for(N * F / 8), kThreads, 0, ctx.stream>>>(
+        dgate, dup, dout, gu, N * F / 8, F / 8);
   else
     swiglu_backward_kernel<1>
-        <<<grid_for(n), kThreads, 0, ctx.stream>>>(dgate, dup, dout, gate, up, n);
+        <<<grid_for(N * F), kThreads, 0, ctx.stream>>>(dgate, dup, dout, gu, N * F, F);
   GRASS_LAUNCH_CHECK();
 }
 

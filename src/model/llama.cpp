@@ -83,6 +83,10 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
     ts.add("lm_head.weight", {V, C}, false);
   }
   GRASS_CHECK(ts.num_params() == cfg.num_parameters(), "parameter layout disagrees with the config");
+  for (int l = 0; l < L; l++)  // the forward's one gate-and-up GEMM reads them as one matrix
+    GRASS_CHECK(ts[size_t(layer_tensor_index(l, kUp))].offset ==
+                    ts[size_t(layer_tensor_index(l, kGate))].offset + Fs * C,
+                "gate_proj and up_proj must be adjacent in the weights");
   ts.set_projected(projected);
   const int64_t num_params = ts.num_stored(), num_dense_grads = ts.num_dense_grads();
 
@@ -152,7 +156,10 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   scratch_shape_ = shape;
   for (const char* pass : {"forward", "backward"})
     for (int l = 0; l < L; l++) trace_names_.push_back("layer " + std::to_string(l) + " " + pass);
-  if (!arena.planning()) backend.bind_workspace(scratch_, scratch_shape_);
+  if (!arena.planning()) {
+    backend.init_workspace(scratch_, scratch_shape_);
+    backend.bind_workspace(scratch_, scratch_shape_);
+  }
 }
 
 void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
@@ -189,8 +196,7 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     a.h = act(q + "h", N * C);
     a.rstd2 = act_f32(q + "rstd2", N);
     a.n2 = act(q + "n2", N * C);
-    a.gate = act(q + "gate", N * F);
-    a.up = act(q + "up", N * F);
+    a.gu = act(q + "gate_up", N * 2 * F);
     a.act = act(q + "act", N * F);
   }
 }
@@ -339,9 +345,9 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
   // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
   be.residual_rmsnorm_forward(a.h, a.n2, a.rstd2, a.x_in, ws_.proj, w.mlp_norm, N, C, eps);
-  be.linear_forward(a.gate, a.n2, w.wgate, N, C, F);
-  be.linear_forward(a.up, a.n2, w.wup, N, C, F);
-  be.swiglu_forward(a.act, a.gate, a.up, N * F);
+  // gate_proj and up_proj as one GEMM: their weights are adjacent, one [2F, C] matrix
+  be.linear_forward(a.gu, a.n2, w.wgate, N, C, 2 * F);
+  be.swiglu_forward(a.act, a.gu, N, F);
   if (!to_output) return;
   be.linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
   // x_next and its norm: the next layer's n1, or after the last layer the final norm
@@ -475,7 +481,7 @@ void LlamaModel::backward_from_head(int lm_head) {
     const LayerActs& a = acts_[l];
     // MLP block; dres holds d(x_next) and becomes d(h)
     linear_backward(ws_.dact, false, l, kDown, w.wdown, ws_.dres, a.act, N, F, C);
-    be.swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gate, a.up, N * F);
+    be.swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gu, N, F);
     linear_backward(ws_.dnorm, false, l, kGate, w.wgate, ws_.dgate, a.n2, N, C, F);
     linear_backward(ws_.dnorm, true, l, kUp, w.wup, ws_.dup, a.n2, N, C, F);
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, kMlpNorm)), ws_.dnorm, a.h,

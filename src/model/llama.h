@@ -132,8 +132,8 @@ class LlamaModel {
     void* h;         // [N, C] residual stream after attention
     float* rstd2;    // [N] fp32
     void* n2;        // [N, C] post_attention_layernorm output
-    void* gate;      // [N, F] (F as stored: ffn_stored())
-    void* up;        // [N, F]
+    void* gu;        // [N, 2F] gate_proj then up_proj outputs of each row (one GEMM of the
+                     // stacked weights; F as stored: ffn_stored())
     void* act;       // [N, F] silu(gate) * up, input of down_proj
   };
   LayerWeights layer_weights(int l);

@@ -274,33 +274,33 @@ TEST_CASE("gpu rope forward and backward match the CPU rotation", "[gpu]") {
 TEST_CASE("gpu swiglu forward and backward match the CPU and stay finite at |gate| = 200",
           "[gpu]") {
   gputest::TestContext tc;
-  // n odd (one value per thread) and n a multiple of 8 (16-byte packs).
-  for (const int64_t n : {int64_t(3) * 77 * 5461, int64_t(3) * 77 * 1024}) {
-    CAPTURE(n);
-    std::vector<float> gate = gputest::randn(n, 3.0);
-    // Saturated sigmoids: exp(-g) overflows fp32 for g < -88.7.
+  // gate and up packed in gu[N, 2F]: F odd (one value per thread) and F a multiple of 8 (16-byte
+  // packs, up's half of each row aligned too).
+  for (const int F : {5461, 1024}) {
+    const int64_t N = 3 * 77, n = N * F;
+    CAPTURE(F);
+    std::vector<float> gu = gputest::randn(2 * n, 3.0);
+    // Saturated sigmoids: exp(-g) overflows fp32 for g < -88.7; gate is column c < F of a row.
+    auto gate_at = [&](int64_t i) -> float& { return gu[size_t((i / F) * 2 * F + i % F)]; };
     for (const int64_t i : {int64_t(0), int64_t(1), n / 2, n - 2, n - 1})
-      gate[i] = (i % 2 == 0) ? 200.0f : -200.0f;
-    gate[2] = 89.0f;
-    gate[3] = -89.0f;
-    gate = gputest::bf16_rounded(gate);
-    const std::vector<float> up = gputest::bf16_rounded(gputest::randn(n));
+      gate_at(i) = (i % 2 == 0) ? 200.0f : -200.0f;
+    gate_at(2) = 89.0f;
+    gate_at(3) = -89.0f;
+    gu = gputest::bf16_rounded(gu);
     const std::vector<float> dout = gputest::bf16_rounded(gputest::randn(n));
-    DeviceBuffer<bf16> d_gate(n), d_up(n), d_dout(n), d_out(n), d_dgate(n), d_dup(n);
-    put(d_gate, gate);
-    put(d_up, up);
+    DeviceBuffer<bf16> d_gu(2 * n), d_dout(n), d_out(n), d_dgate(n), d_dup(n);
+    put(d_gu, gu);
     put(d_dout, dout);
     d_out.poison();
     d_dgate.poison();
     d_dup.poison();
-    cuda::swiglu_forward(tc.ctx, d_out.ptr, d_gate.ptr, d_up.ptr, n);
-    cuda::swiglu_backward(tc.ctx, d_dgate.ptr, d_dup.ptr, d_dout.ptr, d_gate.ptr, d_up.ptr, n);
+    cuda::swiglu_forward(tc.ctx, d_out.ptr, d_gu.ptr, N, F);
+    cuda::swiglu_backward(tc.ctx, d_dgate.ptr, d_dup.ptr, d_dout.ptr, d_gu.ptr, N, F);
     const std::vector<float> out = get(d_out), dgate = get(d_dgate), dup = get(d_dup);
 
     std::vector<float> want_out(n), want_dgate(n), want_dup(n);
-    ops::swiglu_forward<float>(want_out.data(), gate.data(), up.data(), n);
-    ops::swiglu_backward<float>(want_dgate.data(), want_dup.data(), dout.data(), gate.data(),
-                                up.data(), n);
+    ops::swiglu_forward<float>(want_out.data(), gu.data(), N, F);
+    ops::swiglu_backward<float>(want_dgate.data(), want_dup.data(), dout.data(), gu.data(), N, F);
     for (const auto* v : {&out, &dgate, &dup})
       CHECK(std::all_of(v->begin(), v->end(), [](float f) { return std::isfinite(f); }));
     CHECK(rel_error(out, want_out) <= 1e-2);

@@ -49,7 +49,7 @@ void check_float_bytes(int bytes) {
 
 // ---- shapes -----------------------------------------------------------------------------------
 
-std::vector<LinearShape> linear_shapes(const Model& m, bool with_head) {
+std::vector<LinearShape> linear_shapes(const Model& m, bool model_gemms) {
   std::vector<LinearShape> shapes;
   auto add = [&](int out, int in, const std::string& layer) {
     for (LinearShape& s : shapes)
@@ -67,13 +67,18 @@ std::vector<LinearShape> linear_shapes(const Model& m, bool with_head) {
   }
   // The engine's GPU runs store an ffn that is not a multiple of 8 padded (pad_ffn): time the
   // stored shapes beside Hugging Face's, so the table shows what the padding buys.
-  if (const int F = m.F(); F % kFfnRowMultiple != 0) {
-    const int padded = (F + kFfnRowMultiple - 1) / kFfnRowMultiple * kFfnRowMultiple;
+  const int F = m.F();
+  const int padded = (F + kFfnRowMultiple - 1) / kFfnRowMultiple * kFfnRowMultiple;
+  if (F != padded) {
     add(padded, m.C(), "gate(padded)");
     add(padded, m.C(), "up(padded)");
     add(m.C(), padded, "down(padded)");
   }
-  if (with_head) add(m.V(), m.C(), "lm_head");
+  if (model_gemms) {  // the forward's one GEMM of gate_proj and up_proj stacked; the head
+    add(2 * F, m.C(), "gate+up");
+    if (F != padded) add(2 * padded, m.C(), "gate+up(padded)");
+    add(m.V(), m.C(), "lm_head");
+  }
   return shapes;
 }
 
@@ -145,13 +150,14 @@ Workspace::Workspace(Lab& lab, const WorkspaceShape& shape, const BackendScratch
       gemm_(lab.gpu, sizes.gemm_bytes, 1),
       tokens_(lab.gpu, sizes.tokens_bytes, 1),
       rope_(lab.gpu, sizes.rope_bytes, 1) {
-  lab.gpu.bind_workspace({.attention = attention_.ptr(),
-                          .norm = norm_.ptr(),
-                          .reduce = reduce_.ptr(),
-                          .gemm = gemm_.ptr(),
-                          .tokens = tokens_.ptr(),
-                          .rope = rope_.ptr()},
-                         shape);
+  const BackendScratchPointers gpu_scratch{.attention = attention_.ptr(),
+                                           .norm = norm_.ptr(),
+                                           .reduce = reduce_.ptr(),
+                                           .gemm = gemm_.ptr(),
+                                           .tokens = tokens_.ptr(),
+                                           .rope = rope_.ptr()};
+  lab.gpu.init_workspace(gpu_scratch, shape);
+  lab.gpu.bind_workspace(gpu_scratch, shape);
   WorkspaceShape one_batch = shape;
   one_batch.B = 1;
   const BackendScratch cpu_sizes = backend_scratch(lab.cpu.storage(), one_batch);

@@ -46,8 +46,9 @@ struct LinearShape {
   std::string layers;  // "q/k/v/o"
 };
 // The distinct shapes of q, k, v, o, gate, up, down, then, for an ffn not a multiple of 8, gate,
-// up and down padded as the GPU stores them (pad_ffn), and lm_head when with_head.
-std::vector<LinearShape> linear_shapes(const Model& m, bool with_head);
+// up and down padded as the GPU stores them (pad_ffn); with model_gemms also the forward's
+// gate+up GEMM (out = 2F, and padded) and lm_head.
+std::vector<LinearShape> linear_shapes(const Model& m, bool model_gemms);
 // "N=4096 C=512": the shape column of the table
 std::string dims(std::initializer_list<std::pair<const char*, int64_t>> named);
 

@@ -24,7 +24,7 @@ void bench_linear(Lab& lab, const Model& m) {
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
   const Storage& s = gpu.storage();
   const int64_t N = m.N();
-  for (const LinearShape& l : linear_shapes(m, /*with_head=*/true)) {
+  for (const LinearShape& l : linear_shapes(m, /*model_gemms=*/true)) {
     const std::string shape = dims({{"N", N}, {"in", l.in}, {"out", l.out}}) + " " + l.layers;
     const double product_flops = 2.0 * double(N) * l.in * l.out;
     const int64_t w_numel = int64_t(l.out) * l.in;
@@ -222,37 +222,40 @@ void bench_attention(Lab& lab, const Model& m) {
 }
 
 // ---- SwiGLU -------------------------------------------------------------------------------------
-// out[N,F] = silu(gate)·up; backward dgate, dup overwritten.
-// Bytes: the forward reads gate and up and writes out (3·N·F·A); the backward reads dout, gate and
-// up and writes dgate and dup (5·N·F·A). The CPU reference runs on every element.
+// out[N,F] = silu(gate)·up, gate and up the halves of gu[N,2F] (the model's one gate-and-up GEMM
+// writes them so); backward dgate, dup [N,F] overwritten.
+// Bytes: the forward reads gu and writes out (3·N·F·A); the backward reads dout and gu and writes
+// dgate and dup (5·N·F·A). The CPU reference runs on every element.
 void bench_swiglu(Lab& lab, const Model& m) {
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
   const int A = gpu.storage().act_bytes, F = m.F();
-  const int64_t n = m.N() * F;
-  const std::string shape = dims({{"N", m.N()}, {"F", F}});
-  // gate over the sigmoid's working range
-  const std::vector<float> gate = lab.uniform(n, -4, 4, A), up = lab.uniform(n, -1, 1, A);
+  const int64_t N = m.N(), n = N * F;
+  const std::string shape = dims({{"N", N}, {"F", F}});
+  // gate over the sigmoid's working range, up in [-1, 1]
+  std::vector<float> gu = lab.uniform(2 * n, -1, 1, A);
+  const std::vector<float> gate = lab.uniform(n, -4, 4, A);
+  for (int64_t i = 0; i < n; i++) gu[size_t((i / F) * 2 * F + i % F)] = gate[size_t(i)];
   const std::vector<float> dout = lab.uniform(n, -1, 1, A);
-  Buffer ggate(gpu, gate, A), gup(gpu, up, A), gdout(gpu, dout, A);
+  Buffer ggu(gpu, gu, A), gdout(gpu, dout, A);
   Buffer gout(gpu, n, A), gdgate(gpu, n, A), gdup(gpu, n, A);
 
-  auto forward = [&] { gpu.swiglu_forward(gout.ptr(), ggate.ptr(), gup.ptr(), n); };
+  auto forward = [&] { gpu.swiglu_forward(gout.ptr(), ggu.ptr(), N, F); };
   gout.poison();
   forward();
   std::vector<float> out_ref(static_cast<size_t>(n));
-  cpu.swiglu_forward(out_ref.data(), gate.data(), up.data(), n);
+  cpu.swiglu_forward(out_ref.data(), gu.data(), N, F);
   const double fwd_err = max_row_error(gout.get(), out_ref, F);
   lab.report(m, {.op = "swiglu.fwd", .shape = shape, .ms = lab.time_ms(forward),
                  .bytes = 3.0 * A * n, .err = fwd_err, .tol = kTolBf16});
 
   auto backward = [&] {
-    gpu.swiglu_backward(gdgate.ptr(), gdup.ptr(), gdout.ptr(), ggate.ptr(), gup.ptr(), n);
+    gpu.swiglu_backward(gdgate.ptr(), gdup.ptr(), gdout.ptr(), ggu.ptr(), N, F);
   };
   gdgate.poison();
   gdup.poison();
   backward();
   std::vector<float> dgate_ref(static_cast<size_t>(n)), dup_ref(static_cast<size_t>(n));
-  cpu.swiglu_backward(dgate_ref.data(), dup_ref.data(), dout.data(), gate.data(), up.data(), n);
+  cpu.swiglu_backward(dgate_ref.data(), dup_ref.data(), dout.data(), gu.data(), N, F);
   const double bwd_err =
       worst({max_row_error(gdgate.get(), dgate_ref, F), max_row_error(gdup.get(), dup_ref, F)});
   lab.report(m, {.op = "swiglu.bwd", .shape = shape, .ms = lab.time_ms(backward),

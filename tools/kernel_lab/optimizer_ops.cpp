@@ -179,7 +179,7 @@ void bench_grass(Lab& lab, const Model& m) {
   const Storage& s = gpu.storage();
   const int64_t N = m.N();
   const int r = m.rank;
-  for (const LinearShape& l : linear_shapes(m, /*with_head=*/false)) {
+  for (const LinearShape& l : linear_shapes(m, /*model_gemms=*/false)) {
     const bool rows = ProjectionConfig{}.selects_rows(l.out, l.in);
     const int side = rows ? l.out : l.in, other = rows ? l.in : l.out;
     const int64_t E = int64_t(r) * other;  // gc [r, in] or [out, r]
@@ -251,7 +251,7 @@ void bench_lowrank(Lab& lab, const Model& m) {
   const Storage& s = gpu.storage();
   const int64_t N = m.N();
   const int r = m.rank;
-  for (const LinearShape& l : linear_shapes(m, /*with_head=*/false)) {
+  for (const LinearShape& l : linear_shapes(m, /*model_gemms=*/false)) {
     const bool rows = l.out < l.in;
     const int side = rows ? l.out : l.in, other = rows ? l.in : l.out;
     const int64_t E = int64_t(r) * other;  // R [r, in] or [out, r]
