@@ -13,10 +13,33 @@ namespace grass::ops {
 template <typename T>
 constexpr T kExpClamp = T(80);
 
-// Each row goes in chunks of kChunk columns, the last one zero-filled: every element takes the same
-// (vectorised) exp whatever its column, so the bits do not depend on F (a padded ffn gives the
-// unpadded one's numbers, docs/memory.md).
+// Each row goes in chunks of kChunk columns through one out-of-line function per direction (the
+// last chunk from zero-filled copies): every element takes the same code and so the same
+// vectorised exp (libmvec's, whose last bit differs from glibc's scalar expf) whatever its column,
+// F or thread, so a padded ffn gives the unpadded one's bits (docs/memory.md).
 constexpr int kChunk = 8;
+
+template <typename T>
+[[gnu::noinline]] void forward_chunk(T* out, const T* gate, const T* up) {
+#pragma omp simd
+  for (int j = 0; j < kChunk; j++) {
+    const T g = gate[j];
+    out[j] = g / (T(1) + std::exp(std::min(-g, kExpClamp<T>))) * up[j];
+  }
+}
+
+// silu'(g) = s·(1 + g·(1 - s)),  s = sigmoid(g)
+template <typename T>
+[[gnu::noinline]] void backward_chunk(T* dgate, T* dup, const T* dout, const T* gate, const T* up) {
+#pragma omp simd
+  for (int j = 0; j < kChunk; j++) {
+    const T g = gate[j];
+    const T s = T(1) / (T(1) + std::exp(std::min(-g, kExpClamp<T>)));
+    const T d = dout[j];
+    dup[j] = d * g * s;
+    dgate[j] = d * up[j] * s * (T(1) + g * (T(1) - s));
+  }
+}
 
 template <typename T>
 void swiglu_forward(T* out, const T* gu, int64_t N, int F) {
@@ -25,14 +48,13 @@ void swiglu_forward(T* out, const T* gu, int64_t N, int F) {
     const T* gate = gu + r * 2 * F;
     const T* up = gate + F;
     T* o = out + r * F;
-    for (int c0 = 0; c0 < F; c0 += kChunk) {
-      const int n = std::min(kChunk, F - c0);
+    int c0 = 0;
+    for (; c0 + kChunk <= F; c0 += kChunk) forward_chunk(o + c0, gate + c0, up + c0);
+    if (const int n = F - c0; n > 0) {  // the last columns, through the same code
       T g[kChunk] = {}, u[kChunk] = {}, y[kChunk];
-      std::copy(gate + c0, gate + c0 + n, g);
-      std::copy(up + c0, up + c0 + n, u);
-#pragma omp simd
-      for (int j = 0; j < kChunk; j++)
-        y[j] = g[j] / (T(1) + std::exp(std::min(-g[j], kExpClamp<T>))) * u[j];
+      std::copy(gate + c0, gate + F, g);
+      std::copy(up + c0, up + F, u);
+      forward_chunk(y, g, u);
       std::copy(y, y + n, o + c0);
     }
   }
@@ -40,26 +62,22 @@ void swiglu_forward(T* out, const T* gu, int64_t N, int F) {
 
 template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gu, int64_t N, int F) {
-  // silu'(g) = s·(1 + g·(1 - s)),  s = sigmoid(g)
 #pragma omp parallel for
   for (int64_t r = 0; r < N; r++) {
     const T* gate = gu + r * 2 * F;
     const T* up = gate + F;
     const int64_t row = r * F;
-    for (int c0 = 0; c0 < F; c0 += kChunk) {
-      const int n = std::min(kChunk, F - c0);
+    int c0 = 0;
+    for (; c0 + kChunk <= F; c0 += kChunk)
+      backward_chunk(dgate + row + c0, dup + row + c0, dout + row + c0, gate + c0, up + c0);
+    if (const int n = F - c0; n > 0) {
       T g[kChunk] = {}, u[kChunk] = {}, d[kChunk] = {}, dg[kChunk], du[kChunk];
-      std::copy(gate + c0, gate + c0 + n, g);
-      std::copy(up + c0, up + c0 + n, u);
-      std::copy(dout + row + c0, dout + row + c0 + n, d);
-#pragma omp simd
-      for (int j = 0; j < kChunk; j++) {
-        const T s = T(1) / (T(1) + std::exp(std::min(-g[j], kExpClamp<T>)));
-        du[j] = d[j] * g[j] * s;
-        dg[j] = d[j] * u[j] * s * (T(1) + g[j] * (T(1) - s));
-      }
-      std::copy(du, du + n, dup + row + c0);
+      std::copy(gate + c0, gate + F, g);
+      std::copy(up + c0, up + F, u);
+      std::copy(dout + row + c0, dout + row + F, d);
+      backward_chunk(dg, du, d, g, u);
       std::copy(dg, dg + n, dgate + row + c0);
+      std::copy(du, du + n, dup + row + c0);
     }
   }
 }

@@ -51,13 +51,14 @@ void check_float_bytes(int bytes) {
 
 std::vector<LinearShape> linear_shapes(const Model& m, bool model_gemms) {
   std::vector<LinearShape> shapes;
-  auto add = [&](int out, int in, const std::string& layer) {
+  auto add = [&](int out, int in, const std::string& layer, bool forward_only = false) {
     for (LinearShape& s : shapes)
       if (s.out == out && s.in == in) {
         s.layers += "/" + layer;
+        s.forward_only = s.forward_only && forward_only;
         return;
       }
-    shapes.push_back({out, in, layer});
+    shapes.push_back({out, in, layer, forward_only});
   };
   for (const ProjectionTarget t : {ProjectionTarget::Q, ProjectionTarget::K, ProjectionTarget::V,
                                    ProjectionTarget::O, ProjectionTarget::Gate,
@@ -75,8 +76,8 @@ std::vector<LinearShape> linear_shapes(const Model& m, bool model_gemms) {
     add(m.C(), padded, "down(padded)");
   }
   if (model_gemms) {  // the forward's one GEMM of gate_proj and up_proj stacked; the head
-    add(2 * F, m.C(), "gate+up");
-    if (F != padded) add(2 * padded, m.C(), "gate+up(padded)");
+    add(2 * F, m.C(), "gate+up", /*forward_only=*/true);
+    if (F != padded) add(2 * padded, m.C(), "gate+up(padded)", /*forward_only=*/true);
     add(m.V(), m.C(), "lm_head");
   }
   return shapes;

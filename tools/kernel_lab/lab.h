@@ -43,7 +43,8 @@ struct Model {
 // A linear layer y[N, out] = x[N, in]·w[out, in]ᵀ and the layers of the model that have it.
 struct LinearShape {
   int out = 0, in = 0;
-  std::string layers;  // "q/k/v/o"
+  std::string layers;         // "q/k/v/o"
+  bool forward_only = false;  // gate+up: one GEMM in the forward, two in the backward
 };
 // The distinct shapes of q, k, v, o, gate, up, down, then, for an ffn not a multiple of 8, gate,
 // up and down padded as the GPU stores them (pad_ffn); with model_gemms also the forward's

@@ -50,6 +50,7 @@ void bench_linear(Lab& lab, const Model& m) {
     const double y_err = max_row_error(gy.get(), y_ref, l.out, rows);
     lab.report(m, {.op = "linear.fwd", .shape = shape, .ms = lab.time_ms(forward),
                    .flops = product_flops, .err = y_err, .tol = kTolBf16});
+    if (l.forward_only) continue;
 
     // dx alone (dw null): a frozen layer's backward, and half of the model's call
     auto backward_dx = [&] {
