@@ -53,24 +53,31 @@ struct LowRankProjection {
 // back-projection of a chunk of rows; kernels/cuda/cuda_ops.h has the layout).
 int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r);
 
+// Which kernels compute attention on the GPU (run config `attention`): the engine's own, the
+// readable ones the CPU checks, or cuDNN's fused flash attention (kernels/cudnn/). The CPU has its
+// reference only.
+enum class AttentionKernel { Grass, Cudnn };
+
 // The shapes a model's backward workspace must serve (the largest micro-batch).
 struct WorkspaceShape {
   int B = 0, T = 0, C = 0, F = 0, V = 0, NH = 0, NKV = 0, HD = 0;
   double rope_theta = 10000.0;
+  AttentionKernel attention = AttentionKernel::Grass;
 };
 
 // The backend's own scratch, sized from the storage alone (kernels/backend_sizes.cpp), so that a
 // plan for the GPU needs no GPU: the model allocates these from the arena's workspace category
 // and hands them to bind_workspace(). Zero bytes: not needed by that backend.
 struct BackendScratch {
-  int64_t attention_bytes = 0;  // attention backward (CPU: [B,NH,T,T] floats)
+  int64_t attention_bytes = 0;  // attention backward (CPU: [B,NH,T,T] floats; cuDNN: its
+                                // workspace)
   int64_t norm_bytes = 0;       // RMSNorm weight-gradient partial sums
   int64_t reduce_bytes = 0;     // deterministic Σx² partials
   int64_t gemm_bytes = 0;       // cuBLASLt workspace
   int64_t tokens_bytes = 0;     // embedding backward's token groups
   int64_t slice_norms_bytes = 0;  // a GRASS refresh's slice norms (doubles)
-  int64_t rope_bytes = 0;         // RoPE: GPU, the cos/sin table [2,T,HD/2] fp32 (filled at
-                                  // bind time); CPU, the rotated copies of q and k
+  int64_t rope_bytes = 0;         // RoPE: GPU, the cos/sin table [2,T,HD/2] fp32 (written by
+                                  // init_workspace); CPU and cuDNN, the rotated copies of q and k
 };
 struct BackendScratchPointers {
   void *attention = nullptr, *norm = nullptr, *reduce = nullptr, *gemm = nullptr,
@@ -258,8 +265,10 @@ std::unique_ptr<Backend> make_cpu_backend(const Storage& storage);
 std::unique_ptr<Backend> make_planning_backend(const Storage& storage);
 // The fp32 CPU backend, for what builds a model without choosing one (tests, tools).
 Backend& default_cpu_backend();
-// On GPU `device` (a rank's index on its node). Throws UserError when no usable GPU is present;
-// only in builds with CUDA.
-std::unique_ptr<Backend> make_cuda_backend(const Storage& storage, int device = 0);
+// On GPU `device` (a rank's index on its node), attention by `attention`'s kernels. Throws
+// UserError when no usable GPU is present, or cuDNN attention is asked of a build or machine
+// without it; only in builds with CUDA.
+std::unique_ptr<Backend> make_cuda_backend(const Storage& storage, int device = 0,
+                                           AttentionKernel attention = AttentionKernel::Grass);
 
 }  // namespace grass

@@ -11,6 +11,7 @@ namespace {
 // The GPU's head computes logits for this many elements at a time (64 MiB of bf16).
 constexpr int64_t kHeadChunkElements = int64_t(32) << 20;
 constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;  // cuBLASLt's recommended on Hopper
+constexpr int64_t kCudnnWorkspaceBytes = int64_t(32) << 20;
 constexpr int64_t kNormRowBlocks = 1024;    // kernels/cuda/rmsnorm.cu: kRowBlocks
 constexpr int64_t kReducePartials = 1024;  // kernels/cuda/adamw.cu: kSumMaxBlocks
 // Pure bf16's GaLore/FLORA update back-projects this many fp32 elements at a time (64 MiB).
@@ -51,8 +52,14 @@ BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) 
     scratch.rope_bytes = 4 * N * (s.NH + s.NKV) * s.HD;             // rotated q and k
     return scratch;
   }
-  scratch.rope_bytes = 4 * int64_t(s.T) * s.HD;  // cos and sin [T, HD/2]
   scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T;  // D = rowsum(dout ⊙ out)
+  scratch.rope_bytes = 4 * int64_t(s.T) * s.HD;               // cos and sin [T, HD/2]
+  if (s.attention == AttentionKernel::Cudnn) {
+    // bf16 rotated copies of q and k, and cuDNN's workspace: a guess (an fp32 dQ of the batch and
+    // 32 MiB) that the backend checks against what its graphs ask for when it builds them
+    scratch.rope_bytes = 2 * N * (s.NH + s.NKV) * s.HD;
+    scratch.attention_bytes = 4 * N * s.NH * s.HD + kCudnnWorkspaceBytes;
+  }
   scratch.norm_bytes = 4 * std::min<int64_t>(N, kNormRowBlocks) * s.C;
   scratch.reduce_bytes = 8 * kReducePartials;  // the partial sums; the result is the caller's
   scratch.gemm_bytes = kGemmWorkspaceBytes;

@@ -25,6 +25,10 @@
 #          is left, 2 steps with the cap at the plan itself)
 #   T8     data parallelism through the real NCCL: `mpirun -np 1 grass train` on llama_60m (when
 #          mpirun and a build with MPI are there)
+#   T9     cuDNN's fused flash attention (`attention: "cudnn"`): its GPU tests ([cudnn], against
+#          the engine's kernels) and the kernel lab's attention rows at 1B with --attention cudnn
+#          ($OUT/kernel_bench_cudnn.csv), when the build found cudnn.h (the CUDA install's, or
+#          PyTorch's nvidia/cudnn, whose lib/ then goes on LD_LIBRARY_PATH)
 #   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv)
 #          when that target exists; last, being optional
 # It ends with a markdown table (also $OUT/summary.md, rewritten after every step) to paste
@@ -38,7 +42,7 @@
 #                    runs the Python probes' --dry-run and profile_shares' self-test, builds the
 #                    sync counter, makes the shard, runs `grass mem` for the 13B plan, and prints
 #                    each GPU step's commands instead of running them
-#     --only/--skip  comma-separated step names from: T0,T1,build,T2,T3,T4,bench,T5,T6,T7,T8
+#     --only/--skip  comma-separated step names from: T0,T1,build,T2,T3,T4,bench,T5,T6,T7,T8,T9
 #     --budget       seconds for the whole run (default 560: the device tool allows 600 a call)
 #     --skip-build   use the binaries already in build-gpu/
 # Environment: OUT (where results go), CUDA_ARCH (default 90), CMAKE_ARGS (more -D options),
@@ -50,7 +54,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 export PATH="/usr/local/cuda/bin:$PATH"
 
-ALL_STEPS=(T0 T1 build T2 T3 T4 bench T5 T6 T7 T8)
+ALL_STEPS=(T0 T1 build T2 T3 T4 bench T5 T6 T7 T8 T9)
 dry=0 skip_build=0 budget=560 only="" skip=""
 usage() { sed -n '2,45p' "$0"; }
 while [ $# -gt 0 ]; do
@@ -273,6 +277,16 @@ step_build() {
     cfg+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
   fi
+  # cuDNN's headers for attention "cudnn" (T9): the CUDA install's, else PyTorch's nvidia/cudnn
+  if [ $dry = 0 ] && [ ! -f /usr/local/cuda/include/cudnn.h ]; then
+    local cudnn_dir
+    cudnn_dir=$("$PY" -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null)
+    if [ -n "$cudnn_dir" ] && [ -f "$cudnn_dir/include/cudnn.h" ]; then
+      cfg+=("-DCUDNN_INCLUDE_DIR=$cudnn_dir/include")
+      export LD_LIBRARY_PATH="$cudnn_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      deps_note+="; cuDNN from $cudnn_dir"
+    fi
+  fi
   # shellcheck disable=SC2206
   cfg+=(${GRASS_DEPS_CMAKE_ARGS:-} ${CMAKE_ARGS:-})
   local t0=$SECONDS rc
@@ -348,6 +362,29 @@ step_t3() {
   tail_line=$(grep -E '^(Passed|Failed|All tests|test cases)' "$log" | tail -1)
   fallbacks=$(grep -c 'using cublasGemmEx' "$log")
   record T3 "$(status_of $rc)" "${tail_line:-see logs/t3_gpu_tests.log}; $fallbacks cublasGemmEx fallback lines"
+}
+
+# ---- T9 ------------------------------------------------------------------------------------------
+step_t9() {
+  local lim log=$logs/t9_cudnn.log rc
+  begin T9 120 20 || return
+  lim=$LIM
+  need_build T9 || return
+  if [ $dry = 0 ] && ! grep -q 'cuDNN attention /' "$logs/build.log" 2>/dev/null; then
+    record T9 "skipped (no cuDNN)" "the build found no cudnn.h (logs/build.log)"; return
+  fi
+  run_cmd "$(cap $((lim / 2)))" "$log" "$BUILD"/tests/grass_gpu_tests "[cudnn]" --reporter compact
+  rc=$?
+  if [ -x "$BUILD"/kernel_bench ] || [ $dry = 1 ]; then
+    run_cmd "$(cap $((lim / 2)))" "$logs/t9_cudnn_bench.log" "$BUILD"/kernel_bench --model 1b \
+      --ops attention --attention cudnn --csv "$out/kernel_bench_cudnn.csv"
+  fi
+  [ $dry = 1 ] && { record T9 dry-run "cuDNN attention tests and lab rows printed"; return; }
+  local tail_line rows
+  tail_line=$(grep -E '^(Passed|Failed|All tests|test cases)' "$log" | tail -1)
+  rows=$(grep -E '^attention\.(fwd|bwd)' "$logs/t9_cudnn_bench.log" 2>/dev/null |
+         awk '{printf "%s %s ms; ", $1, $(NF-6)}')
+  record T9 "$(status_of $rc)" "${tail_line:-see logs/t9_cudnn.log}; cuDNN at 1B: ${rows:-no lab rows}"
 }
 
 # ---- bench ---------------------------------------------------------------------------------------
@@ -610,6 +647,7 @@ step_t5
 step_t6
 step_t7
 step_t8
+step_t9
 step_bench  # last: the kernel lab is optional, T6/T7 run nowhere else
 echo
 write_summary

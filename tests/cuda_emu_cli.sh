@@ -33,6 +33,7 @@ JSON
 "$GRASS" train "$tmp/run.json" >"$tmp/a.log" 2>&1
 check "the straight run exits 0" test $? = 0
 check "the run names the CUDA backend" grep -q "cuda, cuda_emu" "$tmp/a.log"
+check "llama_tiny's ffn 172 is stored padded" grep -q "ffn 172 (stored 176 wide" "$tmp/a.log"
 check "metrics.jsonl has 12 steps" test "$(grep -c '"grad_norm"' "$tmp/a/metrics.jsonl")" = 12
 check "and 2 evaluations" test "$(grep -c '"val_loss"' "$tmp/a/metrics.jsonl")" = 2
 # "step loss grad_norm" of each step row (evaluation rows have no grad_norm)
@@ -59,6 +60,12 @@ done
   --set checkpoint_every=0 --set eval_every=0 >"$tmp/lean.log" 2>&1
 check "a pure-bf16 checkpointed, fused run exits 0" test $? = 0
 check "it trains 4 finite steps" test "$(grep -c '"loss":[0-9]' "$tmp/lean/metrics.jsonl")" = 4
+
+# The emulator has no cuDNN: attention "cudnn" is one error line and nothing written.
+"$GRASS" train "$tmp/run.json" --set out_dir="$tmp/cudnn" --set attention=cudnn >"$tmp/cudnn.log" 2>&1
+check "attention cudnn without cuDNN exits 2" test $? = 2
+check "and says the build has none" grep -q 'attention: "cudnn" but this grass was built without' "$tmp/cudnn.log"
+check "and writes nothing" test ! -e "$tmp/cudnn/metrics.jsonl"
 
 for optimizer in galore flora; do
   for precision in bf16-mixed bf16; do

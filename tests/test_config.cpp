@@ -497,6 +497,30 @@ TEST_CASE("checkpoint keys and init_from are read and checked", "[config][checkp
   CHECK_THAT(error_of("init_from=[1]"), Contains("init_from: expected a string"));
 }
 
+TEST_CASE("layout and kernel keys: pad_ffn and attention", "[config]") {
+  json run = tiny_run();
+  grass::RunConfig c = grass::parse_run_config(run, "");
+  CHECK(c.pad_ffn == "auto");
+  CHECK(c.attention == "grass");
+  run["pad_ffn"] = "off";
+  run["attention"] = "cudnn";
+  c = grass::parse_run_config(run, "");
+  CHECK(c.pad_ffn == "off");
+  CHECK(c.attention == "cudnn");
+  CHECK(grass::to_json(c)["attention"] == "cudnn");
+
+  run["attention"] = "flash";
+  CHECK(run_error(run) == "run.json: attention: unknown kernel \"flash\" (supported: \"grass\", "
+                          "\"cudnn\")");
+  run["attention"] = "cudnn";
+  run["device"] = "cpu";
+  CHECK(run_error(run) ==
+        "run.json: attention: \"cudnn\" runs on the GPU; with device \"cpu\" use \"grass\"");
+  run = tiny_run();
+  run["pad_ffn"] = true;
+  CHECK_THAT(run_error(run), Contains("run.json: pad_ffn:"));
+}
+
 TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[config][memory]") {
   json run = tiny_run();
   grass::RunConfig c = grass::parse_run_config(run, "");

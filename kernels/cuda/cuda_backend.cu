@@ -37,8 +37,8 @@ constexpr size_t kStagingBytes = size_t(32) << 20;
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Storage& storage, std::string gpu, int device)
-      : Backend(storage), gpu_(std::move(gpu)), staging_(kStagingBytes) {
+  CudaBackend(const Storage& storage, std::string gpu, int device, AttentionKernel attention)
+      : Backend(storage), gpu_(std::move(gpu)), staging_(kStagingBytes), attention_(attention) {
     GRASS_CHECK(storage.cuda && storage.bf16_weights(),
                 "the CUDA backend needs a bf16 CUDA storage plan");
     GRASS_CUDA_CHECK(cudaSetDevice(device));
@@ -48,6 +48,15 @@ class CudaBackend final : public Backend {
     GRASS_CUDA_CHECK(cudaStreamCreate(&ctx_.stream));
     GRASS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
     ctx_.blas = cuda::create_gemm_fallback_handle();
+    if (attention == AttentionKernel::Cudnn) {
+#ifdef GRASS_HAVE_CUDNN
+      cudnn_ = cuda::make_cudnn_attention(ctx_.stream);  // its handle, before the reservation too
+#else
+      throw UserError("attention: \"cudnn\" but this grass was built without cuDNN's headers "
+                      "(cudnn.h was not found at configure time; pass -DCUDNN_INCLUDE_DIR=...), "
+                      "or use \"grass\"");
+#endif
+    }
   }
   ~CudaBackend() override {
     if (pool_) cudaFree(pool_);
@@ -156,7 +165,9 @@ class CudaBackend final : public Backend {
                 "RMSNorm scratch smaller than the kernel needs");
     GRASS_CHECK(cuda::sum_squares_scratch_doubles(int64_t(1) << 40) * 8 <= sizes.reduce_bytes,
                 "reduction scratch smaller than the kernel needs");
+    GRASS_CHECK(s.attention == attention_, "a workspace planned for other attention kernels");
     scratch_ = scratch;
+    attention_bytes_ = sizes.attention_bytes;
     rope_ = {static_cast<const float*>(scratch.rope), s.T};  // init_workspace() filled it
     rope_HD_ = s.HD;
     rope_theta_ = s.rope_theta;
@@ -164,6 +175,15 @@ class CudaBackend final : public Backend {
     ctx_.lt_workspace = scratch.gemm;
     ctx_.lt_workspace_bytes = size_t(sizes.gemm_bytes);
   }  void init_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& s) override {
+    if (cudnn_) {  // its graphs for the largest micro-batch, and whether their workspace fits
+      const int64_t need = cudnn_->workspace_bytes(s.B, s.T, s.NH, s.NKV, s.HD);
+      const int64_t have = backend_scratch(storage_, s).attention_bytes;
+      if (need > have)
+        throw InternalError("cuDNN attention needs " + std::to_string(need) +
+                            " bytes of workspace at this shape, the plan has " +
+                            std::to_string(have) + " (kernels/backend_sizes.cpp)");
+      return;
+    }
     // the RoPE table: a kernel on the stream, no wait
     if (scratch.rope && s.T > 0 && s.HD > 0)
       cuda::rope_table(ctx_, static_cast<float*>(scratch.rope), s.T, s.HD, float(s.rope_theta));
@@ -221,14 +241,30 @@ class CudaBackend final : public Backend {
     cuda::rmsnorm_backward(ctx_, b(dx), dw, grad_type(), b(dout), b(x), b(w), rstd,
                            static_cast<float*>(scratch_.norm), N, C);
   }
+  // The engine's kernels rotate q and k as they load them; cuDNN's take them rotated, so for
+  // those the backend rotates copies (scratch_.rope) and turns dq, dk back afterwards.
   void attention_forward(void* out, void* saved, const void* q, const void* k, const void* v, int B,
                          int T, int NH, int NKV, int HD, double theta) override {
+    if (cudnn_) {
+      const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
+      cudnn_->forward(b(out), static_cast<float*>(saved), qr, kr, b(v), B, T, NH, NKV, HD,
+                      scratch_.attention, attention_bytes_);
+      return;
+    }
     cuda::attention_forward(ctx_, b(out), static_cast<float*>(saved), b(q), b(k), b(v), B, T, NH,
                             NKV, HD, rope_table(HD, theta));
   }
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
                           const void* saved, const void* q, const void* k, const void* v, int B,
                           int T, int NH, int NKV, int HD, double theta) override {
+    if (cudnn_) {
+      const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
+      cudnn_->backward(b(dq), b(dk), b(dv), b(dout), b(out), static_cast<const float*>(saved), qr,
+                       kr, b(v), B, T, NH, NKV, HD, scratch_.attention, attention_bytes_);
+      cuda::rope_backward(ctx_, b(dq), B, T, NH, HD, float(theta));
+      cuda::rope_backward(ctx_, b(dk), B, T, NKV, HD, float(theta));
+      return;
+    }
     cuda::attention_backward(ctx_, b(dq), b(dk), b(dv), static_cast<float*>(scratch_.attention),
                              b(dout), b(out), static_cast<const float*>(saved), b(q), b(k), b(v),
                              B, T, NH, NKV, HD, rope_table(HD, theta));
@@ -388,6 +424,22 @@ class CudaBackend final : public Backend {
   cuda::RopeTable rope_;
   int rope_HD_ = 0;
   double rope_theta_ = 0;
+  // cuDNN attention, when the run asked for it; its workspace is scratch_.attention
+  AttentionKernel attention_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  int64_t attention_bytes_ = 0;
+  // q and k rotated by RoPE into scratch_.rope (bf16 [B,T,NH,HD], then [B,T,NKV,HD])
+  std::pair<const bf16*, const bf16*> rotated(const void* q, const void* k, int B, int T, int NH,
+                                              int NKV, int HD, double theta) {
+    const size_t q_bytes = size_t(B) * T * NH * HD * 2, k_bytes = size_t(B) * T * NKV * HD * 2;
+    bf16* qr = static_cast<bf16*>(scratch_.rope);
+    bf16* kr = qr + q_bytes / 2;
+    GRASS_CUDA_CHECK(cudaMemcpyAsync(qr, q, q_bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
+    GRASS_CUDA_CHECK(cudaMemcpyAsync(kr, k, k_bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
+    cuda::rope_forward(ctx_, qr, B, T, NH, HD, float(theta));
+    cuda::rope_forward(ctx_, kr, B, T, NKV, HD, float(theta));
+    return {qr, kr};
+  }
   cuda::RopeTable rope_table(int HD, double theta) const {
     GRASS_CHECK(rope_.table && HD == rope_HD_ && theta == rope_theta_,
                 "attention: no RoPE table bound for this head dim and theta");
@@ -397,13 +449,14 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(const Storage& storage, int device) {
+std::unique_ptr<Backend> make_cuda_backend(const Storage& storage, int device,
+                                           AttentionKernel attention) {
   const cuda::DeviceProbe gpu = cuda::probe_device(device);
   if (!gpu.usable) throw UserError("device cuda: " + gpu.description);
   if (!storage.bf16_weights())
     throw UserError("precision \"fp32\" runs on the CPU backend only: on the GPU use "
                     "\"bf16-mixed\" or \"bf16\"");
-  return std::make_unique<CudaBackend>(storage, gpu.description, device);
+  return std::make_unique<CudaBackend>(storage, gpu.description, device, attention);
 }
 
 }  // namespace grass

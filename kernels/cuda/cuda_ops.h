@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "adam_args.h"
 #include "clip_rule.h"
@@ -126,6 +127,25 @@ void attention_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, float*
                         const bf16* dout, const bf16* out, const float* lse, const bf16* q,
                         const bf16* k, const bf16* v, int B, int T, int NH, int NKV, int HD,
                         RopeTable rope = {});
+
+// ---- cuDNN's fused flash attention (kernels/cudnn/attention_cudnn.cpp) -----------------------
+// The `attention: "cudnn"` option: the same contract as attention_forward/backward without RoPE
+// (q and k already rotated), stats [B,NH,T] fp32 in place of lse, and a cuDNN workspace of at
+// least workspace_bytes(shape) (its graphs are built at the first call of a shape and kept).
+// libcudnn.so.9 is loaded at run time: make_cudnn_attention throws a UserError where it is missing.
+class CudnnAttention {
+ public:
+  virtual ~CudnnAttention() = default;
+  virtual int64_t workspace_bytes(int B, int T, int NH, int NKV, int HD) = 0;
+  virtual void forward(bf16* out, float* stats, const bf16* q, const bf16* k, const bf16* v, int B,
+                       int T, int NH, int NKV, int HD, void* workspace,
+                       int64_t workspace_bytes) = 0;
+  virtual void backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                        const float* stats, const bf16* q, const bf16* k, const bf16* v, int B,
+                        int T, int NH, int NKV, int HD, void* workspace,
+                        int64_t workspace_bytes) = 0;
+};
+std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream);
 
 // ---- cross-entropy, fused with its backward (kernels/cuda/cross_entropy.cu) ------------------
 // On one chunk of rows of logits[n, V] (bf16, the lm_head GEMM's output): loss[i] =

@@ -143,6 +143,7 @@ const std::vector<std::string> kRunKeys = {
     "activation_checkpointing",
     "fused_update",
     "pad_ffn",
+    "attention",
     "memory_limit",
     "seed",
     "out_dir",
@@ -164,6 +165,7 @@ const std::vector<std::string> kDevices = {"auto", "cpu", "cuda"};
 const std::vector<std::string> kActivationCheckpointing = {"none", "layer"};
 const std::vector<std::string> kFusedUpdate = {"auto", "on", "off"};
 const std::vector<std::string> kPadFfn = {"auto", "on", "off"};
+const std::vector<std::string> kAttention = {"grass", "cudnn"};
 
 std::string quoted_list(const std::vector<std::string>& names) {
   std::string text;
@@ -382,6 +384,9 @@ void read_memory(const ObjectReader& run, RunConfig& c) {
                                            kActivationCheckpointing, c.activation_checkpointing);
   c.fused_update = read_choice(run, "fused_update", "mode", kFusedUpdate, c.fused_update);
   c.pad_ffn = read_choice(run, "pad_ffn", "mode", kPadFfn, c.pad_ffn);
+  c.attention = read_choice(run, "attention", "kernel", kAttention, c.attention);
+  if (c.attention == "cudnn" && c.device == "cpu")
+    run.at("attention").fail("\"cudnn\" runs on the GPU; with device \"cpu\" use \"grass\"");
   if (c.fused_update == "on" && c.micro_batches_per_rank() > 1)
     run.at("fused_update")
         .fail("\"on\" needs one micro-batch per step (total_batch_size " +
@@ -591,6 +596,7 @@ json to_json(const RunConfig& c) {
       {"activation_checkpointing", c.activation_checkpointing},
       {"fused_update", c.fused_update},
       {"pad_ffn", c.pad_ffn},
+      {"attention", c.attention},
       {"seed", c.seed},
       {"out_dir", c.out_dir},
       {"log_every", c.log_every},

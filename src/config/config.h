@@ -116,6 +116,9 @@ struct RunConfig {
   // padded to one, with zero pad rows and columns, so the MLP's bf16 GEMMs get 16-byte-aligned
   // rows; the numbers computed are the same (auto: on with the CUDA backend).
   std::string pad_ffn = "auto";
+  // "grass" | "cudnn": the GPU's attention kernels, the engine's own (the readable ones the CPU
+  // checks) or cuDNN's fused flash attention (GPU only; docs/configs.md).
+  std::string attention = "grass";
   // The most bytes the run's memory plan may take (its device arena is exactly the plan); 0: no
   // cap. JSON: "40GiB", "32 GiB", "512MiB", "40GB" (10^9) or a number of bytes.
   int64_t memory_limit = 0;

@@ -141,7 +141,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   ws_.dgate = wsp("dgate", N * Fs);
   ws_.dup = wsp("dup", N * Fs);
   const WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
-                             cfg.num_key_value_heads, int(HD), cfg.rope_theta};
+                             cfg.num_key_value_heads, int(HD), cfg.rope_theta, memory.attention};
   const BackendScratch sizes = backend_scratch(storage, shape);
   auto backend_ws = [&](const std::string& name, int64_t bytes) {
     return bytes ? arena.alloc_bytes(MemCategory::Workspace, "backend." + name, bytes) : nullptr;

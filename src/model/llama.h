@@ -32,6 +32,8 @@ struct ModelMemoryOptions {
   // sees 16-byte-aligned bf16 rows (an ffn of 5461, LLaMA-1B's, has 2-byte-aligned rows, which
   // keep cuBLAS off its fastest kernels). The pad stays zero and changes no number computed.
   bool pad_ffn = false;
+  // Which kernels the GPU computes attention with (they size the backend's scratch).
+  AttentionKernel attention = AttentionKernel::Grass;
 };
 constexpr int kFfnRowMultiple = 8;
 

@@ -15,7 +15,13 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
 #ifdef GRASS_HAVE_CUDA
   const cuda::DeviceProbe gpu = cuda::probe_device(gpu_index);
   if (gpu.usable && (cfg.device == "cuda" || cfg.precision != PrecisionChoice::F32))
-    return make_cuda_backend(storage_for(cfg.precision, true), gpu_index);
+    return make_cuda_backend(storage_for(cfg.precision, true), gpu_index,
+                             cfg.attention == "cudnn" ? AttentionKernel::Cudnn
+                                                      : AttentionKernel::Grass);
+  if (cfg.attention == "cudnn")  // the CPU has its reference kernels only
+    throw UserError(where + "attention: \"cudnn\" needs the GPU, but " +
+                    (gpu.usable ? "precision fp32 runs on the CPU" : gpu.description) +
+                    "; use \"grass\"");
   if (gpu.usable) {  // auto with fp32: the CPU reference is the only fp32 backend
     why = "precision fp32 runs on the CPU backend only (GPU " + gpu.description + " unused)";
     return make_cpu_backend(storage_for(cfg.precision, false));
@@ -27,6 +33,9 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
 #else
   (void)gpu_index;
   why = "built without CUDA";
+  if (cfg.attention == "cudnn")
+    throw UserError(where + "attention: \"cudnn\" needs the GPU, and this grass was built "
+                    "without CUDA; use \"grass\"");
   if (cfg.device == "cuda")
     throw UserError(where + "device: \"cuda\" but this grass was built without CUDA (no nvcc at "
                     "configure time); rebuild where CUDA is installed, or use \"auto\" or \"cpu\"");

@@ -192,6 +192,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"activation_checkpointing", memory.checkpoint_layers ? "layer" : "none"},
       {"fused_update", memory.fused_update},
       {"pad_ffn", memory.pad_ffn},
+      {"attention", memory.attention == AttentionKernel::Cudnn ? "cudnn" : "grass"},
       {"bytes", bytes},
       {"total", plan.total},
       {"step_sum_bytes", plan.step_sum_bytes},

@@ -35,10 +35,15 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
   std::printf("grass train %s\n", cfg.source.c_str());
   std::printf("  device        %s%s\n", backend.describe().c_str(),
               why_cpu.empty() ? "" : ("; " + why_cpu).c_str());
-  std::printf("  model         %s: d %d, ffn %d, heads %d (kv %d), layers %d, vocab %d%s\n",
+  const std::string ffn_stored =
+      model.ffn_stored() == m.intermediate_size
+          ? ""
+          : " (stored " + std::to_string(model.ffn_stored()) + " wide, zero-padded: pad_ffn)";
+  std::printf("  model         %s: d %d, ffn %d%s, heads %d (kv %d), layers %d, vocab %d%s\n",
               cfg.model_path.empty() ? "inline" : cfg.model_path.c_str(), m.hidden_size,
-              m.intermediate_size, m.num_attention_heads, m.num_key_value_heads,
-              m.num_hidden_layers, m.vocab_size, m.tie_word_embeddings ? ", tied" : "");
+              m.intermediate_size, ffn_stored.c_str(), m.num_attention_heads,
+              m.num_key_value_heads, m.num_hidden_layers, m.vocab_size,
+              m.tie_word_embeddings ? ", tied" : "");
   std::printf("  parameters    %.2f M\n", double(model.num_params()) / 1e6);
   if (comm.world() > 1)
     std::printf("  ranks         %s, data-parallel: each reads 1/%d of every step's batch, and "
@@ -77,6 +82,8 @@ void print_run_table(const RunConfig& cfg, const Backend& backend, const std::st
   std::printf("  precision     %s, seed %llu\n", backend.storage().describe(),
               (unsigned long long)cfg.seed);
   const ModelMemoryOptions& memory = model.memory_options();
+  if (memory.attention == AttentionKernel::Cudnn)
+    std::printf("  attention     cuDNN's fused flash attention (RoPE applied to copies of q, k)\n");
   std::printf("  activations   %s; updates %s\n",
               memory.checkpoint_layers ? "checkpointed per layer (recomputed in the backward)"
                                        : "kept for the backward",

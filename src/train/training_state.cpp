@@ -16,6 +16,8 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
                          (cfg.fused_update == "auto" && storage.pure_bf16() &&
                           cfg.micro_batches_per_rank() == 1);
   options.pad_ffn = cfg.pad_ffn == "on" || (cfg.pad_ffn == "auto" && storage.cuda);
+  options.attention = cfg.attention == "cudnn" && storage.cuda ? AttentionKernel::Cudnn
+                                                               : AttentionKernel::Grass;
   return options;
 }
 

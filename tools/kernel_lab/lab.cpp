@@ -36,8 +36,8 @@ double peak_bandwidth(const std::string& device) {
   return 0;
 }
 
-WorkspaceShape workspace_shape(const Model& m) {
-  return {m.B, m.T, m.C(), m.F(), m.V(), m.NH(), m.NKV(), m.HD(), m.config.rope_theta};
+WorkspaceShape workspace_shape(const Model& m, AttentionKernel attention) {
+  return {m.B, m.T, m.C(), m.F(), m.V(), m.NH(), m.NKV(), m.HD(), m.config.rope_theta, attention};
 }
 
 // 2-byte elements are bf16, 4-byte ones fp32
@@ -142,7 +142,8 @@ void Buffer::poison() {
 }
 
 Workspace::Workspace(Lab& lab, const Model& m)
-    : Workspace(lab, workspace_shape(m), backend_scratch(lab.gpu.storage(), workspace_shape(m))) {}
+    : Workspace(lab, workspace_shape(m, lab.options.attention),
+                backend_scratch(lab.gpu.storage(), workspace_shape(m, lab.options.attention))) {}
 
 Workspace::Workspace(Lab& lab, const WorkspaceShape& shape, const BackendScratch& sizes)
     : attention_(lab.gpu, sizes.attention_bytes, 1),
@@ -161,6 +162,7 @@ Workspace::Workspace(Lab& lab, const WorkspaceShape& shape, const BackendScratch
   lab.gpu.bind_workspace(gpu_scratch, shape);
   WorkspaceShape one_batch = shape;
   one_batch.B = 1;
+  one_batch.attention = AttentionKernel::Grass;  // the CPU's reference
   const BackendScratch cpu_sizes = backend_scratch(lab.cpu.storage(), one_batch);
   cpu_attention_.resize(size_t(cpu_sizes.attention_bytes / 4));
   cpu_rope_.resize(size_t(cpu_sizes.rope_bytes / 4));
@@ -317,7 +319,10 @@ double Lab::time_ms(const std::function<void()>& op) {
 }
 
 void Lab::print_header() const {
-  std::printf("kernel_bench: %s\n", gpu.describe().c_str());
+  std::printf("kernel_bench: %s; attention: %s\n", gpu.describe().c_str(),
+              options.attention == AttentionKernel::Cudnn
+                  ? "cuDNN's fused flash attention (RoPE on copies)"
+                  : "the engine's kernels (RoPE in their loads)");
   std::printf("batch %d x %d tokens; median of %d calls after %d warm-ups, L2 flushed before each; "
               "timer floor %.4f ms; seed %llu\n",
               options.B, options.T, options.repeat, options.warmup, timer_floor_ms_,

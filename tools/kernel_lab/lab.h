@@ -147,6 +147,7 @@ struct Options {
   int B = 16, T = 256;
   int repeat = 20, warmup = 2;
   PrecisionChoice precision = PrecisionChoice::Bf16Mixed;
+  AttentionKernel attention = AttentionKernel::Grass;  // the GPU's attention rows
   bool smoke = false;
   std::string csv;  // empty: none
   uint64_t seed = 0;

@@ -3,7 +3,7 @@
 // the CPU backend on a sample. One row per op and shape on stdout; progress on stderr.
 //   build/kernel_bench [--model 60m,1b,13b] [--ops linear,head,...] [--batch 16] [--seq 256]
 //                      [--repeat 20] [--precision bf16-mixed|bf16] [--smoke] [--csv FILE]
-//                      [--seed S] [--configs DIR]
+//                      [--seed S] [--configs DIR] [--attention grass|cudnn]
 // Exit status: 0 every check within its tolerance; 1 a check failed, or an error; 2 a bad flag;
 // 77 no usable GPU (ctest: skipped). kernel_bench_emu is the same program on the CUDA emulator.
 #include <algorithm>
@@ -28,7 +28,7 @@ constexpr std::pair<const char*, int> kRanks[] = {{"60m", 128}, {"1b", 512}, {"1
 const char* kUsage =
     "usage: kernel_bench [--model 60m,1b,13b] [--ops NAME,...] [--batch B] [--seq T] [--repeat N]\n"
     "                    [--precision bf16-mixed|bf16] [--smoke] [--csv FILE] [--seed S]\n"
-    "                    [--configs DIR]\n"
+    "                    [--configs DIR] [--attention grass|cudnn]\n"
     "ops: linear rmsnorm attention swiglu residual embedding head adamw sum_squares grass "
     "lowrank\n";
 
@@ -109,6 +109,10 @@ Options parse(int argc, char** argv) {
         throw UserError("--precision expects bf16-mixed or bf16 (the GPU's precisions), got \"" +
                         value + "\"");
       o.precision = *p;
+    } else if (flag == "--attention") {
+      if (value != "grass" && value != "cudnn")
+        throw UserError("--attention expects grass or cudnn, got \"" + value + "\"");
+      o.attention = value == "cudnn" ? AttentionKernel::Cudnn : AttentionKernel::Grass;
     } else if (flag == "--csv") {
       o.csv = value;
     } else if (flag == "--seed") {
@@ -152,7 +156,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<Backend> gpu;
   try {
-    gpu = make_cuda_backend(storage_for(options.precision, /*cuda=*/true));
+    gpu = make_cuda_backend(storage_for(options.precision, /*cuda=*/true), 0, options.attention);
   } catch (const UserError& e) {
     std::printf("kernel_bench: %s: nothing to time\n", e.what());
     return 77;

@@ -1,0 +1,213 @@
+// cuDNN's fused flash attention (the run config's `attention: "cudnn"`), beside the engine's own
+// kernels (kernels/cuda/attention.cu), which stay the readable ones and the CPU-checked reference.
+//
+// Built from cuDNN's SDPA graphs through the cuDNN frontend (header-only, in third_party/), with
+// libcudnn loaded at run time (dlopen), so the binary links without it and a machine without it
+// fails here with one line. One forward and one backward graph per shape (B, T, NH, NKV, HD),
+// built at first use and kept: q [B,T,NH,HD], k and v [B,T,NKV,HD] in bf16 read in place through
+// strides (the BSHD layout the projections write), GQA by cuDNN's own indexing, the causal mask,
+// scale 1/sqrt(HD), fp32 stats [B,NH,T] (natural-log logsumexp per query row, what the forward
+// keeps for the backward), and a deterministic backward (the engine's runs repeat bit for bit).
+#include <dlfcn.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
+#define CUDNN_FRONTEND_SKIP_JSON_LIB
+#include <cudnn_frontend.h>
+
+#include "core/error.h"
+#include "cuda/cuda_ops.h"
+
+// The frontend's dynamic loading reads libcudnn's handle from here.
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}
+
+namespace grass::cuda {
+
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// Tensor uids of the graphs' variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+void check(fe::error_t e, const std::string& what) {
+  if (!e.is_good()) throw InternalError("cuDNN attention: " + what + ": " + e.get_message());
+}
+
+struct Shape {
+  int B, T, NH, NKV, HD;
+  auto key() const { return std::tie(B, T, NH, NKV, HD); }
+  bool operator<(const Shape& o) const { return key() < o.key(); }
+};
+
+// [B, H, T, HD] dims with the strides of the engine's [B, T, H, HD] layout.
+fe::graph::Tensor_attributes bshd(const char* name, int64_t uid, const Shape& s, int H) {
+  return fe::graph::Tensor_attributes()
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim({s.B, H, s.T, s.HD})
+      .set_stride({int64_t(s.T) * H * s.HD, s.HD, int64_t(H) * s.HD, 1});
+}
+
+// stats [B, NH, T, 1] fp32, contiguous: the engine's lse [B, NH, T]
+fe::graph::Tensor_attributes stats_tensor(const Shape& s) {
+  return fe::graph::Tensor_attributes()
+      .set_name("stats")
+      .set_uid(kStats)
+      .set_dim({s.B, s.NH, s.T, 1})
+      .set_stride({int64_t(s.NH) * s.T, s.T, 1, 1})
+      .set_data_type(fe::DataType_t::FLOAT);
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph() {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+// Validates, lowers and plans a graph for this handle (heuristics mode A, the first plan that
+// builds).
+void build(fe::graph::Graph& g, cudnnHandle_t handle, const std::string& what) {
+  check(g.validate(), what + " validate");
+  check(g.build_operation_graph(handle), what + " build_operation_graph");
+  check(g.create_execution_plans({fe::HeurMode_t::A}), what + " create_execution_plans");
+  check(g.check_support(handle), what + " check_support");
+  check(g.build_plans(handle), what + " build_plans");
+}
+
+class FrontendAttention final : public CudnnAttention {
+ public:
+  explicit FrontendAttention(cudaStream_t stream) {
+    if (!fe::cudnn_dlhandle) {
+      fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+      if (!fe::cudnn_dlhandle)
+        throw UserError(std::string("attention: \"cudnn\" needs cuDNN 9 (libcudnn.so.9), which "
+                                    "does not load: ") +
+                        dlerror() + "; put its directory on LD_LIBRARY_PATH or use \"grass\"");
+    }
+    if (fe::detail::create_handle(&handle_) != CUDNN_STATUS_SUCCESS)
+      throw UserError("attention: \"cudnn\": cudnnCreate failed; use \"grass\"");
+    if (fe::detail::set_stream(handle_, stream) != CUDNN_STATUS_SUCCESS)
+      throw InternalError("cuDNN attention: cudnnSetStream failed");
+  }
+  ~FrontendAttention() override { fe::detail::destroy_handle(handle_); }
+
+  int64_t workspace_bytes(int B, int T, int NH, int NKV, int HD) override {
+    const Shape s{B, T, NH, NKV, HD};
+    int64_t fwd = 0, bwd = 0;
+    check(forward_graph(s).get_workspace_size(fwd), "forward workspace size");
+    check(backward_graph(s).get_workspace_size(bwd), "backward workspace size");
+    return std::max(fwd, bwd);
+  }
+
+  void forward(bf16* out, float* stats, const bf16* q, const bf16* k, const bf16* v, int B, int T,
+               int NH, int NKV, int HD, void* workspace, int64_t workspace_bytes) override {
+    const Shape s{B, T, NH, NKV, HD};
+    fe::graph::Graph& g = forward_graph(s);
+    check_workspace(g, workspace_bytes, "forward");
+    std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<bf16*>(q)},
+                                               {kK, const_cast<bf16*>(k)},
+                                               {kV, const_cast<bf16*>(v)},
+                                               {kO, out},
+                                               {kStats, stats}};
+    check(g.execute(handle_, pack, workspace), "forward execute");
+  }
+
+  void backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
+                const float* stats, const bf16* q, const bf16* k, const bf16* v, int B, int T,
+                int NH, int NKV, int HD, void* workspace, int64_t workspace_bytes) override {
+    const Shape s{B, T, NH, NKV, HD};
+    fe::graph::Graph& g = backward_graph(s);
+    check_workspace(g, workspace_bytes, "backward");
+    std::unordered_map<int64_t, void*> pack = {
+        {kQ, const_cast<bf16*>(q)},      {kK, const_cast<bf16*>(k)},
+        {kV, const_cast<bf16*>(v)},      {kO, const_cast<bf16*>(out)},
+        {kDO, const_cast<bf16*>(dout)},  {kStats, const_cast<float*>(stats)},
+        {kDQ, dq},                       {kDK, dk},
+        {kDV, dv}};
+    check(g.execute(handle_, pack, workspace), "backward execute");
+  }
+
+ private:
+  static void check_workspace(const fe::graph::Graph& g, int64_t have, const char* what) {
+    int64_t need = 0;
+    check(g.get_workspace_size(need), std::string(what) + " workspace size");
+    if (need > have)
+      throw InternalError(std::string("cuDNN attention: the ") + what + " graph needs " +
+                          std::to_string(need) + " bytes of workspace, the plan gave it " +
+                          std::to_string(have) + " (kernels/backend_sizes.cpp)");
+  }
+
+  fe::graph::Graph& forward_graph(const Shape& s) {
+    auto& slot = forward_[s];
+    if (slot) return *slot;
+    auto g = new_graph();
+    auto q = g->tensor(bshd("q", kQ, s, s.NH));
+    auto k = g->tensor(bshd("k", kK, s, s.NKV));
+    auto v = g->tensor(bshd("v", kV, s, s.NKV));
+    auto options = fe::graph::SDPA_attributes()
+                       .set_name("attention_forward")
+                       .set_generate_stats(true)
+                       .set_causal_mask(true)
+                       .set_attn_scale(float(1.0 / std::sqrt(double(s.HD))));
+    auto [o, stats] = g->sdpa(q, k, v, options);
+    const fe::graph::Tensor_attributes o_attr = bshd("o", kO, s, s.NH);
+    o->set_output(true).set_uid(kO).set_dim(o_attr.get_dim()).set_stride(o_attr.get_stride());
+    const fe::graph::Tensor_attributes st = stats_tensor(s);
+    stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(st.get_dim())
+        .set_stride(st.get_stride());
+    build(*g, handle_, "forward");
+    slot = std::move(g);
+    return *slot;
+  }
+
+  fe::graph::Graph& backward_graph(const Shape& s) {
+    auto& slot = backward_[s];
+    if (slot) return *slot;
+    auto g = new_graph();
+    auto q = g->tensor(bshd("q", kQ, s, s.NH));
+    auto k = g->tensor(bshd("k", kK, s, s.NKV));
+    auto v = g->tensor(bshd("v", kV, s, s.NKV));
+    auto o = g->tensor(bshd("o", kO, s, s.NH));
+    auto dout = g->tensor(bshd("dout", kDO, s, s.NH));
+    auto stats = g->tensor(stats_tensor(s));
+    auto options = fe::graph::SDPA_backward_attributes()
+                       .set_name("attention_backward")
+                       .set_causal_mask(true)
+                       .set_attn_scale(float(1.0 / std::sqrt(double(s.HD))))
+                       .set_deterministic_algorithm(true);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
+    for (auto [t, uid, heads] : {std::tuple{dq, kDQ, s.NH}, std::tuple{dk, kDK, s.NKV},
+                                 std::tuple{dv, kDV, s.NKV}}) {
+      const fe::graph::Tensor_attributes attr = bshd("grad", uid, s, heads);
+      t->set_output(true).set_uid(uid).set_dim(attr.get_dim()).set_stride(attr.get_stride());
+    }
+    build(*g, handle_, "backward");
+    slot = std::move(g);
+    return *slot;
+  }
+
+  cudnnHandle_t handle_ = nullptr;
+  std::map<Shape, std::shared_ptr<fe::graph::Graph>> forward_, backward_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream) {
+  return std::make_unique<FrontendAttention>(stream);
+}
+
+}  // namespace grass::cuda
