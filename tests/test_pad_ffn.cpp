@@ -4,9 +4,17 @@
 // shapes in checkpoints and exports (tests/test_checkpoint.cpp resumes padded runs).
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+
 #include "core/arena.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/llama.h"
 #include "pad_ffn_runs.h"
+#include "test_util.h"
+#include "train/checkpointing.h"
+#include "train/hf_interop.h"
+#include "train/trainer.h"
 
 using namespace grass;
 
@@ -65,4 +73,31 @@ TEST_CASE("a padded model stores gate and up with zero rows and down with a wide
   model.write_tensor(down, changed.data());
   CHECK(stored[48] == 1.5f);
   CHECK(stored[45] == 0.0f);
+}
+
+TEST_CASE("a padded 5461 run writes and exports 5461 columns", "[pad]") {
+  const test::TempDir dir("grass_test_pad_ffn");
+  RunConfig cfg = test::pad_ffn_run("grass", "bf16-mixed", 1, 5461, true);
+  cfg.train_files = {test::write_shard(dir.file("train.bin"), test::random_tokens(4000, 64, 3),
+                                       {.vocab_size = 64})};
+  cfg.steps = 3;
+  cfg.checkpoint_every = 3;
+  cfg.log_every = 100;
+  cfg.out_dir = dir.file("out");
+  REQUIRE(train(cfg).losses.size() == 3);
+  const std::string step3 = checkpoint_root(cfg) + "/" + checkpoint_dir_name(3);
+  const std::string down = "model.layers.0.mlp.down_proj.weight";
+  const std::string gate = "model.layers.0.mlp.gate_proj.weight";
+  CHECK(SafetensorsFile(step3 + "/model.safetensors").get(down).shape ==
+        std::vector<int64_t>{16, 5461});
+  const ExportResult r = export_hf(Checkpoint(step3), dir.file("hf"), /*bf16=*/false);
+  CHECK(r.parameters == cfg.model.num_parameters());
+  const SafetensorsFile exported(dir.file("hf") + "/model.safetensors");
+  CHECK(exported.get(down).shape == std::vector<int64_t>{16, 5461});
+  CHECK(exported.get(gate).shape == std::vector<int64_t>{5461, 16});
+  // and the export loads back into an unpadded model, column for column
+  Arena arena;
+  LlamaModel plain(cfg.model, arena, 1, 16);
+  load_hf_model(plain, dir.file("hf"));
+  CHECK(plain.read_tensor(plain.tensor(down)) == exported.read_f32(down));
 }

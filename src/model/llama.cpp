@@ -60,7 +60,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   const int L = cfg.num_hidden_layers;
 
   ParameterSet& ts = tensors_;
-  off_embed_ = ts.num_params();
+  off_embed_ = ts.num_stored();
   ts.add("model.embed_tokens.weight", {V, C}, false);
   for (int l = 0; l < L; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -88,12 +88,12 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
                     ts[size_t(layer_tensor_index(l, kGate))].offset + Fs * C,
                 "gate_proj and up_proj must be adjacent in the weights");
   ts.set_projected(projected);
-  const int64_t num_params = ts.num_stored(), num_dense_grads = ts.num_dense_grads();
+  const int64_t num_stored = ts.num_stored(), num_dense_grads = ts.num_dense_grads();
 
   // Element sizes are the backend's: fp32 on the CPU, bf16 activations and weights on the GPU.
-  params_ = arena.alloc_bytes(MemCategory::Weights, "parameters", num_params * storage.weight_bytes);
+  params_ = arena.alloc_bytes(MemCategory::Weights, "parameters", num_stored * storage.weight_bytes);
   if (storage.master)  // counted with the optimizer states, as ZeRO does: only the optimizer reads it
-    master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)", num_params);
+    master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)", num_stored);
   if (!memory.fused_update) {
     grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradients",
                                num_dense_grads * storage.grad_bytes);
