@@ -16,8 +16,9 @@ each 2·N·C·F FLOPs, timed with CUDA events (3 warm-ups, 20 timed back to back
 between each two, median), on random inputs
 (never zeros). It prints a table of TFLOP/s, the slowdown of F = 5461 against F = 5504 (a
 multiple of 64 of about the same size) per product in time per FLOP, and one verdict line, the
-rule of GPU_FIRST_RUN.md: within ~15% everywhere -> row-pitch padding is low priority; 1.5x or
-more anywhere -> padding is the first fix; in between -> worth doing after the first fixes.
+rule of GPU_FIRST_RUN.md applied to the engine's row-pitch padding (pad_ffn, on by default on the
+GPU since issue 14): within ~15% everywhere -> padding gains little; 1.5x or more anywhere -> it
+is essential; in between -> it pays.
 
     python3 tools/gpu/gemm_align_probe.py [--n 16384] [--c 2048] [--f 5461,5464,5504,5632]
                                           [--warmup 3] [--iters 20] [--json PATH] [--dry-run]
@@ -69,13 +70,13 @@ def verdict(slowdowns):
         return "no verdict: F=%d and F=%d were not both measured" % (ODD_F, REF_F)
     worst = max(slowdowns)
     if worst <= 1.15:
-        return ("row-pitch padding is LOW PRIORITY: F=%d within 15%% of F=%d on every product "
-                "(worst %.2fx)" % (ODD_F, REF_F, worst))
+        return ("row-pitch padding (pad_ffn) GAINS LITTLE: F=%d within 15%% of F=%d on every "
+                "product (worst %.2fx)" % (ODD_F, REF_F, worst))
     if worst >= 1.5:
-        return ("row-pitch padding is the FIRST FIX: F=%d is %.2fx slower than F=%d on at least "
-                "one product" % (ODD_F, worst, REF_F))
-    return ("row-pitch padding is WORTH DOING after the first fixes: F=%d up to %.2fx slower "
-            "than F=%d" % (ODD_F, worst, REF_F))
+        return ("row-pitch padding (pad_ffn) is ESSENTIAL: F=%d is %.2fx slower than F=%d on at "
+                "least one product" % (ODD_F, worst, REF_F))
+    return ("row-pitch padding (pad_ffn) PAYS: F=%d up to %.2fx slower than F=%d"
+            % (ODD_F, worst, REF_F))
 
 
 def main(argv):
