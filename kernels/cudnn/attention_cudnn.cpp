@@ -8,7 +8,9 @@
 // strides (the BSHD layout the projections write), GQA by cuDNN's own indexing, the causal mask,
 // scale 1/sqrt(HD), fp32 stats [B,NH,T] (natural-log logsumexp per query row, what the forward
 // keeps for the backward), and a deterministic backward (the engine's runs repeat bit for bit).
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <stdlib.h>
 
 #include <cmath>
 #include <map>
@@ -88,6 +90,11 @@ void build(fe::graph::Graph& g, cudnnHandle_t handle, const std::string& what) {
 class FrontendAttention final : public CudnnAttention {
  public:
   explicit FrontendAttention(cudaStream_t stream) {
+    // The frontend opens a CUDA runtime of its own choosing (libcudart.so.12 or .13, the first it
+    // finds); it must be the one the engine runs on, whose streams it is given. A user's setting
+    // wins.
+    const std::string cudart = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", cudart.c_str(), /*overwrite=*/0);
     if (!fe::cudnn_dlhandle) {
       fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
       if (!fe::cudnn_dlhandle)
@@ -95,8 +102,10 @@ class FrontendAttention final : public CudnnAttention {
                                     "does not load: ") +
                         dlerror() + "; put its directory on LD_LIBRARY_PATH or use \"grass\"");
     }
-    if (fe::detail::create_handle(&handle_) != CUDNN_STATUS_SUCCESS)
-      throw UserError("attention: \"cudnn\": cudnnCreate failed; use \"grass\"");
+    if (const cudnnStatus_t status = fe::detail::create_handle(&handle_);
+        status != CUDNN_STATUS_SUCCESS)
+      throw UserError(std::string("attention: \"cudnn\": cudnnCreate failed (") +
+                      fe::detail::get_error_string(status) + "); use \"grass\"");
     if (fe::detail::set_stream(handle_, stream) != CUDNN_STATUS_SUCCESS)
       throw InternalError("cuDNN attention: cudnnSetStream failed");
   }
