@@ -45,15 +45,18 @@ std::vector<std::string> projection_tensor_names(int num_layers,
   return names;
 }
 
+int ffn_stored_width(const ModelConfig& cfg, const ModelMemoryOptions& memory) {
+  const int F = cfg.intermediate_size;
+  return memory.pad_ffn ? (F + kFfnRowMultiple - 1) / kFfnRowMultiple * kFfnRowMultiple : F;
+}
+
 LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
                        const std::vector<std::string>& projected, Backend& backend,
                        ModelMemoryOptions memory)
     : cfg_(cfg), max_B_(max_batch), T_(seq_len), memory_(memory), backend_(&backend) {
   const Storage& storage = backend.storage();
   const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
-  F_ = memory.pad_ffn ? (cfg.intermediate_size + kFfnRowMultiple - 1) / kFfnRowMultiple *
-                            kFfnRowMultiple
-                      : cfg.intermediate_size;
+  F_ = ffn_stored_width(cfg, memory);
   const int64_t Fs = F_;
   const int64_t HD = cfg.head_dim(), QD = cfg.num_attention_heads * HD,
                 KVD = cfg.num_key_value_heads * HD;

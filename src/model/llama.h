@@ -36,6 +36,8 @@ struct ModelMemoryOptions {
   AttentionKernel attention = AttentionKernel::Grass;
 };
 constexpr int kFfnRowMultiple = 8;
+// The ffn width a model with these options stores (cfg.intermediate_size, padded with pad_ffn).
+int ffn_stored_width(const ModelConfig& cfg, const ModelMemoryOptions& memory);
 
 // The HF tensor names of the projection targets in every layer.
 std::vector<std::string> projection_tensor_names(int num_layers,

@@ -191,7 +191,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"storage", storage.describe()},
       {"activation_checkpointing", memory.checkpoint_layers ? "layer" : "none"},
       {"fused_update", memory.fused_update},
-      {"pad_ffn", memory.pad_ffn},
+      {"ffn_stored", ffn_stored_width(cfg.model, memory)},
       {"attention", memory.attention == AttentionKernel::Cudnn ? "cudnn" : "grass"},
       {"bytes", bytes},
       {"total", plan.total},
