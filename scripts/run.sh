@@ -5,7 +5,7 @@
 # A few minutes on 2 cores. Extra arguments go to `grass train` (e.g. --set steps=100).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh
+scripts/build.sh grass  # the tests and tools are scripts/test.sh's to build
 
 sample=data/c4_sample
 tokens=$sample/tokens

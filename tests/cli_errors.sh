@@ -116,5 +116,17 @@ grep -q "nothing to train" "$tmp/stdout" && passes=$((passes + 1)) || { echo "FA
 expect 2 "init_from: $tmp/train.bin: header length" -- train "$tmp/run.json" --set out_dir="$tmp/init" --set init_from="$tmp/train.bin"
 expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/init" --set init_from="$tmp/hf"
 
+# the summary line says what it measured: no median from one or two steps
+expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/one" --set steps=1
+grep -q "^done: 1 steps, .*tok/s (the only step, warm-up included)" "$tmp/stdout" && ! grep -q "median" "$tmp/stdout" \
+  && passes=$((passes + 1)) || { echo "FAIL: a 1-step run's summary:"; grep "^done" "$tmp/stdout"; failures=$((failures + 1)); }
+expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/two" --set steps=2
+grep -q "^done: 2 steps, .*tok/s (one step after the first)" "$tmp/stdout" && ! grep -q "median" "$tmp/stdout" \
+  && passes=$((passes + 1)) || { echo "FAIL: a 2-step run's summary:"; grep "^done" "$tmp/stdout"; failures=$((failures + 1)); }
+
+# a projected optimizer's default rank that the model cannot take names the rank that fits
+expect 2 "optimizer.rank: 128 (galore's default) exceeds" -- train configs/runs/quickstart.json --set optimizer.name=galore --set out_dir="$tmp/q"
+expect 2 "(--set optimizer.rank=64)" -- train configs/runs/quickstart.json --set optimizer.name=galore --set out_dir="$tmp/q"
+
 echo "$passes passed, $failures failed"
 [ "$failures" = 0 ]

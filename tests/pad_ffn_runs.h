@@ -1,10 +1,11 @@
 // The runs the padded-ffn tests compare (tests/test_pad_ffn.cpp on the CPU,
 // tests/gpu/test_gpu_pad_ffn.cpp on the GPU): one model trained with its ffn stored padded to a
-// multiple of 8 (pad_ffn "on") and stored as it is ("off"). Padding is a layout: the pad must
-// stay exactly zero, and the two runs agree bit for bit wherever the arithmetic does not depend
-// on where an element is stored. Two things do (docs/memory.md, "Padded ffn rows"): a GEMM
-// whose K grows by the pad may be blocked differently by the BLAS (OpenBLAS at K = 5461 against
-// 5464; not at 341 against 344), and pure bf16's stochastic rounding draws by stored position.
+// multiple of 8 (pad_ffn "on") and stored as it is ("off"). Padding is a layout, but the two runs
+// are different computations: a GEMM whose K grew by the pad's zeros may be blocked and summed in
+// another order (OpenBLAS decides by kernel family and K; a GPU by its kernels), LAPACK factors
+// GaLore's padded gradient in other blocks, and pure bf16 draws its stochastic rounding by stored
+// position. So the comparison holds to a tolerance (PadCase::tol), and exactly where no
+// arithmetic is involved: the pad stays +0.0 in every weight and master copy.
 #pragma once
 #include <catch2/catch.hpp>
 
@@ -52,12 +53,31 @@ inline RunConfig pad_ffn_run(const std::string& optimizer, const std::string& pr
   return c;
 }
 
+// Tolerances, relative: a step's loss and gradient norm, and each tensor's
+// ‖padded - unpadded‖ / ‖unpadded‖ after the run. A reordered fp32 sum of K terms moves by at most
+// 2·K·u of its absolute terms (u = 2^-24, K ≤ 5464 here); the loss and the norm follow such sums
+// closely: measured within 1.1e-8 over OpenBLAS's SkylakeX, Haswell, Sandybridge and Nehalem
+// kernels. A tensor after 5 Adam steps is looser: Adam divides each moment by its own scale, so an
+// element whose gradient is a near-cancelled sum moves by lr-sized amounts on last-bit differences
+// (measured within 3.4e-5 in norm, GaLore bf16-mixed on Haswell's kernels). Layout bugs fail by
+// far: with P's pad rows left unzeroed, or GRASS's or GaLore's side chosen on the stored shape, the
+// ffn-13 cases' tensors moved by 1.6e-3 to 0.1 and their losses and norms failed too.
+struct PadTolerance {
+  double loss;
+  double grad_norm;
+  double tensor;
+};
+inline constexpr PadTolerance kPadReordered = {1e-6, 1e-6, 2e-4};  // fp32 and bf16-mixed
+// pure bf16: every update's rounding draws from another random stream (measured: losses within
+// 1.4e-4, gradient norms 4.3e-3, tensors 2.7e-2)
+inline constexpr PadTolerance kPadStochastic = {1e-3, 2e-2, 5e-2};
+
 struct PadCase {
   const char* optimizer;
   const char* precision;
   int micro_batches;  // 1 in pure bf16: its updates are then fused into the backward
   int ffn;
-  double tol;  // 0: the same bits; else the largest relative difference of a loss or a tensor
+  PadTolerance tol;
 };
 
 inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
@@ -69,9 +89,9 @@ inline double relative_difference(const std::vector<float>& a, const std::vector
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// Trains both layouts for `steps` steps on the same random tokens and checks the loss of every
-// step and every tensor (Hugging Face's layout) at the end against c.tol, the gradient norms to
-// 1e-12 at least, and a pad of exact zeros (+0.0) in the padded run's weights and master copy.
+// Trains both layouts for `steps` steps on the same random tokens and checks the loss and the
+// gradient norm of every step and every tensor (Hugging Face's layout) at the end against c.tol,
+// and a pad of exact zeros (+0.0) in the padded run's weights and master copy.
 inline void check_padding_changes_nothing(const PadCase& c, bool cuda, int steps) {
   INFO(c.optimizer << " " << c.precision << ", " << c.micro_batches << " micro-batch(es), ffn "
                    << c.ffn);
@@ -82,9 +102,6 @@ inline void check_padding_changes_nothing(const PadCase& c, bool cuda, int steps
                              precision, cuda);
   REQUIRE(padded.model().ffn_stored() == (c.ffn + 7) / 8 * 8);
   REQUIRE(plain.model().ffn_stored() == c.ffn);
-  auto same = [&](double a, double b) {
-    return c.tol == 0 ? a == b : std::abs(a - b) <= c.tol * std::abs(b);
-  };
   const RunConfig& cfg = padded.cfg;
   for (int64_t step = 0; step < steps; step++) {
     int64_t batch = 0;
@@ -102,10 +119,8 @@ inline void check_padding_changes_nothing(const PadCase& c, bool cuda, int steps
     const StepOutcome b = train_step(plain.state, plain.cfg, step, cfg.optimizer.lr, next);
     INFO("step " << step << ": loss " << a.loss << " and " << b.loss << ", gradient norm "
                  << a.grad_norm << " and " << b.grad_norm);
-    CHECK(same(a.loss, b.loss));
-    // a sum over the stored gradients, which the GPU splits into blocks by position: the pad
-    // moves the splits, so the order of the additions, not their terms, differs
-    CHECK(std::abs(a.grad_norm - b.grad_norm) <= std::max(c.tol, 1e-12) * b.grad_norm);
+    CHECK(std::abs(a.loss - b.loss) <= c.tol.loss * std::abs(b.loss));
+    CHECK(std::abs(a.grad_norm - b.grad_norm) <= c.tol.grad_norm * b.grad_norm);
   }
   int padded_tensors = 0;
   for (const ParamTensor& t : padded.model().tensors()) {
@@ -114,10 +129,7 @@ inline void check_padding_changes_nothing(const PadCase& c, bool cuda, int steps
     REQUIRE(t.hf_shape == u.shape);
     const std::vector<float> got = padded.model().read_tensor(t), want = plain.model().read_tensor(u);
     REQUIRE(got.size() == want.size());
-    if (c.tol == 0)
-      CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
-    else
-      CHECK(relative_difference(got, want) <= c.tol);
+    CHECK(relative_difference(got, want) <= c.tol.tensor);
     const std::vector<float> pad = padded.pad_values(t);
     if (!pad.empty()) padded_tensors++;
     for (const float v : pad) {

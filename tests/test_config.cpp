@@ -622,10 +622,21 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
   // the round trip keeps every grass key
   CHECK(grass::parse_run_config(grass::to_json(c), "") .optimizer == c.optimizer);
 
-  // tiny model: q is 64 x 64, gate 172 x 64; auto selects the smaller side (64)
+  // tiny model: q is 64 x 64, k and v 32 x 64, gate 172 x 64; auto selects the smaller side
   run["optimizer"] = {{"name", "grass"}, {"rank", 65}};
-  CHECK(run_error(run) == "run.json: optimizer.rank: 65 exceeds the 64 selectable rows of target "
-                          "q (64 x 64, select_dim auto)");
+  CHECK(run_error(run) == "run.json: optimizer.rank: 65 exceeds the 32 selectable rows of target "
+                          "k (32 x 64, select_dim auto), the narrowest target: a rank up to 32 fits "
+                          "them all (--set optimizer.rank=32)");
+  // a default rank that does not fit says it is the default
+  run["optimizer"] = {{"name", "galore"}, {"targets", {"gate", "q"}}};
+  run["model"]["hidden_size"] = 32;
+  run["model"]["intermediate_size"] = 100;
+  run["model"]["num_attention_heads"] = 2;
+  run["model"]["num_key_value_heads"] = 2;
+  CHECK(run_error(run) == "run.json: optimizer.rank: 128 (galore's default) exceeds the 32 "
+                          "projected columns of target gate (100 x 32), the narrowest target: a rank "
+                          "up to 32 fits them all (--set optimizer.rank=32)");
+  run = tiny_run();
   run["optimizer"] = {{"name", "grass"}, {"rank", 100}, {"select_dim", "rows"}, {"targets", {"gate"}}};
   CHECK(grass::parse_run_config(run, "run.json").optimizer.projection.rank == 100);  // 172 rows
   run["optimizer"] = {{"name", "grass"}, {"targets", {"q", "mlp"}}};

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <optional>
+#include <tuple>
 #include <filesystem>
 
 #include "config/json_check.h"
@@ -27,11 +29,13 @@ const std::vector<std::string> kModelKeys = {
     "rms_norm_eps",      "rope_theta",        "tie_word_embeddings",     "initializer_range",
     "head_dim"};
 
-// Hugging Face and GaLore bookkeeping that does not change the model grass builds.
+// Hugging Face and GaLore bookkeeping that does not change the model grass builds. "dtype" is
+// transformers >= 4.56's name for "torch_dtype" (the dtype the weights were saved in);
+// "pretraining_tp" > 1 splits transformers' projections into slices that compute the same sums.
 const std::vector<std::string> kIgnoredModelKeys = {
-    "architectures",  "model_type",        "torch_dtype",  "transformers_version",
-    "use_cache",      "bos_token_id",      "eos_token_id", "pad_token_id",
-    "pretraining_tp", "attention_dropout", "_name_or_path"};
+    "architectures",  "model_type",   "torch_dtype",  "dtype",        "transformers_version",
+    "use_cache",      "bos_token_id", "eos_token_id", "pad_token_id", "pretraining_tp",
+    "_name_or_path"};
 
 // Keys that select architecture variants: accepted only with the value grass implements.
 struct FixedModelKey {
@@ -44,12 +48,18 @@ const std::vector<FixedModelKey> kFixedModelKeys = {
     {"attention_bias", false, "attention projections without bias"},
     {"mlp_bias", false, "MLP projections without bias"},
     {"rope_scaling", nullptr, "plain RoPE without scaling"},
+    {"attention_dropout", 0.0, "attention without dropout"},
 };
+
+// transformers >= 5 writes RoPE's settings as "rope_parameters": {"rope_type": "default",
+// "rope_theta": θ} where older versions wrote a top-level "rope_theta" (and "rope_scaling").
+const std::string kRopeParameters = "rope_parameters";
 
 std::vector<std::string> accepted_model_keys() {
   std::vector<std::string> keys = kModelKeys;
   keys.insert(keys.end(), kIgnoredModelKeys.begin(), kIgnoredModelKeys.end());
   for (const FixedModelKey& fixed : kFixedModelKeys) keys.push_back(fixed.key);
+  keys.push_back(kRopeParameters);
   return keys;
 }
 
@@ -100,9 +110,37 @@ void check_model_shape(const ObjectReader& obj, const ModelConfig& m) {
               " is not supported; grass uses hidden_size / num_attention_heads = " +
               std::to_string(m.head_dim()));
   require(m.rms_norm_eps > 0, obj.at("rms_norm_eps"), "positive", m.rms_norm_eps);
-  require(m.rope_theta > 0, obj.at("rope_theta"), "positive", m.rope_theta);
   require(m.initializer_range >= 0, obj.at("initializer_range"), "non-negative",
           m.initializer_range);
+}
+
+// rope_parameters' θ, if it names one; fails on a RoPE variant other than plain RoPE.
+std::optional<double> read_rope_parameters(const ObjectReader& obj) {
+  const json* parameters = obj.find(kRopeParameters);
+  if (!parameters || parameters->is_null()) return std::nullopt;
+  const ObjectReader rope(*parameters, obj.at(kRopeParameters));
+  // Checked before the other keys, so a scaled RoPE is named as such rather than by its
+  // "factor"; transformers still reads the legacy spelling "type".
+  for (const char* type_key : {"rope_type", "type"})
+    if (const auto type = rope.string(type_key); type && *type != "default")
+      rope.at(type_key).fail(brief(*type) +
+                             " is not supported; grass implements \"default\" (plain RoPE "
+                             "without scaling)");
+  rope.reject_unknown_keys({"rope_type", "type", "rope_theta"});
+  return rope.number("rope_theta");
+}
+
+// θ from "rope_theta" or "rope_parameters.rope_theta": either, or both when they agree.
+double read_rope_theta(const ObjectReader& obj, double fallback) {
+  const auto top_level = obj.number("rope_theta");
+  const auto nested = read_rope_parameters(obj);
+  const Location nested_at = obj.at(kRopeParameters).child("rope_theta");
+  if (top_level && nested && *top_level != *nested)
+    nested_at.fail(format_number(*nested) + " conflicts with rope_theta " +
+                   format_number(*top_level) + " (two places for one setting: keep one)");
+  const double theta = nested.value_or(top_level.value_or(fallback));
+  require(theta > 0, nested ? nested_at : obj.at("rope_theta"), "positive", theta);
+  return theta;
 }
 
 ModelConfig parse_model(const json& j, const Location& where) {
@@ -119,7 +157,7 @@ ModelConfig parse_model(const json& j, const Location& where) {
       int(obj.integer("num_key_value_heads", 1, INT_MAX).value_or(m.num_attention_heads));
   m.max_position_embeddings = read_max_positions(obj, m.max_position_embeddings);
   m.rms_norm_eps = obj.number("rms_norm_eps").value_or(m.rms_norm_eps);
-  m.rope_theta = obj.number("rope_theta").value_or(m.rope_theta);
+  m.rope_theta = read_rope_theta(obj, m.rope_theta);
   m.tie_word_embeddings = obj.boolean("tie_word_embeddings").value_or(m.tie_word_embeddings);
   m.initializer_range = obj.number("initializer_range").value_or(m.initializer_range);
   check_model_shape(obj, m);
@@ -287,23 +325,33 @@ void read_projection(const ObjectReader& obj, OptimizerKind kind, ProjectionConf
 }
 
 // Rank must fit the projected side of every target (GRASS: the side select_dim picks; GaLore,
-// FLORA: the shorter side); the seed defaults to the run's.
+// FLORA: the shorter side), so the narrowest target decides, and the message names it and the
+// rank that fits. The seed defaults to the run's.
 void check_projection_against_model(const ObjectReader& run, RunConfig& c) {
   ProjectionConfig& g = c.optimizer.projection;
   const ObjectReader optimizer(run.required("optimizer"), run.at("optimizer"));
   if (!optimizer.find("seed")) g.seed = c.seed;
   const bool grass = c.optimizer.kind == OptimizerKind::Grass;
+  std::optional<ProjectionTarget> narrowest;
+  int side = INT_MAX, out = 0, in = 0;
+  bool rows = false;
   for (const ProjectionTarget target : g.targets) {
-    const auto [out, in] = c.model.linear_shape(target);
-    const bool rows = grass ? g.selects_rows(out, in) : out < in;
-    const int side = rows ? out : in;
-    if (g.rank > side)
-      optimizer.at("rank").fail(
-          std::to_string(g.rank) + " exceeds the " + std::to_string(side) + " " +
-          (grass ? "selectable " : "projected ") + (rows ? "rows" : "columns") + " of target " +
-          name_of(target) + " (" + std::to_string(out) + " x " + std::to_string(in) +
-          (grass ? ", select_dim " + std::string(name_of(g.select_dim)) : std::string()) + ")");
+    const auto [o, i] = c.model.linear_shape(target);
+    const bool r = grass ? g.selects_rows(o, i) : o < i;
+    if ((r ? o : i) < side)
+      std::tie(narrowest, side, out, in, rows) = std::tuple(target, r ? o : i, o, i, r);
   }
+  const std::string given =
+      optimizer.find("rank") ? "" : " (" + std::string(name_of(c.optimizer.kind)) + "'s default)";
+  if (narrowest && g.rank > side)
+    optimizer.at("rank").fail(
+        std::to_string(g.rank) + given +
+        " exceeds the " + std::to_string(side) + " " + (grass ? "selectable " : "projected ") +
+        (rows ? "rows" : "columns") + " of target " + name_of(*narrowest) + " (" +
+        std::to_string(out) + " x " + std::to_string(in) +
+        (grass ? ", select_dim " + std::string(name_of(g.select_dim)) : std::string()) +
+        "), the narrowest target: a rank up to " + std::to_string(side) + " fits them all (--set " +
+        "optimizer.rank=" + std::to_string(side) + ")");
 }
 
 void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {

@@ -223,6 +223,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     return result;
   }
   std::vector<double> rates;
+  double first_step_rate = 0;
   double seconds_so_far = 0;
   for (int64_t step = start_step; step < cfg.steps; step++) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -298,19 +299,26 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
       }
     }
     if (step > start_step) rates.push_back(m.tokens_per_s);  // the first step warms caches and pages
+    else first_step_rate = m.tokens_per_s;
   }
   if (!rates.empty()) {
     std::sort(rates.begin(), rates.end());
     result.tokens_per_second = rates[rates.size() / 2];
   }
   if (!leader) return result;
+  // A median needs two timed steps; fewer, and the line says what the one figure is.
+  const double rate = rates.empty() ? first_step_rate : result.tokens_per_second;
+  const char* rate_label = rates.size() >= 2 ? "median " : "";
+  const char* rate_note = rates.size() >= 2  ? ""
+                          : rates.size() == 1 ? " (one step after the first)"
+                                              : " (the only step, warm-up included)";
   char mfu[48] = "";
   if (backend->peak_flops() > 0)
     std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%",
-                  100 * result.tokens_per_second * flops_per_token / backend->peak_flops());
-  std::printf("done: %lld steps, loss %.4f -> %.4f, median %.1f tok/s%s; metrics in %s/metrics.jsonl\n",
+                  100 * rate * flops_per_token / backend->peak_flops());
+  std::printf("done: %lld steps, loss %.4f -> %.4f, %s%.1f tok/s%s%s; metrics in %s/metrics.jsonl\n",
               (long long)(cfg.steps - start_step), result.losses.front(), result.losses.back(),
-              result.tokens_per_second, mfu, cfg.out_dir.c_str());
+              rate_label, rate, rate_note, mfu, cfg.out_dir.c_str());
   return result;
 }
 

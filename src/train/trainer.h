@@ -16,7 +16,7 @@ struct TrainResult {
   int64_t first_step = 0;      // steps done before this call: 0, or the resumed checkpoint's step
   std::string resumed_from;    // the checkpoint directory, "" for a fresh run
   std::vector<double> losses;  // mean loss of every step run, before its update
-  double tokens_per_second = 0;  // median over the steps after the first
+  double tokens_per_second = 0;  // median over the steps after the first (0 after one step)
   std::optional<EvalResult> final_eval;  // after the last step, when the run has data.val
 };
 

@@ -14,11 +14,13 @@
 using namespace grass;
 
 TEST_CASE("a padded ffn of 5461 trains on the GPU as the unpadded model does", "[gpu][pad]") {
-  // bf16-mixed rounds deterministically: the same bits (the GEMMs' sums only gain zero terms);
-  // pure bf16 draws its rounding by stored position: close, not equal.
-  const test::PadCase c = GENERATE(test::PadCase{"adamw", "bf16-mixed", 2, 5461, 0},
-                                   test::PadCase{"grass", "bf16-mixed", 2, 5461, 0},
-                                   test::PadCase{"grass", "bf16", 1, 5461, 5e-2});
+  // The padded and unpadded GEMMs are different kernels on a GPU (on the emulator the same loops
+  // over K = 5464 and 5461), held to the CPU's bounds for sums in another order. Those assume fp32
+  // outputs; real kernels round theirs to bf16, and have not run this test yet (docs/memory.md).
+  using test::kPadReordered, test::kPadStochastic;
+  const test::PadCase c = GENERATE(test::PadCase{"adamw", "bf16-mixed", 2, 5461, kPadReordered},
+                                   test::PadCase{"grass", "bf16-mixed", 2, 5461, kPadReordered},
+                                   test::PadCase{"grass", "bf16", 1, 5461, kPadStochastic});
   test::check_padding_changes_nothing(c, /*cuda=*/true, /*steps=*/4);
 }
 

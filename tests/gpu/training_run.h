@@ -27,7 +27,12 @@ struct TrainingRun {
 
   TrainingRun(const RunConfig& c, PrecisionChoice precision, bool cuda) : cfg(c) {
     const Storage storage = storage_for(precision, cuda);
+#ifdef GRASS_HAVE_CUDA
     backend = cuda ? make_cuda_backend(storage) : make_cpu_backend(storage);
+#else
+    REQUIRE_FALSE(cuda);  // a build without CUDA (no nvcc) runs the CPU tests only
+    backend = make_cpu_backend(storage);
+#endif
     const MemoryPlan plan = plan_memory(cfg, storage);
     backend->reserve(plan.total, plan.buffers);
     arena = std::make_unique<Arena>(false, *backend);
