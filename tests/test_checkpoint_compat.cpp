@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -47,11 +46,6 @@ constexpr double kLossTolerance = 1e-6;    // relative
 constexpr double kStateTolerance = 1e-5;   // ‖a - b‖ / ‖b‖ per fp32 buffer
 // model.safetensors holds the bf16 weights (widened to F32): each is the rounding of a master
 // weight within the bound above, so it is the reference's value or one bf16 step beside it.
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 std::vector<float> as_floats(const TensorEntry& e) {
   std::vector<float> v(e.bytes.size() / sizeof(float));
@@ -119,7 +113,7 @@ Distance distance_to_reference(const std::string& dir) {
 // layer 0's and layer 1's q_proj (same shape) in the old checkpoint, as a loader that put
 // buffers on the wrong tensors would.
 std::vector<double> resume_fixture(const test::TempDir& dir, bool swap_moments) {
-  const json expected = json::parse(read_bytes(kFixture + "/expected.json"));
+  const json expected = test::read_json(kFixture + "/expected.json");
   const std::string root = dir.file("out/checkpoints");
   fs::create_directories(root);
   fs::copy_file(kFixture + "/shard.bin", dir.file("shard.bin"));
@@ -157,7 +151,7 @@ std::vector<double> resume_fixture(const test::TempDir& dir, bool swap_moments) 
 }  // namespace
 
 TEST_CASE("the old engine's step-4 files in the fixture are the ones it recorded", "[checkpoint]") {
-  const json expected = json::parse(read_bytes(kFixture + "/expected.json"));
+  const json expected = test::read_json(kFixture + "/expected.json");
   for (const std::string file : {"model.safetensors", "state.safetensors", "state.json"}) {
     INFO(file);
     char hash[17];
@@ -169,7 +163,7 @@ TEST_CASE("the old engine's step-4 files in the fixture are the ones it recorded
 
 TEST_CASE("a checkpoint of the engine before the step redesign resumes to its step-4 checkpoint",
           "[checkpoint]") {
-  const json expected = json::parse(read_bytes(kFixture + "/expected.json"));
+  const json expected = test::read_json(kFixture + "/expected.json");
   const test::TempDir dir("grass_test_checkpoint_compat");
   const std::vector<double> losses = resume_fixture(dir, /*swap_moments=*/false);
   for (int i = 0; i < 2; i++) {
@@ -178,8 +172,8 @@ TEST_CASE("a checkpoint of the engine before the step redesign resumes to its st
     CHECK(std::abs(losses[i] - want) <= kLossTolerance * want);
   }
   const std::string step4 = dir.file("out/checkpoints/step_00000004");
-  CHECK(json::parse(read_bytes(step4 + "/state.json")) ==
-        json::parse(read_bytes(kFixture + "/step_00000004/state.json")));
+  CHECK(test::read_json(step4 + "/state.json") ==
+        test::read_json(kFixture + "/step_00000004/state.json"));
   const Distance d = distance_to_reference(step4);
   CHECK(d.state <= 1.0);
   CHECK(d.weights_beyond == 0);

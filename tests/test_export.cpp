@@ -37,12 +37,7 @@ namespace {
 
 const std::string kFixture = std::string(GRASS_SOURCE_DIR) + "/tests/fixtures/export_ref";
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-json read_json(const std::string& path) { return json::parse(read_bytes(path)); }
+using test::read_bytes, test::read_json;
 
 std::vector<int32_t> to_i32(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 

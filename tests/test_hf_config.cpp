@@ -52,12 +52,7 @@ ModelConfig tiny_gqa() {
   return m;
 }
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return json::parse(in);
-}
-
-json fixture(const std::string& name) { return read_json(kFixtures + "/" + name); }
+json fixture(const std::string& name) { return test::read_json(kFixtures + "/" + name); }
 
 std::string model_error(const json& model) {
   return test::user_error_of([&] { parse_model_config(model, "config.json"); });

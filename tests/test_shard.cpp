@@ -21,7 +21,7 @@ using namespace grass::test;
 
 namespace {
 
-std::vector<unsigned char> read_bytes(const std::string& path) {
+std::vector<unsigned char> shard_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
@@ -153,7 +153,7 @@ TEST_CASE("shard offsets and counts are 64-bit", "[shard]") {
   }
 
   // A header claiming 2^32 + 3 tokens: the expected size (2^33 + 262 bytes) must not wrap.
-  std::vector<unsigned char> bytes = read_bytes(path);
+  std::vector<unsigned char> bytes = shard_bytes(path);
   set_field_resealed<uint64_t>(bytes, 16, (uint64_t{1} << 32) + 3);
   write_bytes(path, bytes);
   CHECK_THAT(user_error_of([&] { grass::ShardReader reader(path); }),
@@ -165,7 +165,7 @@ TEST_CASE("shard header layout matches docs/formats.md", "[shard]") {
   const std::string path = dir.file("layout.bin");
   write_shard(path, random_tokens(10, 1000, 4),
               {.vocab_size = 1000, .bos_id = 7, .eos_id = 9, .tokenizer_hash = 42});
-  const std::vector<unsigned char> bytes = read_bytes(path);
+  const std::vector<unsigned char> bytes = shard_bytes(path);
   REQUIRE(bytes.size() == 256 + 20);
   CHECK(std::memcmp(bytes.data(), "GRASSTOK", 8) == 0);
   CHECK(field<uint32_t>(bytes, 8) == 1);                                  // version
@@ -231,7 +231,7 @@ TEST_CASE("shard reader detects a corrupted header byte and a foreign version", 
   TempDir dir("grass_test_shard");
   const std::string path = dir.file("x.bin");
   write_shard(path, random_tokens(64, 32000, 7), {.vocab_size = 32000});
-  const std::vector<unsigned char> good = read_bytes(path);
+  const std::vector<unsigned char> good = shard_bytes(path);
 
   // Every byte the checksum covers, other than the magic and the version (checked first).
   for (size_t offset = 12; offset < 56; ++offset) {

@@ -1,14 +1,18 @@
-// Helpers the CPU test files share: temporary directories, random token streams, shards on
-// disk, and the message of an expected UserError.
+// Helpers the CPU test files share: temporary directories, whole files, random token streams,
+// shards on disk, and the message of an expected UserError.
 #pragma once
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <unistd.h>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "data/shard.h"
@@ -31,6 +35,15 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
+
+// A whole file's bytes ("" when it cannot be read), and a JSON file parsed.
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+inline nlohmann::json read_json(const std::string& path) {
+  return nlohmann::json::parse(read_bytes(path));
+}
 
 // n tokens drawn uniformly from [0, vocab), the same for the same seed.
 inline std::vector<uint32_t> random_tokens(size_t n, uint32_t vocab, uint64_t seed) {
