@@ -337,7 +337,7 @@ void check_projection_against_model(const ObjectReader& run, RunConfig& c) {
   bool rows = false;
   for (const ProjectionTarget target : g.targets) {
     const auto [o, i] = c.model.linear_shape(target);
-    const bool r = grass ? g.selects_rows(o, i) : o < i;
+    const bool r = projects_rows(c.optimizer.kind, g, o, i);
     if ((r ? o : i) < side)
       std::tie(narrowest, side, out, in, rows) = std::tuple(target, r ? o : i, o, i, r);
   }

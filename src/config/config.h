@@ -65,6 +65,13 @@ struct ProjectionConfig {
   }
 };
 
+// The side of a target weight of out x in features (Hugging Face's shape, so padding never
+// changes it) that a projected optimizer trains at rank r: rows (true) or columns. GRASS selects
+// select_dim's side; GaLore and FLORA project the shorter side, columns for a square weight.
+inline bool projects_rows(OptimizerKind kind, const ProjectionConfig& g, int64_t out, int64_t in) {
+  return kind == OptimizerKind::Grass ? g.selects_rows(int(out), int(in)) : out < in;
+}
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::AdamW;  // JSON "name"
   double lr = 1e-3;

@@ -28,8 +28,7 @@ Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
     t.tensor_index = int(i);
     t.out = int(p.shape[0]);
     t.in = int(p.shape[1]);
-    // the side is chosen on Hugging Face's shape, so padding never changes it
-    t.rows = cfg.projection.selects_rows(int(p.hf_shape[0]), int(p.hf_shape[1]));
+    t.rows = projects_rows(OptimizerKind::Grass, cfg.projection, p.hf_shape[0], p.hf_shape[1]);
     t.selectable = int(p.hf_shape[t.rows ? 0 : 1]);
     GRASS_CHECK(r <= t.selectable, "rank exceeds the selectable side of " + p.name);
     t.slices = r;
@@ -132,6 +131,12 @@ void Grass::select(Target& t, const void* dy, const void* x, int64_t N) {
   backend_->zero(t.v, state_bytes);
   t.adam_step = 0;
   t.needs_selection = false;
+}
+
+std::string Grass::describe() const {
+  const ProjectionConfig& g = cfg_.projection;
+  return describe_projection(g, "selection", std::string(", ") + name_of(g.selection) +
+                                                 ", select_dim " + name_of(g.select_dim));
 }
 
 double Grass::flops_saved_per_token() const {

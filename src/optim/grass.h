@@ -45,6 +45,13 @@ class Grass final : public Optimizer {
   void update(int tensor, void* gc, const double* clip, double lr) override;
   // Σ over targets of 2·out·in - 2·(r·in or out·r). (Refresh steps still form one full gradient.)
   double flops_saved_per_token() const override;
+  const char* flops_note() const override { return ", less 2mn - 2rn per GRASS target"; }
+  std::string describe() const override;
+  // The norm-driven rules select on the summed full gradient; uniform draws read no gradient.
+  bool refresh_sums_full_gradients() const override {
+    return cfg_.projection.selection != Selection::Uniform &&
+           cfg_.projection.selection != Selection::UniformNR;
+  }
 
   // Per target: the steps since its refresh, whether it is due to select and, when repeated
   // draws were merged, the draw counts, in "grass_targets".

@@ -26,9 +26,7 @@ LowRankOptimizer::LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model
     t.tensor_index = int(i);
     t.out = int(p.shape[0]);
     t.in = int(p.shape[1]);
-    // the shorter side (on Hugging Face's shape, so padding never changes it); a square weight
-    // projects its columns
-    t.rows = p.hf_shape[0] < p.hf_shape[1];
+    t.rows = projects_rows(cfg.kind, cfg.projection, p.hf_shape[0], p.hf_shape[1]);
     t.side = t.rows ? t.out : t.in;
     t.hf_side = int(p.hf_shape[t.rows ? 0 : 1]);
     GRASS_CHECK(rank_ <= t.hf_side, "rank exceeds the projected side of " + p.name);

@@ -25,6 +25,7 @@ class LowRankOptimizer : public Optimizer {
   void update(int tensor, void* R, const double* clip, double lr) override;
   // Σ over targets of 2·out·in - 2·r·(out + in): R from the activations instead of dyᵀ·x.
   double flops_saved_per_token() const override;
+  const char* flops_note() const override { return ", less 2mn - 2r(m+n) per projected target"; }
 
   nlohmann::json save_state() const override;  // per target: its Adam step counter
   void check_state(const nlohmann::json* saved, const StateReader& reader) const override;
@@ -90,6 +91,8 @@ class GaLore final : public LowRankOptimizer {
   GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
          Communicator& comm = single_process());
   const char* name() const override { return "galore"; }
+  std::string describe() const override { return describe_projection(cfg_.projection, "SVD"); }
+  bool refresh_sums_full_gradients() const override { return true; }  // the SVD's input
   void begin_step(int64_t step) override;
   const char* state_key() const override { return "galore_targets"; }
   // The projection of a target tensor (backend memory, fp32 [side, r]).
@@ -114,6 +117,9 @@ class Flora final : public LowRankOptimizer {
   Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
         Communicator& comm = single_process());
   const char* name() const override { return "flora"; }
+  std::string describe() const override {
+    return describe_projection(cfg_.projection, "resampling");
+  }
   void begin_step(int64_t step) override;  // the moment transfer at a resampling step
   const char* state_key() const override { return "flora_targets"; }
 

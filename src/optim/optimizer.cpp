@@ -1,6 +1,7 @@
 #include "optim/optimizer.h"
 
 #include <climits>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -55,6 +56,19 @@ void Optimizer::accumulate(int, void*, const void*, const void*, int64_t) {
 
 void Optimizer::check_state(const json* saved, const StateReader& reader) const {
   if (state_key() && !saved) reader.fail(std::string(state_key()) + " is missing");
+}
+
+std::string describe_projection(const ProjectionConfig& g, const char* refresh,
+                                const std::string& extra) {
+  std::string targets;
+  for (const ProjectionTarget t : g.targets) {
+    if (!targets.empty()) targets += ',';
+    targets += name_of(t);
+  }
+  char head[160];
+  std::snprintf(head, sizeof head, "rank %d, %s every %lld steps, scale %.3g", g.rank, refresh,
+                (long long)g.update_interval, g.scale);
+  return head + extra + ", targets " + targets + " (the rest: dense AdamW)";
 }
 
 void OptimizerSet::add(std::unique_ptr<Optimizer> o) {

@@ -75,8 +75,16 @@ class Optimizer {
   // overwritten) read as g·(*clip), clip being the clipping coefficient in backend memory (the
   // host never reads it), at learning rate lr.
   virtual void update(int tensor, void* g, const double* clip, double lr) = 0;
-  // Weight-gradient FLOPs per token saved against dense gradients (for MFU).
+  // Weight-gradient FLOPs per token saved against dense gradients (for MFU), and how the run
+  // table's FLOPs line says it ("" when it saves none).
   virtual double flops_saved_per_token() const { return 0; }
+  virtual const char* flops_note() const { return ""; }
+  // Its own line of the run table, after its name ("" for none: AdamW's settings are the
+  // optimizer line's).
+  virtual std::string describe() const { return ""; }
+  // Whether a refresh sums every target's full gradient (fp32) over the ranks (the memory plan's
+  // refresh figure).
+  virtual bool refresh_sums_full_gradients() const { return false; }
 
   // Checkpoints: what lives outside its buffers goes into state.json under state_key().
   virtual const char* state_key() const { return nullptr; }  // null: nothing beyond the buffers
@@ -89,6 +97,11 @@ class Optimizer {
  protected:
   std::vector<int> tensors_;
 };
+
+// The run table's words for a projected optimizer's settings: "rank 4, <refresh> every 10 steps,
+// scale 0.25<extra>, targets q,k (the rest: dense AdamW)".
+std::string describe_projection(const ProjectionConfig& g, const char* refresh,
+                                const std::string& extra = "");
 
 // The run's optimizers, and which one trains each tensor.
 class OptimizerSet {

@@ -254,46 +254,50 @@ std::optional<Checkpoint> newest_valid_checkpoint(const std::string& path, bool 
   return std::nullopt;
 }
 
-RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, Arena& arena,
-                               TrainingState& state, TokenLoader& loader) {
-  LlamaModel& model = *state.model;
-  const std::string mismatch =
-      ": does not fit this run (was the checkpoint made with another model or optimizer? its "
-      "config.json has the settings it was made with)";
+namespace {
 
-  // 1. Everything is checked before anything is copied.
-  const SafetensorsFile weights(checkpoint.path(kModelFile));
+const std::string kMismatch =
+    ": does not fit this run (was the checkpoint made with another model or optimizer? its "
+    "config.json has the settings it was made with)";
+
+// model.safetensors holds exactly the model's tensors, in its dtype and Hugging Face's shapes.
+void verify_weights(const SafetensorsFile& weights, const LlamaModel& model) {
   for (const ParamTensor& t : model.tensors()) {
     if (!weights.contains(t.name))
-      throw UserError(weights.path() + ": tensor " + t.name + " is missing" + mismatch);
+      throw UserError(weights.path() + ": tensor " + t.name + " is missing" + kMismatch);
     const TensorEntry& e = weights.get(t.name);
     if (e.dtype != weight_dtype(model) || e.shape != t.hf_shape)
       throw UserError(weights.path() + ": tensor " + t.name + " is " + e.dtype + " " +
                       shape_str(e.shape) + ", this run needs " + weight_dtype(model) + " " +
-                      shape_str(t.hf_shape) + mismatch);
+                      shape_str(t.hf_shape) + kMismatch);
   }
   if (weights.names().size() != model.tensors().size())
     throw UserError(weights.path() + ": holds " + std::to_string(weights.names().size()) +
                     " tensors, this run's model has " + std::to_string(model.tensors().size()) +
-                    mismatch);
+                    kMismatch);
+}
 
-  const SafetensorsFile buffers(checkpoint.path(kStateFile));
-  const std::vector<Arena::Block> blocks = state_blocks(arena, model.weights());
+// state.safetensors holds exactly the run's other buffers, byte for byte of the same size.
+void verify_buffers(const SafetensorsFile& buffers, const std::vector<Arena::Block>& blocks) {
   for (const Arena::Block& b : blocks) {
     if (!buffers.contains(b.name))
-      throw UserError(buffers.path() + ": buffer " + b.name + " is missing" + mismatch);
+      throw UserError(buffers.path() + ": buffer " + b.name + " is missing" + kMismatch);
     const TensorEntry& e = buffers.get(b.name);
     if (e.dtype != "U8" || e.shape != std::vector<int64_t>{b.bytes})
       throw UserError(buffers.path() + ": buffer " + b.name + " is " + e.dtype + " " +
                       shape_str(e.shape) + ", this run holds U8 [" + std::to_string(b.bytes) +
-                      "]" + mismatch);
+                      "]" + kMismatch);
   }
   if (buffers.names().size() != blocks.size())
     throw UserError(buffers.path() + ": holds " + std::to_string(buffers.names().size()) +
-                    " buffers, this run has " + std::to_string(blocks.size()) + mismatch);
+                    " buffers, this run has " + std::to_string(blocks.size()) + kMismatch);
+}
 
-  const CheckpointStateReader r(checkpoint.path(kStateJson), buffers, blocks);
-  const json s = checkpoint.read_json(kStateJson);
+// state.json's own keys: the step, the ranks that wrote it, this rank's data position (within
+// the data's epoch) and the rows metrics.jsonl had.
+void read_run_state(const CheckpointStateReader& r, const Checkpoint& checkpoint,
+                    const TrainingState& state, const TokenLoader& loader, VerifiedCheckpoint& v) {
+  const json& s = v.state;
   if (!s.is_object()) r.fail("not a JSON object");
   if (int64_t(r.u64(s, "step", "")) != checkpoint.step())
     r.fail("step " + std::to_string(r.u64(s, "step", "")) + " differs from the manifest's " +
@@ -312,14 +316,20 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
     saved_position = &all[size_t(rank)];
   }
   const std::string where = world > 1 ? "loader_ranks[" + std::to_string(rank) + "]." : "loader.";
-  const LoaderPosition position{r.u64(*saved_position, "epoch", where),
-                                r.u64(*saved_position, "index", where)};
-  if (position.index >= loader.windows_per_epoch())
-    r.fail("data position (epoch " + std::to_string(position.epoch) + ", window " +
-           std::to_string(position.index) + ") lies outside the " +
+  v.position = {r.u64(*saved_position, "epoch", where), r.u64(*saved_position, "index", where)};
+  if (v.position.index >= loader.windows_per_epoch())
+    r.fail("data position (epoch " + std::to_string(v.position.epoch) + ", window " +
+           std::to_string(v.position.index) + ") lies outside the " +
            std::to_string(loader.windows_per_epoch()) + " windows per epoch of " +
            loader.stream().describe() + "; was the checkpoint made with different data?");
-  const int64_t metrics_rows = int64_t(r.u64(s, "metrics_rows", ""));
+  v.step = checkpoint.step();
+  v.metrics_rows = int64_t(r.u64(s, "metrics_rows", ""));
+}
+
+// Each optimizer checks its own part of state.json (and its buffers' contents); no other
+// optimizer's state may be there.
+void verify_optimizer_states(const CheckpointStateReader& r, const json& s, const RunConfig& cfg,
+                             const TrainingState& state) {
   std::set<std::string> claimed = kRunStateKeys;
   for (const auto& o : state.optimizers->all()) {
     const char* key = o->state_key();
@@ -329,16 +339,40 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
   for (const auto& [key, value] : s.items())
     if (!claimed.count(key))
       r.fail("holds " + key + " state, but this run's optimizer is " + name_of(cfg.optimizer.kind) +
-             mismatch);
-  warn_config_changes(checkpoint, cfg);
+             kMismatch);
+}
 
-  // 2. Copy, through the backend (a memcpy on the CPU, an upload to the GPU).
+}  // namespace
+
+VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg,
+                                     const Arena& arena, const TrainingState& state,
+                                     const TokenLoader& loader) {
+  SafetensorsFile weights(checkpoint.path(kModelFile));
+  verify_weights(weights, *state.model);
+  SafetensorsFile buffers(checkpoint.path(kStateFile));
+  std::vector<Arena::Block> blocks = state_blocks(arena, state.model->weights());
+  verify_buffers(buffers, blocks);
+  VerifiedCheckpoint v{.weights = std::move(weights),
+                       .buffers = std::move(buffers),
+                       .blocks = std::move(blocks),
+                       .state = checkpoint.read_json(kStateJson),
+                       .position = {}};
+  const CheckpointStateReader r(checkpoint.path(kStateJson), v.buffers, v.blocks);
+  read_run_state(r, checkpoint, state, loader, v);
+  verify_optimizer_states(r, v.state, cfg, state);
+  warn_config_changes(checkpoint, cfg);
+  return v;
+}
+
+// Copies through the backend: a memcpy on the CPU, an upload to the GPU.
+RestoredRun apply_checkpoint(const VerifiedCheckpoint& v, TrainingState& state,
+                             TokenLoader& loader) {
+  LlamaModel& model = *state.model;
   Backend& backend = model.backend();
   const int wbytes = model.storage().weight_bytes;
   std::vector<std::byte> padded;
   for (const ParamTensor& t : model.tensors()) {
-    const TensorEntry& e = weights.get(t.name);
-    const std::byte* bytes = e.bytes.data();
+    const std::byte* bytes = v.weights.get(t.name).bytes.data();
     if (t.padded()) {
       padded.resize(size_t(t.numel) * wbytes);
       hf_to_stored(t, bytes, padded.data(), wbytes);
@@ -347,14 +381,19 @@ RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cf
     backend.upload(static_cast<std::byte*>(model.weights()) + t.offset * wbytes, bytes,
                    size_t(t.numel) * wbytes);
   }
-  for (const Arena::Block& b : blocks) {
-    const TensorEntry& e = buffers.get(b.name);
+  for (const Arena::Block& b : v.blocks) {
+    const TensorEntry& e = v.buffers.get(b.name);
     backend.upload(b.ptr, e.bytes.data(), e.bytes.size());
   }
   for (const auto& o : state.optimizers->all())
-    if (o->state_key()) o->restore_state(s[o->state_key()]);
-  loader.set_position(position);
-  return {checkpoint.step(), metrics_rows};
+    if (o->state_key()) o->restore_state(v.state[o->state_key()]);
+  loader.set_position(v.position);
+  return {v.step, v.metrics_rows};
+}
+
+RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, Arena& arena,
+                               TrainingState& state, TokenLoader& loader) {
+  return apply_checkpoint(verify_checkpoint(checkpoint, cfg, arena, state, loader), state, loader);
 }
 
 }  // namespace grass

@@ -12,10 +12,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "config/config.h"
 #include "core/arena.h"
 #include "data/loader.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "train/training_state.h"
 
 namespace grass {
@@ -50,14 +53,30 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
 // `required`, that is a UserError.
 std::optional<Checkpoint> newest_valid_checkpoint(const std::string& path, bool required);
 
-// Checks that a verified checkpoint holds exactly this run's state (same tensors and buffers,
-// same sizes, a well-formed state.json), warns about run config keys that differ from the
-// checkpoint's config.json, and only then copies it in. UserError naming the file for any
-// mismatch, with nothing copied; a checkpoint written by another number of ranks is one.
+// Restoring a run from a checkpoint, in two halves. verify_checkpoint checks that a verified
+// checkpoint holds exactly this run's state (same tensors and buffers, same sizes, a well-formed
+// state.json that every optimizer accepts) and warns about run config keys that differ from the
+// checkpoint's config.json; it touches nothing, and any mismatch is a UserError naming the file
+// (a checkpoint written by another number of ranks is one). apply_checkpoint then copies it in.
+struct VerifiedCheckpoint {
+  SafetensorsFile weights;           // model.safetensors
+  SafetensorsFile buffers;           // state.safetensors
+  std::vector<Arena::Block> blocks;  // the run's buffers that state.safetensors holds
+  nlohmann::json state;              // state.json
+  LoaderPosition position;           // this rank's
+  int64_t step = 0;                  // optimizer steps done when the checkpoint was taken
+  int64_t metrics_rows = 0;          // rows metrics.jsonl had then
+};
+VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg,
+                                     const Arena& arena, const TrainingState& state,
+                                     const TokenLoader& loader);
 struct RestoredRun {
   int64_t step = 0;          // optimizer steps done when the checkpoint was taken
   int64_t metrics_rows = 0;  // rows metrics.jsonl had then
 };
+RestoredRun apply_checkpoint(const VerifiedCheckpoint& verified, TrainingState& state,
+                             TokenLoader& loader);
+// Both halves.
 RestoredRun restore_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg, Arena& arena,
                                TrainingState& state, TokenLoader& loader);
 

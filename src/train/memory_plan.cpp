@@ -19,18 +19,14 @@ MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage) {
   for (int c = 0; c < kMemCategories; c++) plan.bytes[c] = planning.bytes(MemCategory(c));
   plan.total = planning.total_bytes();
   plan.buffers = planning.num_blocks();
-  const Selection rule = cfg.optimizer.projection.selection;
-  const bool refresh_reads_full_gradient =
-      cfg.optimizer.kind == OptimizerKind::GaLore ||
-      (cfg.optimizer.kind == OptimizerKind::Grass && rule != Selection::Uniform &&
-       rule != Selection::UniformNR);
   plan.flops_per_token = flops_per_token(s);
   plan.step_sum_bytes = sizeof(double);  // the loss
   for (size_t i = 0; i < s.model->tensors().size(); i++) {
     const int64_t numel = s.model->tensors()[i].numel;
-    const int64_t projected = s.optimizers->of(int(i)).projected_numel(int(i));
+    const Optimizer& o = s.optimizers->of(int(i));
+    const int64_t projected = o.projected_numel(int(i));
     plan.step_sum_bytes += (projected > 0 ? projected : numel) * storage.grad_bytes;
-    if (projected > 0 && refresh_reads_full_gradient) plan.refresh_sum_bytes += numel * 4;
+    if (projected > 0 && o.refresh_sums_full_gradients()) plan.refresh_sum_bytes += numel * 4;
   }
   return plan;
 }
@@ -98,7 +94,7 @@ bool rank_fits(const RunConfig& cfg, OptimizerKind kind) {
   const ProjectionConfig& g = cfg.optimizer.projection;
   for (const ProjectionTarget target : g.targets) {
     const auto [out, in] = cfg.model.linear_shape(target);
-    const bool rows = kind == OptimizerKind::Grass ? g.selects_rows(out, in) : out < in;
+    const bool rows = projects_rows(kind, g, out, in);
     if (g.rank > (rows ? out : in)) return false;
   }
   return true;
