@@ -49,7 +49,7 @@ inline RunConfig pad_ffn_run(const std::string& optimizer, const std::string& pr
   c.optimizer.projection.update_interval = 2;
   c.optimizer.projection.selection = Selection::Multinomial;
   c.optimizer.projection.seed = 9;
-  c.pad_ffn = pad ? "on" : "off";
+  c.pad_ffn = pad ? Switch::On : Switch::Off;
   return c;
 }
 

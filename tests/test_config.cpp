@@ -500,13 +500,13 @@ TEST_CASE("checkpoint keys and init_from are read and checked", "[config][checkp
 TEST_CASE("layout and kernel keys: pad_ffn and attention", "[config]") {
   json run = tiny_run();
   grass::RunConfig c = grass::parse_run_config(run, "");
-  CHECK(c.pad_ffn == "auto");
-  CHECK(c.attention == "grass");
+  CHECK(c.pad_ffn == grass::Switch::Auto);
+  CHECK(c.attention == grass::AttentionChoice::Grass);
   run["pad_ffn"] = "off";
   run["attention"] = "cudnn";
   c = grass::parse_run_config(run, "");
-  CHECK(c.pad_ffn == "off");
-  CHECK(c.attention == "cudnn");
+  CHECK(c.pad_ffn == grass::Switch::Off);
+  CHECK(c.attention == grass::AttentionChoice::Cudnn);
   CHECK(grass::to_json(c)["attention"] == "cudnn");
 
   run["attention"] = "flash";
@@ -524,8 +524,8 @@ TEST_CASE("layout and kernel keys: pad_ffn and attention", "[config]") {
 TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[config][memory]") {
   json run = tiny_run();
   grass::RunConfig c = grass::parse_run_config(run, "");
-  CHECK(c.activation_checkpointing == "none");
-  CHECK(c.fused_update == "auto");
+  CHECK(c.activation_checkpointing == grass::Checkpointing::None);
+  CHECK(c.fused_update == grass::Switch::Auto);
   CHECK(c.memory_limit == 0);
 
   run["activation_checkpointing"] = "layer";
@@ -533,8 +533,8 @@ TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[co
   run["fused_update"] = "on";
   run["memory_limit"] = "40GiB";
   c = grass::parse_run_config(run, "");
-  CHECK(c.activation_checkpointing == "layer");
-  CHECK(c.fused_update == "on");
+  CHECK(c.activation_checkpointing == grass::Checkpointing::Layer);
+  CHECK(c.fused_update == grass::Switch::On);
   CHECK(c.memory_limit == int64_t(40) << 30);
 
   run["activation_checkpointing"] = "full";
@@ -549,7 +549,7 @@ TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[co
         "micro-batches of 2): the gradients of several micro-batches must be summed before they "
         "are applied");
   run["fused_update"] = "auto";  // auto simply stays off with accumulation
-  CHECK(grass::parse_run_config(run, "").fused_update == "auto");
+  CHECK(grass::parse_run_config(run, "").fused_update == grass::Switch::Auto);
 
   for (const char* bad : {"40 parsecs", "GiB", "-1GiB", "", "1e30GB"}) {
     run["memory_limit"] = bad;
@@ -589,8 +589,8 @@ TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
   original.checkpoint_every = 250;
   original.checkpoint_keep = 5;
   original.checkpoint_keep_every = 1000;
-  original.activation_checkpointing = "layer";
-  original.fused_update = "off";
+  original.activation_checkpointing = grass::Checkpointing::Layer;
+  original.fused_update = grass::Switch::Off;
   original.memory_limit = int64_t(40) << 30;
 
   const json written = grass::to_json(original);

@@ -103,7 +103,7 @@ TEST_CASE("per-layer activation checkpointing gives identical losses and weights
         kept.total_batch_size = kept.micro_batch_size * micro_batches;
         kept.grad_clip = 1.0;
         RunConfig recomputed = kept;
-        recomputed.activation_checkpointing = "layer";
+        recomputed.activation_checkpointing = Checkpointing::Layer;
         const RunRecord a = train(kept, 5), b = train(recomputed, 5);
         CHECK(a.losses == b.losses);
         CHECK(a.norms == b.norms);
@@ -121,10 +121,10 @@ TEST_CASE("fused per-layer updates give the same weights as the unfused step", "
           RunConfig unfused = small_run(optimizer, precision);
           unfused.model.tie_word_embeddings = tied;
           unfused.grad_clip = clip;
-          unfused.fused_update = "off";
+          unfused.fused_update = Switch::Off;
           RunConfig fused = unfused;
-          fused.fused_update = "on";
-          fused.activation_checkpointing = "layer";  // and both memory features together
+          fused.fused_update = Switch::On;
+          fused.activation_checkpointing = Checkpointing::Layer;  // and both memory features together
           const RunRecord a = train(unfused, 5), b = train(fused, 5);
           CHECK(a.losses == b.losses);
           for (size_t i = 0; i < a.norms.size(); i++)  // summed per tensor: another order
@@ -141,10 +141,10 @@ TEST_CASE("GaLore and FLORA: fused and checkpointed steps give the plain step's 
     for (const std::string precision : {"fp32", "bf16"}) {
       INFO(optimizer << " " << precision);
       RunConfig unfused = small_run(optimizer, precision);
-      unfused.fused_update = "off";
+      unfused.fused_update = Switch::Off;
       RunConfig fused = unfused;
-      fused.fused_update = "on";
-      fused.activation_checkpointing = "layer";
+      fused.fused_update = Switch::On;
+      fused.activation_checkpointing = Checkpointing::Layer;
       const RunRecord a = train(unfused, 5), b = train(fused, 5);
       CHECK(a.losses == b.losses);
       for (size_t i = 0; i < a.norms.size(); i++)
@@ -168,7 +168,7 @@ TEST_CASE("pure bf16 with one micro-batch fuses its updates by default", "[memor
   Arena fused(true), unfused(true);
   const TrainingState probe = build_training_state(cfg, fused, *sizes);
   RunConfig off = cfg;
-  off.fused_update = "off";
+  off.fused_update = Switch::Off;
   build_training_state(off, unfused, *sizes);
   int64_t largest_dense = 0, largest_gc = 0;
   for (const ParamTensor& t : probe.model->tensors())
@@ -184,7 +184,7 @@ TEST_CASE("fused updates clip each tensor's gradient on its own", "[memory]") {
   // The per-tensor norms of step 1's gradient, from an unfused fp32 run that stops after the
   // backward; a max norm between the smallest and the largest clips exactly those above it.
   RunConfig cfg = small_run("grass", "fp32");
-  cfg.fused_update = "off";
+  cfg.fused_update = Switch::Off;
   const Storage storage = storage_for(PrecisionChoice::F32, false);
   const std::unique_ptr<Backend> backend = make_cpu_backend(storage);
   Arena arena(false, *backend);
@@ -211,7 +211,7 @@ TEST_CASE("fused updates clip each tensor's gradient on its own", "[memory]") {
   REQUIRE(above < int(norms.size()));
 
   RunConfig fused = small_run("grass", "fp32");
-  fused.fused_update = "on";
+  fused.fused_update = Switch::On;
   fused.grad_clip = max_norm;
   const RunRecord clipped = train(fused, 1);
   CHECK(clipped.clipped[0] == above);

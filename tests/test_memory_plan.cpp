@@ -40,8 +40,8 @@ TEST_CASE("the memory plan equals what a run allocates, category by category", "
   for (const std::string fused : {"off", "on"}) {
     INFO(optimizer << " " << precision << ", checkpointing " << checkpointing << ", fused " << fused);
     RunConfig cfg = small_run(optimizer);
-    cfg.activation_checkpointing = checkpointing;
-    cfg.fused_update = fused;
+    cfg.activation_checkpointing = test::named<Checkpointing>(checkpointing);
+    cfg.fused_update = test::named<Switch>(fused);
     const Storage cpu = storage_for(test::named<PrecisionChoice>(precision), false);
     const MemoryPlan plan = plan_memory(cfg, cpu);
     const std::unique_ptr<Backend> backend = make_cpu_backend(cpu);
@@ -110,7 +110,7 @@ TEST_CASE("per-layer checkpointing keeps each layer's input and one layer's acti
   cfg.model.num_hidden_layers = 4;
   const Storage storage = storage_for(PrecisionChoice::Bf16, true);
   const MemoryPlan kept = plan_memory(cfg, storage);
-  cfg.activation_checkpointing = "layer";
+  cfg.activation_checkpointing = Checkpointing::Layer;
   const MemoryPlan layer = plan_memory(cfg, storage);
   // a layer's set (all but x_in, [N, C] bf16) is held once instead of L times
   const int64_t N = int64_t(cfg.micro_batch_size) * cfg.seq_len, L = 4;
@@ -137,7 +137,7 @@ TEST_CASE("the 13B GRASS run plans under 32 GiB at 256 tokens and under 40 GiB a
       load_run_config(std::string(GRASS_SOURCE_DIR) + "/configs/runs/llama_13b_grass.json",
                       {"model=" + std::string(GRASS_SOURCE_DIR) + "/configs/models/llama_13b.json"});
   REQUIRE(cfg.micro_batch_size * cfg.seq_len == 256);
-  REQUIRE(cfg.activation_checkpointing == "layer");
+  REQUIRE(cfg.activation_checkpointing == Checkpointing::Layer);
   const Storage storage = planned_storage(cfg);
   REQUIRE(storage.pure_bf16());
   const double GiB = 1024.0 * 1024 * 1024;

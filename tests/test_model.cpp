@@ -189,7 +189,7 @@ TEST_CASE("ignored targets do not contribute to loss or gradient", "[model]") {
 
 TEST_CASE("learning-rate schedule: warmup ramp, cosine to min ratio, constant", "[optim]") {
   ScheduleConfig s;
-  s.name = "cosine";
+  s.kind = ScheduleKind::Cosine;
   s.warmup_steps = 10;
   s.min_lr_ratio = 0.1;
   CHECK(schedule_lr(s, 1.0, 0, 100) == Approx(0.1));   // (step+1)/warmup: no wasted step
@@ -199,7 +199,7 @@ TEST_CASE("learning-rate schedule: warmup ramp, cosine to min ratio, constant", 
   CHECK(schedule_lr(s, 1.0, 10 + 89 / 2, 100) == Approx(0.55).epsilon(0.02));  // half-way
   for (int64_t step = 11; step < 100; step++)
     CHECK(schedule_lr(s, 1.0, step, 100) <= schedule_lr(s, 1.0, step - 1, 100));
-  s.name = "constant";
+  s.kind = ScheduleKind::Constant;
   CHECK(schedule_lr(s, 2.0, 5, 100) == Approx(1.2));
   CHECK(schedule_lr(s, 2.0, 50, 100) == Approx(2.0));
 }

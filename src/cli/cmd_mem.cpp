@@ -1,5 +1,7 @@
 // grass mem <run.json> [--set key=value ...]
 #include <cstdio>
+#include <optional>
+#include <string>
 
 #include "cli/commands.h"
 #include "cli/options.h"
@@ -32,7 +34,8 @@ const char* kMemUsage =
 }  // namespace
 
 int cmd_mem(const Args& args) {
-  std::string run_path, device, value;
+  std::string run_path, value;
+  std::optional<DeviceChoice> device;  // --device; else the run's
   bool json = false;
   int ranks = 1;
   std::vector<std::string> overrides;
@@ -54,9 +57,10 @@ int cmd_mem(const Args& args) {
       ranks = int(n);
     } else if (a == "--device") {
       if (i + 1 >= args.size()) throw UserError("--device needs cpu or cuda");
-      device = args[++i];
-      if (device != "cpu" && device != "cuda")
-        throw UserError("mem: --device " + device + ": expected cpu or cuda");
+      const std::string name = args[++i];
+      device = choice_from_name<DeviceChoice>(name);
+      if (!device || *device == DeviceChoice::Auto)
+        throw UserError("mem: --device " + name + ": expected cpu or cuda");
     } else if (a.rfind("-", 0) == 0) {
       throw UserError("mem: unknown option " + a + " (see grass mem --help)");
     } else if (run_path.empty()) {
@@ -68,7 +72,7 @@ int cmd_mem(const Args& args) {
   if (run_path.empty()) throw UserError("mem: missing <run.json> (see grass mem --help)");
   const RunConfig cfg = load_run_config(run_path, overrides, ranks);
   const Storage storage =
-      device.empty() ? planned_storage(cfg) : storage_for(cfg.precision, device == "cuda");
+      device ? storage_for(cfg.precision, *device == DeviceChoice::Cuda) : planned_storage(cfg);
   std::fputs((json ? memory_plan_json(cfg, storage) : format_memory_plans(cfg, storage)).c_str(),
              stdout);
   return 0;

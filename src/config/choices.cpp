@@ -23,6 +23,16 @@ constexpr ChoiceName<PrecisionChoice> kPrecisionNames[] = {
     {PrecisionChoice::F32, "fp32"},
     {PrecisionChoice::Bf16Mixed, "bf16-mixed"},
     {PrecisionChoice::Bf16, "bf16"}};
+constexpr ChoiceName<DeviceChoice> kDeviceNames[] = {
+    {DeviceChoice::Auto, "auto"}, {DeviceChoice::Cpu, "cpu"}, {DeviceChoice::Cuda, "cuda"}};
+constexpr ChoiceName<Checkpointing> kCheckpointingNames[] = {{Checkpointing::None, "none"},
+                                                             {Checkpointing::Layer, "layer"}};
+constexpr ChoiceName<Switch> kSwitchNames[] = {
+    {Switch::Auto, "auto"}, {Switch::On, "on"}, {Switch::Off, "off"}};
+constexpr ChoiceName<AttentionChoice> kAttentionNames[] = {{AttentionChoice::Grass, "grass"},
+                                                           {AttentionChoice::Cudnn, "cudnn"}};
+constexpr ChoiceName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::Cosine, "cosine"},
+                                                       {ScheduleKind::Constant, "constant"}};
 }  // namespace
 
 template <>
@@ -35,5 +45,15 @@ template <>
 std::span<const ChoiceName<ProjectionTarget>> choice_names() { return kTargetNames; }
 template <>
 std::span<const ChoiceName<PrecisionChoice>> choice_names() { return kPrecisionNames; }
+template <>
+std::span<const ChoiceName<DeviceChoice>> choice_names() { return kDeviceNames; }
+template <>
+std::span<const ChoiceName<Checkpointing>> choice_names() { return kCheckpointingNames; }
+template <>
+std::span<const ChoiceName<Switch>> choice_names() { return kSwitchNames; }
+template <>
+std::span<const ChoiceName<AttentionChoice>> choice_names() { return kAttentionNames; }
+template <>
+std::span<const ChoiceName<ScheduleKind>> choice_names() { return kScheduleNames; }
 
 }  // namespace grass

@@ -20,6 +20,16 @@ enum class SelectDim { Auto, Rows, Cols };
 // The linear layers of a LLaMA layer that a projected optimizer can train.
 enum class ProjectionTarget { Q, K, V, O, Gate, Up, Down };
 // PrecisionChoice is kernels/storage.h's (the backends read it); its names are here.
+// Where a run computes: "auto" (the GPU when one is usable) | "cpu" | "cuda".
+enum class DeviceChoice { Auto, Cpu, Cuda };
+// activation_checkpointing: keep every activation ("none") or each layer's input ("layer").
+enum class Checkpointing { None, Layer };
+// fused_update, pad_ffn: "auto" (decided by the backend and precision) | "on" | "off".
+enum class Switch { Auto, On, Off };
+// attention: the engine's own kernels ("grass") or cuDNN's fused flash attention ("cudnn").
+enum class AttentionChoice { Grass, Cudnn };
+// schedule.name: warmup + cosine decay ("cosine") or a constant rate ("constant").
+enum class ScheduleKind { Cosine, Constant };
 
 template <typename E>
 struct ChoiceName {
@@ -40,6 +50,16 @@ template <>
 std::span<const ChoiceName<ProjectionTarget>> choice_names();
 template <>
 std::span<const ChoiceName<PrecisionChoice>> choice_names();
+template <>
+std::span<const ChoiceName<DeviceChoice>> choice_names();
+template <>
+std::span<const ChoiceName<Checkpointing>> choice_names();
+template <>
+std::span<const ChoiceName<Switch>> choice_names();
+template <>
+std::span<const ChoiceName<AttentionChoice>> choice_names();
+template <>
+std::span<const ChoiceName<ScheduleKind>> choice_names();
 
 template <typename E>
 const char* name_of(E value) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <filesystem>
 
@@ -198,29 +199,6 @@ const std::vector<std::string> kProjectionKeys = {"rank", "update_interval", "sc
 const std::vector<std::string> kGrassKeys = {"selection", "select_dim", "rho_in_update",
                                              "refresh_stagger"};
 constexpr int64_t kFloraUpdateInterval = 1000;  // flora-opt's kappa
-const std::vector<std::string> kSchedules = {"cosine", "constant"};
-const std::vector<std::string> kDevices = {"auto", "cpu", "cuda"};
-const std::vector<std::string> kActivationCheckpointing = {"none", "layer"};
-const std::vector<std::string> kFusedUpdate = {"auto", "on", "off"};
-const std::vector<std::string> kPadFfn = {"auto", "on", "off"};
-const std::vector<std::string> kAttention = {"grass", "cudnn"};
-
-std::string quoted_list(const std::vector<std::string>& names) {
-  std::string text;
-  for (const std::string& name : names) text += (text.empty() ? "\"" : ", \"") + name + "\"";
-  return text;
-}
-
-// A string that must be one of `supported`, e.g. optimizer.name.
-std::string read_choice(const ObjectReader& obj, const std::string& key, const std::string& what,
-                        const std::vector<std::string>& supported, const std::string& fallback) {
-  std::string value = obj.string(key).value_or(fallback);
-  if (std::find(supported.begin(), supported.end(), value) == supported.end())
-    obj.at(key).fail("unknown " + what + " \"" + value +
-                     "\" (supported: " + quoted_list(supported) + ")");
-  return value;
-}
-
 // A choice of enum E by its name (config/choices.h), e.g. optimizer.name.
 template <typename E>
 E read_enum(const ObjectReader& obj, const std::string& key, const std::string& what, E fallback) {
@@ -386,7 +364,7 @@ void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
 
 void read_schedule(const ObjectReader& obj, ScheduleConfig& s) {
   obj.reject_unknown_keys({"name", "warmup_steps", "min_lr_ratio"});
-  s.name = read_choice(obj, "name", "schedule", kSchedules, s.name);
+  s.kind = read_enum(obj, "name", "schedule", s.kind);
   s.warmup_steps = obj.integer("warmup_steps", 0, INT64_MAX).value_or(s.warmup_steps);
   s.min_lr_ratio = obj.number("min_lr_ratio").value_or(s.min_lr_ratio);
   require(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1, obj.at("min_lr_ratio"), "in [0, 1]",
@@ -421,21 +399,23 @@ void read_precision(const ObjectReader& run, RunConfig& c) {
         .fail("\"" + precision + "\" is not a precision (supported: " +
               choice_list<PrecisionChoice>() + ")");
   c.precision = *choice;
-  c.device = run.string("device").value_or(c.device);
-  if (std::find(kDevices.begin(), kDevices.end(), c.device) == kDevices.end())
-    run.at("device").fail("\"" + c.device + "\" is not a device (supported: " +
-                          quoted_list(kDevices) + ")");
+  const std::string device = run.string("device").value_or(name_of(c.device));
+  const std::optional<DeviceChoice> choice_of_device = choice_from_name<DeviceChoice>(device);
+  if (!choice_of_device)
+    run.at("device").fail("\"" + device + "\" is not a device (supported: " +
+                          choice_list<DeviceChoice>() + ")");
+  c.device = *choice_of_device;
 }
 
 void read_memory(const ObjectReader& run, RunConfig& c) {
-  c.activation_checkpointing = read_choice(run, "activation_checkpointing", "mode",
-                                           kActivationCheckpointing, c.activation_checkpointing);
-  c.fused_update = read_choice(run, "fused_update", "mode", kFusedUpdate, c.fused_update);
-  c.pad_ffn = read_choice(run, "pad_ffn", "mode", kPadFfn, c.pad_ffn);
-  c.attention = read_choice(run, "attention", "kernel", kAttention, c.attention);
-  if (c.attention == "cudnn" && c.device == "cpu")
+  c.activation_checkpointing =
+      read_enum(run, "activation_checkpointing", "mode", c.activation_checkpointing);
+  c.fused_update = read_enum(run, "fused_update", "mode", c.fused_update);
+  c.pad_ffn = read_enum(run, "pad_ffn", "mode", c.pad_ffn);
+  c.attention = read_enum(run, "attention", "kernel", c.attention);
+  if (c.attention == AttentionChoice::Cudnn && c.device == DeviceChoice::Cpu)
     run.at("attention").fail("\"cudnn\" runs on the GPU; with device \"cpu\" use \"grass\"");
-  if (c.fused_update == "on" && c.micro_batches_per_rank() > 1)
+  if (c.fused_update == Switch::On && c.micro_batches_per_rank() > 1)
     run.at("fused_update")
         .fail("\"on\" needs one micro-batch per step (total_batch_size " +
               std::to_string(c.total_batch_size) + " is " + std::to_string(c.grad_accum_steps()) +
@@ -503,6 +483,14 @@ ModelConfig parse_model_config(const json& j, const std::string& where) {
 
 ModelConfig load_model_config(const std::string& path) {
   return parse_model_config(json_check::read_json_file(path), path);
+}
+
+bool changes_results(const std::string& key) {
+  static const std::set<std::string> free = {
+      "out_dir",          "log_every",       "eval_every",            "eval_tokens",
+      "checkpoint_every", "checkpoint_keep", "checkpoint_keep_every", "init_from",
+      "pad_ffn"};
+  return !(free.count(key) || key == "data.val" || key.starts_with("data.val["));
 }
 
 RunConfig parse_run_config(const json& j, const std::string& where, int ranks) {
@@ -633,18 +621,18 @@ json to_json(const RunConfig& c) {
       {"data", data},
       {"optimizer", optimizer},
       {"schedule",
-       {{"name", s.name}, {"warmup_steps", s.warmup_steps}, {"min_lr_ratio", s.min_lr_ratio}}},
+       {{"name", name_of(s.kind)}, {"warmup_steps", s.warmup_steps}, {"min_lr_ratio", s.min_lr_ratio}}},
       {"grad_clip", c.grad_clip},
       {"micro_batch_size", c.micro_batch_size},
       {"total_batch_size", c.total_batch_size},
       {"seq_len", c.seq_len},
       {"steps", c.steps},
       {"precision", name_of(c.precision)},
-      {"device", c.device},
-      {"activation_checkpointing", c.activation_checkpointing},
-      {"fused_update", c.fused_update},
-      {"pad_ffn", c.pad_ffn},
-      {"attention", c.attention},
+      {"device", name_of(c.device)},
+      {"activation_checkpointing", name_of(c.activation_checkpointing)},
+      {"fused_update", name_of(c.fused_update)},
+      {"pad_ffn", name_of(c.pad_ffn)},
+      {"attention", name_of(c.attention)},
       {"seed", c.seed},
       {"out_dir", c.out_dir},
       {"log_every", c.log_every},

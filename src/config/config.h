@@ -87,7 +87,8 @@ struct OptimizerConfig {
 };
 
 struct ScheduleConfig {
-  std::string name = "cosine";      // "cosine" (warmup + cosine to min_lr_ratio) | "constant"
+  ScheduleKind kind = ScheduleKind::Cosine;  // JSON "name": warmup + cosine to min_lr_ratio,
+                                            // or constant
   int64_t warmup_steps = 0;
   double min_lr_ratio = 0.1;        // cosine only: final lr = lr * min_lr_ratio
   bool operator==(const ScheduleConfig&) const = default;
@@ -112,20 +113,20 @@ struct RunConfig {
   // fp32 | bf16-mixed (bf16 weights, fp32 master weights and states) | bf16 (bf16 weights
   // and states, stochastic rounding) | auto: bf16-mixed on a GPU, fp32 on the CPU.
   PrecisionChoice precision = PrecisionChoice::Auto;
-  std::string device = "auto";      // "auto" (the GPU when one is usable) | "cpu" | "cuda"
-  // "none" | "layer": keep only each layer's input and recompute the rest of the layer in the
-  // backward (one layer's activations at a time instead of every layer's).
-  std::string activation_checkpointing = "none";
-  // "auto" | "on" | "off": apply each gradient as soon as the backward forms it, so no gradient
-  // buffer for the whole model exists (needs one micro-batch per step; auto: on in pure bf16).
-  std::string fused_update = "auto";
-  // "auto" | "on" | "off": store an ffn width that is not a multiple of 8 (LLaMA-1B's 5461)
-  // padded to one, with zero pad rows and columns, so the MLP's bf16 GEMMs get 16-byte-aligned
-  // rows; the numbers computed are the same (auto: on with the CUDA backend).
-  std::string pad_ffn = "auto";
-  // "grass" | "cudnn": the GPU's attention kernels, the engine's own (the readable ones the CPU
-  // checks) or cuDNN's fused flash attention (GPU only; docs/configs.md).
-  std::string attention = "grass";
+  DeviceChoice device = DeviceChoice::Auto;  // auto: the GPU when one is usable
+  // layer: keep only each layer's input and recompute the rest of the layer in the backward
+  // (one layer's activations at a time instead of every layer's).
+  Checkpointing activation_checkpointing = Checkpointing::None;
+  // Apply each gradient as soon as the backward forms it, so no gradient buffer for the whole
+  // model exists (needs one micro-batch per step; auto: on in pure bf16).
+  Switch fused_update = Switch::Auto;
+  // Store an ffn width that is not a multiple of 8 (LLaMA-1B's 5461) padded to one, with zero
+  // pad rows and columns, so the MLP's bf16 GEMMs get 16-byte-aligned rows; the numbers computed
+  // are the same to rounding (auto: on with the CUDA backend).
+  Switch pad_ffn = Switch::Auto;
+  // The GPU's attention kernels: the engine's own (the readable ones the CPU checks) or cuDNN's
+  // fused flash attention (GPU only; docs/configs.md).
+  AttentionChoice attention = AttentionChoice::Grass;
   // The most bytes the run's memory plan may take (its device arena is exactly the plan); 0: no
   // cap. JSON: "40GiB", "32 GiB", "512MiB", "40GB" (10^9) or a number of bytes.
   int64_t memory_limit = 0;
@@ -162,6 +163,12 @@ ModelConfig load_model_config(const std::string& path);
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {},
                           int ranks = 1);
 RunConfig parse_run_config(const nlohmann::json& j, const std::string& where, int ranks = 1);
+
+// Whether a run config key (dotted, as to_json's output flattens: "optimizer.lr", "data.val[0]")
+// changes what a run computes. Those that do not may differ between a run and its resumption:
+// where and how often it writes, evaluates and logs, init_from (a resumed run has weights), and
+// pad_ffn (a layout: a checkpoint of the other layout does not fit and says so).
+bool changes_results(const std::string& key);
 
 // Applies "key=value" overrides to a run config's JSON before it is parsed: the dotted key is
 // created where absent (parse_run_config then rejects unknown keys). Throws UserError naming a

@@ -11,14 +11,14 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
   std::string ignored;
   std::string& why = why_cpu ? *why_cpu : ignored;
   const std::string where = (cfg.source.empty() ? std::string("run config") : cfg.source) + ": ";
-  if (cfg.device == "cpu") return make_cpu_backend(storage_for(cfg.precision, false));
+  if (cfg.device == DeviceChoice::Cpu) return make_cpu_backend(storage_for(cfg.precision, false));
 #ifdef GRASS_HAVE_CUDA
   const cuda::DeviceProbe gpu = cuda::probe_device(gpu_index);
-  if (gpu.usable && (cfg.device == "cuda" || cfg.precision != PrecisionChoice::F32))
+  if (gpu.usable && (cfg.device == DeviceChoice::Cuda || cfg.precision != PrecisionChoice::F32))
     return make_cuda_backend(storage_for(cfg.precision, true), gpu_index,
-                             cfg.attention == "cudnn" ? AttentionKernel::Cudnn
-                                                      : AttentionKernel::Grass);
-  if (cfg.attention == "cudnn")  // the CPU has its reference kernels only
+                             cfg.attention == AttentionChoice::Cudnn ? AttentionKernel::Cudnn
+                                                                     : AttentionKernel::Grass);
+  if (cfg.attention == AttentionChoice::Cudnn)  // the CPU has its reference kernels only
     throw UserError(where + "attention: \"cudnn\" needs the GPU, but " +
                     (gpu.usable ? "precision fp32 runs on the CPU" : gpu.description) +
                     "; use \"grass\"");
@@ -26,17 +26,17 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
     why = "precision fp32 runs on the CPU backend only (GPU " + gpu.description + " unused)";
     return make_cpu_backend(storage_for(cfg.precision, false));
   }
-  if (cfg.device == "cuda")
+  if (cfg.device == DeviceChoice::Cuda)
     throw UserError(where + "device: \"cuda\" but " + gpu.description +
                     "; use \"auto\" or \"cpu\" to train on the CPU");
   why = gpu.description;
 #else
   (void)gpu_index;
   why = "built without CUDA";
-  if (cfg.attention == "cudnn")
+  if (cfg.attention == AttentionChoice::Cudnn)
     throw UserError(where + "attention: \"cudnn\" needs the GPU, and this grass was built "
                     "without CUDA; use \"grass\"");
-  if (cfg.device == "cuda")
+  if (cfg.device == DeviceChoice::Cuda)
     throw UserError(where + "device: \"cuda\" but this grass was built without CUDA (no nvcc at "
                     "configure time); rebuild where CUDA is installed, or use \"auto\" or \"cpu\"");
 #endif

@@ -49,16 +49,6 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-// Run config keys that may change between a run and its resumption without changing what is
-// computed (or that only say where and how often to write).
-bool free_to_change(const std::string& key) {
-  static const std::set<std::string> keys = {
-      "out_dir",          "log_every",       "eval_every",            "eval_tokens",
-      "checkpoint_every", "checkpoint_keep", "checkpoint_keep_every", "init_from",
-      "pad_ffn"};  // a layout: a checkpoint of the other layout does not fit and says so
-  return keys.count(key) || key == "data.val" || key.starts_with("data.val[");
-}
-
 void flatten(const json& j, const std::string& prefix, std::map<std::string, json>& out) {
   if (j.is_object() && !j.empty()) {
     for (const auto& [key, value] : j.items())
@@ -80,7 +70,7 @@ void warn_config_changes(const Checkpoint& checkpoint, const RunConfig& cfg) {
   constexpr int kShown = 8;
   int differences = 0;
   for (const std::string& key : keys) {
-    if (free_to_change(key)) continue;
+    if (!changes_results(key)) continue;
     const json a = saved.count(key) ? saved[key] : json(), b = now.count(key) ? now[key] : json();
     if (a == b) continue;
     if (++differences > kShown) continue;

@@ -69,9 +69,9 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
       largest > 0 ? "the largest micro_batch_size that fits is " + std::to_string(largest) + " (" +
                         std::to_string(int64_t(largest) * cfg.seq_len) + " tokens)"
                   : "not even micro_batch_size 1 fits";
-  if (cfg.activation_checkpointing == "none") {
+  if (cfg.activation_checkpointing == Checkpointing::None) {
     RunConfig layer = cfg;
-    layer.activation_checkpointing = "layer";
+    layer.activation_checkpointing = Checkpointing::Layer;
     const int with_layer = largest_micro_batch(layer, storage, cfg.memory_limit);
     if (with_layer > largest)
       advice += "; with activation_checkpointing \"layer\": " + std::to_string(with_layer);
@@ -83,7 +83,7 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
 }
 
 Storage planned_storage(const RunConfig& cfg) {
-  return storage_for(cfg.precision, cfg.device != "cpu");
+  return storage_for(cfg.precision, cfg.device != DeviceChoice::Cpu);
 }
 
 namespace {
@@ -183,12 +183,14 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"optimizer", name_of(cfg.optimizer.kind)},
       {"micro_batch_size", cfg.micro_batch_size},
       {"seq_len", cfg.seq_len},
-      {"device", storage.cuda ? "cuda" : "cpu"},
+      {"device", name_of(storage.cuda ? DeviceChoice::Cuda : DeviceChoice::Cpu)},
       {"storage", storage.describe()},
-      {"activation_checkpointing", memory.checkpoint_layers ? "layer" : "none"},
+      {"activation_checkpointing",
+       name_of(memory.checkpoint_layers ? Checkpointing::Layer : Checkpointing::None)},
       {"fused_update", memory.fused_update},
       {"ffn_stored", ffn_stored_width(cfg.model, memory)},
-      {"attention", memory.attention == AttentionKernel::Cudnn ? "cudnn" : "grass"},
+      {"attention", name_of(memory.attention == AttentionKernel::Cudnn ? AttentionChoice::Cudnn
+                                                                        : AttentionChoice::Grass)},
       {"bytes", bytes},
       {"total", plan.total},
       {"step_sum_bytes", plan.step_sum_bytes},

@@ -215,7 +215,7 @@ void Run::print_optimizer_lines() const {
     if (const std::string line = o->describe(); !line.empty())
       std::printf("  %-13s %s\n", o->name(), line.c_str());
   std::printf("  schedule      %s, warmup %lld, min_lr_ratio %.3g, %lld steps\n",
-              cfg.schedule.name.c_str(), (long long)cfg.schedule.warmup_steps,
+              name_of(cfg.schedule.kind), (long long)cfg.schedule.warmup_steps,
               cfg.schedule.min_lr_ratio, (long long)cfg.steps);
   std::printf("  precision     %s, seed %llu\n", backend_->storage().describe(),
               (unsigned long long)cfg.seed);

@@ -11,13 +11,14 @@ namespace grass {
 
 ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage) {
   ModelMemoryOptions options;
-  options.checkpoint_layers = cfg.activation_checkpointing == "layer";
-  options.fused_update = cfg.fused_update == "on" ||
-                         (cfg.fused_update == "auto" && storage.pure_bf16() &&
+  options.checkpoint_layers = cfg.activation_checkpointing == Checkpointing::Layer;
+  options.fused_update = cfg.fused_update == Switch::On ||
+                         (cfg.fused_update == Switch::Auto && storage.pure_bf16() &&
                           cfg.micro_batches_per_rank() == 1);
-  options.pad_ffn = cfg.pad_ffn == "on" || (cfg.pad_ffn == "auto" && storage.cuda);
-  options.attention = cfg.attention == "cudnn" && storage.cuda ? AttentionKernel::Cudnn
-                                                               : AttentionKernel::Grass;
+  options.pad_ffn = cfg.pad_ffn == Switch::On || (cfg.pad_ffn == Switch::Auto && storage.cuda);
+  options.attention = cfg.attention == AttentionChoice::Cudnn && storage.cuda
+                          ? AttentionKernel::Cudnn
+                          : AttentionKernel::Grass;
   return options;
 }
 

@@ -68,7 +68,7 @@ RunConfig small_grass_run() {
   c.optimizer.projection.rank = 4;
   c.optimizer.projection.update_interval = 5;
   c.optimizer.projection.refresh_stagger = false;  // the default, said: all refresh at step 0
-  c.pad_ffn = "off";  // keeps the unaligned rows (a padded ffn would give cuBLASLt 176)
+  c.pad_ffn = Switch::Off;  // keeps the unaligned rows (a padded ffn would give cuBLASLt 176)
   c.optimizer.projection.selection = Selection::TopR;
   return c;
 }

@@ -171,7 +171,7 @@ RunConfig run_config(const ModelShape& s, int micro_batch) {
   c.seed = 13;
   c.optimizer.kind = test::named<OptimizerKind>("adamw");
   c.optimizer.lr = 1e-4;
-  c.fused_update = "off";  // plain gradients, read after the backward
+  c.fused_update = Switch::Off;  // plain gradients, read after the backward
   return c;
 }
 

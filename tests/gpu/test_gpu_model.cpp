@@ -114,8 +114,8 @@ RunConfig run_config(const ModelConfig& m, int B, int T, const std::string& opti
   c.optimizer.projection.scale = 1.0;
   c.optimizer.projection.selection = Selection::TopR;
   c.optimizer.projection.seed = 5;
-  c.fused_update = "off";  // the tests compare the two halves of a step; fused runs have their own
-  c.pad_ffn = "off";  // the odd ffn widths test the unaligned paths; padded runs have their own
+  c.fused_update = Switch::Off;  // the tests compare the two halves of a step; fused runs have their own
+  c.pad_ffn = Switch::Off;  // the odd ffn widths test the unaligned paths; padded runs have their own
   return c;
 }
 
@@ -543,8 +543,8 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
       plain.optimizer.projection.update_interval = 4;
       plain.grad_clip = 1e6;
       RunConfig lean = plain;
-      lean.activation_checkpointing = "layer";
-      lean.fused_update = "on";
+      lean.activation_checkpointing = Checkpointing::Layer;
+      lean.fused_update = Switch::On;
       std::vector<double> losses[2];
       std::vector<float> weights[2], master[2];
       const RunConfig* cfgs[2] = {&plain, &lean};
@@ -580,8 +580,8 @@ TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][m
       INFO(optimizer << " " << precision << " checkpointing and fused " << lean);
       RunConfig cfg =
           run_config(model_config(kHd64Odd, kVocab, 0.02), kBatch, kSeq, optimizer, 1e-3);
-      cfg.fused_update = lean;
-      cfg.activation_checkpointing = lean == "on" ? "layer" : "none";
+      cfg.fused_update = test::named<Switch>(lean);
+      cfg.activation_checkpointing = lean == "on" ? Checkpointing::Layer : Checkpointing::None;
       const Storage storage = storage_for(test::named<PrecisionChoice>(precision), true);
       const MemoryPlan plan = plan_memory(cfg, storage);
       {  // one cudaMalloc per buffer: the arena's own count
@@ -618,7 +618,7 @@ TEST_CASE("model: a GPU training step waits for the device a fixed number of tim
       RunConfig cfg = ngram_run(optimizer);
       cfg.optimizer.projection.update_interval = 8;
       if (mode == "deferred, 3 micro-batches") cfg.total_batch_size = 3 * cfg.micro_batch_size;
-      cfg.fused_update = mode == "fused" ? "on" : "off";
+      cfg.fused_update = mode == "fused" ? Switch::On : Switch::Off;
       Run run(cfg, "bf16-mixed", true);
       const NgramBatches data;
       const int targets = int(run.model().tensors().size() - size_t(std::count_if(
