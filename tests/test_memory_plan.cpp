@@ -5,6 +5,7 @@
 #include "config/config.h"
 #include "core/arena.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "train/memory_plan.h"
 #include "train/training_state.h"
 #include "named_choice.h"

@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "cuda/common.cuh"
 #include "cuda/cuda_ops.h"
 #include "cuda/device.h"

@@ -5,6 +5,7 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/arena.h"
+#include "core/format.h"
 #include "train/checkpointing.h"
 #include "train/hf_interop.h"
 

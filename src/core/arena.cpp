@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/format.h"
 
 namespace grass {
 
@@ -83,16 +84,6 @@ std::string Arena::report() const {
   std::snprintf(line, sizeof line, "  %-12s %12s\n", "total", format_bytes(total_).c_str());
   out += line;
   return out;
-}
-
-std::string format_bytes(int64_t bytes) {
-  char buf[32];
-  const double b = double(bytes);
-  if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
-  else if (b >= 1024.0) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  else std::snprintf(buf, sizeof buf, "%lld B", (long long)bytes);
-  return buf;
 }
 
 }  // namespace grass

@@ -69,6 +69,5 @@ class Arena {
   int64_t total_ = 0, peak_ = 0;
 };
 
-std::string format_bytes(int64_t bytes);  // "1.25 GiB", "310.0 MiB", "12.0 KiB", "512 B"
 
 }  // namespace grass

@@ -5,20 +5,11 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "core/rng.h"
 #include "io/hash.h"
 
 namespace grass {
-
-namespace {
-
-std::string hex64(uint64_t value) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(value));
-  return buf;
-}
-
-}  // namespace
 
 // ---- TokenStream ------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "data/jsonl_reader.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
@@ -54,21 +55,6 @@ struct EncodedRecord {
   size_t text_bytes = 0;
   std::exception_ptr error;  // a BadRecord, or a bug
 };
-
-std::string hex64(uint64_t v) {
-  char buf[19];
-  std::snprintf(buf, sizeof buf, "0x%016" PRIx64, v);
-  return buf;
-}
-
-std::string human_duration(double seconds) {
-  const auto s = static_cast<long>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, s / 60 % 60);
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
-  else std::snprintf(buf, sizeof buf, "%lds", s);
-  return buf;
-}
 
 // Reads the inputs one record at a time, file after file.
 class InputStream {

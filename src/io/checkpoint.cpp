@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "io/durable_file.h"
 #include "io/hash.h"
 #include "io/untrusted_json.h"
@@ -29,12 +30,6 @@ constexpr const char* kTrashPrefix = ".trash_step_";
 constexpr size_t kMaxManifestBytes = size_t(16) << 20;
 constexpr size_t kMaxJsonBytes = size_t(64) << 20;
 constexpr size_t kMaxFiles = 10000;
-
-std::string hex32(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08x", v);
-  return buf;
-}
 
 // A file name that stays inside the checkpoint directory and cannot be mistaken for the manifest
 // or a temporary file.

@@ -3,16 +3,9 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/format.h"
 
 namespace grass {
-
-namespace {
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-}  // namespace
 
 void load_hf_weights(LlamaModel& model, const SafetensorsFile& file, const std::string& prefix) {
   for (const ParamTensor& t : model.tensors()) {

@@ -1,18 +1,13 @@
 #include "train/checkpointing.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "io/safetensors.h"
 
 namespace grass {
@@ -41,12 +36,6 @@ std::vector<Arena::Block> state_blocks(const Arena& arena, const void* params) {
 // The weights as the forward reads them: fp32 on the CPU, bf16 on the GPU (exact bits either way).
 const char* weight_dtype(const LlamaModel& model) {
   return model.storage().weight_bytes == 2 ? "BF16" : "F32";
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 void flatten(const json& j, const std::string& prefix, std::map<std::string, json>& out) {
@@ -124,25 +113,6 @@ json position_json(const LoaderPosition& p) { return {{"epoch", p.epoch}, {"inde
 }  // namespace
 
 std::string checkpoint_root(const RunConfig& cfg) { return cfg.out_dir + "/checkpoints"; }
-
-OutDirLock::OutDirLock(const std::string& out_dir) {
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) throw UserError(out_dir + ": cannot create out_dir: " + ec.message());
-  const std::string path = out_dir + "/.lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw UserError(path + ": cannot create: " + std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    ::close(fd_);
-    fd_ = -1;
-    throw UserError(out_dir + ": another grass process is training into this out_dir (it holds " +
-                    path + "); wait for it or choose another out_dir");
-  }
-}
-
-OutDirLock::~OutDirLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
-}
 
 std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const TrainingState& state,
                             const TokenLoader& loader, int64_t step, int64_t metrics_rows,

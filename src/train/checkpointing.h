@@ -25,19 +25,6 @@ namespace grass {
 
 std::string checkpoint_root(const RunConfig& cfg);  // <out_dir>/checkpoints
 
-// Holds an exclusive lock on <out_dir>/.lock (created with out_dir) for its lifetime, so two
-// runs never write one out_dir. UserError when another process holds it.
-class OutDirLock {
- public:
-  explicit OutDirLock(const std::string& out_dir);
-  ~OutDirLock();
-  OutDirLock(const OutDirLock&) = delete;
-  OutDirLock& operator=(const OutDirLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
 // Writes the state after `step` optimizer steps to <out_dir>/checkpoints/step_XXXXXXXX, then
 // deletes the checkpoints that checkpoint_keep / checkpoint_keep_every no longer keep. Returns
 // the directory. UserError (a full disk, no permission) leaves the earlier checkpoints intact.

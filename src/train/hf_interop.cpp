@@ -11,6 +11,7 @@
 #include "core/arena.h"
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "data/tokenizer.h"
 #include "io/durable_file.h"
 #include "io/hf_model_dir.h"
@@ -22,12 +23,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 // The keys that decide the weights' shapes and meaning, HF spelling.
 void check_hf_config(const ModelConfig& run, const std::string& config_path) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "train/training_state.h"
 
 namespace grass {

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/arena.h"
 #include "core/error.h"
+#include "core/format.h"
 
 namespace grass {
 
@@ -23,14 +23,6 @@ std::string human_count(double n) {  // 812, 32.8k, 1.0M
   if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.1fM", n / 1e6);
   else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
   else std::snprintf(buf, sizeof buf, "%.0f", n);
-  return buf;
-}
-std::string human_duration(double seconds) {  // 45s, 12m05s, 3h07m
-  char buf[32];
-  const long s = long(seconds + 0.5);
-  if (s < 60) std::snprintf(buf, sizeof buf, "%lds", s);
-  else if (s < 3600) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
-  else std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
   return buf;
 }
 }  // namespace

@@ -11,9 +11,11 @@
 
 #include "core/arena.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/trace.h"
 #include "data/loader.h"
 #include "io/durable_file.h"
+#include "io/out_dir_lock.h"
 #include "optim/schedule.h"
 #include "train/backend_choice.h"
 #include "train/checkpointing.h"

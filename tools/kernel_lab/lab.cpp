@@ -1,5 +1,6 @@
 // The kernel lab's shared parts (lab.h): shapes, buffers, random inputs, errors, the timer, the
 // report.
+#include "core/format.h"
 #include "lab.h"
 
 #include <algorithm>
