@@ -12,6 +12,22 @@
 //   state:  optimizer moments                    (CPU float; CUDA fp32 in bf16-mixed, bf16 in bf16)
 //   float*: always fp32 (RMSNorm rstd, master weights, the GRASS refresh gradient, ρ)
 // Shapes and semantics are those of kernels/ops.h. Parameter gradients accumulate (+=).
+//
+// The ops, where each lives and what tests the CUDA one against the CPU's (tests/gpu, which run
+// on the CUDA emulator in every build); docs/architecture.md, "Adding an op", says what a new op
+// needs:
+//   op                                     CPU (kernels/cpu)            CUDA (kernels/cuda)         test (tests/gpu)
+//   linear_*, full_weight_grad             linear.cpp (OpenBLAS)        gemm.cu (cuBLASLt)          test_gpu_gemm
+//   embedding_*                            embedding.cpp                embedding.cu                test_gpu_elementwise
+//   rmsnorm_*, residual_rmsnorm_forward    rmsnorm.cpp, residual.cpp    rmsnorm.cu                  test_gpu_elementwise
+//   residual_forward                       residual.cpp                 swiglu.cu                   test_gpu_elementwise
+//   swiglu_*                               swiglu.cpp                   swiglu.cu                   test_gpu_elementwise
+//   attention_* (RoPE inside)              attention.cpp, rope.cpp      attention.cu, rope.cu       test_gpu_attention
+//   head_* (lm_head + cross-entropy)       cross_entropy.cpp, linear    cross_entropy.cu, gemm.cu   test_gpu_cross_entropy, test_gpu_model
+//   sum_squares, clip, adamw_update        reduce.cpp, adamw.cpp        adamw.cu                    test_gpu_adamw
+//   store_gradients (bf16 precisions)      bf16_storage.cpp (rounds)    none: formed in storage     test_gpu_model
+//   grass_*                                grass.cpp                    grass.cu                    test_gpu_grass
+//   lowrank_*, galore_basis, flora_*       lowrank.cpp                  lowrank.cu                  test_gpu_lowrank
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,10 +36,11 @@
 #include "adam_args.h"
 #include "clip_rule.h"
 #include "core/arena.h"
-#include "dist/communicator.h"
 #include "storage.h"
 
 namespace grass {
+
+class Communicator;  // dist/communicator.h (which depends on storage.h, not on the backend)
 
 // The weight an optimizer update writes: the weights the forward reads (weight-typed) and the fp32
 // master copy of the same elements (null without one).
@@ -108,10 +125,7 @@ class Backend : public MemoryResource {
   // The communicator whose sums work on this backend's memory, for the data-parallel ranks
   // `ranks` (MPI, host memory); null when `ranks` itself serves (the CPU backend's memory is the
   // host's). The CUDA backend's sums its device buffers through NCCL on its own stream.
-  virtual std::unique_ptr<Communicator> communicator_for(Communicator& ranks) {
-    (void)ranks;
-    return nullptr;
-  }
+  virtual std::unique_ptr<Communicator> communicator_for(Communicator& ranks) = 0;
 
   // ---- memory ---------------------------------------------------------------------------------
   // The GPU takes its memory as one reservation of `total` bytes in `buffers` allocations (the

@@ -15,6 +15,7 @@
 #include "cpu/blas.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "dist/communicator.h"
 #include "lowrank_ops.h"
 #include "ops.h"
 
@@ -41,6 +42,8 @@ class CpuBackend final : public Backend {
   double peak_flops() const override { return 0; }  // no agreed CPU peak: MFU is a GPU figure
   DeviceMemory device_memory() const override { return {}; }
   void synchronize() override {}
+  // The CPU's memory is the host's: the ranks' own communicator sums it.
+  std::unique_ptr<Communicator> communicator_for(Communicator&) override { return nullptr; }
 
   // ---- memory ---------------------------------------------------------------------------------
   void* allocate_zeroed(size_t bytes) override { return host_memory().allocate_zeroed(bytes); }

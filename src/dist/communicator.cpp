@@ -7,10 +7,6 @@
 
 namespace grass {
 
-Element grad_element(const Storage& storage) {
-  return storage.grad_bytes == 2 ? Element::BF16 : Element::F32;
-}
-
 void Communicator::check_same(uint64_t value, const std::string& what) {
   const std::vector<uint64_t> values = all_gather(value);
   for (int r = 1; r < world_; r++)

@@ -18,15 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "storage.h"
-
 namespace grass {
 
 class Watchdog;  // dist/watchdog.h
 
 enum class Element { F32, BF16, F64 };
-// The element of the storage's gradients (fp32, or bf16 in pure bf16).
-Element grad_element(const Storage& storage);
 
 class Communicator {
  public:

@@ -34,6 +34,11 @@
 
 namespace grass {
 
+// The element of the storage's gradients as the ranks sum them (fp32, or bf16 in pure bf16).
+inline Element grad_element(const Storage& storage) {
+  return storage.grad_bytes == 2 ? Element::BF16 : Element::F32;
+}
+
 class StepStrategy : public GradientSink {
  public:
   StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena,
