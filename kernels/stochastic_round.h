@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/rng.h"
+
 #ifdef __CUDACC__
 #define GRASS_HOST_DEVICE __host__ __device__ __forceinline__
 #else
@@ -14,10 +16,7 @@
 namespace grass {
 
 GRASS_HOST_DEVICE uint32_t rounding_hash(uint64_t seed, uint64_t index) {
-  uint64_t z = seed ^ (index * 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return uint32_t((z ^ (z >> 31)) >> 32);
+  return uint32_t(mix64(seed ^ (index * kGoldenGamma)) >> 32);
 }
 
 // The bf16 bits of x (given as its fp32 bits) rounded up or down with probability proportional

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "data/shard.h"
 
 namespace {
@@ -29,15 +30,11 @@ constexpr const char* kUsage =
   std::exit(2);
 }
 
-// splitmix64: tiny, fast, and fully specified here, so a seed gives the same shard everywhere.
+// SplitMix64 (core/rng.h's finaliser over a Weyl sequence): tiny, fast and fully specified, so a
+// seed gives the same shard everywhere.
 struct SplitMix64 {
   uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return grass::mix64(state += grass::kGoldenGamma); }
   // Uniform in [0, n) by multiply-shift (bias below 2^-32 for the n used here).
   uint64_t below(uint64_t n) {
     return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);

@@ -77,13 +77,8 @@ __device__ T block_sum(T v) {
 // The seed of one stochastic-rounding stream (0 param, 1 m, 2 v) of an optimizer store at one
 // step (SplitMix64's finaliser twice): buffers never share a draw, and the step is mixed in so
 // that a caller passing the same seed every step still gets fresh draws each step.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 inline uint64_t rounding_stream_seed(uint64_t seed, int64_t step, uint64_t stream) {
-  return mix64(mix64(seed + stream * 0x9E3779B97F4A7C15ull) ^ uint64_t(step));
+  return mix64(mix64(seed + stream * kGoldenGamma) ^ uint64_t(step));
 }
 
 // ---- stochastic rounding (kernels/stochastic_round.h: the same bits as the CPU's emulation) ----

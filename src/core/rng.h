@@ -13,12 +13,18 @@
 
 namespace grass {
 
-GRASS_RNG_FN uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+// SplitMix64's finaliser: a bijection of 64 bits whose every output bit depends on every input
+// bit. The one copy of it: the streams below, stochastic rounding (kernels/stochastic_round.h),
+// the GPU's rounding streams (kernels/cuda/common.cuh) and the synthetic shards use it.
+GRASS_RNG_FN uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
+
+inline constexpr uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ull;  // SplitMix64's increment
+
+GRASS_RNG_FN uint64_t splitmix64(uint64_t x) { return mix64(x + kGoldenGamma); }
 
 // Uniform in (0, 1): 53 random bits, never exactly 0 (safe for log).
 GRASS_RNG_FN double uniform_open01(uint64_t seed, uint64_t i) {

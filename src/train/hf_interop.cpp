@@ -16,6 +16,7 @@
 #include "io/durable_file.h"
 #include "io/hf_model_dir.h"
 #include "io/safetensors.h"
+#include "model/hf_weights.h"
 
 namespace grass {
 
@@ -44,20 +45,14 @@ void load_hf_model(LlamaModel& model, const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec) && fs::exists(path + "/config.json", ec))
     check_hf_config(model.config(), path + "/config.json");
+  load_hf_tensors(
+      model,
+      [&](const std::string& name) {
+        return weights.contains(name) ? &weights.file_of(name) : nullptr;
+      },
+      path);
   std::set<std::string> used;
-  for (const ParamTensor& t : model.tensors()) {
-    if (!weights.contains(t.name))
-      throw UserError(path + ": tensor " + t.name + " is missing (the model config expects " +
-                      shape_str(t.hf_shape) + ")");
-    const SafetensorsFile& file = weights.file_of(t.name);
-    const TensorEntry& e = file.get(t.name);
-    if (e.shape != t.hf_shape)
-      throw UserError(file.path() + ": tensor " + t.name + " has shape " + shape_str(e.shape) +
-                      " but the model config needs " + shape_str(t.hf_shape));
-    const std::vector<float> values = file.read_f32(t.name);
-    model.write_tensor(t, values.data());  // and the master copy, on any backend
-    used.insert(t.name);
-  }
+  for (const ParamTensor& t : model.tensors()) used.insert(t.name);
   for (const std::string& name : weights.names())
     if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq"))
       throw UserError(weights.file_of(name).path() + ": tensor " + name +
