@@ -4,13 +4,27 @@
 #include <climits>
 #include <optional>
 #include <set>
-#include <tuple>
 #include <filesystem>
 
 #include "config/json_check.h"
 #include "core/error.h"
 
 namespace grass {
+
+int projected_side(OptimizerKind kind, const ProjectionConfig& g, const ModelConfig& m,
+                   ProjectionTarget target) {
+  const auto [out, in] = m.linear_shape(target);
+  return projects_rows(kind, g, out, in) ? out : in;
+}
+
+ProjectionTarget narrowest_target(OptimizerKind kind, const ProjectionConfig& g,
+                                  const ModelConfig& m) {
+  GRASS_CHECK(!g.targets.empty(), "a projection without targets");
+  return *std::min_element(g.targets.begin(), g.targets.end(),
+                           [&](ProjectionTarget a, ProjectionTarget b) {
+                             return projected_side(kind, g, m, a) < projected_side(kind, g, m, b);
+                           });
+}
 
 using json_check::brief;
 using json_check::describe;
@@ -309,27 +323,22 @@ void check_projection_against_model(const ObjectReader& run, RunConfig& c) {
   ProjectionConfig& g = c.optimizer.projection;
   const ObjectReader optimizer(run.required("optimizer"), run.at("optimizer"));
   if (!optimizer.find("seed")) g.seed = c.seed;
+  const ProjectionTarget narrowest = narrowest_target(c.optimizer.kind, g, c.model);
+  const int side = projected_side(c.optimizer.kind, g, c.model, narrowest);
+  if (g.rank <= side) return;
   const bool grass = c.optimizer.kind == OptimizerKind::Grass;
-  std::optional<ProjectionTarget> narrowest;
-  int side = INT_MAX, out = 0, in = 0;
-  bool rows = false;
-  for (const ProjectionTarget target : g.targets) {
-    const auto [o, i] = c.model.linear_shape(target);
-    const bool r = projects_rows(c.optimizer.kind, g, o, i);
-    if ((r ? o : i) < side)
-      std::tie(narrowest, side, out, in, rows) = std::tuple(target, r ? o : i, o, i, r);
-  }
+  const auto [out, in] = c.model.linear_shape(narrowest);
+  const bool rows = projects_rows(c.optimizer.kind, g, out, in);
   const std::string given =
       optimizer.find("rank") ? "" : " (" + std::string(name_of(c.optimizer.kind)) + "'s default)";
-  if (narrowest && g.rank > side)
-    optimizer.at("rank").fail(
-        std::to_string(g.rank) + given +
-        " exceeds the " + std::to_string(side) + " " + (grass ? "selectable " : "projected ") +
-        (rows ? "rows" : "columns") + " of target " + name_of(*narrowest) + " (" +
-        std::to_string(out) + " x " + std::to_string(in) +
-        (grass ? ", select_dim " + std::string(name_of(g.select_dim)) : std::string()) +
-        "), the narrowest target: a rank up to " + std::to_string(side) + " fits them all (--set " +
-        "optimizer.rank=" + std::to_string(side) + ")");
+  optimizer.at("rank").fail(
+      std::to_string(g.rank) + given +
+      " exceeds the " + std::to_string(side) + " " + (grass ? "selectable " : "projected ") +
+      (rows ? "rows" : "columns") + " of target " + name_of(narrowest) + " (" +
+      std::to_string(out) + " x " + std::to_string(in) +
+      (grass ? ", select_dim " + std::string(name_of(g.select_dim)) : std::string()) +
+      "), the narrowest target: a rank up to " + std::to_string(side) + " fits them all (--set " +
+      "optimizer.rank=" + std::to_string(side) + ")");
 }
 
 void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {

@@ -71,6 +71,12 @@ struct ProjectionConfig {
 inline bool projects_rows(OptimizerKind kind, const ProjectionConfig& g, int64_t out, int64_t in) {
   return kind == OptimizerKind::Grass ? g.selects_rows(int(out), int(in)) : out < in;
 }
+// That side's length for one target of the model, and the target whose side is the shortest
+// (the largest rank the run can take; g.targets must not be empty).
+int projected_side(OptimizerKind kind, const ProjectionConfig& g, const ModelConfig& m,
+                   ProjectionTarget target);
+ProjectionTarget narrowest_target(OptimizerKind kind, const ProjectionConfig& g,
+                                  const ModelConfig& m);
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::AdamW;  // JSON "name"

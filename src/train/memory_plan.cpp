@@ -93,12 +93,7 @@ namespace {
 // of a target with select_dim; GaLore and FLORA project the shorter one).
 bool rank_fits(const RunConfig& cfg, OptimizerKind kind) {
   const ProjectionConfig& g = cfg.optimizer.projection;
-  for (const ProjectionTarget target : g.targets) {
-    const auto [out, in] = cfg.model.linear_shape(target);
-    const bool rows = projects_rows(kind, g, out, in);
-    if (g.rank > (rows ? out : in)) return false;
-  }
-  return true;
+  return g.rank <= projected_side(kind, g, cfg.model, narrowest_target(kind, g, cfg.model));
 }
 
 std::string plan_label(const RunConfig& cfg) {
