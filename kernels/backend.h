@@ -33,10 +33,10 @@
 #include <memory>
 #include <string>
 
-#include "adam_args.h"
-#include "clip_rule.h"
-#include "core/arena.h"
-#include "storage.h"
+#include "kernels/adam_args.h"
+#include "kernels/clip_rule.h"
+#include "kernels/storage.h"
+#include "src/core/arena.h"
 
 namespace grass {
 

@@ -3,7 +3,7 @@
 // its kernels need no more than this (kernels/cuda/cuda_backend.cu), so the two cannot drift.
 #include <algorithm>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 namespace grass {
 

@@ -14,7 +14,7 @@
 #pragma once
 #include <cstdint>
 
-#include "adam_args.h"
+#include "kernels/adam_args.h"
 
 namespace grass::ops {
 

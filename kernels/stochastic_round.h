@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/rng.h"
+#include "src/core/rng.h"
 
 #ifdef __CUDACC__
 #define GRASS_HOST_DEVICE __host__ __device__ __forceinline__

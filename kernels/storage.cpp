@@ -1,6 +1,6 @@
-#include "storage.h"
+#include "kernels/storage.h"
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass {
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "core/bf16.h"
-#include "core/error.h"
-#include "dist/communicator.h"
-#include "io/hash.h"
+#include "src/core/bf16.h"
+#include "src/core/error.h"
+#include "src/dist/communicator.h"
+#include "src/io/hash.h"
 
 using namespace grass;
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "config/choices.h"
+#include "src/config/choices.h"
 
 namespace grass::test {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/rng.h"
+#include "src/core/rng.h"
 
 namespace grass::test {
 

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
-#include "gpu/training_run.h"
-#include "named_choice.h"
-#include "train/training_state.h"
+#include "src/core/rng.h"
+#include "src/train/training_state.h"
+#include "tests/gpu/training_run.h"
+#include "tests/named_choice.h"
 
 namespace grass::test {
 

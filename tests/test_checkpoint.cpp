@@ -11,14 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/config.h"
-#include "io/checkpoint.h"
-#include "io/safetensors.h"
-#include "test_util.h"
-#include "train/checkpointing.h"
-#include "train/metrics.h"
-#include "train/trainer.h"
-#include "train/training_state.h"
+#include "src/config/config.h"
+#include "src/io/checkpoint.h"
+#include "src/io/safetensors.h"
+#include "src/train/checkpointing.h"
+#include "src/train/metrics.h"
+#include "src/train/trainer.h"
+#include "src/train/training_state.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 using Catch::Matchers::Contains;

@@ -21,12 +21,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/config.h"
-#include "io/checkpoint.h"
-#include "io/hash.h"
-#include "io/safetensors.h"
-#include "test_util.h"
-#include "train/trainer.h"
+#include "src/config/config.h"
+#include "src/io/checkpoint.h"
+#include "src/io/hash.h"
+#include "src/io/safetensors.h"
+#include "src/train/trainer.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 namespace fs = std::filesystem;

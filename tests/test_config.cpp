@@ -5,9 +5,9 @@
 #include <fstream>
 #include <string>
 
-#include "config/config.h"
-#include "config/json_check.h"
-#include "core/error.h"
+#include "src/config/config.h"
+#include "src/config/json_check.h"
+#include "src/core/error.h"
 
 using Catch::Matchers::Contains;
 using nlohmann::json;

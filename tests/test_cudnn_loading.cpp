@@ -7,8 +7,8 @@
 #ifdef GRASS_HAVE_CUDNN
 #include <string>
 
-#include "core/error.h"
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "src/core/error.h"
 
 TEST_CASE("cuDNN attention loads cuDNN at run time or says in one line why not", "[cudnn]") {
   try {

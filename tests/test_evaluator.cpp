@@ -11,12 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/arena.h"
-#include "core/rng.h"
-#include "model/llama.h"
-#include "test_util.h"
-#include "train/evaluator.h"
-#include "train/trainer.h"
+#include "src/core/arena.h"
+#include "src/core/rng.h"
+#include "src/model/llama.h"
+#include "src/train/evaluator.h"
+#include "src/train/trainer.h"
+#include "tests/test_util.h"
 
 using Catch::Matchers::Contains;
 using namespace grass::test;

@@ -15,18 +15,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "data/loader.h"
-#include "data/tokenizer.h"
-#include "io/checkpoint.h"
-#include "io/safetensors.h"
-#include "model/llama.h"
-#include "test_util.h"
-#include "train/checkpointing.h"
-#include "train/hf_interop.h"
-#include "train/trainer.h"
-#include "train/training_state.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/data/loader.h"
+#include "src/data/tokenizer.h"
+#include "src/io/checkpoint.h"
+#include "src/io/safetensors.h"
+#include "src/model/llama.h"
+#include "src/train/checkpointing.h"
+#include "src/train/hf_interop.h"
+#include "src/train/trainer.h"
+#include "src/train/training_state.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 using Catch::Matchers::Contains;

@@ -18,16 +18,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "data/loader.h"
-#include "io/checkpoint.h"
-#include "io/hash.h"
-#include "io/hf_model_dir.h"
-#include "io/safetensors.h"
-#include "test_util.h"
-#include "train/checkpointing.h"
-#include "train/training_state.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/data/loader.h"
+#include "src/io/checkpoint.h"
+#include "src/io/hash.h"
+#include "src/io/hf_model_dir.h"
+#include "src/io/safetensors.h"
+#include "src/train/checkpointing.h"
+#include "src/train/training_state.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 using nlohmann::json;

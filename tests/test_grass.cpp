@@ -11,16 +11,16 @@
 #include <set>
 #include <vector>
 
-#include "core/arena.h"
-#include "core/rng.h"
-#include "model/llama.h"
-#include "ops.h"
-#include "optim/adamw.h"
-#include "optim/clip.h"
-#include "optim/grass.h"
-#include "optim/grass_selection.h"
-#include "optim/step.h"
-#include "named_choice.h"
+#include "kernels/ops.h"
+#include "src/core/arena.h"
+#include "src/core/rng.h"
+#include "src/model/llama.h"
+#include "src/optim/adamw.h"
+#include "src/optim/clip.h"
+#include "src/optim/grass.h"
+#include "src/optim/grass_selection.h"
+#include "src/optim/step.h"
+#include "tests/named_choice.h"
 
 using namespace grass;
 

@@ -15,14 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "data/loader.h"
-#include "io/safetensors.h"
-#include "model/llama.h"
-#include "test_util.h"
-#include "train/hf_interop.h"
-#include "train/trainer.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/data/loader.h"
+#include "src/io/safetensors.h"
+#include "src/model/llama.h"
+#include "src/train/hf_interop.h"
+#include "src/train/trainer.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 using Catch::Matchers::Contains;

@@ -4,9 +4,9 @@
 
 #include <filesystem>
 
-#include "data/jsonl_reader.h"
-#include "test_util.h"
-#include "text_corpus_util.h"
+#include "src/data/jsonl_reader.h"
+#include "tests/test_util.h"
+#include "tests/text_corpus_util.h"
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "io/hash.h"
+#include "src/io/hash.h"
 
-#include "core/error.h"
-#include "data/loader.h"
-#include "test_util.h"
+#include "src/core/error.h"
+#include "src/data/loader.h"
+#include "tests/test_util.h"
 
 using Catch::Matchers::Contains;
 using namespace grass::test;

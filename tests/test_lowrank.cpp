@@ -17,10 +17,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/rng.h"
-#include "cpu/blas.h"
-#include "io/safetensors.h"
-#include "lowrank_ops.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/lowrank_ops.h"
+#include "src/core/rng.h"
+#include "src/io/safetensors.h"
 
 using namespace grass;
 

@@ -11,15 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "core/arena.h"
-#include "core/rng.h"
-#include "lowrank_ops.h"
-#include "model/llama.h"
-#include "named_choice.h"
-#include "optim/adamw.h"
-#include "optim/lowrank.h"
-#include "optim/step.h"
-#include "ngram_batches.h"
+#include "kernels/lowrank_ops.h"
+#include "src/core/arena.h"
+#include "src/core/rng.h"
+#include "src/model/llama.h"
+#include "src/optim/adamw.h"
+#include "src/optim/lowrank.h"
+#include "src/optim/step.h"
+#include "tests/named_choice.h"
+#include "tests/ngram_batches.h"
 
 using namespace grass;
 

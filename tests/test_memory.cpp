@@ -10,13 +10,13 @@
 #include <memory>
 #include <vector>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "ngram_batches.h"
-#include "ops.h"
-#include "optim/grass.h"
-#include "train/training_state.h"
-#include "named_choice.h"
+#include "kernels/ops.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/optim/grass.h"
+#include "src/train/training_state.h"
+#include "tests/named_choice.h"
+#include "tests/ngram_batches.h"
 
 using namespace grass;
 

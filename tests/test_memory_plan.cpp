@@ -2,13 +2,13 @@
 // GRASS.md: weights, dense and compressed gradients, optimizer states.
 #include <catch2/catch.hpp>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "core/error.h"
-#include "core/format.h"
-#include "train/memory_plan.h"
-#include "train/training_state.h"
-#include "named_choice.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/train/memory_plan.h"
+#include "src/train/training_state.h"
+#include "tests/named_choice.h"
 
 using namespace grass;
 using Catch::Matchers::Contains;

@@ -6,10 +6,10 @@
 #include <cstring>
 #include <vector>
 
-#include "core/arena.h"
-#include "core/rng.h"
-#include "model/llama.h"
-#include "optim/schedule.h"
+#include "src/core/arena.h"
+#include "src/core/rng.h"
+#include "src/model/llama.h"
+#include "src/optim/schedule.h"
 
 using namespace grass;
 

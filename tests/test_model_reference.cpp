@@ -17,13 +17,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "io/safetensors.h"
-#include "model/hf_weights.h"
-#include "model/llama.h"
-#include "optim/adamw.h"
-#include "optim/step.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/io/safetensors.h"
+#include "src/model/hf_weights.h"
+#include "src/model/llama.h"
+#include "src/optim/adamw.h"
+#include "src/optim/step.h"
 
 using namespace grass;
 

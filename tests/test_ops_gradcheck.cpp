@@ -11,8 +11,8 @@
 #include <limits>
 #include <vector>
 
-#include "core/rng.h"
-#include "ops.h"
+#include "kernels/ops.h"
+#include "src/core/rng.h"
 
 using namespace grass;
 using Vec = std::vector<double>;

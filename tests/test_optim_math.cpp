@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
-#include "core/rng.h"
-#include "ops.h"
-#include "optim/clip.h"
+#include "kernels/ops.h"
+#include "src/core/rng.h"
+#include "src/optim/clip.h"
 
 using namespace grass;
 

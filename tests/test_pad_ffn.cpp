@@ -6,15 +6,15 @@
 
 #include <filesystem>
 
-#include "core/arena.h"
-#include "io/checkpoint.h"
-#include "io/safetensors.h"
-#include "model/llama.h"
-#include "pad_ffn_runs.h"
-#include "test_util.h"
-#include "train/checkpointing.h"
-#include "train/hf_interop.h"
-#include "train/trainer.h"
+#include "src/core/arena.h"
+#include "src/io/checkpoint.h"
+#include "src/io/safetensors.h"
+#include "src/model/llama.h"
+#include "src/train/checkpointing.h"
+#include "src/train/hf_interop.h"
+#include "src/train/trainer.h"
+#include "tests/pad_ffn_runs.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 

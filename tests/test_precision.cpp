@@ -8,16 +8,16 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "core/bf16.h"
-#include "core/rng.h"
-#include "ops.h"
-#include "optim/grass.h"
-#include "optim/step.h"
-#include "train/training_state.h"
-#include "ngram_batches.h"
-#include "named_choice.h"
+#include "kernels/ops.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/core/bf16.h"
+#include "src/core/rng.h"
+#include "src/optim/grass.h"
+#include "src/optim/step.h"
+#include "src/train/training_state.h"
+#include "tests/named_choice.h"
+#include "tests/ngram_batches.h"
 
 using namespace grass;
 using grass::test::NgramBatches;

@@ -6,13 +6,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include "data/jsonl_reader.h"
-#include "data/loader.h"
-#include "data/prepare.h"
-#include "data/tokenizer.h"
-#include "io/hash.h"
-#include "test_util.h"
-#include "text_corpus_util.h"
+#include "src/data/jsonl_reader.h"
+#include "src/data/loader.h"
+#include "src/data/prepare.h"
+#include "src/data/tokenizer.h"
+#include "src/io/hash.h"
+#include "tests/test_util.h"
+#include "tests/text_corpus_util.h"
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;

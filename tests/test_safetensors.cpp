@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "core/bf16.h"
-#include "core/error.h"
-#include "io/safetensors.h"
-#include "test_util.h"
+#include "src/core/bf16.h"
+#include "src/core/error.h"
+#include "src/io/safetensors.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;

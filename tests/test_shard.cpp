@@ -10,10 +10,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/error.h"
-#include "data/shard.h"
-#include "io/hash.h"
-#include "test_util.h"
+#include "src/core/error.h"
+#include "src/data/shard.h"
+#include "src/io/hash.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;

@@ -4,10 +4,10 @@
 
 #include <thread>
 
-#include "data/tokenizer.h"
-#include "io/hash.h"
-#include "test_util.h"
-#include "text_corpus_util.h"
+#include "src/data/tokenizer.h"
+#include "src/io/hash.h"
+#include "tests/test_util.h"
+#include "tests/text_corpus_util.h"
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;

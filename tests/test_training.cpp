@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
-#include "core/rng.h"
-#include "data/shard.h"
-#include "train/trainer.h"
-#include "test_util.h"
+#include "src/config/config.h"
+#include "src/core/rng.h"
+#include "src/data/shard.h"
+#include "src/train/trainer.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 

@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "data/shard.h"
+#include "src/core/error.h"
+#include "src/data/shard.h"
 
 namespace grass::test {
 

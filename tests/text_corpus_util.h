@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer.h"
-#include "test_util.h"
+#include "src/data/tokenizer.h"
+#include "tests/test_util.h"
 
 namespace grass::test {
 

@@ -3,7 +3,10 @@
 
 Prints one line per layer with the layers its files include, and exits 1 (naming the includes
 that close it) when two layers reach each other, so the graph in docs/architecture.md stays
-without a loop. Standard library only; ctest runs it as `include_graph`.
+without a loop. Also exits 1 on a quoted include that is not a path from the repository root
+("src/core/error.h", "kernels/ops.h", "tests/test_util.h"), in src/, kernels/, tests/ and tools/
+(the emulator's stand-ins for CUDA's system headers, tests/cuda_emu/, excepted).
+Standard library only; ctest runs it as `include_graph`.
 Usage: tools/include_graph.py [REPO_ROOT]
 """
 import collections
@@ -24,13 +27,27 @@ def layer_of(path):
     return None
 
 
-def resolve(name, including_file):
-    # the including file's folder first, then the include roots the build gives (src, kernels)
-    for base in (os.path.dirname(including_file), os.path.join(root, "src"), os.path.join(root, "kernels")):
-        path = os.path.normpath(os.path.join(base, name))
-        if os.path.exists(path):
-            return path
-    return None
+def resolve(name):
+    # the build's one include root is the repository's
+    path = os.path.normpath(os.path.join(root, name))
+    return path if os.path.isfile(path) else None
+
+
+def unrooted_includes():
+    found = []
+    for top in ("src", "kernels", "tests", "tools"):
+        for folder, _, names in os.walk(os.path.join(root, top)):
+            if os.path.relpath(folder, root).startswith(os.path.join("tests", "cuda_emu")):
+                continue
+            for name in names:
+                if name.endswith((".h", ".cpp", ".cu", ".cuh", ".c")):
+                    path = os.path.join(folder, name)
+                    with open(path, errors="replace") as f:
+                        for number, line in enumerate(f, 1):
+                            m = INCLUDE.match(line)
+                            if m and not resolve(m.group(1)):
+                                found.append(f"{os.path.relpath(path, root)}:{number}: \"{m.group(1)}\"")
+    return found
 
 
 def main():
@@ -46,7 +63,7 @@ def main():
                 with open(path, errors="replace") as f:
                     for line in f:
                         m = INCLUDE.match(line)
-                        target = resolve(m.group(1), path) if m else None
+                        target = resolve(m.group(1)) if m else None
                         there = layer_of(target) if target else None
                         if there and there != here:
                             edges[here].add(there)
@@ -63,6 +80,13 @@ def main():
                     todo.append(nxt)
         return seen
 
+    status = 0
+    unrooted = unrooted_includes()
+    if unrooted:
+        print("error: includes not rooted at the repository root:")
+        for line in unrooted:
+            print("  " + line)
+        status = 1
     loops = sorted(a for a in edges if a in reaches(a))
     if loops:
         print("error: layers that include each other: " + ", ".join(loops))
@@ -71,7 +95,7 @@ def main():
                 print(f"  {a} -> {b}: {witness[(a, b)]}")
         return 1
     print("no loop")
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "core/rng.h"
-#include "data/shard.h"
+#include "src/core/error.h"
+#include "src/core/rng.h"
+#include "src/data/shard.h"
 
 namespace {
 

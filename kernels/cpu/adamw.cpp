@@ -1,7 +1,7 @@
 // Decoupled AdamW, exactly torch.optim.AdamW's arithmetic order (so the PyTorch fixture matches).
 #include <cmath>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace grass::ops {
 

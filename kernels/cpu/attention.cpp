@@ -8,8 +8,8 @@
 #include <cstring>
 #include <limits>
 
-#include "cpu/blas.h"
-#include "ops.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/ops.h"
 
 namespace grass::ops {
 

@@ -2,9 +2,9 @@
 // float but round the values a GPU would store in bf16, through these two functions.
 #include <bit>
 
-#include "core/bf16.h"
-#include "ops.h"
-#include "stochastic_round.h"
+#include "kernels/ops.h"
+#include "kernels/stochastic_round.h"
+#include "src/core/bf16.h"
 
 namespace grass::ops {
 

@@ -10,14 +10,14 @@
 #include <utility>
 #include <vector>
 
-#include "backend.h"
-#include "clip_rule.h"
-#include "cpu/blas.h"
-#include "core/error.h"
-#include "core/rng.h"
-#include "dist/communicator.h"
-#include "lowrank_ops.h"
-#include "ops.h"
+#include "kernels/backend.h"
+#include "kernels/clip_rule.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/lowrank_ops.h"
+#include "kernels/ops.h"
+#include "src/core/error.h"
+#include "src/core/rng.h"
+#include "src/dist/communicator.h"
 
 namespace grass {
 

@@ -1,7 +1,7 @@
 // Token embedding: a row gather forward, a row scatter-add backward.
 #include <cstring>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace grass::ops {
 

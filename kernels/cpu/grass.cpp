@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/blas.h"
-#include "ops.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/ops.h"
 
 namespace grass::ops {
 

@@ -1,9 +1,9 @@
 // Linear layer y = x·wᵀ: the GEMMs that carry nearly all of the model's FLOPs.
 #include <climits>
 
-#include "cpu/blas.h"
-#include "core/error.h"
-#include "ops.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/ops.h"
+#include "src/core/error.h"
 
 namespace grass::ops {
 

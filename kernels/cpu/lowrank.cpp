@@ -7,10 +7,10 @@
 #include <cstring>
 #include <vector>
 
-#include "core/error.h"
-#include "core/rng.h"
-#include "cpu/blas.h"
-#include "lowrank_ops.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/lowrank_ops.h"
+#include "src/core/error.h"
+#include "src/core/rng.h"
 
 // LAPACK's divide-and-conquer SVD, as OpenBLAS exports it (no LAPACKE header is needed). The
 // trailing size_t is gfortran's hidden length of the jobz string.

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace grass::ops {
 

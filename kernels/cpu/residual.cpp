@@ -1,5 +1,5 @@
 // Residual add on the hidden stream.
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace grass::ops {
 

@@ -4,7 +4,7 @@
 
 #include <omp.h>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace grass::ops {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace grass::ops {
 

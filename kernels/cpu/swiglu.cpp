@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace grass::ops {
 

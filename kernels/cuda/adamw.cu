@@ -13,10 +13,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "clip_rule.h"
-#include "core/error.h"
-#include "cuda/common.cuh"
-#include "cuda/cuda_ops.h"
+#include "kernels/clip_rule.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 

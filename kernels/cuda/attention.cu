@@ -39,9 +39,9 @@
 #include <string>
 #include <type_traits>
 
-#include "core/error.h"
-#include "cuda/common.cuh"
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 

@@ -2,8 +2,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/error.h"
-#include "cuda/common.cuh"
+#include "kernels/cuda/common.cuh"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 

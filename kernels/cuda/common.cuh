@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "cuda/device.h"
-#include "stochastic_round.h"
+#include "kernels/cuda/device.h"
+#include "kernels/stochastic_round.h"
 
 namespace grass::cuda {
 

@@ -17,9 +17,9 @@
 // in another order).
 #include <cmath>
 
-#include "core/error.h"
-#include "cuda/common.cuh"
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 

@@ -8,15 +8,15 @@
 #include <numeric>
 #include <vector>
 
-#include "backend.h"
-#include "core/error.h"
-#include "core/format.h"
-#include "cuda/common.cuh"
-#include "cuda/cuda_ops.h"
-#include "cuda/device.h"
-#include "cuda/nccl_communicator.h"
-#include "cuda/staging.cuh"
-#include "lowrank_ops.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/nccl_communicator.h"
+#include "kernels/cuda/staging.cuh"
+#include "kernels/lowrank_ops.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
 
 namespace grass {
 

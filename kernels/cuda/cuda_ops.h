@@ -20,8 +20,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "adam_args.h"
-#include "clip_rule.h"
+#include "kernels/adam_args.h"
+#include "kernels/clip_rule.h"
 
 namespace grass::cuda {
 

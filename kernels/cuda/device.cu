@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cuda/device.h"
+#include "kernels/cuda/device.h"
 
 namespace grass::cuda {
 

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/error.h"
-#include "cuda/common.cuh"
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 

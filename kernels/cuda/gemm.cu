@@ -34,9 +34,9 @@
 #include <map>
 #include <mutex>
 
-#include "core/error.h"
-#include "cuda/common.cuh"
-#include "cuda/gemm.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 
 namespace grass::cuda {
 

@@ -9,10 +9,10 @@
 #include <cmath>
 #include <type_traits>
 
-#include "core/error.h"
-#include "cuda/common.cuh"
-#include "cuda/cuda_ops.h"
-#include "cuda/gemm.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.cuh"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 

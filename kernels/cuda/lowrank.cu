@@ -21,11 +21,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.h"
-#include "core/rng.h"
-#include "cuda/common.cuh"
-#include "cuda/cuda_ops.h"
-#include "cuda/gemm.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.cuh"
+#include "src/core/error.h"
+#include "src/core/rng.h"
 
 namespace grass::cuda {
 

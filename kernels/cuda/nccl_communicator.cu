@@ -1,4 +1,4 @@
-#include "cuda/nccl_communicator.h"
+#include "kernels/cuda/nccl_communicator.h"
 
 #include <nccl.h>
 
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "cuda/common.cuh"
-#include "dist/watchdog.h"
+#include "kernels/cuda/common.cuh"
+#include "src/core/error.h"
+#include "src/dist/watchdog.h"
 
 namespace grass::cuda {
 

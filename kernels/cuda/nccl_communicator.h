@@ -7,7 +7,7 @@
 #pragma once
 #include <memory>
 
-#include "dist/communicator.h"
+#include "src/dist/communicator.h"
 
 typedef struct CUstream_st* cudaStream_t;
 

@@ -1,8 +1,8 @@
-#include "cuda/staging.cuh"
+#include "kernels/cuda/staging.cuh"
 
 #include <cstring>
 
-#include "cuda/common.cuh"
+#include "kernels/cuda/common.cuh"
 
 namespace grass::cuda {
 

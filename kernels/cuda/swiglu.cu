@@ -6,9 +6,9 @@
 // up_proj as one GEMM.
 #include <cstdint>
 
-#include "core/error.h"
-#include "cuda/common.cuh"
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 

@@ -23,8 +23,8 @@
 #define CUDNN_FRONTEND_SKIP_JSON_LIB
 #include <cudnn_frontend.h>
 
-#include "core/error.h"
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "src/core/error.h"
 
 // The frontend's dynamic loading reads libcudnn's handle from here.
 namespace cudnn_frontend {

@@ -4,18 +4,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/commands.h"
-#include "cli/options.h"
-#include "config/config.h"
-#include "core/arena.h"
-#include "core/error.h"
-#include "io/safetensors.h"
-#include "model/hf_weights.h"
-#include "model/llama.h"
-#include "train/backend_choice.h"
-#include "train/checkpointing.h"
-#include "train/evaluator.h"
-#include "train/hf_interop.h"
+#include "src/cli/commands.h"
+#include "src/cli/options.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/core/error.h"
+#include "src/io/safetensors.h"
+#include "src/model/hf_weights.h"
+#include "src/model/llama.h"
+#include "src/train/backend_choice.h"
+#include "src/train/checkpointing.h"
+#include "src/train/evaluator.h"
+#include "src/train/hf_interop.h"
 
 namespace grass::cli {
 

@@ -1,13 +1,13 @@
 // grass export --checkpoint DIR --out HF_DIR [--dtype bf16|fp32] [--tokenizer MODEL]
 #include <cstdio>
 
-#include "cli/commands.h"
-#include "cli/options.h"
-#include "core/error.h"
-#include "core/arena.h"
-#include "core/format.h"
-#include "train/checkpointing.h"
-#include "train/hf_interop.h"
+#include "src/cli/commands.h"
+#include "src/cli/options.h"
+#include "src/core/arena.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/train/checkpointing.h"
+#include "src/train/hf_interop.h"
 
 namespace grass::cli {
 

@@ -3,11 +3,11 @@
 #include <optional>
 #include <string>
 
-#include "cli/commands.h"
-#include "cli/options.h"
-#include "config/config.h"
-#include "core/error.h"
-#include "train/memory_plan.h"
+#include "src/cli/commands.h"
+#include "src/cli/options.h"
+#include "src/config/config.h"
+#include "src/core/error.h"
+#include "src/train/memory_plan.h"
 
 namespace grass::cli {
 

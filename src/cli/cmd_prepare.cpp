@@ -2,11 +2,11 @@
 #include <cstdio>
 #include <thread>
 
-#include "cli/commands.h"
-#include "cli/options.h"
-#include "core/error.h"
-#include "data/jsonl_reader.h"
-#include "data/prepare.h"
+#include "src/cli/commands.h"
+#include "src/cli/options.h"
+#include "src/core/error.h"
+#include "src/data/jsonl_reader.h"
+#include "src/data/prepare.h"
 
 namespace grass::cli {
 

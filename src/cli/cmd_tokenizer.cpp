@@ -4,11 +4,11 @@
 #include <iostream>
 #include <thread>
 
-#include "cli/commands.h"
-#include "cli/options.h"
-#include "core/error.h"
-#include "data/jsonl_reader.h"
-#include "data/tokenizer.h"
+#include "src/cli/commands.h"
+#include "src/cli/options.h"
+#include "src/core/error.h"
+#include "src/data/jsonl_reader.h"
+#include "src/data/tokenizer.h"
 
 namespace grass::cli {
 

@@ -1,11 +1,11 @@
 // grass train <run.json> [--resume PATH] [--set key=value ...]
 #include <cstdio>
 
-#include "cli/commands.h"
-#include "cli/options.h"
-#include "config/config.h"
-#include "core/error.h"
-#include "train/trainer.h"
+#include "src/cli/commands.h"
+#include "src/cli/options.h"
+#include "src/config/config.h"
+#include "src/core/error.h"
+#include "src/train/trainer.h"
 
 namespace grass::cli {
 

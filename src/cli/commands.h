@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "src/dist/communicator.h"
 
 namespace grass::cli {
 

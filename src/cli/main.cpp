@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.h"
-#include "core/error.h"
+#include "src/cli/commands.h"
+#include "src/core/error.h"
 
 namespace {
 

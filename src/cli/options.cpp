@@ -1,8 +1,8 @@
-#include "cli/options.h"
+#include "src/cli/options.h"
 
 #include <charconv>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass::cli {
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cli/commands.h"
+#include "src/cli/commands.h"
 
 namespace grass::cli {
 

@@ -1,4 +1,4 @@
-#include "config/choices.h"
+#include "src/config/choices.h"
 
 namespace grass {
 

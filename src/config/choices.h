@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "storage.h"
+#include "kernels/storage.h"
 
 namespace grass {
 

@@ -1,4 +1,4 @@
-#include "config/config.h"
+#include "src/config/config.h"
 
 #include <algorithm>
 #include <climits>
@@ -6,8 +6,8 @@
 #include <set>
 #include <filesystem>
 
-#include "config/json_check.h"
-#include "core/error.h"
+#include "src/config/json_check.h"
+#include "src/core/error.h"
 
 namespace grass {
 

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/choices.h"
+#include "src/config/choices.h"
 
 namespace grass {
 

@@ -1,4 +1,4 @@
-#include "config/json_check.h"
+#include "src/config/json_check.h"
 
 #include <algorithm>
 #include <cctype>
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass::json_check {
 

@@ -1,11 +1,11 @@
-#include "core/arena.h"
+#include "src/core/arena.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-#include "core/error.h"
-#include "core/format.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
 
 namespace grass {
 

@@ -1,4 +1,4 @@
-#include "core/format.h"
+#include "src/core/format.h"
 
 #include <cstdio>
 

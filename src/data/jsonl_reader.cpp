@@ -1,4 +1,4 @@
-#include "data/jsonl_reader.h"
+#include "src/data/jsonl_reader.h"
 
 #include <glob.h>
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass {
 

@@ -1,13 +1,13 @@
-#include "data/loader.h"
+#include "src/data/loader.h"
 
 #include <algorithm>
 #include <bit>
 #include <cstdio>
 
-#include "core/error.h"
-#include "core/format.h"
-#include "core/rng.h"
-#include "io/hash.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/core/rng.h"
+#include "src/io/hash.h"
 
 namespace grass {
 

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "data/shard.h"
+#include "src/data/shard.h"
 
 namespace grass {
 

@@ -1,4 +1,4 @@
-#include "data/prepare.h"
+#include "src/data/prepare.h"
 
 #include <unistd.h>
 
@@ -13,11 +13,11 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "core/error.h"
-#include "core/format.h"
-#include "data/jsonl_reader.h"
-#include "data/shard.h"
-#include "data/tokenizer.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/data/jsonl_reader.h"
+#include "src/data/shard.h"
+#include "src/data/tokenizer.h"
 
 namespace grass {
 

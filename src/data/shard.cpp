@@ -1,4 +1,4 @@
-#include "data/shard.h"
+#include "src/data/shard.h"
 
 #include <unistd.h>
 
@@ -8,8 +8,8 @@
 #include <cstring>
 #include <utility>
 
-#include "core/error.h"
-#include "io/hash.h"
+#include "src/core/error.h"
+#include "src/io/hash.h"
 
 namespace grass {
 

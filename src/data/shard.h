@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "io/mapped_file.h"
+#include "src/io/mapped_file.h"
 
 namespace grass {
 

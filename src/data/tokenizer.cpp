@@ -1,4 +1,4 @@
-#include "data/tokenizer.h"
+#include "src/data/tokenizer.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -12,9 +12,9 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "core/error.h"
-#include "data/jsonl_reader.h"
-#include "io/hash.h"
+#include "src/core/error.h"
+#include "src/data/jsonl_reader.h"
+#include "src/io/hash.h"
 
 namespace grass {
 

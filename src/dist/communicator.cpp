@@ -1,9 +1,9 @@
-#include "dist/communicator.h"
+#include "src/dist/communicator.h"
 
 #include <cstdlib>
 #include <string>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass {
 

@@ -9,10 +9,10 @@
 #include <cstring>
 #include <memory>
 
-#include "core/bf16.h"
-#include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/watchdog.h"
+#include "src/core/bf16.h"
+#include "src/core/error.h"
+#include "src/dist/communicator.h"
+#include "src/dist/watchdog.h"
 
 namespace grass {
 

@@ -1,11 +1,11 @@
-#include "dist/watchdog.h"
+#include "src/dist/watchdog.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass {
 

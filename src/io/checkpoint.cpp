@@ -1,4 +1,4 @@
-#include "io/checkpoint.h"
+#include "src/io/checkpoint.h"
 
 #include <sys/stat.h>
 
@@ -11,11 +11,11 @@
 #include <set>
 #include <thread>
 
-#include "core/error.h"
-#include "core/format.h"
-#include "io/durable_file.h"
-#include "io/hash.h"
-#include "io/untrusted_json.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/io/durable_file.h"
+#include "src/io/hash.h"
+#include "src/io/untrusted_json.h"
 
 namespace grass {
 

@@ -1,4 +1,4 @@
-#include "io/durable_file.h"
+#include "src/io/durable_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "core/error.h"
-#include "io/mapped_file.h"
+#include "src/core/error.h"
+#include "src/io/mapped_file.h"
 
 namespace grass {
 

@@ -1,4 +1,4 @@
-#include "io/hash.h"
+#include "src/io/hash.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -9,8 +9,8 @@
 
 #include <zlib.h>
 
-#include "core/error.h"
-#include "io/mapped_file.h"
+#include "src/core/error.h"
+#include "src/io/mapped_file.h"
 
 namespace grass {
 

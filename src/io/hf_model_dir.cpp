@@ -1,10 +1,10 @@
-#include "io/hf_model_dir.h"
+#include "src/io/hf_model_dir.h"
 
 #include <algorithm>
 #include <filesystem>
 
-#include "core/error.h"
-#include "io/untrusted_json.h"
+#include "src/core/error.h"
+#include "src/io/untrusted_json.h"
 
 namespace grass {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
+#include "src/io/safetensors.h"
 
 namespace grass {
 

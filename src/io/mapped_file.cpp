@@ -1,4 +1,4 @@
-#include "io/mapped_file.h"
+#include "src/io/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass {
 

@@ -1,4 +1,4 @@
-#include "io/out_dir_lock.h"
+#include "src/io/out_dir_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass {
 

@@ -1,4 +1,4 @@
-#include "io/safetensors.h"
+#include "src/io/safetensors.h"
 
 #include <algorithm>
 #include <bit>
@@ -10,10 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/bf16.h"
-#include "core/error.h"
-#include "io/durable_file.h"
-#include "io/untrusted_json.h"
+#include "src/core/bf16.h"
+#include "src/core/error.h"
+#include "src/io/durable_file.h"
+#include "src/io/untrusted_json.h"
 
 namespace grass {
 

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "io/mapped_file.h"
+#include "src/io/mapped_file.h"
 
 namespace grass {
 

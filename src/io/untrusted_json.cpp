@@ -1,7 +1,7 @@
-#include "io/untrusted_json.h"
+#include "src/io/untrusted_json.h"
 
-#include "core/error.h"
-#include "io/mapped_file.h"
+#include "src/core/error.h"
+#include "src/io/mapped_file.h"
 
 namespace grass {
 

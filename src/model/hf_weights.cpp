@@ -1,9 +1,9 @@
-#include "model/hf_weights.h"
+#include "src/model/hf_weights.h"
 
 #include <algorithm>
 
-#include "core/error.h"
-#include "core/format.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
 
 namespace grass {
 

@@ -3,8 +3,8 @@
 #include <functional>
 #include <string>
 
-#include "io/safetensors.h"
-#include "model/llama.h"
+#include "src/io/safetensors.h"
+#include "src/model/llama.h"
 
 namespace grass {
 

@@ -1,12 +1,12 @@
-#include "model/llama.h"
+#include "src/model/llama.h"
 
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
-#include "core/error.h"
-#include "core/rng.h"
-#include "core/trace.h"
+#include "src/core/error.h"
+#include "src/core/rng.h"
+#include "src/core/trace.h"
 
 namespace grass {
 

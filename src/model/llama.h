@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
-#include "backend.h"
-#include "core/arena.h"
-#include "model/gradient_sink.h"
-#include "model/parameter_set.h"
-#include "storage.h"
+#include "kernels/backend.h"
+#include "kernels/storage.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/model/gradient_sink.h"
+#include "src/model/parameter_set.h"
 
 namespace grass {
 

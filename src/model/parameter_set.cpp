@@ -1,10 +1,10 @@
-#include "model/parameter_set.h"
+#include "src/model/parameter_set.h"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass {
 

@@ -1,6 +1,6 @@
-#include "optim/adamw.h"
+#include "src/optim/adamw.h"
 
-#include "core/rng.h"
+#include "src/core/rng.h"
 
 namespace grass {
 

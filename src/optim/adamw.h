@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "model/llama.h"
-#include "optim/optimizer.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/model/llama.h"
+#include "src/optim/optimizer.h"
 
 namespace grass {
 

@@ -1,8 +1,8 @@
-#include "optim/clip.h"
+#include "src/optim/clip.h"
 
 #include <cmath>
 
-#include "ops.h"
+#include "kernels/ops.h"
 
 namespace grass {
 

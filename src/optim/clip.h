@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "clip_rule.h"
+#include "kernels/clip_rule.h"
 
 namespace grass {
 

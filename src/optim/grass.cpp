@@ -1,12 +1,12 @@
-#include "optim/grass.h"
+#include "src/optim/grass.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "core/error.h"
-#include "core/rng.h"
-#include "io/hash.h"
-#include "optim/grass_selection.h"
+#include "src/core/error.h"
+#include "src/core/rng.h"
+#include "src/io/hash.h"
+#include "src/optim/grass_selection.h"
 
 namespace grass {
 

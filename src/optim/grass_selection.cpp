@@ -1,11 +1,11 @@
-#include "optim/grass_selection.h"
+#include "src/optim/grass_selection.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "core/error.h"
-#include "core/rng.h"
+#include "src/core/error.h"
+#include "src/core/rng.h"
 
 namespace grass {
 

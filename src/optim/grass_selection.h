@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "config/choices.h"
+#include "src/config/choices.h"
 
 namespace grass {
 

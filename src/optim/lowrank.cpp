@@ -1,10 +1,10 @@
-#include "optim/lowrank.h"
+#include "src/optim/lowrank.h"
 
 #include <algorithm>
 
-#include "core/error.h"
-#include "core/rng.h"
-#include "io/hash.h"
+#include "src/core/error.h"
+#include "src/core/rng.h"
+#include "src/io/hash.h"
 
 namespace grass {
 

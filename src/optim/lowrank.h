@@ -10,11 +10,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "dist/communicator.h"
-#include "model/llama.h"
-#include "optim/optimizer.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/dist/communicator.h"
+#include "src/model/llama.h"
+#include "src/optim/optimizer.h"
 
 namespace grass {
 

@@ -1,9 +1,9 @@
-#include "optim/optimizer.h"
+#include "src/optim/optimizer.h"
 
 #include <climits>
 #include <cstdio>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass {
 

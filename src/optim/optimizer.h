@@ -20,8 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "adam_args.h"
-#include "config/config.h"
+#include "kernels/adam_args.h"
+#include "src/config/config.h"
 
 namespace grass {
 

@@ -1,4 +1,4 @@
-#include "optim/schedule.h"
+#include "src/optim/schedule.h"
 
 #include <algorithm>
 #include <cmath>

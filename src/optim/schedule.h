@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "config/config.h"
+#include "src/config/config.h"
 
 namespace grass {
 

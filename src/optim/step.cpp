@@ -1,10 +1,10 @@
-#include "optim/step.h"
+#include "src/optim/step.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "core/error.h"
-#include "core/trace.h"
+#include "src/core/error.h"
+#include "src/core/trace.h"
 
 namespace grass {
 

@@ -25,12 +25,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "clip_rule.h"
-#include "core/arena.h"
-#include "dist/communicator.h"
-#include "model/gradient_sink.h"
-#include "model/llama.h"
-#include "optim/optimizer.h"
+#include "kernels/clip_rule.h"
+#include "src/core/arena.h"
+#include "src/dist/communicator.h"
+#include "src/model/gradient_sink.h"
+#include "src/model/llama.h"
+#include "src/optim/optimizer.h"
 
 namespace grass {
 

@@ -1,8 +1,8 @@
-#include "train/backend_choice.h"
+#include "src/train/backend_choice.h"
 
-#include "core/error.h"
+#include "src/core/error.h"
 #ifdef GRASS_HAVE_CUDA
-#include "cuda/device.h"
+#include "kernels/cuda/device.h"
 #endif
 
 namespace grass {

@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "backend.h"
-#include "config/config.h"
+#include "kernels/backend.h"
+#include "src/config/config.h"
 
 namespace grass {
 

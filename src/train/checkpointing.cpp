@@ -1,4 +1,4 @@
-#include "train/checkpointing.h"
+#include "src/train/checkpointing.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,9 +6,9 @@
 #include <map>
 #include <set>
 
-#include "core/error.h"
-#include "core/format.h"
-#include "io/safetensors.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/io/safetensors.h"
 
 namespace grass {
 

@@ -14,12 +14,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "data/loader.h"
-#include "io/checkpoint.h"
-#include "io/safetensors.h"
-#include "train/training_state.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/data/loader.h"
+#include "src/io/checkpoint.h"
+#include "src/io/safetensors.h"
+#include "src/train/training_state.h"
 
 namespace grass {
 

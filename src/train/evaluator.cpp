@@ -1,11 +1,11 @@
-#include "train/evaluator.h"
+#include "src/train/evaluator.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 
-#include "core/error.h"
+#include "src/core/error.h"
 
 namespace grass {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "data/loader.h"
-#include "model/llama.h"
+#include "src/data/loader.h"
+#include "src/model/llama.h"
 
 namespace grass {
 

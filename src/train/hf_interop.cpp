@@ -1,4 +1,4 @@
-#include "train/hf_interop.h"
+#include "src/train/hf_interop.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -7,16 +7,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "core/bf16.h"
-#include "core/error.h"
-#include "core/format.h"
-#include "data/tokenizer.h"
-#include "io/durable_file.h"
-#include "io/hf_model_dir.h"
-#include "io/safetensors.h"
-#include "model/hf_weights.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/core/bf16.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/data/tokenizer.h"
+#include "src/io/durable_file.h"
+#include "src/io/hf_model_dir.h"
+#include "src/io/safetensors.h"
+#include "src/model/hf_weights.h"
 
 namespace grass {
 

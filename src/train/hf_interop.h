@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "io/checkpoint.h"
-#include "model/llama.h"
+#include "src/io/checkpoint.h"
+#include "src/model/llama.h"
 
 namespace grass {
 

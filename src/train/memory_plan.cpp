@@ -1,4 +1,4 @@
-#include "train/memory_plan.h"
+#include "src/train/memory_plan.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "core/format.h"
-#include "train/training_state.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/train/training_state.h"
 
 namespace grass {
 

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <string>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "storage.h"
+#include "kernels/storage.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
 
 namespace grass {
 

@@ -1,12 +1,12 @@
-#include "train/metrics.h"
+#include "src/train/metrics.h"
 
 #include <cstdio>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "core/format.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
 
 namespace grass {
 

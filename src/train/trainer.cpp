@@ -1,4 +1,4 @@
-#include "train/trainer.h"
+#include "src/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,21 +9,21 @@
 #include <optional>
 #include <vector>
 
-#include "core/arena.h"
-#include "core/error.h"
-#include "core/format.h"
-#include "core/trace.h"
-#include "data/loader.h"
-#include "io/durable_file.h"
-#include "io/out_dir_lock.h"
-#include "optim/schedule.h"
-#include "train/backend_choice.h"
-#include "train/checkpointing.h"
-#include "train/evaluator.h"
-#include "train/hf_interop.h"
-#include "train/memory_plan.h"
-#include "train/metrics.h"
-#include "train/training_state.h"
+#include "src/core/arena.h"
+#include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/core/trace.h"
+#include "src/data/loader.h"
+#include "src/io/durable_file.h"
+#include "src/io/out_dir_lock.h"
+#include "src/optim/schedule.h"
+#include "src/train/backend_choice.h"
+#include "src/train/checkpointing.h"
+#include "src/train/evaluator.h"
+#include "src/train/hf_interop.h"
+#include "src/train/memory_plan.h"
+#include "src/train/metrics.h"
+#include "src/train/training_state.h"
 
 namespace grass {
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
-#include "dist/communicator.h"
-#include "train/evaluator.h"
+#include "src/config/config.h"
+#include "src/dist/communicator.h"
+#include "src/train/evaluator.h"
 
 namespace grass {
 

@@ -1,11 +1,11 @@
-#include "train/training_state.h"
+#include "src/train/training_state.h"
 
 #include <vector>
 
-#include "core/error.h"
-#include "optim/adamw.h"
-#include "optim/grass.h"
-#include "optim/lowrank.h"
+#include "src/core/error.h"
+#include "src/optim/adamw.h"
+#include "src/optim/grass.h"
+#include "src/optim/lowrank.h"
 
 namespace grass {
 

@@ -5,12 +5,12 @@
 #include <functional>
 #include <memory>
 
-#include "config/config.h"
-#include "core/arena.h"
-#include "dist/communicator.h"
-#include "model/llama.h"
-#include "optim/optimizer.h"
-#include "optim/step.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/dist/communicator.h"
+#include "src/model/llama.h"
+#include "src/optim/optimizer.h"
+#include "src/optim/step.h"
 
 namespace grass {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/bf16.h"
+#include "src/core/bf16.h"
 
 struct ncclComm {
   int nranks = 0;

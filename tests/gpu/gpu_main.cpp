@@ -6,7 +6,7 @@
 
 #include <cstdio>
 
-#include "cuda/device.h"
+#include "kernels/cuda/device.h"
 
 int main(int argc, char** argv) {
   const grass::cuda::DeviceProbe probe = grass::cuda::probe_device();

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 
 namespace grass::gputest {
 

@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "core/bf16.h"
-#include "gpu_test_util.h"
-#include "ops.h"
+#include "kernels/ops.h"
+#include "src/core/bf16.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace {
 

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "gpu_test_util.h"
-#include "ops.h"
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops.h"
+#include "src/core/error.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace {
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
-#include "gpu_test_util.h"
-#include "storage.h"
+#include "kernels/backend.h"
+#include "kernels/storage.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace {
 

@@ -14,17 +14,17 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
-#include "config/config.h"
-#include "core/arena.h"
-#include "core/error.h"
-#include "cuda/device.h"
-#include "gpu_test_util.h"
-#include "model/llama.h"
-#include "storage.h"
-#include "train/memory_plan.h"
-#include "train/training_state.h"
-#include "../named_choice.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/device.h"
+#include "kernels/storage.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/core/error.h"
+#include "src/model/llama.h"
+#include "src/train/memory_plan.h"
+#include "src/train/training_state.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/named_choice.h"
 
 #if __has_include(<cuda_emu.h>)
 #include <cuda_emu.h>

@@ -10,8 +10,8 @@
 #include <random>
 #include <vector>
 
-#include "gpu_test_util.h"
-#include "ops.h"
+#include "kernels/ops.h"
+#include "tests/gpu/gpu_test_util.h"
 
 using namespace grass;
 using namespace grass::gputest;

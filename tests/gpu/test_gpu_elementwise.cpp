@@ -10,9 +10,9 @@
 #include <random>
 #include <vector>
 
-#include "backend.h"
-#include "gpu_test_util.h"
-#include "ops.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace {
 

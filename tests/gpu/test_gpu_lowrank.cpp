@@ -14,11 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "backend.h"
-#include "core/error.h"
-#include "gpu_test_util.h"
-#include "lowrank_ops.h"
-#include "storage.h"
+#include "kernels/backend.h"
+#include "kernels/lowrank_ops.h"
+#include "kernels/storage.h"
+#include "src/core/error.h"
+#include "tests/gpu/gpu_test_util.h"
 
 using namespace grass;
 using namespace grass::gputest;

@@ -41,20 +41,20 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
-#include "config/config.h"
-#include "core/arena.h"
-#include "core/rng.h"
-#include "gpu_test_util.h"
-#include "training_run.h"
-#include "model/llama.h"
-#include "storage.h"
-#include "optim/grass.h"
-#include "optim/step.h"
-#include "train/memory_plan.h"
-#include "train/training_state.h"
-#include "../ngram_batches.h"
-#include "../named_choice.h"
+#include "kernels/backend.h"
+#include "kernels/storage.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/core/rng.h"
+#include "src/model/llama.h"
+#include "src/optim/grass.h"
+#include "src/optim/step.h"
+#include "src/train/memory_plan.h"
+#include "src/train/training_state.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/training_run.h"
+#include "tests/named_choice.h"
+#include "tests/ngram_batches.h"
 
 namespace {
 

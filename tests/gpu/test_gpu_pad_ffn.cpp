@@ -4,7 +4,7 @@
 // comparisons allow; docs/memory.md why the ffn is padded).
 #include <catch2/catch.hpp>
 
-#include "../pad_ffn_runs.h"
+#include "tests/pad_ffn_runs.h"
 
 #if __has_include(<cuda_emu.h>)
 #include <cuda_emu.h>

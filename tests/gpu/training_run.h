@@ -9,13 +9,13 @@
 #include <memory>
 #include <vector>
 
-#include "backend.h"
-#include "config/config.h"
-#include "core/arena.h"
-#include "model/llama.h"
-#include "storage.h"
-#include "train/memory_plan.h"
-#include "train/training_state.h"
+#include "kernels/backend.h"
+#include "kernels/storage.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/model/llama.h"
+#include "src/train/memory_plan.h"
+#include "src/train/training_state.h"
 
 namespace grass::gputest {
 

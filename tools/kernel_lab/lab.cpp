@@ -1,17 +1,17 @@
 // The kernel lab's shared parts (lab.h): shapes, buffers, random inputs, errors, the timer, the
 // report.
-#include "core/format.h"
-#include "lab.h"
+#include "src/core/format.h"
+#include "tools/kernel_lab/lab.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
 
-#include "core/bf16.h"
-#include "core/error.h"
-#include "core/rng.h"
-#include "model/llama.h"
+#include "src/core/bf16.h"
+#include "src/core/error.h"
+#include "src/core/rng.h"
+#include "src/model/llama.h"
 
 namespace grass::lab {
 

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend.h"
-#include "config/config.h"
+#include "kernels/backend.h"
+#include "src/config/config.h"
 
 namespace grass::lab {
 

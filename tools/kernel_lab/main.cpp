@@ -14,8 +14,8 @@
 #include <sstream>
 #include <string>
 
-#include "core/error.h"
-#include "lab.h"
+#include "src/core/error.h"
+#include "tools/kernel_lab/lab.h"
 
 using namespace grass;
 using namespace grass::lab;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "lab.h"
+#include "tools/kernel_lab/lab.h"
 
 namespace grass::lab {
 

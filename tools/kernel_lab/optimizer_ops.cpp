@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/bf16.h"
-#include "lab.h"
+#include "src/core/bf16.h"
+#include "tools/kernel_lab/lab.h"
 
 namespace grass::lab {
 
