@@ -17,15 +17,10 @@ const char* Storage::describe() const {
   return "?";
 }
 
-Storage storage_for(PrecisionChoice precision, bool cuda) {
+Storage make_storage(Precision precision, bool cuda) {
   Storage s;
   s.cuda = cuda;
-  switch (precision) {
-    case PrecisionChoice::F32: s.precision = Precision::F32; break;
-    case PrecisionChoice::Bf16Mixed: s.precision = Precision::Bf16Mixed; break;
-    case PrecisionChoice::Bf16: s.precision = Precision::Bf16; break;
-    case PrecisionChoice::Auto: s.precision = cuda ? Precision::Bf16Mixed : Precision::F32; break;
-  }
+  s.precision = precision;
   s.master = s.precision == Precision::Bf16Mixed;
   if (cuda) {  // bf16 where the precision says so; fp32 stays fp32
     const int half = s.bf16_weights() ? 2 : 4;

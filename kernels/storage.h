@@ -4,13 +4,11 @@
 // precisions, rounds what the GPU would store in bf16 (weights, gradients and optimizer states;
 // activations stay fp32 on the CPU), so the bf16 logic runs and is tested without a GPU.
 #pragma once
-#include <string>
 
 namespace grass {
 
+// A run's precision, decided (a run config's "auto" is resolved in train/run_resolution.h).
 enum class Precision { F32, Bf16Mixed, Bf16 };
-// What a run config asks for: a precision, or Auto (bf16-mixed on the GPU, fp32 on the CPU).
-enum class PrecisionChoice { Auto, F32, Bf16Mixed, Bf16 };
 
 struct Storage {
   Precision precision = Precision::F32;
@@ -28,6 +26,7 @@ struct Storage {
   const char* describe() const;  // "bf16-mixed (bf16 weights, fp32 master weights and states)"
 };
 
-Storage storage_for(PrecisionChoice precision, bool cuda);
+// The storage of `precision` on the GPU (cuda) or the CPU.
+Storage make_storage(Precision precision, bool cuda);
 
 }  // namespace grass

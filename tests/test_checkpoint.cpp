@@ -16,6 +16,7 @@
 #include "src/io/safetensors.h"
 #include "src/train/checkpointing.h"
 #include "src/train/metrics.h"
+#include "src/train/run_resolution.h"
 #include "src/train/trainer.h"
 #include "src/train/training_state.h"
 #include "tests/test_util.h"

@@ -14,6 +14,7 @@
 #include "src/config/config.h"
 #include "src/core/arena.h"
 #include "src/optim/grass.h"
+#include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 #include "tests/named_choice.h"
 #include "tests/ngram_batches.h"

@@ -7,6 +7,7 @@
 #include "src/core/error.h"
 #include "src/core/format.h"
 #include "src/train/memory_plan.h"
+#include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 #include "tests/named_choice.h"
 

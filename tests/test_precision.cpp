@@ -15,6 +15,7 @@
 #include "src/core/rng.h"
 #include "src/optim/grass.h"
 #include "src/optim/step.h"
+#include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 #include "tests/named_choice.h"
 #include "tests/ngram_batches.h"

@@ -19,9 +19,9 @@ const char* kMemUsage =
     "Prints the memory the run will take, by category (weights, dense and compressed gradients,\n"
     "optimizer states, activations, workspace), beside full AdamW on the same model and batch.\n"
     "Nothing is allocated: the run's own allocations are made on a planning arena, so the figures\n"
-    "are exactly what `grass train` holds, for any model size. The plan is for the GPU (bf16\n"
-    "storage as the run's precision says) unless the run's device is \"cpu\" or --device cpu is\n"
-    "given.\n"
+    "are exactly what `grass train` holds, for any model size. The plan is for the backend the run\n"
+    "would take on a machine with a GPU: the GPU (bf16 storage as the run's precision says), or the\n"
+    "CPU for device \"cpu\" and for precision fp32 with device \"auto\".\n"
     "\n"
     "  --device cpu|cuda     plan for this backend instead of the run's\n"
     "  --memory-limit SIZE   as the run key memory_limit (\"40GiB\", \"32GiB\", \"40GB\"): says\n"
@@ -70,9 +70,9 @@ int cmd_mem(const Args& args) {
     }
   }
   if (run_path.empty()) throw UserError("mem: missing <run.json> (see grass mem --help)");
-  const RunConfig cfg = load_run_config(run_path, overrides, ranks);
-  const Storage storage =
-      device ? storage_for(cfg.precision, *device == DeviceChoice::Cuda) : planned_storage(cfg);
+  RunConfig cfg = load_run_config(run_path, overrides, ranks);
+  if (device) cfg.device = *device;
+  const Storage storage = planned_storage(cfg);
   std::fputs((json ? memory_plan_json(cfg, storage) : format_memory_plans(cfg, storage)).c_str(),
              stdout);
   return 0;

@@ -7,8 +7,6 @@
 #include <string>
 #include <string_view>
 
-#include "kernels/storage.h"
-
 namespace grass {
 
 enum class OptimizerKind { AdamW, Grass, GaLore, Flora };
@@ -19,7 +17,9 @@ enum class Selection { TopR, Multinomial, MultinomialNR, Uniform, UniformNR };
 enum class SelectDim { Auto, Rows, Cols };
 // The linear layers of a LLaMA layer that a projected optimizer can train.
 enum class ProjectionTarget { Q, K, V, O, Gate, Up, Down };
-// PrecisionChoice is kernels/storage.h's (the backends read it); its names are here.
+// precision: "auto" (bf16-mixed on a GPU, fp32 on the CPU) | "fp32" | "bf16-mixed" | "bf16"; the
+// backends see the resolved Precision (kernels/storage.h) only (train/run_resolution.h).
+enum class PrecisionChoice { Auto, F32, Bf16Mixed, Bf16 };
 // Where a run computes: "auto" (the GPU when one is usable) | "cpu" | "cuda".
 enum class DeviceChoice { Auto, Cpu, Cuda };
 // activation_checkpointing: keep every activation ("none") or each layer's input ("layer").

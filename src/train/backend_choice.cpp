@@ -1,6 +1,7 @@
 #include "src/train/backend_choice.h"
 
 #include "src/core/error.h"
+#include "src/train/run_resolution.h"
 #ifdef GRASS_HAVE_CUDA
 #include "kernels/cuda/device.h"
 #endif
@@ -11,20 +12,19 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
   std::string ignored;
   std::string& why = why_cpu ? *why_cpu : ignored;
   const std::string where = (cfg.source.empty() ? std::string("run config") : cfg.source) + ": ";
-  if (cfg.device == DeviceChoice::Cpu) return make_cpu_backend(storage_for(cfg.precision, false));
+  if (cfg.device == DeviceChoice::Cpu) return make_cpu_backend(resolve(cfg, false).storage);
 #ifdef GRASS_HAVE_CUDA
   const cuda::DeviceProbe gpu = cuda::probe_device(gpu_index);
-  if (gpu.usable && (cfg.device == DeviceChoice::Cuda || cfg.precision != PrecisionChoice::F32))
-    return make_cuda_backend(storage_for(cfg.precision, true), gpu_index,
-                             cfg.attention == AttentionChoice::Cudnn ? AttentionKernel::Cudnn
-                                                                     : AttentionKernel::Grass);
+  const ResolvedRun run = resolve(cfg, gpu.usable);
+  if (gpu.usable && run.storage.cuda)
+    return make_cuda_backend(run.storage, gpu_index, run.memory.attention);
   if (cfg.attention == AttentionChoice::Cudnn)  // the CPU has its reference kernels only
     throw UserError(where + "attention: \"cudnn\" needs the GPU, but " +
                     (gpu.usable ? "precision fp32 runs on the CPU" : gpu.description) +
                     "; use \"grass\"");
   if (gpu.usable) {  // auto with fp32: the CPU reference is the only fp32 backend
     why = "precision fp32 runs on the CPU backend only (GPU " + gpu.description + " unused)";
-    return make_cpu_backend(storage_for(cfg.precision, false));
+    return make_cpu_backend(run.storage);
   }
   if (cfg.device == DeviceChoice::Cuda)
     throw UserError(where + "device: \"cuda\" but " + gpu.description +
@@ -40,7 +40,7 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
     throw UserError(where + "device: \"cuda\" but this grass was built without CUDA (no nvcc at "
                     "configure time); rebuild where CUDA is installed, or use \"auto\" or \"cpu\"");
 #endif
-  return make_cpu_backend(storage_for(cfg.precision, false));
+  return make_cpu_backend(resolve(cfg, false).storage);
 }
 
 }  // namespace grass

@@ -1,6 +1,7 @@
-// The backend a run computes on, chosen from its `device` key: "cpu", "cuda" (a UserError naming
-// the key when no GPU is usable or the build has no CUDA), or "auto" (the GPU when one is usable,
-// else the CPU). The run's precision gives the backend its storage. *why_cpu (when given) gets
+// The backend a run computes on, as resolve() (train/run_resolution.h) decides its `device` key
+// for this machine: "cpu", "cuda" (a UserError naming the key when no GPU is usable or the build
+// has no CUDA), or "auto" (the GPU when one is usable, unless fp32, else the CPU), with the
+// storage resolve() gives. *why_cpu (when given) gets
 // the reason an "auto" run is on the CPU, for the start-up table; stderr stays for errors.
 // gpu_index: the GPU a data-parallel rank takes (its index among its node's ranks).
 #pragma once

@@ -8,6 +8,7 @@
 
 #include "src/core/error.h"
 #include "src/core/format.h"
+#include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 
 namespace grass {
@@ -83,9 +84,7 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
                   " (grass mem <run.json> --memory-limit SIZE explores the options)");
 }
 
-Storage planned_storage(const RunConfig& cfg) {
-  return storage_for(cfg.precision, cfg.device != DeviceChoice::Cpu);
-}
+Storage planned_storage(const RunConfig& cfg) { return resolve(cfg, true).storage; }
 
 namespace {
 

@@ -34,7 +34,8 @@ int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t li
 // largest micro-batch that would fit (and what activation checkpointing would allow).
 void check_memory_limit(const RunConfig& cfg, const Storage& storage, const MemoryPlan& plan);
 
-// The storage `grass mem` plans for: the CPU backend's for device "cpu", else the GPU's.
+// The storage `grass mem` plans for: the run's on a machine with a usable GPU (the CPU backend's
+// for device "cpu", and for an fp32 run with device "auto", which the CPU computes).
 Storage planned_storage(const RunConfig& cfg);
 
 // The table `grass mem` prints: the run's plan beside full AdamW's on the same model, batch and

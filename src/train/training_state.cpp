@@ -6,21 +6,9 @@
 #include "src/optim/adamw.h"
 #include "src/optim/grass.h"
 #include "src/optim/lowrank.h"
+#include "src/train/run_resolution.h"
 
 namespace grass {
-
-ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage) {
-  ModelMemoryOptions options;
-  options.checkpoint_layers = cfg.activation_checkpointing == Checkpointing::Layer;
-  options.fused_update = cfg.fused_update == Switch::On ||
-                         (cfg.fused_update == Switch::Auto && storage.pure_bf16() &&
-                          cfg.micro_batches_per_rank() == 1);
-  options.pad_ffn = cfg.pad_ffn == Switch::On || (cfg.pad_ffn == Switch::Auto && storage.cuda);
-  options.attention = cfg.attention == AttentionChoice::Cudnn && storage.cuda
-                          ? AttentionKernel::Cudnn
-                          : AttentionKernel::Grass;
-  return options;
-}
 
 TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend,
                                    Communicator& comm) {

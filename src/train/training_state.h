@@ -21,12 +21,9 @@ struct TrainingState {
   Communicator* comm = nullptr;              // the ranks whose gradients each step sums
 };
 
-// How the run's model holds its memory: activation_checkpointing, and fused_update resolved for
-// the storage ("auto": on in pure bf16 when a rank's step is one micro-batch).
-ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage);
-
-// Allocates from `arena` (the backend's memory) with the element sizes of the backend's storage;
-// with a planning arena nothing is allocated or initialised. comm: the data-parallel ranks.
+// Allocates from `arena` (the backend's memory) with the element sizes of the backend's storage,
+// the model's memory options resolved for it (train/run_resolution.h); with a planning arena
+// nothing is allocated or initialised. comm: the data-parallel ranks.
 TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend,
                                    Communicator& comm = single_process());
 

@@ -14,6 +14,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/storage.h"
+#include "src/train/run_resolution.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {

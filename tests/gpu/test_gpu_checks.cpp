@@ -22,6 +22,7 @@
 #include "src/core/error.h"
 #include "src/model/llama.h"
 #include "src/train/memory_plan.h"
+#include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/named_choice.h"

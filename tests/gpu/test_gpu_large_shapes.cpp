@@ -57,6 +57,7 @@
 #include "src/model/llama.h"
 #include "src/optim/step.h"
 #include "src/train/memory_plan.h"
+#include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/training_run.h"

@@ -18,6 +18,7 @@
 #include "kernels/lowrank_ops.h"
 #include "kernels/storage.h"
 #include "src/core/error.h"
+#include "src/train/run_resolution.h"
 #include "tests/gpu/gpu_test_util.h"
 
 using namespace grass;

@@ -15,6 +15,7 @@
 #include "src/core/arena.h"
 #include "src/model/llama.h"
 #include "src/train/memory_plan.h"
+#include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 
 namespace grass::gputest {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "src/core/error.h"
+#include "src/train/run_resolution.h"
 #include "tools/kernel_lab/lab.h"
 
 using namespace grass;
