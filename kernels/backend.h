@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
@@ -83,8 +84,8 @@ struct WorkspaceShape {
 };
 
 // The backend's own scratch, sized from the storage alone (kernels/backend_sizes.cpp), so that a
-// plan for the GPU needs no GPU: the model allocates these from the arena's workspace category
-// and hands them to bind_workspace(). Zero bytes: not needed by that backend.
+// plan for the GPU needs no GPU: Backend::plan_scratch allocates it from the arena's workspace
+// category. Zero bytes: not needed by that backend.
 struct BackendScratch {
   int64_t attention_bytes = 0;  // attention backward (CPU: [B,NH,T,T] floats; cuDNN: its
                                 // workspace)
@@ -94,13 +95,36 @@ struct BackendScratch {
   int64_t tokens_bytes = 0;     // embedding backward's token groups
   int64_t slice_norms_bytes = 0;  // a GRASS refresh's slice norms (doubles)
   int64_t rope_bytes = 0;         // RoPE: GPU, the cos/sin table [2,T,HD/2] fp32 (written by
-                                  // init_workspace); CPU and cuDNN, the rotated copies of q and k
+                                  // init_scratch); CPU and cuDNN, the rotated copies of q and k
 };
 struct BackendScratchPointers {
   void *attention = nullptr, *norm = nullptr, *reduce = nullptr, *gemm = nullptr,
        *tokens = nullptr, *slice_norms = nullptr, *rope = nullptr;
 };
 BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& shape);
+
+class Backend;
+// The backend's scratch for one model's shapes, from Backend::plan_scratch. While the lease lives
+// the backend can compute with that scratch. A backend serving several models at once (tests
+// build two side by side) computes with the lease alive that covers the others (at least their
+// bytes, the same RoPE table), else the newest, and an op asked for more than the scratch in use
+// holds stops with an error. A lease on a planning arena holds null pointers and binds nothing.
+class ScratchLease {
+ public:
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  ~ScratchLease();
+  const BackendScratchPointers& scratch() const { return scratch_; }
+  const WorkspaceShape& shape() const { return shape_; }
+
+ private:
+  friend class Backend;
+  ScratchLease(Backend* backend, const BackendScratchPointers& scratch, const WorkspaceShape& shape)
+      : backend_(backend), scratch_(scratch), shape_(shape) {}
+  Backend* backend_;  // null: planned only, never bound
+  BackendScratchPointers scratch_;
+  WorkspaceShape shape_;
+};
 // What attention_forward keeps for the backward (CPU: probabilities [B,NH,T,T]; GPU:
 // logsumexp [B,NH,T]), in bytes.
 int64_t attention_saved_bytes(const Storage& storage, int B, int T, int NH);
@@ -149,15 +173,11 @@ class Backend : public MemoryResource {
   virtual void read_weights(float* host, const void* weights, int64_t first, int64_t n) = 0;
   // fp32 on the host <- a grad- or state-typed buffer
   virtual void read_grads(float* host, const void* grads, int64_t first, int64_t n) = 0;
-  // The scratch of backend_scratch(storage(), shape), allocated by the model. A backend may serve
-  // several models (tests build two side by side): each binds its own before it runs.
-  virtual void bind_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& shape) = 0;
-  // Writes what the scratch holds for every pass (the GPU's RoPE table), once, after it is
-  // allocated and before the first bind_workspace.
-  virtual void init_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& shape) {
-    (void)scratch;
-    (void)shape;
-  }
+  // The backend's scratch for models of `shape` (backend_scratch(storage(), shape)), allocated from
+  // `arena`'s workspace category ("backend.attention", ...: the plan counts it) and, on a real
+  // arena, written with what it holds for every pass (the GPU's RoPE table) and put in use. A
+  // model takes its lease once, at setup (kernels/backend.cpp).
+  std::unique_ptr<ScratchLease> plan_scratch(Arena& arena, const WorkspaceShape& shape);
 
   // ---- model ops --------------------------------------------------------------------------------
   virtual void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) = 0;
@@ -270,7 +290,16 @@ class Backend : public MemoryResource {
 
  protected:
   explicit Backend(const Storage& storage) : storage_(storage) {}
+  // The scratch the ops compute with from now on; null: none (the last lease ended).
+  virtual void use_scratch(const ScratchLease* lease) = 0;
+  // Writes what a new lease's scratch holds for every pass, before its first use.
+  virtual void init_scratch(const ScratchLease& lease) { (void)lease; }
   Storage storage_;
+
+ private:
+  friend class ScratchLease;
+  const ScratchLease* lease_in_use() const;  // null when none is alive
+  std::vector<ScratchLease*> leases_;        // alive, oldest first
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const Storage& storage);

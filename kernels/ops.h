@@ -99,7 +99,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 //   p -= (lr / (1-b1^t)) · m / (sqrt(v) / sqrt(1-b2^t) + eps)        (t = a.step, from 1)
 template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a);
-// ---- GRASS (kernels/cpu/grass.cpp; the method: ../shared/GRASS.md, docs/grass.md) -----------
+// ---- GRASS (kernels/cpu/grass.cpp; the method: docs/grass.md) --------------------------------
 // A GRASS linear y = x·wᵀ, w [out,in], trains r selected slices of w: rows σ ⊂ [out] (rows=true)
 // or columns σ ⊂ [in] (rows=false), each scaled by ρ_j. Its compressed gradient is
 //   rows: gc[r, in]  = ρ ⊙ (dy[:, σ])ᵀ · x          (2·N·r·in FLOPs, not 2·N·out·in)

@@ -49,7 +49,7 @@ double hand_mean_loss(grass::LlamaModel& model, const std::vector<uint32_t>& str
     }
     model.forward(inputs.data(), targets.data(), 1);
     for (int t = 0; t < T && offset + t < n; ++t) {
-      const float* logits = model.logits() + static_cast<size_t>(t) * V;
+      const float* logits = grass::test::logits(model) + static_cast<size_t>(t) * V;
       double max_logit = logits[0];
       for (int v = 1; v < V; ++v) max_logit = std::max(max_logit, double(logits[v]));
       double z = 0;

@@ -1,4 +1,4 @@
-// GRASS against its specification (../shared/GRASS.md): compressed gradients equal ρ times the
+// GRASS against its specification (docs/grass.md): compressed gradients equal ρ times the
 // selected slices of the dense gradient, only selected slices move, the selection rules, the
 // refresh, the identity with dense AdamW at full rank, and micro-batch accumulation.
 #include <catch2/catch.hpp>
@@ -21,6 +21,7 @@
 #include "src/optim/grass_selection.h"
 #include "src/optim/step.h"
 #include "tests/named_choice.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 
@@ -112,7 +113,7 @@ struct Rig {
   }
   std::vector<float> weights(const std::string& name) {
     const ParamTensor& t = model->tensor(name);
-    return {model->params() + t.offset, model->params() + t.offset + t.numel};
+    return {test::params(*model) + t.offset, test::params(*model) + t.offset + t.numel};
   }
 };
 
@@ -157,7 +158,7 @@ TEST_CASE("G_C equals rho times the selected slices of the dense gradient", "[gr
         const ParamTensor& p = dense.model->tensors()[t.tensor_index];
         INFO(p.name);
         CHECK(t.rows == (dim == std::string("rows")));
-        const auto want = expected_gc(dense.model->cpu_grad(p), t);
+        const auto want = expected_gc(test::cpu_grad(*dense.model, p), t);
         CHECK(rel_err(sparse.gc(t), want.data(), t.gc_numel) < 1e-5);
       }
     }
@@ -208,7 +209,7 @@ TEST_CASE("top_r selects the largest-norm rows of the true gradient", "[grass]")
   sparse.gradients(0, in, tg, B);
   for (const auto& t : sparse.grass->targets()) {
     const float* g =
-        dense.model->cpu_grad(dense.model->tensors()[t.tensor_index]);
+        test::cpu_grad(*dense.model, dense.model->tensors()[t.tensor_index]);
     std::vector<double> norms(t.out, 0.0);
     for (int i = 0; i < t.out; i++)
       for (int c = 0; c < t.in; c++) norms[i] += double(g[int64_t(i) * t.in + c]) * g[int64_t(i) * t.in + c];
@@ -327,7 +328,7 @@ TEST_CASE("at full rank GRASS reproduces dense AdamW step for step", "[grass]") 
       }
       for (const ParamTensor& p : dense.model->tensors()) {
         INFO(p.name);
-        CHECK(rel_err(sparse.model->params() + p.offset, dense.model->params() + p.offset,
+        CHECK(rel_err(test::params(*sparse.model) + p.offset, test::params(*dense.model) + p.offset,
                       p.numel) < 1e-6);
       }
     }
@@ -356,7 +357,7 @@ TEST_CASE("4 accumulated micro-batches equal one concatenated batch between refr
   micro.update();
   for (const ParamTensor& p : whole.model->tensors()) {
     INFO(p.name);
-    CHECK(rel_err(micro.model->params() + p.offset, whole.model->params() + p.offset, p.numel) < 1e-5);
+    CHECK(rel_err(test::params(*micro.model) + p.offset, test::params(*whole.model) + p.offset, p.numel) < 1e-5);
   }
 }
 
@@ -477,7 +478,7 @@ TEST_CASE("a refresh's slice norms from row chunks select as the whole gradient 
       dense.gradients(0, in, tg, B);
       chunked.gradients(0, in, tg, B);
       for (const auto& t : chunked.grass->targets()) {
-        const float* g = dense.model->cpu_grad(dense.model->tensors()[t.tensor_index]);
+        const float* g = test::cpu_grad(*dense.model, dense.model->tensors()[t.tensor_index]);
         std::vector<double> norms(size_t(t.rows ? t.out : t.in), 0.0);
         for (int i = 0; i < t.out; i++)
           for (int c = 0; c < t.in; c++)

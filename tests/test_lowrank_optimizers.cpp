@@ -20,6 +20,7 @@
 #include "src/optim/step.h"
 #include "tests/named_choice.h"
 #include "tests/ngram_batches.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 
@@ -102,11 +103,11 @@ struct Rig {
   }
   std::vector<float> weights(int tensor) const {
     const ParamTensor& p = model->tensors()[size_t(tensor)];
-    return {model->params() + p.offset, model->params() + p.offset + p.numel};
+    return {test::params(*model) + p.offset, test::params(*model) + p.offset + p.numel};
   }
   std::vector<float> dense_grad(int tensor) const {
     const ParamTensor& p = model->tensors()[size_t(tensor)];
-    const float* g = model->cpu_grad(p);
+    const float* g = test::cpu_grad(*model, p);
     return {g, g + p.numel};
   }
 };

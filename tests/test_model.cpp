@@ -10,6 +10,7 @@
 #include "src/core/rng.h"
 #include "src/model/llama.h"
 #include "src/optim/schedule.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 
@@ -52,11 +53,11 @@ TEST_CASE("initialisation is seeded, HF-shaped and norm gains start at 1", "[mod
   LlamaModel a(cfg, arena, 1, 8), b(cfg, arena, 1, 8);
   a.init_weights(1);
   b.init_weights(1);
-  CHECK(std::equal(a.params(), a.params() + a.num_params(), b.params()));
+  CHECK(std::equal(test::params(a), test::params(a) + a.num_params(), test::params(b)));
   b.init_weights(2);
-  CHECK_FALSE(std::equal(a.params(), a.params() + a.num_params(), b.params()));
+  CHECK_FALSE(std::equal(test::params(a), test::params(a) + a.num_params(), test::params(b)));
   for (const ParamTensor& t : a.tensors()) {
-    const float* p = a.params() + t.offset;
+    const float* p = test::params(a) + t.offset;
     if (t.is_norm) {
       for (int64_t i = 0; i < t.numel; i++) REQUIRE(p[i] == 1.0f);
       continue;
@@ -82,11 +83,11 @@ TEST_CASE("tied embeddings: one table, gradient = embedding part + lm_head part"
   // the untied model's lm_head becomes a copy of its embedding; the rest is shared by name
   const ParamTensor& emb = untied.tensor("model.embed_tokens.weight");
   const ParamTensor& head = untied.tensor("lm_head.weight");
-  std::copy(untied.params() + emb.offset, untied.params() + emb.offset + emb.numel,
-            untied.params() + head.offset);
+  std::copy(test::params(untied) + emb.offset, test::params(untied) + emb.offset + emb.numel,
+            test::params(untied) + head.offset);
   for (const ParamTensor& t : tied.tensors())
-    std::copy(untied.params() + untied.tensor(t.name).offset,
-              untied.params() + untied.tensor(t.name).offset + t.numel, tied.params() + t.offset);
+    std::copy(test::params(untied) + untied.tensor(t.name).offset,
+              test::params(untied) + untied.tensor(t.name).offset + t.numel, test::params(tied) + t.offset);
 
   const auto inputs = random_tokens(B * T, 50, 11), targets = random_tokens(B * T, 50, 12);
   const double lu = untied.forward(inputs.data(), targets.data(), B);
@@ -98,8 +99,8 @@ TEST_CASE("tied embeddings: one table, gradient = embedding part + lm_head part"
   tied.backward(1.0);
   std::vector<float> expected(emb.numel);
   for (int64_t i = 0; i < emb.numel; i++)
-    expected[i] = untied.cpu_grad(emb)[i] + untied.cpu_grad(head)[i];
-  CHECK(rel_err(tied.cpu_grad(tied.tensor("model.embed_tokens.weight")), expected.data(),
+    expected[i] = test::cpu_grad(untied, emb)[i] + test::cpu_grad(untied, head)[i];
+  CHECK(rel_err(test::cpu_grad(tied, tied.tensor("model.embed_tokens.weight")), expected.data(),
                 emb.numel) < 1e-5);
 }
 
@@ -123,7 +124,7 @@ TEST_CASE("4 accumulated micro-batches give the gradient of the concatenated bat
   CHECK(loss_micro == Approx(loss_whole).epsilon(1e-6));
   for (const ParamTensor& t : whole.tensors()) {
     INFO(t.name);
-    CHECK(rel_err(micro.cpu_grad(t), whole.cpu_grad(t), t.numel) < 1e-5);
+    CHECK(rel_err(test::cpu_grad(micro, t), test::cpu_grad(whole, t), t.numel) < 1e-5);
   }
 }
 
@@ -156,7 +157,7 @@ TEST_CASE("forward_backward equals forward then backward and queues the losses i
     CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(double)) == 0);
     CHECK(got[3] == 0.0);
     CHECK(one_pass.take_losses().empty());
-    CHECK(std::memcmp(one_pass.grads(), two_calls.grads(),
+    CHECK(std::memcmp(test::grads(one_pass), test::grads(two_calls),
                       size_t(one_pass.num_dense_grads()) * sizeof(float)) == 0);
   }
 }
@@ -174,7 +175,7 @@ TEST_CASE("ignored targets do not contribute to loss or gradient", "[model]") {
   double sum = 0;  // the mean over the other positions, recomputed from the logits
   for (int t = 0; t < T; t++) {
     if (t == 2) continue;
-    const float* row = model.logits() + size_t(t) * V;
+    const float* row = test::logits(model) + size_t(t) * V;
     double mx = row[0], z = 0;
     for (int i = 0; i < V; i++) mx = std::max<double>(mx, row[i]);
     for (int i = 0; i < V; i++) z += std::exp(row[i] - mx);
@@ -183,7 +184,7 @@ TEST_CASE("ignored targets do not contribute to loss or gradient", "[model]") {
   CHECK(loss == Approx(sum / (T - 1)).epsilon(1e-6));
   model.zero_grads();
   model.backward(1.0);
-  const float* dlogits = model.logits() + size_t(2) * V;  // the logits buffer now holds dlogits
+  const float* dlogits = test::logits(model) + size_t(2) * V;  // the logits buffer now holds dlogits
   for (int i = 0; i < V; i++) CHECK(dlogits[i] == 0.0f);
 }
 
@@ -224,7 +225,7 @@ TEST_CASE("an ffn width that is not a multiple of 8 (llama_1b's 5461) trains eve
     int rows_with_gradient = 0;  // the last, ragged rows included
     for (int64_t r = 0; r < 5461; r++) {
       double sq = 0;
-      const float* row = model.cpu_grad(t) + r * 32;
+      const float* row = test::cpu_grad(model, t) + r * 32;
       for (int c = 0; c < 32; c++) sq += double(row[c]) * row[c];
       rows_with_gradient += sq > 0 && std::isfinite(sq);
     }

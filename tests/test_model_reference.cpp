@@ -24,6 +24,7 @@
 #include "src/model/llama.h"
 #include "src/optim/adamw.h"
 #include "src/optim/step.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 
@@ -71,12 +72,12 @@ TEST_CASE("forward and backward match the PyTorch reference", "[model][reference
   const double ref_loss = fx.tensors.read_f64("loss")[0];
   INFO("loss " << loss << " reference " << ref_loss);
   CHECK(std::abs(loss - ref_loss) / ref_loss < kTol);
-  CHECK(rel_err(model.logits(), fx.tensors.read_f64("logits")) < kTol);
+  CHECK(rel_err(test::logits(model), fx.tensors.read_f64("logits")) < kTol);
 
   model.zero_grads();
   model.backward(1.0);
   for (const ParamTensor& t : model.tensors()) {
-    const double err = rel_err(model.cpu_grad(t), fx.tensors.read_f64("grad." + t.name));
+    const double err = rel_err(test::cpu_grad(model, t), fx.tensors.read_f64("grad." + t.name));
     INFO(t.name << " gradient relative error " << err);
     CHECK(err < kTol);
   }
@@ -126,7 +127,7 @@ TEST_CASE("five AdamW steps with clipping match the PyTorch reference", "[model]
   CHECK(clipped);    // the fixture exercises both sides of the clipping rule
   CHECK(unclipped);
   for (const ParamTensor& t : model.tensors()) {
-    const double err = rel_err(model.params() + t.offset, fx.tensors.read_f64("final." + t.name));
+    const double err = rel_err(test::params(model) + t.offset, fx.tensors.read_f64("final." + t.name));
     INFO(t.name << " weights after " << steps << " steps, relative error " << err);
     CHECK(err < kWeightsAfterTol);
   }

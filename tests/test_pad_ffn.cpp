@@ -59,7 +59,7 @@ TEST_CASE("a padded model stores gate and up with zero rows and down with a wide
   // down's row i holds the Hugging Face row i, then 3 zeros; read_tensor gives the rows back
   const std::vector<float> hf = model.read_tensor(down);
   REQUIRE(hf.size() == 16 * 45);
-  const float* stored = model.params() + down.offset;
+  const float* stored = test::params(model) + down.offset;
   for (int i = 0; i < 16; i++) {
     INFO("row " << i);
     CHECK(std::equal(hf.begin() + i * 45, hf.begin() + (i + 1) * 45, stored + i * 48));

@@ -19,6 +19,7 @@
 #include "src/train/training_state.h"
 #include "tests/named_choice.h"
 #include "tests/ngram_batches.h"
+#include "tests/test_util.h"
 
 using namespace grass;
 using grass::test::NgramBatches;
@@ -84,7 +85,7 @@ std::vector<double> train_checked(const std::string& optimizer, const std::strin
     losses.push_back(model.forward(in.data(), tg.data(), cfg.micro_batch_size));
     model.backward(1.0);
     if (storage.pure_bf16()) {
-      REQUIRE(all_bf16(model.grads(), model.num_dense_grads()));
+      REQUIRE(all_bf16(test::grads(model), model.num_dense_grads()));
       if (grass)
         for (const auto& t : grass->targets())
           REQUIRE(all_bf16(static_cast<const float*>(deferred.projected_gradient(t.tensor_index)),
@@ -92,7 +93,7 @@ std::vector<double> train_checked(const std::string& optimizer, const std::strin
     }
     deferred.finish();
 
-    const float* p = model.params();
+    const float* p = test::params(model);
     const int64_t P = model.num_params();
     if (storage.bf16_weights()) REQUIRE(all_bf16(p, P));
     if (storage.master) {
@@ -192,7 +193,7 @@ TEST_CASE("a pure bf16 GRASS step changes only the selected rows or columns", "[
     data.batch(step, cfg.micro_batch_size, cfg.seq_len, in, tg);
     model.forward(in.data(), tg.data(), cfg.micro_batch_size);
     model.backward(1.0);
-    const std::vector<float> before(model.params(), model.params() + model.num_params());
+    const std::vector<float> before(test::params(model), test::params(model) + model.num_params());
     s.step->finish();  // AdamW moves the dense tensors; only the GRASS targets are looked at
     for (const auto& t : s.optimizers->find<Grass>()->targets()) {
       std::vector<bool> selected(t.rows ? t.out : t.in, false);
@@ -201,7 +202,7 @@ TEST_CASE("a pure bf16 GRASS step changes only the selected rows or columns", "[
       for (int i = 0; i < t.out; i++)
         for (int c = 0; c < t.in; c++) {
           const int64_t k = model.tensors()[size_t(t.tensor_index)].offset + int64_t(i) * t.in + c;
-          if (before[k] == model.params()[k]) continue;
+          if (before[k] == test::params(model)[k]) continue;
           changed++;
           REQUIRE(selected[t.rows ? i : c]);
         }

@@ -1,5 +1,5 @@
 // Helpers the CPU test files share: temporary directories, whole files, random token streams,
-// shards on disk, and the message of an expected UserError.
+// shards on disk, the message of an expected UserError, and a CPU model's buffers as floats.
 #pragma once
 #include <catch2/catch.hpp>
 
@@ -16,8 +16,32 @@
 
 #include "src/core/error.h"
 #include "src/data/shard.h"
+#include "src/model/llama.h"
+
+namespace grass {
+
+// What tests read of a model that its interface does not offer (LlamaModel befriends it).
+struct ModelInternals {
+  static const void* logits(const LlamaModel& m) { return m.logits_; }
+};
+
+}  // namespace grass
 
 namespace grass::test {
+
+// A model's buffers as the CPU backend's fp32 memory, to read or write in place: the weights
+// [num_stored_params], the dense gradients [num_dense_grads], tensor t's gradient (null for a
+// projected tensor) and the logits of the last forward [B, T, V] (dlogits after backward()).
+inline float* cpu_floats(const LlamaModel& m, const void* buffer) {
+  if (m.storage().cuda) throw InternalError("a model's buffers as floats: the CPU backend's only");
+  return static_cast<float*>(const_cast<void*>(buffer));
+}
+inline float* params(LlamaModel& m) { return cpu_floats(m, m.weights()); }
+inline float* grads(LlamaModel& m) { return cpu_floats(m, m.grads_buffer()); }
+inline float* cpu_grad(LlamaModel& m, const ParamTensor& t) {
+  return t.dense() ? grads(m) + t.grad_offset : nullptr;
+}
+inline const float* logits(const LlamaModel& m) { return cpu_floats(m, ModelInternals::logits(m)); }
 
 // A fresh directory per test case, removed afterwards: "<tmp>/<prefix>_<pid>_<n>", where the
 // prefix names the test file, so a leftover directory says which file left it.

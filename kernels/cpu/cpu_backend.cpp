@@ -70,10 +70,13 @@ class CpuBackend final : public Backend {
   void read_grads(float* host, const void* grads, int64_t first, int64_t n) override {
     std::memcpy(host, f(grads) + first, size_t(n) * sizeof(float));
   }
-  void bind_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& shape) override {
-    attention_scratch_ = f(scratch.attention);
-    rope_scratch_ = f(scratch.rope);
-    rope_scratch_floats_ = backend_scratch(storage_, shape).rope_bytes / 4;
+  void use_scratch(const ScratchLease* lease) override {
+    const BackendScratch sizes =
+        lease ? backend_scratch(storage_, lease->shape()) : BackendScratch{};
+    attention_scratch_ = lease ? f(lease->scratch().attention) : nullptr;
+    attention_scratch_floats_ = sizes.attention_bytes / 4;
+    rope_scratch_ = lease ? f(lease->scratch().rope) : nullptr;
+    rope_scratch_floats_ = sizes.rope_bytes / 4;
   }
 
   // ---- model ops ------------------------------------------------------------------------------
@@ -114,7 +117,10 @@ class CpuBackend final : public Backend {
   void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void*,
                           const void* saved, const void* q, const void* k, const void* v, int B,
                           int T, int NH, int NKV, int HD, double theta) override {
-    GRASS_CHECK(attention_scratch_, "attention_backward before bind_workspace");
+    GRASS_CHECK(attention_scratch_ &&
+                    int64_t(B) * NH * T * T <= attention_scratch_floats_,
+                "attention_backward: the attention scratch is unbound or smaller than this batch "
+                "(Backend::plan_scratch)");
     const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
     ops::attention_backward(f(dq), f(dk), f(dv), attention_scratch_, f(dout), qr, kr, f(v),
                             f(saved), B, T, NH, NKV, HD);
@@ -260,7 +266,8 @@ class CpuBackend final : public Backend {
     ops::stochastic_round_to_bf16(v, n_moments, derive_seed(seed, 2));
   }
 
-  float* attention_scratch_ = nullptr;
+  float* attention_scratch_ = nullptr;  // [B,NH,T,T] dscores
+  int64_t attention_scratch_floats_ = 0;
   float* rope_scratch_ = nullptr;  // [B,T,NH,HD] rotated q, then [B,T,NKV,HD] rotated k
   int64_t rope_scratch_floats_ = 0;
   // q and k rotated by RoPE into rope_scratch_

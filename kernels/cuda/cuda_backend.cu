@@ -155,7 +155,18 @@ class CudaBackend final : public Backend {
     else
       download(host, static_cast<const float*>(grads) + first, size_t(n) * sizeof(float));
   }
-  void bind_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& s) override {
+  void use_scratch(const ScratchLease* lease) override {
+    if (!lease) {  // none: every op that needs scratch stops at its capacity check
+      scratch_ = {};
+      attention_bytes_ = 0;
+      rope_ = {nullptr, 0};
+      slice_norms_capacity_ = 0;
+      ctx_.lt_workspace = nullptr;
+      ctx_.lt_workspace_bytes = 0;
+      return;
+    }
+    const BackendScratchPointers& scratch = lease->scratch();
+    const WorkspaceShape& s = lease->shape();
     // backend_sizes.cpp sized these without the kernels: check that the kernels agree
     const int64_t N = int64_t(s.B) * s.T;
     const BackendScratch sizes = backend_scratch(storage_, s);
@@ -169,13 +180,16 @@ class CudaBackend final : public Backend {
     GRASS_CHECK(s.attention == attention_, "a workspace planned for other attention kernels");
     scratch_ = scratch;
     attention_bytes_ = sizes.attention_bytes;
-    rope_ = {static_cast<const float*>(scratch.rope), s.T};  // init_workspace() filled it
+    rope_ = {static_cast<const float*>(scratch.rope), s.T};  // init_scratch() filled it
     rope_HD_ = s.HD;
     rope_theta_ = s.rope_theta;
     slice_norms_capacity_ = sizes.slice_norms_bytes / int64_t(sizeof(double));
     ctx_.lt_workspace = scratch.gemm;
     ctx_.lt_workspace_bytes = size_t(sizes.gemm_bytes);
-  }  void init_workspace(const BackendScratchPointers& scratch, const WorkspaceShape& s) override {
+  }
+  void init_scratch(const ScratchLease& lease) override {
+    const BackendScratchPointers& scratch = lease.scratch();
+    const WorkspaceShape& s = lease.shape();
     if (cudnn_) {  // its graphs for the largest micro-batch, and whether their workspace fits
       const int64_t need = cudnn_->workspace_bytes(s.B, s.T, s.NH, s.NKV, s.HD);
       const int64_t have = backend_scratch(storage_, s).attention_bytes;

@@ -36,7 +36,7 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
-// The projected optimizers' settings: GRASS (../shared/GRASS.md, docs/grass.md), GaLore and
+// The projected optimizers' settings: GRASS (docs/grass.md), GaLore and
 // FLORA (docs/lowrank.md). Their targets train at rank r; the other tensors train with AdamW.
 struct ProjectionConfig {
   int rank = 128;                   // r: rows, columns or projected dimensions per target

@@ -23,7 +23,6 @@ class HfModelWeights {
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
   // The file holding a tensor, for reading it and for messages. UserError if absent.
   const SafetensorsFile& file_of(const std::string& name) const;
-  size_t num_files() const { return files_.size(); }
 
  private:
   std::string path_;

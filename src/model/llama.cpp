@@ -11,29 +11,22 @@
 namespace grass {
 
 namespace {
-// The per-layer tensors in buffer order; layer_view() relies on this order.
-const char* const kLayerTensorNames[] = {
-    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
-constexpr int kTensorsPerLayer = 9;
-enum LayerTensor { kAttnNorm, kQ, kK, kV, kO, kMlpNorm, kGate, kUp, kDown };
-
 // tensors_ index of layer l's tensor i (tensors_[0] is the embedding)
 int layer_tensor_index(int l, int i) { return 1 + l * kTensorsPerLayer + i; }
+int layer_tensor_index(int l, LayerTensor t) { return layer_tensor_index(l, int(t)); }
 }  // namespace
 
 std::vector<std::string> projection_tensor_names(int num_layers,
                                                  const std::vector<ProjectionTarget>& targets) {
   const auto layer_tensor = [](ProjectionTarget target) {
     switch (target) {
-      case ProjectionTarget::Q: return kQ;
-      case ProjectionTarget::K: return kK;
-      case ProjectionTarget::V: return kV;
-      case ProjectionTarget::O: return kO;
-      case ProjectionTarget::Gate: return kGate;
-      case ProjectionTarget::Up: return kUp;
-      case ProjectionTarget::Down: return kDown;
+      case ProjectionTarget::Q: return LayerTensor::Q;
+      case ProjectionTarget::K: return LayerTensor::K;
+      case ProjectionTarget::V: return LayerTensor::V;
+      case ProjectionTarget::O: return LayerTensor::O;
+      case ProjectionTarget::Gate: return LayerTensor::Gate;
+      case ProjectionTarget::Up: return LayerTensor::Up;
+      case ProjectionTarget::Down: return LayerTensor::Down;
     }
     throw InternalError("projection_tensor_names: unknown target");
   };
@@ -41,7 +34,7 @@ std::vector<std::string> projection_tensor_names(int num_layers,
   for (int l = 0; l < num_layers; l++)
     for (const ProjectionTarget target : targets)
       names.push_back("model.layers." + std::to_string(l) + "." +
-                      kLayerTensorNames[layer_tensor(target)]);
+                      kLayerTensors[int(layer_tensor(target))].name);
   return names;
 }
 
@@ -65,18 +58,26 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   ParameterSet& ts = tensors_;
   off_embed_ = ts.num_stored();
   ts.add("model.embed_tokens.weight", {V, C}, false);
+  const auto size_of = [&](Dim d, bool stored) -> int64_t {
+    switch (d) {
+      case Dim::C: return C;
+      case Dim::QD: return QD;
+      case Dim::KVD: return KVD;
+      case Dim::F: return stored ? Fs : F;
+      case Dim::None: break;
+    }
+    return 0;
+  };
+  const auto shape_of = [&](const LayerTensorSpec& t, bool stored) {
+    std::vector<int64_t> shape = {size_of(t.rows, stored)};
+    if (t.cols != Dim::None) shape.push_back(size_of(t.cols, stored));
+    return shape;
+  };
   for (int l = 0; l < L; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     off_layer_.push_back(ts.num_stored());
-    ts.add(p + kLayerTensorNames[0], {C}, true);
-    ts.add(p + kLayerTensorNames[1], {QD, C}, false);
-    ts.add(p + kLayerTensorNames[2], {KVD, C}, false);
-    ts.add(p + kLayerTensorNames[3], {KVD, C}, false);
-    ts.add(p + kLayerTensorNames[4], {C, QD}, false);
-    ts.add(p + kLayerTensorNames[5], {C}, true);
-    ts.add(p + kLayerTensorNames[6], {F, C}, false, {Fs, C});
-    ts.add(p + kLayerTensorNames[7], {F, C}, false, {Fs, C});
-    ts.add(p + kLayerTensorNames[8], {C, F}, false, {C, Fs});
+    for (const LayerTensorSpec& t : kLayerTensors)
+      ts.add(p + t.name, shape_of(t, false), t.is_norm, shape_of(t, true));
   }
   off_norm_ = ts.num_stored();
   ts.add("model.norm.weight", {C}, true);
@@ -87,8 +88,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   }
   GRASS_CHECK(ts.num_params() == cfg.num_parameters(), "parameter layout disagrees with the config");
   for (int l = 0; l < L; l++)  // the forward's one gate-and-up GEMM reads them as one matrix
-    GRASS_CHECK(ts[size_t(layer_tensor_index(l, kUp))].offset ==
-                    ts[size_t(layer_tensor_index(l, kGate))].offset + Fs * C,
+    GRASS_CHECK(ts[size_t(layer_tensor_index(l, LayerTensor::Up))].offset ==
+                    ts[size_t(layer_tensor_index(l, LayerTensor::Gate))].offset + Fs * C,
                 "gate_proj and up_proj must be adjacent in the weights");
   ts.set_projected(projected);
   const int64_t num_stored = ts.num_stored(), num_dense_grads = ts.num_dense_grads();
@@ -145,24 +146,9 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   ws_.dup = wsp("dup", N * Fs);
   const WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
                              cfg.num_key_value_heads, int(HD), cfg.rope_theta, memory.attention};
-  const BackendScratch sizes = backend_scratch(storage, shape);
-  auto backend_ws = [&](const std::string& name, int64_t bytes) {
-    return bytes ? arena.alloc_bytes(MemCategory::Workspace, "backend." + name, bytes) : nullptr;
-  };
-  scratch_.attention = backend_ws("attention", sizes.attention_bytes);
-  scratch_.norm = backend_ws("rmsnorm", sizes.norm_bytes);
-  scratch_.reduce = backend_ws("reduce", sizes.reduce_bytes);
-  scratch_.gemm = backend_ws("gemm", sizes.gemm_bytes);
-  scratch_.tokens = backend_ws("token_groups", sizes.tokens_bytes);
-  scratch_.slice_norms = backend_ws("slice_norms", sizes.slice_norms_bytes);
-  scratch_.rope = backend_ws("rope", sizes.rope_bytes);
-  scratch_shape_ = shape;
+  backend_scratch_ = backend.plan_scratch(arena, shape);
   for (const char* pass : {"forward", "backward"})
     for (int l = 0; l < L; l++) trace_names_.push_back("layer " + std::to_string(l) + " " + pass);
-  if (!arena.planning()) {
-    backend.init_workspace(scratch_, scratch_shape_);
-    backend.bind_workspace(scratch_, scratch_shape_);
-  }
 }
 
 void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
@@ -218,30 +204,15 @@ void* LlamaModel::grad(const ParamTensor& t) {
   return tied_grad_ && t.offset == off_embed_ ? tied_grad_ : grads_;
 }
 
-float* LlamaModel::params() {
-  GRASS_CHECK(!storage().cuda, "params() as float* is the CPU backend's memory only");
-  return static_cast<float*>(params_);
-}
-
-float* LlamaModel::grads() {
-  GRASS_CHECK(!storage().cuda, "grads() as float* is the CPU backend's memory only");
-  return static_cast<float*>(grads_);
-}
-
-const float* LlamaModel::logits() const {
-  GRASS_CHECK(!storage().cuda, "logits() is the CPU backend's memory only");
-  return static_cast<const float*>(logits_);
-}
-
 LlamaModel::LayerWeights LlamaModel::layer_weights(int l) {
   void* p[kTensorsPerLayer];
   for (int i = 0; i < kTensorsPerLayer; i++) p[i] = weight(tensors_[layer_tensor_index(l, i)]);
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]};
 }
 
-void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w,
+void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, LayerTensor t, const void* w,
                                  const void* dy, const void* x, int64_t N, int in, int out) {
-  const int index = layer_tensor_index(l, i);
+  const int index = layer_tensor_index(l, t);
   if (tensors_[index].dense()) {
     backend_->linear_backward(dx, begin_gradient(index), dy, x, w, N, in, out, accumulate_dx);
     end_gradient(index);
@@ -307,12 +278,6 @@ std::vector<float> LlamaModel::read_tensor(const ParamTensor& t) const {
   std::vector<float> host(size_t(t.hf_numel));
   stored_to_hf(t, stored.data(), host.data(), sizeof(float));
   return host;
-}
-
-void LlamaModel::weights_written() {
-  float* p = params();
-  for (const ParamTensor& t : tensors_)  // stored layout in place: the pad is the caller's zeros
-    backend_->write_weights(params_, master_, t.offset, p + t.offset, t.numel);
 }
 
 void LlamaModel::zero_grads() {
@@ -424,7 +389,6 @@ void LlamaModel::forward_to_head(const int32_t* inputs, const int32_t* targets, 
   Backend& be = *backend_;
   const int T = T_, C = cfg_.hidden_size;
   const int64_t N = int64_t(B) * T;
-  be.bind_workspace(scratch_, scratch_shape_);  // the backend may serve other models too
   host_inputs_.assign(inputs, inputs + N);
   valid_ = std::count_if(targets, targets + N, [](int32_t t) { return t >= 0; });
   be.upload_async(inputs_, inputs, size_t(N) * sizeof(int32_t));
@@ -445,7 +409,6 @@ void LlamaModel::backward(double loss_scale) {
   GRASS_CHECK(B_ > 0, "backward() without a forward()");
   if (valid_ == 0) return;  // every target ignored: the loss is a constant
   const TraceRange range("head backward");
-  backend_->bind_workspace(scratch_, scratch_shape_);
   const int lm_head = begin_head_gradient();
   backend_->head_backward(ws_.dnorm, begin_gradient(lm_head), logits_, lse_, nf_,
                           lm_head_weights(), targets_, int64_t(B_) * T_, cfg_.hidden_size,
@@ -483,23 +446,23 @@ void LlamaModel::backward_from_head(int lm_head) {
     const LayerWeights w = layer_weights(l);
     const LayerActs& a = acts_[l];
     // MLP block; dres holds d(x_next) and becomes d(h)
-    linear_backward(ws_.dact, false, l, kDown, w.wdown, ws_.dres, a.act, N, F, C);
+    linear_backward(ws_.dact, false, l, LayerTensor::Down, w.wdown, ws_.dres, a.act, N, F, C);
     be.swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gu, N, F);
-    linear_backward(ws_.dnorm, false, l, kGate, w.wgate, ws_.dgate, a.n2, N, C, F);
-    linear_backward(ws_.dnorm, true, l, kUp, w.wup, ws_.dup, a.n2, N, C, F);
-    be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, kMlpNorm)), ws_.dnorm, a.h,
+    linear_backward(ws_.dnorm, false, l, LayerTensor::Gate, w.wgate, ws_.dgate, a.n2, N, C, F);
+    linear_backward(ws_.dnorm, true, l, LayerTensor::Up, w.wup, ws_.dup, a.n2, N, C, F);
+    be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::MlpNorm)), ws_.dnorm, a.h,
                         w.mlp_norm, a.rstd2, N, C);
-    end_gradient(layer_tensor_index(l, kMlpNorm));
+    end_gradient(layer_tensor_index(l, LayerTensor::MlpNorm));
     // attention block; dres becomes d(x_in)
-    linear_backward(ws_.datt, false, l, kO, w.wo, ws_.dres, a.att, N, NH * HD, C);
+    linear_backward(ws_.datt, false, l, LayerTensor::O, w.wo, ws_.dres, a.att, N, NH * HD, C);
     be.attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.datt, a.att, a.saved, a.q, a.k, a.v, B, T,
                           NH, NKV, HD, theta);
-    linear_backward(ws_.dnorm, false, l, kQ, w.wq, ws_.dq, a.n1, N, C, NH * HD);
-    linear_backward(ws_.dnorm, true, l, kK, w.wk, ws_.dk, a.n1, N, C, NKV * HD);
-    linear_backward(ws_.dnorm, true, l, kV, w.wv, ws_.dv, a.n1, N, C, NKV * HD);
-    be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, kAttnNorm)), ws_.dnorm,
+    linear_backward(ws_.dnorm, false, l, LayerTensor::Q, w.wq, ws_.dq, a.n1, N, C, NH * HD);
+    linear_backward(ws_.dnorm, true, l, LayerTensor::K, w.wk, ws_.dk, a.n1, N, C, NKV * HD);
+    linear_backward(ws_.dnorm, true, l, LayerTensor::V, w.wv, ws_.dv, a.n1, N, C, NKV * HD);
+    be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::AttnNorm)), ws_.dnorm,
                         a.x_in, w.attn_norm, a.rstd1, N, C);
-    end_gradient(layer_tensor_index(l, kAttnNorm));
+    end_gradient(layer_tensor_index(l, LayerTensor::AttnNorm));
   }
   be.embedding_backward(begin_gradient(embed), ws_.dres, inputs_, host_inputs_.data(), N, C);
   end_gradient(embed);

@@ -7,6 +7,8 @@
 //         NH query heads, NKV kv heads, HD head dim.
 #pragma once
 #include <cstdint>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,43 @@ struct ModelMemoryOptions {
 constexpr int kFfnRowMultiple = 8;
 // The ffn width a model with these options stores (cfg.intermediate_size, padded with pad_ffn).
 int ffn_stored_width(const ModelConfig& cfg, const ModelMemoryOptions& memory);
+
+// The model's parameters, in Hugging Face's names and the order of the flat weight buffer (C
+// hidden_size, V vocab_size, NH·HD and NKV·HD the query and key/value widths, F intermediate_size;
+// a linear layer's weight is [out, in], y = x·wᵀ):
+//   model.embed_tokens.weight                 [V, C]
+//   model.layers.{l}.<kLayerTensors[i]>       for l < num_hidden_layers, i in LayerTensor order
+//   model.norm.weight                         [C]
+//   lm_head.weight                            [V, C]   (absent with tie_word_embeddings: the
+//                                                       head reads the embedding table)
+// With pad_ffn the stored F is ffn_stored_width(); the pad is zero (model/parameter_set.h).
+enum class LayerTensor { AttnNorm, Q, K, V, O, MlpNorm, Gate, Up, Down, Count };
+// A layer tensor's dimensions, by name.
+enum class Dim { None, C, QD, KVD, F };
+struct LayerTensorSpec {
+  LayerTensor id;
+  const char* name;  // after "model.layers.{l}."
+  Dim rows, cols;    // [rows, cols]; a norm's gain is [rows]
+  bool is_norm;      // RMSNorm gains: no weight decay
+};
+inline constexpr LayerTensorSpec kLayerTensors[] = {
+    {LayerTensor::AttnNorm, "input_layernorm.weight", Dim::C, Dim::None, true},          // [C]
+    {LayerTensor::Q, "self_attn.q_proj.weight", Dim::QD, Dim::C, false},                 // [NH·HD, C]
+    {LayerTensor::K, "self_attn.k_proj.weight", Dim::KVD, Dim::C, false},                // [NKV·HD, C]
+    {LayerTensor::V, "self_attn.v_proj.weight", Dim::KVD, Dim::C, false},                // [NKV·HD, C]
+    {LayerTensor::O, "self_attn.o_proj.weight", Dim::C, Dim::QD, false},                 // [C, NH·HD]
+    {LayerTensor::MlpNorm, "post_attention_layernorm.weight", Dim::C, Dim::None, true},  // [C]
+    {LayerTensor::Gate, "mlp.gate_proj.weight", Dim::F, Dim::C, false},                  // [F, C]
+    {LayerTensor::Up, "mlp.up_proj.weight", Dim::F, Dim::C, false},  // [F, C], right after gate
+    {LayerTensor::Down, "mlp.down_proj.weight", Dim::C, Dim::F, false},                  // [C, F]
+};
+constexpr int kTensorsPerLayer = int(LayerTensor::Count);
+static_assert(std::size(kLayerTensors) == size_t(kTensorsPerLayer), "one entry per LayerTensor");
+static_assert([] {
+  for (int i = 0; i < kTensorsPerLayer; i++)
+    if (int(kLayerTensors[i].id) != i) return false;
+  return true;
+}(), "kLayerTensors is indexed by LayerTensor");
 
 // The HF tensor names of the projection targets in every layer.
 std::vector<std::string> projection_tensor_names(int num_layers,
@@ -79,11 +118,6 @@ class LlamaModel {
   WeightRef weight_ref(const ParamTensor& t) {
     return {weight(t), master_ ? master_ + t.offset : nullptr};
   }
-  // The same as float* on the CPU backend, for tests and tools that read or write them in place
-  // (after writing weights, call weights_written()). InternalError on another backend.
-  float* params();
-  float* grads();
-  float* cpu_grad(const ParamTensor& t) { return t.dense() ? grads() + t.grad_offset : nullptr; }
   int seq_len() const { return T_; }
 
   // HF-style initialisation: normal(0, initializer_range) for embeddings and projections, norm
@@ -94,9 +128,6 @@ class LlamaModel {
   void write_tensor(const ParamTensor& t, const float* host);
   // The weights the forward reads, in Hugging Face's layout.
   std::vector<float> read_tensor(const ParamTensor& t) const;
-  // On the CPU backend, after params() was written in place: the master copy, if any, takes
-  // the values and the weights are rounded to what the storage keeps.
-  void weights_written();
   void zero_grads();
 
   // inputs, targets: [B, T] (a negative target is ignored). Queues the forward and keeps the
@@ -113,7 +144,6 @@ class LlamaModel {
   // and backward in one pass (Backend::head_forward_backward: the GPU computes the logits once).
   // The same numbers as the two calls.
   void forward_backward(const int32_t* inputs, const int32_t* targets, int B, double loss_scale);
-  const float* logits() const;  // [B, T, V] on the CPU backend (InternalError elsewhere)
   int64_t valid_targets() const { return valid_; }
 
   // FLOPs of one forward+backward per token, counted as the engine does them: 6 per weight
@@ -121,6 +151,7 @@ class LlamaModel {
   double flops_per_token() const;
 
  private:
+  friend struct ModelInternals;  // tests/test_util.h: the buffers tests read on the CPU backend
   struct LayerWeights {  // views into the flat weight buffer
     void *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown;
   };
@@ -165,9 +196,9 @@ class LlamaModel {
     const void* w;  // [C]
   };
   StreamNorm stream_norm(int l);
-  // dx (overwritten, or accumulated) and the weight gradient of layer l's i-th tensor, y = x·wᵀ
-  void linear_backward(void* dx, bool accumulate_dx, int l, int i, const void* w, const void* dy,
-                       const void* x, int64_t N, int in, int out);
+  // dx (overwritten, or accumulated) and the weight gradient of layer l's tensor t, y = x·wᵀ
+  void linear_backward(void* dx, bool accumulate_dx, int l, LayerTensor t, const void* w,
+                       const void* dy, const void* x, int64_t N, int in, int out);
   // Where tensors_[index]'s gradient is to be formed (fused: the shared buffer, zeroed), and the
   // signal that it is complete (fused: rounded to its storage and handed to the sink's
   // dense_ready).
@@ -218,9 +249,8 @@ class LlamaModel {
     void *dq, *dk, *dv;
     void *dact, *dgate, *dup;  // [N, F]
   } ws_{};
-  // The backend's own scratch, allocated here and bound before every forward and backward.
-  BackendScratchPointers scratch_;
-  WorkspaceShape scratch_shape_;
+  // The backend's own scratch for this model's shapes, in use while the model lives.
+  std::unique_ptr<ScratchLease> backend_scratch_;
   std::vector<std::string> trace_names_;  // NVTX: "layer 3 forward", then the backward ones
 };
 

@@ -1,5 +1,5 @@
-// The GRASS optimizer (../shared/GRASS.md is the specification; docs/grass.md says how it is
-// built): each target weight trains r selected rows (or columns) with Adam on its compressed
+// The GRASS optimizer (docs/grass.md: the method, arXiv 2406.17660, and how it is built): each
+// target weight trains r selected rows (or columns) with Adam on its compressed
 // gradient G_C, which accumulate() forms straight from the activations. The selection is
 // refreshed every update_interval steps (and at step 0; with refresh_stagger each target at its
 // own phase) from the slice norms of that step's full gradient, formed a chunk of rows at a time

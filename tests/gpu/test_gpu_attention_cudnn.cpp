@@ -27,26 +27,17 @@ struct Shape {
   int B, T, NH, NKV, HD;
 };
 
-// A CUDA backend with the given attention kernels, its attention scratch bound for one shape.
+// A CUDA backend with the given attention kernels, its scratch planned for one shape.
 struct AttentionBackend {
   std::unique_ptr<grass::Backend> backend;
-  DeviceBuffer<unsigned char> attention, rope;
+  grass::Arena arena;
+  std::unique_ptr<grass::ScratchLease> scratch;
   AttentionBackend(AttentionKernel kernel, const Shape& s)
       : backend(grass::make_cuda_backend(
             grass::storage_for(grass::PrecisionChoice::Bf16Mixed, true), 0, kernel)),
-        attention(size_t(sizes(kernel, s).attention_bytes)),
-        rope(size_t(sizes(kernel, s).rope_bytes)) {
-    const grass::BackendScratchPointers scratch{.attention = attention.ptr, .rope = rope.ptr};
-    backend->init_workspace(scratch, shape(kernel, s));
-    backend->bind_workspace(scratch, shape(kernel, s));
-  }
-  static grass::WorkspaceShape shape(AttentionKernel kernel, const Shape& s) {
-    return {s.B, s.T, s.NH * s.HD, 8, 8, s.NH, s.NKV, s.HD, 10000.0, kernel};
-  }
-  static grass::BackendScratch sizes(AttentionKernel kernel, const Shape& s) {
-    return grass::backend_scratch(grass::storage_for(grass::PrecisionChoice::Bf16Mixed, true),
-                                  shape(kernel, s));
-  }
+        arena(false, *backend),
+        scratch(backend->plan_scratch(
+            arena, {s.B, s.T, s.NH * s.HD, 8, 8, s.NH, s.NKV, s.HD, 10000.0, kernel})) {}
 };
 
 // One forward and backward: out, the saved statistics, dq, dk, dv.

@@ -95,10 +95,8 @@ TEST_CASE("checks: the cublasGemmEx fallback forbids reduced-precision split-K r
   // 2-byte aligned, so cuBLASLt offers no kernel and cublasGemmEx runs it.
   const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, true);
   const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
-  DeviceBuffer<char> workspace(size_t(32) << 20);
-  BackendScratchPointers scratch;
-  scratch.gemm = workspace.ptr;
-  backend->bind_workspace(scratch, WorkspaceShape{});
+  Arena arena(false, *backend);
+  const std::unique_ptr<ScratchLease> scratch = backend->plan_scratch(arena, WorkspaceShape{});
   const int N = 5, in = 7, out = 3;
   DeviceBuffer<bf16> x(N * in), w(out * in), y(N * out);
   x.upload(to_bf16(randn(x.n)));

@@ -55,14 +55,12 @@ std::vector<float> random_projection(int side, int r) {
 struct Backends {
   Storage gpu_storage, cpu_storage;
   std::unique_ptr<Backend> gpu, cpu;
-  DeviceBuffer<char> gemm_workspace{size_t(32) << 20};
+  Arena gpu_arena;
+  std::unique_ptr<ScratchLease> gpu_scratch;  // the cuBLASLt workspace; no model shapes
   explicit Backends(PrecisionChoice precision)
       : gpu_storage(storage_for(precision, true)), cpu_storage(storage_for(precision, false)),
-        gpu(make_cuda_backend(gpu_storage)), cpu(make_cpu_backend(cpu_storage)) {
-    BackendScratchPointers scratch;
-    scratch.gemm = gemm_workspace.ptr;
-    gpu->bind_workspace(scratch, WorkspaceShape{});
-  }
+        gpu(make_cuda_backend(gpu_storage)), cpu(make_cpu_backend(cpu_storage)),
+        gpu_arena(false, *gpu), gpu_scratch(gpu->plan_scratch(gpu_arena, WorkspaceShape{})) {}
   bool pure() const { return gpu_storage.pure_bf16(); }
 };
 

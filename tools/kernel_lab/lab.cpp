@@ -142,32 +142,13 @@ void Buffer::poison() {
   backend_->upload(ptr_, ones.data(), ones.size());
 }
 
-Workspace::Workspace(Lab& lab, const Model& m)
-    : Workspace(lab, workspace_shape(m, lab.options.attention),
-                backend_scratch(lab.gpu.storage(), workspace_shape(m, lab.options.attention))) {}
-
-Workspace::Workspace(Lab& lab, const WorkspaceShape& shape, const BackendScratch& sizes)
-    : attention_(lab.gpu, sizes.attention_bytes, 1),
-      norm_(lab.gpu, sizes.norm_bytes, 1),
-      reduce_(lab.gpu, sizes.reduce_bytes, 1),
-      gemm_(lab.gpu, sizes.gemm_bytes, 1),
-      tokens_(lab.gpu, sizes.tokens_bytes, 1),
-      rope_(lab.gpu, sizes.rope_bytes, 1) {
-  const BackendScratchPointers gpu_scratch{.attention = attention_.ptr(),
-                                           .norm = norm_.ptr(),
-                                           .reduce = reduce_.ptr(),
-                                           .gemm = gemm_.ptr(),
-                                           .tokens = tokens_.ptr(),
-                                           .rope = rope_.ptr()};
-  lab.gpu.init_workspace(gpu_scratch, shape);
-  lab.gpu.bind_workspace(gpu_scratch, shape);
+Workspace::Workspace(Lab& lab, const Model& m) : gpu_arena_(false, lab.gpu), cpu_arena_(false, lab.cpu) {
+  const WorkspaceShape shape = workspace_shape(m, lab.options.attention);
+  gpu_scratch_ = lab.gpu.plan_scratch(gpu_arena_, shape);
   WorkspaceShape one_batch = shape;
   one_batch.B = 1;
   one_batch.attention = AttentionKernel::Grass;  // the CPU's reference
-  const BackendScratch cpu_sizes = backend_scratch(lab.cpu.storage(), one_batch);
-  cpu_attention_.resize(size_t(cpu_sizes.attention_bytes / 4));
-  cpu_rope_.resize(size_t(cpu_sizes.rope_bytes / 4));
-  lab.cpu.bind_workspace({.attention = cpu_attention_.data(), .rope = cpu_rope_.data()}, one_batch);
+  cpu_scratch_ = lab.cpu.plan_scratch(cpu_arena_, one_batch);
 }
 
 // ---- checks -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -167,16 +168,15 @@ struct Row {
 
 class Lab;
 
-// The backends' scratch at a model's shapes (backend_scratch), bound while it lives. The CPU's
-// serves its reference attention, which runs on one batch element.
+// The backends' scratch at a model's shapes (Backend::plan_scratch), in use while it lives. The
+// CPU's serves its reference attention, which runs on one batch element.
 class Workspace {
  public:
   Workspace(Lab& lab, const Model& m);
 
  private:
-  Workspace(Lab& lab, const WorkspaceShape& shape, const BackendScratch& sizes);
-  Buffer attention_, norm_, reduce_, gemm_, tokens_, rope_;  // GPU
-  std::vector<float> cpu_attention_, cpu_rope_;
+  Arena gpu_arena_, cpu_arena_;
+  std::unique_ptr<ScratchLease> gpu_scratch_, cpu_scratch_;
 };
 
 class Lab {
