@@ -14,20 +14,23 @@
 // Shapes and semantics are those of kernels/ops.h. Parameter gradients accumulate (+=).
 //
 // The ops, where each lives and what tests the CUDA one against the CPU's (tests/gpu, which run
-// on the CUDA emulator in every build); docs/architecture.md, "Adding an op", says what a new op
-// needs:
-//   op                                     CPU (kernels/cpu)            CUDA (kernels/cuda)         test (tests/gpu)
-//   linear_*, full_weight_grad             linear.cpp (OpenBLAS)        gemm.cu (cuBLASLt)          test_gpu_gemm
-//   embedding_*                            embedding.cpp                embedding.cu                test_gpu_elementwise
-//   rmsnorm_*, residual_rmsnorm_forward    rmsnorm.cpp, residual.cpp    rmsnorm.cu                  test_gpu_elementwise
-//   residual_forward                       residual.cpp                 swiglu.cu                   test_gpu_elementwise
-//   swiglu_*                               swiglu.cpp                   swiglu.cu                   test_gpu_elementwise
-//   attention_* (RoPE inside)              attention.cpp, rope.cpp      attention.cu, rope.cu       test_gpu_attention
-//   head_* (lm_head + cross-entropy)       cross_entropy.cpp, linear    cross_entropy.cu, gemm.cu   test_gpu_cross_entropy, test_gpu_model
-//   sum_squares, clip, adamw_update        reduce.cpp, adamw.cpp        adamw.cu                    test_gpu_adamw
-//   store_gradients (bf16 precisions)      bf16_storage.cpp (rounds)    none: formed in storage     test_gpu_model
-//   grass_*                                grass.cpp                    grass.cu                    test_gpu_grass
-//   lowrank_*, galore_basis, flora_*       lowrank.cpp                  lowrank.cu                  test_gpu_lowrank
+// on the CUDA emulator in every build). An op's two files share a name, kernels/cpu/<op>.cpp and
+// kernels/cuda/<op>.cu (tools/kernel_twins.py checks it and lists the backends' own machinery);
+// docs/architecture.md, "Adding an op", says what a new op needs:
+//   op                                     file (kernels/cpu/*.cpp, kernels/cuda/*.cu)      test (tests/gpu)
+//   linear_*, full_weight_grad             linear (OpenBLAS; cuBLASLt through gemm.cu)      test_gpu_gemm
+//   embedding_*                            embedding                                        test_gpu_elementwise
+//   rmsnorm_*, residual_rmsnorm_forward    rmsnorm (the GPU's one kernel, the CPU's two)    test_gpu_elementwise
+//   residual_forward                       residual                                         test_gpu_elementwise
+//   swiglu_*                               swiglu                                           test_gpu_elementwise
+//   attention_* (RoPE inside)              attention, rope                                  test_gpu_attention
+//   head_* (lm_head + cross-entropy)       cross_entropy, linear                            test_gpu_cross_entropy, test_gpu_model
+//   sum_squares, clip                      reduce                                           test_gpu_adamw, test_gpu_model
+//   adamw_update                           adamw                                            test_gpu_adamw
+//   store_gradients (bf16 precisions)      bf16_storage (the CPU rounds; the GPU's are      test_gpu_adamw, test_gpu_model
+//                                          formed in bf16 by the ops that write them)
+//   grass_*                                grass                                            test_gpu_grass
+//   lowrank_*, galore_basis, flora_*       lowrank                                          test_gpu_lowrank
 #pragma once
 #include <cstdint>
 #include <memory>

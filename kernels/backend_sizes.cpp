@@ -13,7 +13,7 @@ constexpr int64_t kHeadChunkElements = int64_t(32) << 20;
 constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;  // cuBLASLt's recommended on Hopper
 constexpr int64_t kCudnnWorkspaceBytes = int64_t(32) << 20;
 constexpr int64_t kNormRowBlocks = 1024;    // kernels/cuda/rmsnorm.cu: kRowBlocks
-constexpr int64_t kReducePartials = 1024;  // kernels/cuda/adamw.cu: kSumMaxBlocks
+constexpr int64_t kReducePartials = 1024;  // kernels/cuda/reduce.cu: kSumMaxBlocks
 // Pure bf16's GaLore/FLORA update back-projects this many fp32 elements at a time (64 MiB).
 constexpr int64_t kLowRankUpdateChunkElements = int64_t(16) << 20;
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/adam_args.h"
+#include "kernels/clip_rule.h"
 
 namespace grass::ops {
 
@@ -26,6 +27,11 @@ void linear_forward(T* y, const T* x, const T* w, int64_t N, int in, int out);
 template <typename T>
 void linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t N, int in, int out,
                      bool accumulate_dx);
+// g[rows,in] = (dyᵀ·x)[row0 : row0+rows, :]: rows of the full weight gradient of w[out,in], which
+// a projected target never keeps (a refresh reads it a chunk of rows at a time). Overwritten.
+template <typename T>
+void linear_full_grad(T* g, const T* dy, const T* x, int64_t N, int in, int out, int row0,
+                      int rows);
 
 // ---- embedding (kernels/cpu/embedding.cpp) ---------------------------------------------------
 // out[N,C] = table[tokens[n], :]
@@ -39,6 +45,11 @@ void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t
 // out[N,C] = w[C] * x * rstd,  rstd[N] = 1/sqrt(mean(x²) + eps)   (HF LlamaRMSNorm)
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t N, int C, double eps);
+// sum[N,C] = a + b, then out, rstd = rmsnorm(sum): residual_forward then rmsnorm_forward (the
+// residual add before a norm, which the GPU fuses into the norm's kernel with the same bits).
+template <typename T>
+void residual_rmsnorm_forward(T* sum, T* out, T* rstd, const T* a, const T* b, const T* w,
+                              int64_t N, int C, double eps);
 // dx[N,C] += ∂/∂x;  dw[C] += ∂/∂w.  dx accumulates because RMSNorm sits on the residual stream.
 template <typename T>
 void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int64_t N,
@@ -92,13 +103,21 @@ template <typename T>
 void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets,
                             int64_t N, int V, double dloss_scale);
 
-// ---- optimizer math (kernels/cpu/adamw.cpp, kernels/cpu/reduce.cpp) -------------------------
+// ---- AdamW (kernels/cpu/adamw.cpp) ----------------------------------------------------------
 // One decoupled-AdamW step, torch.optim.AdamW's formula, on the gradient g·grad_scale (the
 // clipping coefficient, applied here so clipping costs no extra pass over the gradients):
 //   p -= lr·wd·p;  m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;
 //   p -= (lr / (1-b1^t)) · m / (sqrt(v) / sqrt(1-b2^t) + eps)        (t = a.step, from 1)
 template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a);
+
+// ---- the reductions behind clipping (kernels/cpu/reduce.cpp) --------------------------------
+// Σ x² in double (deterministic: fixed chunking, independent of the thread count)
+template <typename T>
+double sum_squares(const T* x, int64_t n);
+// Backend::clip (kernels/backend.h): the coefficient of kernels/clip_rule.h from s->pending.
+void clip(ClipScalars* s, double max_norm);
+
 // ---- GRASS (kernels/cpu/grass.cpp; the method: docs/grass.md) --------------------------------
 // A GRASS linear y = x·wᵀ, w [out,in], trains r selected slices of w: rows σ ⊂ [out] (rows=true)
 // or columns σ ⊂ [in] (rows=false), each scaled by ρ_j. Its compressed gradient is
@@ -129,9 +148,5 @@ void round_to_bf16(float* x, int64_t n);
 // x[i] = x[i] rounded stochastically to bf16 with the counter-based stream (seed, i) of
 // kernels/stochastic_round.h, the one the CUDA kernels draw from.
 void stochastic_round_to_bf16(float* x, int64_t n, uint64_t seed);
-
-// Σ x² in double (deterministic: fixed chunking, independent of the thread count)
-template <typename T>
-double sum_squares(const T* x, int64_t n);
 
 }  // namespace grass::ops

@@ -5,14 +5,12 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/clip_rule.h"
-#include "kernels/cpu/blas.h"
 #include "kernels/lowrank_ops.h"
 #include "kernels/ops.h"
 #include "src/core/error.h"
@@ -101,8 +99,7 @@ class CpuBackend final : public Backend {
   }
   void residual_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* b,
                                 const void* w, int64_t N, int C, double eps) override {
-    ops::residual_forward(f(sum), f(a), f(b), N * C);
-    ops::rmsnorm_forward(f(out), rstd, f(sum), f(w), N, C, eps);
+    ops::residual_rmsnorm_forward(f(sum), f(out), rstd, f(a), f(b), f(w), N, C, eps);
   }
   void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
                         const float* rstd, int64_t N, int C) override {
@@ -165,12 +162,7 @@ class CpuBackend final : public Backend {
   void sum_squares(double* acc, const void* grads, int64_t n) override {
     *acc += ops::sum_squares(f(grads), n);
   }
-  void clip(ClipScalars* s, double max_norm) override {
-    s->coefficient = clip_coefficient(std::sqrt(s->pending), max_norm);
-    s->total += s->pending;
-    s->clipped += s->coefficient < 1.0;
-    s->pending = 0;
-  }
+  void clip(ClipScalars* s, double max_norm) override { ops::clip(s, max_norm); }
 
   void adamw_update(WeightRef weight, const void* g, void* m, void* v, int64_t n,
                     const AdamArgs& a, uint64_t seed) override {
@@ -188,7 +180,7 @@ class CpuBackend final : public Backend {
   }
   void full_weight_grad(float* g, const void* dy, const void* x, int64_t N, int in, int out,
                         int row0, int rows) override {
-    cpu::gemm(true, false, rows, in, int(N), 1.0f, f(dy) + row0, out, f(x), in, 0.0f, g, in);
+    ops::linear_full_grad(g, f(dy), f(x), N, in, out, row0, rows);
   }
   void grass_slice_norms(const float* g, int row0, int rows, int in, bool by_rows) override {
     if (by_rows) {

@@ -1,4 +1,5 @@
-// Linear layer y = x·wᵀ: the GEMMs that carry nearly all of the model's FLOPs.
+// Linear layer y = x·wᵀ: the GEMMs that carry nearly all of the model's FLOPs, and rows of the
+// full weight gradient a projected target's refresh reads.
 #include <climits>
 
 #include "kernels/cpu/blas.h"
@@ -24,10 +25,21 @@ void linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t 
   if (dw) cpu::gemm(true, false, out, in, int(N), T(1), dy, out, x, in, T(1), dw, in);
 }
 
+template <typename T>
+void linear_full_grad(T* g, const T* dy, const T* x, int64_t N, int in, int out, int row0,
+                      int rows) {
+  GRASS_CHECK(N <= INT_MAX, "linear_full_grad: too many rows for one BLAS call");
+  GRASS_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= out,
+              "linear_full_grad: rows outside the weight");
+  // g[rows,in] = dy[N, row0 : row0+rows]ᵀ · x[N,in]: dy's columns, a view with leading dimension out
+  cpu::gemm(true, false, rows, in, int(N), T(1), dy + row0, out, x, in, T(0), g, in);
+}
+
 #define INSTANTIATE(T)                                                                     \
   template void linear_forward<T>(T*, const T*, const T*, int64_t, int, int);              \
   template void linear_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int, int, \
-                                   bool);
+                                   bool);                                                   \
+  template void linear_full_grad<T>(T*, const T*, const T*, int64_t, int, int, int, int);
 INSTANTIATE(float)
 INSTANTIATE(double)
 

@@ -1,6 +1,8 @@
-// The reduction behind gradient clipping. Sums go in fixed 64K-element chunks, each summed in double,
-// then added in chunk order: the result does not depend on the number of threads.
+// The reduction behind gradient clipping, and the clipping coefficient from it. Sums go in fixed
+// 64K-element chunks, each summed in double, then added in chunk order: the result does not
+// depend on the number of threads.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -26,5 +28,12 @@ double sum_squares(const T* x, int64_t n) {
 
 template double sum_squares<float>(const float*, int64_t);
 template double sum_squares<double>(const double*, int64_t);
+
+void clip(ClipScalars* s, double max_norm) {
+  s->coefficient = clip_coefficient(std::sqrt(s->pending), max_norm);
+  s->total += s->pending;
+  s->clipped += s->coefficient < 1.0;
+  s->pending = 0;
+}
 
 }  // namespace grass::ops

@@ -1,19 +1,12 @@
-// The optimizer's elementwise math on the GPU: the AdamW step in its two storage schemes, the
-// deterministic sum of squares behind gradient clipping, and fp32 <-> bf16 conversions.
+// The AdamW step on the GPU in its two storage schemes (the CPU reference: kernels/cpu/adamw.cpp).
 //
-// AdamW follows ops::adamw_update (torch.optim.AdamW's order of operations): the step-dependent
+// It follows ops::adamw_update (torch.optim.AdamW's order of operations): the step-dependent
 // scalars are computed once on the host in double, as the CPU does, and the per-element math is
 // fp32. In the pure-bf16 scheme every store rounds stochastically (common.cuh), so updates far
 // smaller than a bf16 ulp still move the weight in expectation instead of vanishing.
-//
-// sum_squares never adds floats atomically: a grid whose size depends on n alone writes one double
-// per block to scratch, and one block adds those in a fixed tree; the same n and data give the
-// same bits on every run and every device.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/clip_rule.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "src/core/error.h"
@@ -23,7 +16,6 @@ namespace grass::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kSumMaxBlocks = 1024;  // sum_squares' first stage: at most this many partials
 
 // The per-step scalars of ops::adamw_update, narrowed to fp32 exactly where the CPU narrows them.
 struct AdamScalars {
@@ -71,58 +63,6 @@ __global__ void adamw_pure_kernel(bf16* param, const bf16* g, bf16* m, bf16* v, 
   param[i] = stochastic_round_bf16(p, seed_param, uint64_t(i));
 }
 
-__device__ __forceinline__ double square(float x) { return double(x) * double(x); }
-__device__ __forceinline__ double square(bf16 x) { return square(__bfloat162float(x)); }
-
-
-// Stage 1: partial[b] = Σ x[i]² (or Σ x[i] when !kSquare) over the grid-stride slice of block b (i ≡ thread's index).
-//   partial[gridDim.x], x[n]
-template <bool kSquare, typename T>
-__global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  double sum = 0.0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    if constexpr (kSquare)
-      sum += square(x[i]);
-    else
-      sum += double(x[i]);
-  }
-  sum = block_sum(sum);
-  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
-}
-
-// Stage 2, one block: *acc += Σ partial[0 .. num_partials), thread t taking t, t + blockDim, ...
-__global__ void sum_squares_final_kernel(double* acc, const double* partial, int num_partials) {
-  double sum = 0.0;
-  for (int i = threadIdx.x; i < num_partials; i += blockDim.x) sum += partial[i];
-  sum = block_sum(sum);
-  if (threadIdx.x == 0) *acc += sum;
-}
-
-// Backend::clip on the device, one thread: the rule of kernels/clip_rule.h in fp64.
-__global__ void clip_kernel(ClipScalars* s, double max_norm) {
-  s->coefficient = clip_coefficient(sqrt(s->pending), max_norm);
-  s->total += s->pending;
-  s->clipped += s->coefficient < 1.0;
-  s->pending = 0;
-}
-
-__global__ void f32_to_bf16_kernel(bf16* out, const float* in, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
-}
-
-__global__ void bf16_to_f32_kernel(float* out, const bf16* in, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __bfloat162float(in[i]);
-}
-
-unsigned grid_for(int64_t n) {
-  const int64_t blocks = ceil_div(n, kThreads);
-  GRASS_CHECK(blocks <= INT32_MAX, "elementwise kernel: too many elements");
-  return unsigned(blocks);
-}
-
 }  // namespace
 
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
@@ -142,62 +82,14 @@ void adamw_update(const Context& ctx, bf16* param, float* master, const void* g,
   k.step_size = float(double(lr) / (1.0 - std::pow(double(beta1), double(step))));
   k.bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(beta2), double(step))));
   if (master != nullptr)
-    adamw_mixed_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(
+    adamw_mixed_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
         param, master, static_cast<const float*>(g), static_cast<float*>(m), static_cast<float*>(v),
         n, k);
   else
-    adamw_pure_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(
+    adamw_pure_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
         param, static_cast<const bf16*>(g), static_cast<bf16*>(m), static_cast<bf16*>(v), n, k,
         rounding_stream_seed(seed, step, 0), rounding_stream_seed(seed, step, 1),
         rounding_stream_seed(seed, step, 2));
-  GRASS_LAUNCH_CHECK();
-}
-
-int64_t sum_squares_scratch_doubles(int64_t n) {
-  return std::min(kSumMaxBlocks, std::max<int64_t>(1, ceil_div(n, kThreads)));
-}
-
-void sum_squares(const Context& ctx, double* acc, const void* x, GradType gtype, int64_t n,
-                 double* scratch) {
-  GRASS_CHECK(n >= 0, "sum_squares: negative size");
-  // At least one block even for n = 0: the stages run the same way for every n.
-  const int blocks = int(sum_squares_scratch_doubles(n));
-  if (gtype == GradType::F32)
-    sum_squares_partial_kernel<true, float><<<blocks, kThreads, 0, ctx.stream>>>(
-        scratch, static_cast<const float*>(x), n);
-  else
-    sum_squares_partial_kernel<true, bf16><<<blocks, kThreads, 0, ctx.stream>>>(
-        scratch, static_cast<const bf16*>(x), n);
-  GRASS_LAUNCH_CHECK();
-  sum_squares_final_kernel<<<1, kThreads, 0, ctx.stream>>>(acc, scratch, blocks);
-  GRASS_LAUNCH_CHECK();
-}
-
-void sum(const Context& ctx, double* acc, const float* x, int64_t n, double* scratch) {
-  GRASS_CHECK(n >= 0, "sum: negative size");
-  const int blocks = int(sum_squares_scratch_doubles(n));
-  sum_squares_partial_kernel<false, float><<<blocks, kThreads, 0, ctx.stream>>>(scratch, x, n);
-  GRASS_LAUNCH_CHECK();
-  sum_squares_final_kernel<<<1, kThreads, 0, ctx.stream>>>(acc, scratch, blocks);
-  GRASS_LAUNCH_CHECK();
-}
-
-void clip(const Context& ctx, ClipScalars* s, double max_norm) {
-  clip_kernel<<<1, 1, 0, ctx.stream>>>(s, max_norm);
-  GRASS_LAUNCH_CHECK();
-}
-
-void f32_to_bf16(const Context& ctx, bf16* out, const float* in, int64_t n) {
-  GRASS_CHECK(n >= 0, "f32_to_bf16: negative size");
-  if (n == 0) return;
-  f32_to_bf16_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(out, in, n);
-  GRASS_LAUNCH_CHECK();
-}
-
-void bf16_to_f32(const Context& ctx, float* out, const bf16* in, int64_t n) {
-  GRASS_CHECK(n >= 0, "bf16_to_f32: negative size");
-  if (n == 0) return;
-  bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(out, in, n);
   GRASS_LAUNCH_CHECK();
 }
 

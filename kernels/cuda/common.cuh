@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/device.h"
 #include "kernels/stochastic_round.h"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 
@@ -44,6 +45,18 @@ void debug_sync(const char* what, const char* file, int line);
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// True when n splits into 8-wide packs and every pointer can be read 16 bytes at a time.
+template <typename... Ptrs>
+bool vectorizable(int64_t n, const Ptrs*... ptrs) {
+  return n % 8 == 0 && ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
+}
+// The blocks of `threads` threads that give one thread to each of n items, checked against the
+// grid's limit.
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = ceil_div(n, threads);
+  GRASS_CHECK(blocks <= INT32_MAX, "elementwise kernel: too many elements");
+  return unsigned(blocks);
+}
 
 // ---- shared device helpers -------------------------------------------------------------------
 // VEC bf16 values moved as one load or store (16 bytes when VEC = 8).

@@ -37,11 +37,12 @@ struct Context {
 
 enum class GradType { F32, BF16 };
 
-// ---- GEMM through cuBLASLt (kernels/cuda/gemm.cu) --------------------------------------------
-// bf16 inputs, fp32 accumulation.
+// ---- GEMM through cuBLASLt (kernels/cuda/gemm.cu; gemm.cuh has the GEMM itself) -------------
 // Context::blas: a cuBLAS handle whose math mode keeps split-K reductions in fp32. cublasCreate
 // takes device memory: the backend makes it before reserving the run's memory.
 cublasHandle_t create_gemm_fallback_handle();
+
+// ---- linear (kernels/cuda/linear.cu): bf16 inputs, fp32 accumulation -------------------------
 // y[N,out] = x[N,in] · w[out,in]ᵀ
 void linear_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w, int64_t N, int in,
                     int out);
@@ -98,11 +99,13 @@ void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, fl
 // gives rope_forward's bits.
 void rope_table(const Context& ctx, float* table, int T, int HD, float theta);
 
-// ---- SwiGLU and residual (kernels/cuda/swiglu.cu) --------------------------------------------
+// ---- SwiGLU (kernels/cuda/swiglu.cu) ---------------------------------------------------------
 // gate and up are the halves of gu[N, 2F] (ops.h); out, dout, dgate, dup are [N, F]
 void swiglu_forward(const Context& ctx, bf16* out, const bf16* gu, int64_t N, int F);
 void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gu,
                      int64_t N, int F);
+
+// ---- residual (kernels/cuda/residual.cu) -----------------------------------------------------
 // out = a + b (out may alias a)
 void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t n);
 
@@ -155,7 +158,7 @@ std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream);
 void cross_entropy_fused(const Context& ctx, bf16* logits, float* loss, const int32_t* targets,
                          int64_t n, int V, float dloss_scale);
 
-// ---- optimizer math (kernels/cuda/adamw.cu) --------------------------------------------------
+// ---- AdamW (kernels/cuda/adamw.cu) -----------------------------------------------------------
 // One decoupled-AdamW step, the formula of ops::adamw_update, on g·grad_scale (grad_scale is the
 // clipping coefficient). Two storage schemes:
 //   master != nullptr ("bf16-mixed"): master[n] fp32 is the weight; m, v fp32; param[n] (bf16,
@@ -168,6 +171,7 @@ void cross_entropy_fused(const Context& ctx, bf16* logits, float* loss, const in
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
                   int64_t n, const AdamArgs& a, uint64_t seed);
 
+// ---- the reductions behind clipping (kernels/cuda/reduce.cu) ---------------------------------
 // Σ x² over n elements of fp32 or bf16 (gtype), deterministically: fixed blocks, then one block
 // sums the partials in order. Adds the double result to *acc (device memory).
 // scratch[sum_squares_scratch_doubles(n)].
@@ -179,6 +183,7 @@ void sum(const Context& ctx, double* acc, const float* x, int64_t n, double* scr
 // Backend::clip (kernels/backend.h): the clipping coefficient from s->pending, on the device.
 void clip(const Context& ctx, ClipScalars* s, double max_norm);
 
+// ---- bf16 storage (kernels/cuda/bf16_storage.cu) ---------------------------------------------
 // Conversions: bf16[n] = round-to-nearest(f32[n]); f32[n] = bf16[n].
 void f32_to_bf16(const Context& ctx, bf16* out, const float* in, int64_t n);
 void bf16_to_f32(const Context& ctx, float* out, const bf16* in, int64_t n);

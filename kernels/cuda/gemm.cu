@@ -1,6 +1,6 @@
-// GEMMs on cuBLASLt: the linear layer's forward and backward, the transient full gradient of a
-// GRASS target, and (through gemm.cuh) the GRASS compressed gradient. All are row-major bf16
-// products with fp32 accumulation.
+// The GEMM machinery on cuBLASLt behind every product of the CUDA backend (gemm.cuh's gemm_bf16:
+// the linear layer's in linear.cu, GRASS's compressed gradient, the low-rank projections):
+// row-major bf16 products with fp32 accumulation, their plans and their cublasGemmEx fallback.
 //
 // Row-major to column-major: a row-major matrix is the column-major view of its transpose, so
 // row-major C = op(A)·op(B) is computed as column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands swap,
@@ -215,32 +215,6 @@ void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_
                                     C, plan.c, &plan.algo, ctx.lt_workspace, ctx.lt_workspace_bytes,
                                     ctx.stream));
   debug_sync("cublasLtMatmul", __FILE__, __LINE__);
-}
-
-void linear_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w, int64_t N, int in,
-                    int out) {
-  // y[N,out] = x[N,in] · w[out,in]ᵀ
-  gemm_bf16(ctx, false, true, N, out, in, x, in, w, in, 0.0f, y, CUDA_R_16BF, out);
-}
-
-void linear_backward_dx(const Context& ctx, bf16* dx, const bf16* dy, const bf16* w, int64_t N,
-                        int in, int out, bool accumulate_dx) {
-  // dx[N,in] (+)= dy[N,out] · w[out,in]
-  gemm_bf16(ctx, false, false, N, in, out, dy, out, w, in, accumulate_dx ? 1.0f : 0.0f, dx,
-            CUDA_R_16BF, in);
-}
-
-void linear_backward_dw(const Context& ctx, void* dw, GradType gtype, const bf16* dy, const bf16* x,
-                        int64_t N, int in, int out) {
-  // dw[out,in] += dy[N,out]ᵀ · x[N,in]
-  gemm_bf16(ctx, true, false, out, in, N, dy, out, x, in, 1.0f, dw, cuda_type(gtype), in);
-}
-
-void linear_full_grad_f32(const Context& ctx, float* g, const bf16* dy, const bf16* x, int64_t N,
-                          int in, int out, int row0, int rows) {
-  GRASS_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= out, "linear_full_grad_f32: rows outside the weight");
-  // g[rows,in] = dy[N, row0 : row0+rows]ᵀ · x[N,in]: dy's columns, a view with leading dimension out
-  gemm_bf16(ctx, true, false, rows, in, N, dy + row0, out, x, in, 0.0f, g, CUDA_R_32F, in);
 }
 
 }  // namespace grass::cuda

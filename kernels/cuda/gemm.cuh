@@ -1,6 +1,7 @@
 // The one GEMM every CUDA file calls (kernels/cuda/gemm.cu): a row-major product of bf16
-// matrices with fp32 accumulation, its output fp32 or bf16. linear_* and the GRASS compressed
-// gradient are thin wrappers around it. Include only from .cu files.
+// matrices with fp32 accumulation, its output fp32 or bf16. linear_* (kernels/cuda/linear.cu),
+// the GRASS compressed gradient and the low-rank projections are thin wrappers around it.
+// Include only from .cu files.
 #pragma once
 #include <cublasLt.h>
 

@@ -48,12 +48,6 @@ __device__ __forceinline__ void store_state(bf16* p, float x, uint64_t seed, uin
   *p = stochastic_round_bf16(x, seed, index);
 }
 
-unsigned grid_for(int64_t n) {
-  const int64_t blocks = ceil_div(n, kThreads);
-  GRASS_CHECK(blocks <= INT32_MAX, "lowrank: too many elements for one grid");
-  return unsigned(blocks);
-}
-
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
 // The workspace regions (cuda_ops.h): Pt, then the direction, then pure bf16's fp32 chunk.
@@ -90,7 +84,7 @@ __global__ void transpose_to_bf16(bf16* Pt, const float* P, int side, int r) {
 
 void write_Pt(const Context& ctx, bf16* Pt, const float* P, int side, int r) {
   const int64_t n = int64_t(side) * r;
-  transpose_to_bf16<<<grid_for(n), kThreads, 0, ctx.stream>>>(Pt, P, side, r);
+  transpose_to_bf16<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(Pt, P, side, r);
   GRASS_LAUNCH_CHECK();
 }
 
@@ -232,21 +226,22 @@ void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,
   const int64_t n = int64_t(r) * (rows ? in : out);  // numel(m)
   float* C = scratch;                                 // [r, r]
   float* copy = scratch + int64_t(r) * r;             // m's old value, [r, in] or [out, r]
-  projection_gram<<<grid_for(int64_t(r) * r), kThreads, 0, ctx.stream>>>(C, P_old, P_new, side, r);
+  projection_gram<<<grid_for(int64_t(r) * r, kThreads), kThreads, 0, ctx.stream>>>(C, P_old, P_new,
+                                                                                   side, r);
   GRASS_LAUNCH_CHECK();
   const uint64_t stream_seed = rounding_stream_seed(seed, 0, 1);  // stream 1: m
   if (stype == GradType::F32) {
     float* mf = static_cast<float*>(m);
     GRASS_CUDA_CHECK(cudaMemcpyAsync(copy, mf, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice,
                                      ctx.stream));
-    transfer_moment<<<grid_for(n), kThreads, 0, ctx.stream>>>(mf, C, copy, out, in, r, rows,
-                                                              stream_seed);
+    transfer_moment<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(mf, C, copy, out, in, r,
+                                                                        rows, stream_seed);
   } else {
     bf16* mb = static_cast<bf16*>(m);
-    state_to_f32<<<grid_for(n), kThreads, 0, ctx.stream>>>(copy, mb, n);
+    state_to_f32<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(copy, mb, n);
     GRASS_LAUNCH_CHECK();
-    transfer_moment<<<grid_for(n), kThreads, 0, ctx.stream>>>(mb, C, copy, out, in, r, rows,
-                                                              stream_seed);
+    transfer_moment<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(mb, C, copy, out, in, r,
+                                                                        rows, stream_seed);
   }
   GRASS_LAUNCH_CHECK();
 }
@@ -285,11 +280,11 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
 
   // 1. Adam on R; the scaled direction goes to the workspace as bf16 [r, in] or [out, r].
   if (pure)
-    lowrank_adam_direction<<<grid_for(n), kThreads, 0, ctx.stream>>>(
+    lowrank_adam_direction<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
         ws.direction, static_cast<const bf16*>(R), static_cast<bf16*>(m), static_cast<bf16*>(v),
         n, k);
   else
-    lowrank_adam_direction<<<grid_for(n), kThreads, 0, ctx.stream>>>(
+    lowrank_adam_direction<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
         ws.direction, static_cast<const float*>(R), static_cast<float*>(m),
         static_cast<float*>(v), n, k);
   GRASS_LAUNCH_CHECK();
@@ -309,8 +304,8 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
     back_project(ctx, ws.update, CUDA_R_32F, 0.0f, ws.Pt, ws.direction, o0, rows_c, out, in, r,
                  rows);
     const int64_t chunk = rows_c * in;
-    apply_update_pure<<<grid_for(chunk), kThreads, 0, ctx.stream>>>(param, ws.update, o0 * in,
-                                                                    chunk, k.decay, k.seed_param);
+    apply_update_pure<<<grid_for(chunk, kThreads), kThreads, 0, ctx.stream>>>(
+        param, ws.update, o0 * in, chunk, k.decay, k.seed_param);
     GRASS_LAUNCH_CHECK();
   }
 }

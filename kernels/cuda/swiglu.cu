@@ -1,7 +1,8 @@
-// SwiGLU (out = silu(gate) · up) and the residual add on the GPU: elementwise, memory-bound.
+// SwiGLU (out = silu(gate) · up) on the GPU (the CPU reference: kernels/cpu/swiglu.cpp):
+// elementwise, memory-bound.
 //
-// Each thread handles one pack of VEC bf16 values: 8 (16-byte loads and stores) when the row (or
-// n) is a multiple of 8 and every pointer is 16-byte aligned, else 1. Math in fp32, one rounding
+// Each thread handles one pack of VEC bf16 values: 8 (16-byte loads and stores) when the row is a
+// multiple of 8 and every pointer is 16-byte aligned, else 1. Math in fp32, one rounding
 // to bf16 per store. SwiGLU reads gate and up from one [N, 2F] buffer, the output of gate_proj and
 // up_proj as one GEMM.
 #include <cstdint>
@@ -68,33 +69,6 @@ __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout,
   reinterpret_cast<Pack*>(dup)[p] = dup_p;
 }
 
-// out[n] = a + b; out may alias a (each thread reads its pack before writing it).
-template <int VEC>
-__global__ void residual_forward_kernel(bf16* out, const bf16* a, const bf16* b, int64_t packs) {
-  using Pack = BF16Pack<VEC>;
-  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (p >= packs) return;
-  const Pack ap = reinterpret_cast<const Pack*>(a)[p];
-  const Pack bp = reinterpret_cast<const Pack*>(b)[p];
-  Pack op;
-#pragma unroll
-  for (int j = 0; j < VEC; j++)
-    op.v[j] = __float2bfloat16_rn(__bfloat162float(ap.v[j]) + __bfloat162float(bp.v[j]));
-  reinterpret_cast<Pack*>(out)[p] = op;
-}
-
-// True when n splits into 8-wide packs and every pointer can be read 16 bytes at a time.
-template <typename... Ptrs>
-bool vectorizable(int64_t n, const Ptrs*... ptrs) {
-  return n % 8 == 0 && ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
-}
-
-unsigned grid_for(int64_t packs) {
-  const int64_t blocks = ceil_div(packs, kThreads);
-  GRASS_CHECK(blocks <= INT32_MAX, "elementwise kernel: too many elements");
-  return unsigned(blocks);
-}
-
 }  // namespace
 
 void swiglu_forward(const Context& ctx, bf16* out, const bf16* gu, int64_t N, int F) {
@@ -102,9 +76,10 @@ void swiglu_forward(const Context& ctx, bf16* out, const bf16* gu, int64_t N, in
   if (N == 0 || F == 0) return;
   if (vectorizable(F, out, gu))  // F % 8 == 0: up's half of each row is 16-byte aligned too
     swiglu_forward_kernel<8>
-        <<<grid_for(N * F / 8), kThreads, 0, ctx.stream>>>(out, gu, N * F / 8, F / 8);
+        <<<grid_for(N * F / 8, kThreads), kThreads, 0, ctx.stream>>>(out, gu, N * F / 8, F / 8);
   else
-    swiglu_forward_kernel<1><<<grid_for(N * F), kThreads, 0, ctx.stream>>>(out, gu, N * F, F);
+    swiglu_forward_kernel<1>
+        <<<grid_for(N * F, kThreads), kThreads, 0, ctx.stream>>>(out, gu, N * F, F);
   GRASS_LAUNCH_CHECK();
 }
 
@@ -113,21 +88,11 @@ void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dou
   GRASS_CHECK(N >= 0 && F >= 0, "swiglu_backward: negative size");
   if (N == 0 || F == 0) return;
   if (vectorizable(F, dgate, dup, dout, gu))
-    swiglu_backward_kernel<8><<<grid_for(N * F / 8), kThreads, 0, ctx.stream>>>(
+    swiglu_backward_kernel<8><<<grid_for(N * F / 8, kThreads), kThreads, 0, ctx.stream>>>(
         dgate, dup, dout, gu, N * F / 8, F / 8);
   else
     swiglu_backward_kernel<1>
-        <<<grid_for(N * F), kThreads, 0, ctx.stream>>>(dgate, dup, dout, gu, N * F, F);
-  GRASS_LAUNCH_CHECK();
-}
-
-void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t n) {
-  GRASS_CHECK(n >= 0, "residual_forward: negative size");
-  if (n == 0) return;
-  if (vectorizable(n, out, a, b))
-    residual_forward_kernel<8><<<grid_for(n / 8), kThreads, 0, ctx.stream>>>(out, a, b, n / 8);
-  else
-    residual_forward_kernel<1><<<grid_for(n), kThreads, 0, ctx.stream>>>(out, a, b, n);
+        <<<grid_for(N * F, kThreads), kThreads, 0, ctx.stream>>>(dgate, dup, dout, gu, N * F, F);
   GRASS_LAUNCH_CHECK();
 }
 

@@ -1,7 +1,8 @@
-// The GEMMs of kernels/cuda/gemm.cu against the CPU reference (kernels/cpu/linear.cpp) on the
-// same bf16-rounded inputs: forward, dx (overwrite and accumulate), dw (fp32 and bf16, always
-// accumulating), the transient full gradient; at the model's awkward widths (5461, token counts
-// like 3·77, a single token) and with operands that start at 2-byte boundaries.
+// The linear layer's GEMMs (kernels/cuda/linear.cu, through kernels/cuda/gemm.cu's cuBLASLt)
+// against the CPU reference (kernels/cpu/linear.cpp) on the same bf16-rounded inputs: forward,
+// dx (overwrite and accumulate), dw (fp32 and bf16, always accumulating), the transient full
+// gradient; at the model's awkward widths (5461, token counts like 3·77, a single token) and with
+// operands that start at 2-byte boundaries.
 #include <catch2/catch.hpp>
 
 #include <cmath>

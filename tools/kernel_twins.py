@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Every op has one file per backend under the same name: kernels/cpu/<op>.cpp, the reference, and
+kernels/cuda/<op>.cu, its kernels (docs/architecture.md, "Adding an op"), so a reader finds an op's
+two sides without a map. The backends' own machinery has no twin; it is listed below, the one place
+that says which files those are.
+
+Exits 1 naming each file of kernels/cpu or kernels/cuda that is neither an op file with its twin
+nor listed, and each listed file that no longer exists. Standard library only; ctest runs it as
+`kernel_twins`.
+Usage: tools/kernel_twins.py [REPO_ROOT]
+"""
+import os
+import sys
+
+root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+
+# The files of each backend that hold no op of kernels/ops.h, and why.
+INFRASTRUCTURE = {
+    "cpu": {
+        "cpu_backend.cpp": "CpuBackend: calls the ops, rounds what the GPU stores in bf16",
+        "blas.h": "one name for sgemm and dgemm, which the ops share",
+    },
+    "cuda": {
+        "cuda_backend.cu": "CudaBackend: memory, workspace, and the calls into the kernels",
+        "cuda_ops.h": "the declarations of every kernel (the CPU's are kernels/ops.h)",
+        "common.cu": "checked calls and launches",
+        "common.cuh": "what every .cu shares: checks, bf16 packs, block sums, rounding",
+        "device.cu": "the device probe, the launch checks' debugging mode",
+        "device.h": "the device probe, the launch checks' debugging mode",
+        "staging.cu": "the pinned staging ring of host-to-device copies",
+        "staging.cuh": "the pinned staging ring of host-to-device copies",
+        "nccl_communicator.cu": "the data-parallel sums over NCCL",
+        "nccl_communicator.h": "the data-parallel sums over NCCL",
+        "gemm.cu": "the cuBLASLt GEMM every product goes through (the CPU's is BLAS)",
+        "gemm.cuh": "the cuBLASLt GEMM every product goes through",
+    },
+}
+OP_EXTENSION = {"cpu": ".cpp", "cuda": ".cu"}
+
+
+def main():
+    problems = []
+    ops = {}
+    for side in ("cpu", "cuda"):
+        folder = os.path.join(root, "kernels", side)
+        names = set(os.listdir(folder))
+        for name in sorted(set(INFRASTRUCTURE[side]) - names):
+            problems.append(f"kernels/{side}/{name} is listed as infrastructure in "
+                            f"tools/kernel_twins.py but does not exist")
+        ops[side] = set()
+        for name in sorted(names - set(INFRASTRUCTURE[side])):
+            stem, extension = os.path.splitext(name)
+            if extension == OP_EXTENSION[side]:
+                ops[side].add(stem)
+            else:
+                problems.append(f"kernels/{side}/{name} is not an op file ({OP_EXTENSION[side]}) "
+                                f"and not listed as infrastructure in tools/kernel_twins.py")
+    for side, other in (("cpu", "cuda"), ("cuda", "cpu")):
+        for stem in sorted(ops[side] - ops[other]):
+            problems.append(f"kernels/{side}/{stem}{OP_EXTENSION[side]} has no twin "
+                            f"kernels/{other}/{stem}{OP_EXTENSION[other]}")
+    for stem in sorted(ops["cpu"] & ops["cuda"]):
+        print(f"{stem:14} kernels/cpu/{stem}.cpp  kernels/cuda/{stem}.cu")
+    if problems:
+        print("error: op files without a twin (docs/architecture.md, \"Adding an op\"):")
+        for line in problems:
+            print("  " + line)
+        return 1
+    print("every op file has its twin")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
