@@ -388,14 +388,16 @@ TEST_CASE("gpu residual + rmsnorm in one kernel gives the two kernels' bits", "[
     CHECK(same_bits(out, get(d_out2)));
     CHECK(same_bits(rstd, d_rstd2.download()));
 
-    // The CPU keeps the sum in fp32: the GPU's is that rounded once, and the GPU's norm of the
-    // rounded sum is within a bf16 rounding of the CPU's norm of the exact one.
+    // The CPU keeps the sum in fp32: the GPU's is that rounded once. Each output element then
+    // carries three bf16 roundings (u = 2^-8 each): the sum's, its row's rstd computed from the
+    // rounded sum (at most u away), and its own; so 3u bounds it, where kBf16Rel (2u) is
+    // exceeded about once in 500 runs on fresh random inputs.
     std::vector<float> want_sum(NC), want_out(NC), want_rstd(N);
     default_cpu_backend().residual_rmsnorm_forward(want_sum.data(), want_out.data(),
                                                    want_rstd.data(), a.data(), b.data(), w.data(),
                                                    N, C, eps);
     CHECK(count_misses(sum, gputest::bf16_rounded(want_sum), 0.0, 0.0) == 0);
-    CHECK(count_misses(out, want_out, kBf16Rel, 1e-4) == 0);
+    CHECK(count_misses(out, want_out, 3.0 / 256, 1e-4) == 0);
     CHECK(rel_error(rstd, want_rstd) <= 1e-3);
   }
 }
