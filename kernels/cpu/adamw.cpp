@@ -7,16 +7,17 @@ namespace grass::ops {
 
 template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a) {
-  const T b1 = T(a.beta1), b2 = T(a.beta2);
-  const T decay = T(1.0 - a.lr * a.weight_decay);
-  const T step_size = T(a.lr / (1.0 - std::pow(a.beta1, double(a.step))));
-  const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(a.beta2, double(a.step))));
-  const T e = T(a.eps), gs = T(host_grad_scale(a));
+  const AdamScalars s = adam_scalars<T>(a);
+  const T b1 = T(s.beta1), b2 = T(s.beta2), c1 = T(s.one_minus_beta1), c2 = T(s.one_minus_beta2);
+  const T decay = T(s.decay);
+  const T step_size = T(s.lr / s.bias_correction1);
+  const T bc2_sqrt = T(s.bias_correction2_sqrt);
+  const T e = T(s.eps), gs = T(host_grad_scale(a));
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
     const T gi = g[i] * gs;
-    const T mi = b1 * m[i] + (T(1) - b1) * gi;
-    const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
+    const T mi = b1 * m[i] + c1 * gi;
+    const T vi = b2 * v[i] + c2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
     p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + e);

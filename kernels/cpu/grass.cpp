@@ -46,25 +46,25 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* s
                        int in, int r, bool rows, double alpha, const AdamArgs& a) {
   // 1. Adam on the compressed gradient; gc becomes the direction Δ.
   const int64_t n = int64_t(r) * (rows ? in : out);
-  const T b1 = T(a.beta1), b2 = T(a.beta2), gs = T(host_grad_scale(a)), e = T(a.eps);
-  const T bc1 = T(1.0 - std::pow(a.beta1, double(a.step)));
-  const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(a.beta2, double(a.step))));
-  const double lr = a.lr, weight_decay = a.weight_decay;
+  const AdamScalars s = adam_scalars<T>(a);
+  const T b1 = T(s.beta1), b2 = T(s.beta2), c1 = T(s.one_minus_beta1), c2 = T(s.one_minus_beta2);
+  const T gs = T(host_grad_scale(a)), e = T(s.eps);
+  const T bc1 = T(s.bias_correction1), bc2_sqrt = T(s.bias_correction2_sqrt);
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
     const T g = gc[i] * gs;
-    const T mi = b1 * m[i] + (T(1) - b1) * g;
-    const T vi = b2 * v[i] + (T(1) - b2) * g * g;
+    const T mi = b1 * m[i] + c1 * g;
+    const T vi = b2 * v[i] + c2 * g * g;
     m[i] = mi;
     v[i] = vi;
     gc[i] = (mi / bc1) / (std::sqrt(vi) / bc2_sqrt + e);
   }
   // 2. Weight decay, once per distinct selected slice.
-  if (weight_decay > 0) {
+  if (a.weight_decay > 0) {
     std::vector<int32_t> distinct(sigma, sigma + r);
     std::sort(distinct.begin(), distinct.end());
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-    const T decay = T(1.0 - lr * weight_decay);
+    const T decay = T(s.decay);
     if (rows) {
 #pragma omp parallel for
       for (size_t j = 0; j < distinct.size(); j++)
@@ -77,7 +77,7 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* s
   }
   // 3. The scatter: every thread owns whole columns (rows mode) or whole rows (cols mode) of w,
   //    so duplicate σ_j add up without races.
-  const T step_size = T(lr * alpha);
+  const T step_size = T(s.lr * alpha);
   if (rows) {
     constexpr int kBlock = 256;  // columns per task: contiguous runs of each selected row
 #pragma omp parallel for

@@ -128,8 +128,9 @@ void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, in
   const int64_t n = int64_t(r) * (rows ? in : out);
   // 1 - β in double, then rounded: in fp32, 1 - float(0.999) is 1.3e-5 away from 0.001, which
   // would bias v by as much.
-  const T b1 = T(a.beta1), b2 = T(a.beta2), c1 = T(1.0 - a.beta1), c2 = T(1.0 - a.beta2);
-  const T gs = T(host_grad_scale(a)), e = T(a.eps);
+  const AdamScalars s = adam_scalars(a);
+  const T b1 = T(s.beta1), b2 = T(s.beta2), c1 = T(s.one_minus_beta1), c2 = T(s.one_minus_beta2);
+  const T gs = T(host_grad_scale(a)), e = T(s.eps);
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
     const T g = R[i] * gs;
@@ -141,10 +142,8 @@ void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, in
   }
   // 2. w = (w - step_size·alpha·back(N))·decay as one GEMM: galore_torch's update followed by its
   //    decay, with the decay folded into the GEMM's beta so w is read and written once.
-  const double t = double(a.step);
-  const double step_size =
-      a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
-  const double decay = 1.0 - a.lr * a.weight_decay;
+  const double step_size = s.lr * s.bias_correction2_sqrt / s.bias_correction1;
+  const double decay = s.decay;
   const T scale = T(-step_size * alpha * decay);
   if (rows)  // back(N) = P[out, r] · N[r, in]
     cpu::gemm(false, false, out, in, r, scale, P, r, R, in, T(decay), w, in);

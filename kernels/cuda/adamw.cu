@@ -17,28 +17,29 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The per-step scalars of ops::adamw_update, narrowed to fp32 exactly where the CPU narrows them.
-struct AdamScalars {
+// The per-step scalars of ops::adamw_update (adam_scalars()), narrowed to fp32.
+struct AdamwStep {
   double grad_scale;   // with *clip (the clipping coefficient, device memory) when set
   const double* clip;
   float beta1, beta2, eps;
+  float one_minus_beta1, one_minus_beta2;
   float decay;      // 1 - lr·weight_decay
   float step_size;  // lr / (1 - beta1^step)
   float bc2_sqrt;   // sqrt(1 - beta2^step)
 };
 
 // One element's update in fp32: returns the new weight, writes the new moments.
-__device__ __forceinline__ float adam_step(const AdamScalars& k, float p, float g, float& m,
+__device__ __forceinline__ float adam_step(const AdamwStep& k, float p, float g, float& m,
                                            float& v) {
   const float gi = g * float(grad_scale_of(k.grad_scale, k.clip));
-  m = k.beta1 * m + (1.0f - k.beta1) * gi;
-  v = k.beta2 * v + (1.0f - k.beta2) * gi * gi;
+  m = k.beta1 * m + k.one_minus_beta1 * gi;
+  v = k.beta2 * v + k.one_minus_beta2 * gi * gi;
   return p * k.decay - k.step_size * m / (sqrtf(v) / k.bc2_sqrt + k.eps);
 }
 
 // "bf16-mixed": param[n] (bf16) = RN(master[n]) after master, m, v (fp32) step with g[n] (fp32).
 __global__ void adamw_mixed_kernel(bf16* param, float* master, const float* g, float* m, float* v,
-                                   int64_t n, AdamScalars k) {
+                                   int64_t n, AdamwStep k) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float mi = m[i], vi = v[i];
@@ -52,7 +53,7 @@ __global__ void adamw_mixed_kernel(bf16* param, float* master, const float* g, f
 // "bf16": param, m, v, g all bf16[n]; each store rounds stochastically, with its own stream per
 // array and the element index as the counter.
 __global__ void adamw_pure_kernel(bf16* param, const bf16* g, bf16* m, bf16* v, int64_t n,
-                                  AdamScalars k, uint64_t seed_param, uint64_t seed_m,
+                                  AdamwStep k, uint64_t seed_param, uint64_t seed_m,
                                   uint64_t seed_v) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -67,20 +68,21 @@ __global__ void adamw_pure_kernel(bf16* param, const bf16* g, bf16* m, bf16* v, 
 
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
                   int64_t n, const AdamArgs& a, uint64_t seed) {
-  const float lr = float(a.lr), beta1 = float(a.beta1),
-              beta2 = float(a.beta2), eps = float(a.eps), weight_decay = float(a.weight_decay);
   const int64_t step = a.step;
   GRASS_CHECK(n >= 0 && step >= 1, "adamw_update: bad size or step (steps count from 1)");
   if (n == 0) return;
-  AdamScalars k;
+  const AdamScalars s = adam_scalars(narrowed_to_f32(a));
+  AdamwStep k;
   k.grad_scale = a.grad_scale;
   k.clip = a.clip;
-  k.beta1 = beta1;
-  k.beta2 = beta2;
-  k.eps = eps;
-  k.decay = float(1.0 - double(lr) * double(weight_decay));
-  k.step_size = float(double(lr) / (1.0 - std::pow(double(beta1), double(step))));
-  k.bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(beta2), double(step))));
+  k.beta1 = float(s.beta1);
+  k.beta2 = float(s.beta2);
+  k.eps = float(s.eps);
+  k.one_minus_beta1 = float(s.one_minus_beta1);
+  k.one_minus_beta2 = float(s.one_minus_beta2);
+  k.decay = float(s.decay);
+  k.step_size = float(s.lr / s.bias_correction1);
+  k.bc2_sqrt = float(s.bias_correction2_sqrt);
   if (master != nullptr)
     adamw_mixed_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
         param, master, static_cast<const float*>(g), static_cast<float*>(m), static_cast<float*>(v),

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/adam_args.h"
 #include "kernels/cuda/device.h"
 #include "kernels/stochastic_round.h"
 #include "src/core/error.h"
@@ -92,6 +93,18 @@ __device__ T block_sum(T v) {
 // that a caller passing the same seed every step still gets fresh draws each step.
 inline uint64_t rounding_stream_seed(uint64_t seed, int64_t step, uint64_t stream) {
   return mix64(mix64(seed + stream * kGoldenGamma) ^ uint64_t(step));
+}
+
+// The Adam arguments as the AdamW and GRASS kernels take them: every scalar narrowed to fp32 first
+// (adam_scalars() then derives the step-dependent ones from these in double).
+inline AdamArgs narrowed_to_f32(const AdamArgs& a) {
+  AdamArgs narrowed = a;
+  narrowed.lr = float(a.lr);
+  narrowed.beta1 = float(a.beta1);
+  narrowed.beta2 = float(a.beta2);
+  narrowed.eps = float(a.eps);
+  narrowed.weight_decay = float(a.weight_decay);
+  return narrowed;
 }
 
 // ---- stochastic rounding (kernels/stochastic_round.h: the same bits as the CPU's emulation) ----

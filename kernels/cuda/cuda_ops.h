@@ -166,8 +166,8 @@ void cross_entropy_fused(const Context& ctx, bf16* logits, float* loss, const in
 //   master == nullptr ("bf16"): param is the weight; m, v bf16; every store of param, m and v
 //     rounds stochastically, with streams derived from (seed, step, buffer) and the element index
 //     as the counter; callers pass a different seed per tensor. g is bf16.
-// The kernels take every scalar of `a` narrowed to fp32 first, and compute the step-dependent
-// ones from those in double on the host.
+// The kernels take every scalar of `a` narrowed to fp32 first, and the step-dependent ones
+// adam_scalars() (kernels/adam_args.h) derives from those in double on the host.
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
                   int64_t n, const AdamArgs& a, uint64_t seed);
 

@@ -74,11 +74,12 @@ __global__ void col_norms_sq(double* norms_sq, const float* g, int out, int in, 
   norms_sq[c] = accumulate ? norms_sq[c] + total : total;
 }
 
-// The scalars of one Adam step, prepared on the host.
+// The scalars of one Adam step, prepared on the host (adam_scalars()).
 struct AdamStep {
   double grad_scale;   // with *clip (the clipping coefficient, device memory) when set
   const double* clip;
   float beta1, beta2, eps;
+  float one_minus_beta1, one_minus_beta2;
   float bias_correction1;               // 1 - beta1^step
   float bias_correction2_sqrt;          // sqrt(1 - beta2^step)
   float step_size;                      // lr · alpha
@@ -129,8 +130,8 @@ __global__ void grass_adam_kernel(bf16* param, float* master, const S* gc, S* m,
   for (int jj = j; jj < r && sigma[jj] == slice; jj++) {
     const int64_t s_index = rows ? int64_t(jj) * in + e : int64_t(e) * r + jj;  // into gc, m, v
     const float g = to_f32(gc[s_index]) * float(grad_scale_of(k.grad_scale, k.clip));
-    const float mi = k.beta1 * to_f32(m[s_index]) + (1.0f - k.beta1) * g;
-    const float vi = k.beta2 * to_f32(v[s_index]) + (1.0f - k.beta2) * g * g;
+    const float mi = k.beta1 * to_f32(m[s_index]) + k.one_minus_beta1 * g;
+    const float vi = k.beta2 * to_f32(v[s_index]) + k.one_minus_beta2 * g * g;
     store_state(m + s_index, mi, k.seed_m, uint64_t(s_index));
     store_state(v + s_index, vi, k.seed_v, uint64_t(s_index));
     const float delta = (mi / k.bias_correction1) / (sqrtf(vi) / k.bias_correction2_sqrt + k.eps);
@@ -178,23 +179,25 @@ void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int
 void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
                        void* v, const int32_t* sigma, const float* rho, int out, int in, int r,
                        bool rows, double alpha_arg, const AdamArgs& a, uint64_t seed) {
-  const float lr = float(a.lr), alpha = float(alpha_arg),
-              beta1 = float(a.beta1), beta2 = float(a.beta2), eps = float(a.eps),
-              weight_decay = float(a.weight_decay);
+  const AdamArgs narrowed = narrowed_to_f32(a);
+  const float alpha = float(alpha_arg);
   const int64_t step = a.step;
   GRASS_CHECK(step >= 1, "grass_adam_update: step counts from 1");
   if (r == 0 || (rows ? in : out) == 0) return;
+  const AdamScalars s = adam_scalars(narrowed);
   AdamStep k;
   k.grad_scale = a.grad_scale;
   k.clip = a.clip;
-  k.beta1 = beta1;
-  k.beta2 = beta2;
-  k.eps = eps;
-  k.bias_correction1 = float(1.0 - std::pow(double(beta1), double(step)));
-  k.bias_correction2_sqrt = float(std::sqrt(1.0 - std::pow(double(beta2), double(step))));
-  k.step_size = float(double(lr) * alpha);
-  k.decay = float(1.0 - double(lr) * weight_decay);
-  k.apply_decay = weight_decay > 0;
+  k.beta1 = float(s.beta1);
+  k.beta2 = float(s.beta2);
+  k.eps = float(s.eps);
+  k.one_minus_beta1 = float(s.one_minus_beta1);
+  k.one_minus_beta2 = float(s.one_minus_beta2);
+  k.bias_correction1 = float(s.bias_correction1);
+  k.bias_correction2_sqrt = float(s.bias_correction2_sqrt);
+  k.step_size = float(s.lr * alpha);
+  k.decay = float(s.decay);
+  k.apply_decay = narrowed.weight_decay > 0;
   k.seed_param = rounding_stream_seed(seed, step, 0);
   k.seed_m = rounding_stream_seed(seed, step, 1);
   k.seed_v = rounding_stream_seed(seed, step, 2);

@@ -128,7 +128,8 @@ __global__ void transfer_moment(S* m, const float* C, const float* copy, int out
   store_state(m + idx, sum, seed, uint64_t(idx));
 }
 
-// The scalars of one step of ops::lowrank_adam_update, narrowed where the CPU narrows them.
+// The scalars of one step of ops::lowrank_adam_update (adam_scalars()), narrowed where the CPU
+// narrows them.
 struct LowRankStep {
   double grad_scale;   // with *clip (the clipping coefficient, device memory) when set
   const double* clip;
@@ -260,20 +261,18 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
   const int64_t n = int64_t(r) * (rows ? in : out);  // numel(R) = numel(m) = numel(v)
 
   // The scalars as ops::lowrank_adam_update computes them (double, then narrowed).
-  const double t = double(a.step);
-  const double step_size =
-      a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
-  const double decay = 1.0 - a.lr * a.weight_decay;
+  const AdamScalars s = adam_scalars(a);
+  const double step_size = s.lr * s.bias_correction2_sqrt / s.bias_correction1;
   LowRankStep k;
   k.grad_scale = a.grad_scale;
   k.clip = a.clip;
-  k.beta1 = float(a.beta1);
-  k.beta2 = float(a.beta2);
-  k.eps = float(a.eps);
-  k.one_minus_beta1 = float(1.0 - a.beta1);
-  k.one_minus_beta2 = float(1.0 - a.beta2);
-  k.scale = float(-step_size * alpha * decay);
-  k.decay = float(decay);
+  k.beta1 = float(s.beta1);
+  k.beta2 = float(s.beta2);
+  k.eps = float(s.eps);
+  k.one_minus_beta1 = float(s.one_minus_beta1);
+  k.one_minus_beta2 = float(s.one_minus_beta2);
+  k.scale = float(-step_size * alpha * s.decay);
+  k.decay = float(s.decay);
   k.seed_param = rounding_stream_seed(seed, a.step, 0);
   k.seed_m = rounding_stream_seed(seed, a.step, 1);
   k.seed_v = rounding_stream_seed(seed, a.step, 2);
