@@ -93,6 +93,15 @@ TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[che
         optimizer.starts_with("grass-lean"));
   const TrainResult uninterrupted = train(whole);
   REQUIRE(uninterrupted.losses.size() == 9);
+  int64_t clipped_rows = 0;  // every step's row has its clipping coefficient; the result counts them
+  for (const json& row : read_rows(whole.out_dir + "/metrics.jsonl")) {
+    if (row.contains("eval")) continue;
+    REQUIRE(row.contains("clip_coef"));
+    CHECK(row["clip_coef"].get<double>() > 0);
+    CHECK(row["clip_coef"].get<double>() <= 1);
+    clipped_rows += row["clip_coef"].get<double>() < 1;
+  }
+  CHECK(clipped_rows == uninterrupted.clipped_steps);
   if (optimizer.ends_with("-padded")) {  // the checkpoint holds Hugging Face's shapes, not the pad
     const SafetensorsFile weights(step_dir(whole, 9) + "/model.safetensors");
     CHECK(weights.get("model.layers.1.mlp.down_proj.weight").shape == std::vector<int64_t>{32, 44});
@@ -127,7 +136,7 @@ TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[che
     CHECK(a.size() == 9 + 3);  // a row per step and an evaluation every 3 steps
     for (size_t i = 0; i < a.size(); i++) {
       CHECK(a[i]["step"] == b[i]["step"]);
-      for (const char* key : {"loss", "lr", "grad_norm", "tokens", "val_loss", "eval"})
+      for (const char* key : {"loss", "lr", "grad_norm", "clip_coef", "tokens", "val_loss", "eval"})
         CHECK(a[i].value(key, json()) == b[i].value(key, json()));
     }
   }

@@ -51,7 +51,7 @@ RunConfig small_run(const std::string& optimizer, const std::string& precision) 
 
 // What a run leaves: its losses and norms per step, and every byte of its state.
 struct RunRecord {
-  std::vector<double> losses, norms;
+  std::vector<double> losses, norms, clip_coefs;
   std::vector<int> clipped;
   std::vector<std::vector<char>> state;  // the weights and optimizer blocks, in order
   std::vector<std::string> state_names;
@@ -76,6 +76,7 @@ RunRecord train(const RunConfig& cfg, int steps) {
     record.losses.push_back(out.loss);
     record.norms.push_back(out.grad_norm);
     record.clipped.push_back(s.step->clipped_tensors());
+    record.clip_coefs.push_back(out.clip_coef);
   }
   for (const Arena::Block& b : arena.blocks())
     if (b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) {
@@ -220,6 +221,32 @@ TEST_CASE("fused updates clip each tensor's gradient on its own", "[memory]") {
   double global = 0;
   for (double n : norms) global += n * n;
   CHECK(clipped.norms[0] == Approx(std::sqrt(global)).epsilon(1e-9));  // the unclipped norm
+  // the step's clipping coefficient is the most clipped tensor's: the largest norm's
+  const double largest = *std::max_element(norms.begin(), norms.end());
+  CHECK(clipped.clip_coefs[0] == Approx(clip_coefficient(largest, max_norm)).epsilon(1e-9));
+  CHECK(clipped.clip_coefs[0] < 1.0);
+}
+
+TEST_CASE("a step reports the clipping coefficient its gradients were multiplied by", "[memory]") {
+  for (const bool fused : {false, true}) {
+    CAPTURE(fused);
+    RunConfig cfg = small_run("grass", "fp32");
+    cfg.fused_update = fused ? Switch::On : Switch::Off;
+    const RunRecord off = train(cfg, 3);  // grad_clip 0: never clipped
+    CHECK(off.clip_coefs == std::vector<double>(3, 1.0));
+    cfg.grad_clip = 1e6;  // far above every norm
+    CHECK(train(cfg, 3).clip_coefs == std::vector<double>(3, 1.0));
+    cfg.grad_clip = 0.5 * off.norms[0];  // the first step's global norm is clipped in half
+    const RunRecord half = train(cfg, 1);
+    REQUIRE(half.norms[0] == off.norms[0]);  // the same unclipped gradients
+    if (fused) {  // each tensor's own coefficient, all at least the global one, some below 1
+      CHECK(half.clip_coefs[0] < 1.0);
+      CHECK(half.clip_coefs[0] >= clip_coefficient(half.norms[0], cfg.grad_clip));
+    } else {
+      CHECK(half.clip_coefs[0] == Approx(clip_coefficient(half.norms[0], cfg.grad_clip)).epsilon(1e-12));
+      CHECK(half.clip_coefs[0] == Approx(0.5).epsilon(1e-5));
+    }
+  }
 }
 
 TEST_CASE("adamw's target_lr_scale moves the default targets at lr x scale, the rest at lr",

@@ -29,11 +29,6 @@ double sum_squares(const T* x, int64_t n) {
 template double sum_squares<float>(const float*, int64_t);
 template double sum_squares<double>(const double*, int64_t);
 
-void clip(ClipScalars* s, double max_norm) {
-  s->coefficient = clip_coefficient(std::sqrt(s->pending), max_norm);
-  s->total += s->pending;
-  s->clipped += s->coefficient < 1.0;
-  s->pending = 0;
-}
+void clip(ClipScalars* s, double max_norm) { clip_gathered(s, max_norm); }
 
 }  // namespace grass::ops

@@ -49,12 +49,7 @@ __global__ void sum_squares_final_kernel(double* acc, const double* partial, int
 }
 
 // Backend::clip on the device, one thread: the rule of kernels/clip_rule.h in fp64.
-__global__ void clip_kernel(ClipScalars* s, double max_norm) {
-  s->coefficient = clip_coefficient(sqrt(s->pending), max_norm);
-  s->total += s->pending;
-  s->clipped += s->coefficient < 1.0;
-  s->pending = 0;
-}
+__global__ void clip_kernel(ClipScalars* s, double max_norm) { clip_gathered(s, max_norm); }
 
 }  // namespace
 

@@ -30,6 +30,7 @@ double StepStrategy::read_norm(int tensors_per_clip) {
   ClipScalars s;
   model_.backend().download(&s, clip_, sizeof s);
   clipped_ = int(s.clipped) * tensors_per_clip;
+  clip_coefficient_ = 1.0 - s.largest_cut;
   return std::sqrt(s.total);
 }
 

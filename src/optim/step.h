@@ -54,6 +54,9 @@ class StepStrategy : public GradientSink {
   // Tensors whose gradient was scaled down by clipping in the last step (fused: per tensor;
   // deferred: all of them or none).
   int clipped_tensors() const { return clipped_; }
+  // The smallest coefficient a gradient of the last step was multiplied by: deferred, the one
+  // coefficient of every gradient; fused, the most clipped tensor's. 1 when nothing was clipped.
+  double clip_coefficient() const { return clip_coefficient_; }
 
  protected:
   // Zeroes the step's sums and starts every optimizer's step.
@@ -63,7 +66,8 @@ class StepStrategy : public GradientSink {
     optimizers_.of(tensor).update(tensor, g, &clip_->coefficient, lr_);
   }
   // Reads the step's sums back (the step's one wait for the device): the global norm, and sets
-  // clipped_ to the count of clip() calls that scaled down, times `tensors_per_clip`.
+  // clipped_ to the count of clip() calls that scaled down, times `tensors_per_clip`, and the
+  // step's smallest clipping coefficient.
   double read_norm(int tensors_per_clip);
 
   // Started by a launcher: the gradients are summed over the ranks, even over one (the identity,
@@ -82,6 +86,7 @@ class StepStrategy : public GradientSink {
   bool summing_ = false;  // the last micro-batch of a launched run
   double lr_ = 0;
   int clipped_ = 0;
+  double clip_coefficient_ = 1;
 };
 
 class DeferredStep final : public StepStrategy {

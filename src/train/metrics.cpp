@@ -93,6 +93,7 @@ int64_t truncate_metrics_after(const std::string& path, int64_t step) {
 void MetricsWriter::write(const StepMetrics& m) {
   nlohmann::json j = {{"step", m.step},           {"loss", m.loss},
                       {"lr", m.lr},               {"grad_norm", m.grad_norm},
+                      {"clip_coef", m.clip_coef},
                       {"step_ms", m.step_ms},     {"tokens_per_s", m.tokens_per_s},
                       {"gflops_per_s", m.gflops_per_s}, {"tokens", m.tokens_seen},
                       {"mem_bytes", m.mem_bytes}};

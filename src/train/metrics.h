@@ -12,6 +12,7 @@ struct StepMetrics {
   double loss = 0;
   double lr = 0;
   double grad_norm = 0;     // before clipping
+  double clip_coef = 1;     // the smallest clipping coefficient applied; 1: nothing clipped
   double step_ms = 0;
   double tokens_per_s = 0;
   double gflops_per_s = 0;  // achieved, from the model's FLOPs per token

@@ -289,6 +289,7 @@ StepMetrics Run::step(int64_t step, double* seconds_so_far) {
   m.loss = outcome.loss;
   m.lr = lr;
   m.grad_norm = outcome.grad_norm;
+  m.clip_coef = outcome.clip_coef;
   m.step_ms = seconds * 1e3;
   m.tokens_per_s = double(cfg.tokens_per_step()) / seconds;
   m.gflops_per_s = m.tokens_per_s * flops_per_token_ / 1e9;
@@ -363,9 +364,14 @@ void Run::summarize(const TrainResult& result, double first_step_rate) const {
   if (backend_->peak_flops() > 0)
     std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%",
                   100 * rate * flops_per_token_ / backend_->peak_flops());
-  std::printf("done: %lld steps, loss %.4f -> %.4f, %s%.1f tok/s%s%s; metrics in %s/metrics.jsonl\n",
-              (long long)(cfg.steps - start_step), result.losses.front(), result.losses.back(),
-              rate_label, rate, rate_note, mfu, cfg.out_dir.c_str());
+  const int64_t steps = cfg.steps - start_step;
+  char clipped[64] = "";
+  if (cfg.grad_clip > 0)
+    std::snprintf(clipped, sizeof clipped, ", clipped %lld (%.0f%%)",
+                  (long long)result.clipped_steps, 100.0 * double(result.clipped_steps) / double(steps));
+  std::printf("done: %lld steps%s, loss %.4f -> %.4f, %s%.1f tok/s%s%s; metrics in %s/metrics.jsonl\n",
+              (long long)steps, clipped, result.losses.front(), result.losses.back(), rate_label, rate,
+              rate_note, mfu, cfg.out_dir.c_str());
 }
 
 }  // namespace
@@ -389,6 +395,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     const StepMetrics m = run.step(step, &seconds_so_far);
     const bool logged = run.log(m);
     result.losses.push_back(m.loss);
+    result.clipped_steps += m.clip_coef < 1.0;
     run.maybe_evaluate(step, result);
     run.maybe_checkpoint(step, logged);
     if (step > run.start_step) rates.push_back(m.tokens_per_s);

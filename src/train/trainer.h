@@ -17,6 +17,7 @@ struct TrainResult {
   std::string resumed_from;    // the checkpoint directory, "" for a fresh run
   std::vector<double> losses;  // mean loss of every step run, before its update
   double tokens_per_second = 0;  // median over the steps after the first (0 after one step)
+  int64_t clipped_steps = 0;     // steps of this call whose gradients clipping scaled down
   std::optional<EvalResult> final_eval;  // after the last step, when the run has data.val
 };
 

@@ -68,6 +68,7 @@ StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, dou
                            1.0 / (double(accum) * world));
   }
   out.grad_norm = s.step->finish();
+  out.clip_coef = s.step->clip_coefficient();
   for (const double loss : model.take_losses()) out.loss += loss / (double(accum) * world);
   out.loss = s.comm->sum(out.loss);
   return out;

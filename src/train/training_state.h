@@ -38,6 +38,7 @@ double flops_per_token(const TrainingState& s);
 struct StepOutcome {
   double loss = 0;       // mean over the step's micro-batches, every rank's
   double grad_norm = 0;  // global L2 norm of the unclipped gradients, dense and projected
+  double clip_coef = 1;  // the smallest clipping coefficient applied (StepStrategy); 1: none
 };
 StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, double lr,
                        const std::function<void(int32_t* inputs, int32_t* targets)>& next_batch);
