@@ -426,6 +426,44 @@ TEST_CASE("each rule's step size: the learning rate's without rho_in_update, tim
     }
 }
 
+TEST_CASE("a slice drawn c times steps c times as far (the paper's with-replacement estimator)",
+          "[grass]") {
+  // With replacement, a slice drawn c times is c identical rows of P: its update is c times one
+  // draw's (stored once, stepped with its count). Adam's first step is ±1 per element (ε tiny),
+  // so each stored row moves lr·α·c per element, whatever ρ (without rho_in_update).
+  const ModelConfig cfg = small_config();
+  const int B = 2, T = 8, r = 4;
+  const auto in = tokens(B * T, 40, 21), tg = tokens(B * T, 40, 22);
+  for (const std::string rule : {"multinomial", "uniform"}) {
+    INFO(rule);
+    OptimizerConfig o = grass_config(r, rule, "rows", 10);
+    o.eps = 1e-20;
+    Rig rig(cfg, o, B, T, true);
+    std::vector<std::vector<float>> before;
+    for (const auto& t : rig.grass->targets())
+      before.push_back(rig.weights(rig.model->tensors()[t.tensor_index].name));
+    rig.gradients(0, in, tg, B);
+    rig.update();
+    int repeated = 0;
+    size_t k = 0;
+    for (const auto& t : rig.grass->targets()) {
+      const std::vector<float> after = rig.weights(rig.model->tensors()[t.tensor_index].name);
+      for (int j = 0; j < t.slices; j++) {
+        INFO("target " << t.tensor_index << ", slice " << t.sigma[j] << " drawn " << t.count[j] << " times");
+        double moved = 0;
+        for (int c = 0; c < t.in; c++) {
+          const size_t e = size_t(t.sigma[j]) * size_t(t.in) + size_t(c);
+          moved += std::abs(double(after[e]) - before[k][e]);
+        }
+        CHECK(moved / (o.lr * o.projection.scale * t.in) == Approx(double(t.count[j])).epsilon(1e-3));
+        repeated += t.count[j] > 1;
+      }
+      k++;
+    }
+    CHECK(repeated > 0);  // some slice was drawn more than once, so the check above can fail
+  }
+}
+
 TEST_CASE("repeated draws trained once with their count equal the draws trained apart",
           "[grass][selection]") {
   // A selection with repeats, applied to the same G rows both ways: every draw a slice of its
