@@ -1,5 +1,5 @@
-// What every CUDA file of the backend shares: checked calls, checked launches, bf16 helpers and
-// stochastic rounding. Include only from .cu files.
+// What every CUDA file of the backend shares: checked calls, checked launches, launch geometry
+// (grid_for, vectorizable), bf16 helpers and stochastic rounding. Include only from .cu files.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_bf16.h>
