@@ -1,5 +1,7 @@
 // Stochastic rounding of fp32 to bf16, shared by the CPU backend (which emulates bf16 storage)
-// and the CUDA kernels, so both draw the same bits for the same (seed, index).
+// and the CUDA kernels, so both draw the same bits for the same store of the same element: one
+// derivation of each store's stream (rounding_stream_seed), and the element's index in its buffer
+// as the counter.
 // A counter-based hash (no state): the same (seed, index) always rounds the same way, so two
 // identical runs stay identical, and different elements and steps get independent draws.
 #pragma once
@@ -14,6 +16,17 @@
 #endif
 
 namespace grass {
+
+// The buffers an optimizer store rounds, each with a stream of its own.
+enum RoundingStream : uint64_t { kRoundWeight = 0, kRoundFirstMoment = 1, kRoundSecondMoment = 2 };
+
+// The seed of one buffer's stochastic-rounding stream in an optimizer's store at one step
+// (SplitMix64's finaliser twice): buffers never share a draw, and the step is mixed in so that a
+// caller passing the same seed every step still gets fresh draws each step.
+GRASS_HOST_DEVICE uint64_t rounding_stream_seed(uint64_t seed, int64_t step,
+                                                RoundingStream stream) {
+  return mix64(mix64(seed + stream * kGoldenGamma) ^ uint64_t(step));
+}
 
 GRASS_HOST_DEVICE uint32_t rounding_hash(uint64_t seed, uint64_t index) {
   return uint32_t(mix64(seed ^ (index * kGoldenGamma)) >> 32);

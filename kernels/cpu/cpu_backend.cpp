@@ -13,8 +13,8 @@
 #include "kernels/clip_rule.h"
 #include "kernels/lowrank_ops.h"
 #include "kernels/ops.h"
+#include "kernels/stochastic_round.h"
 #include "src/core/error.h"
-#include "src/core/rng.h"
 #include "src/dist/communicator.h"
 
 namespace grass {
@@ -169,7 +169,7 @@ class CpuBackend final : public Backend {
     float* w = weight.master ? weight.master : f(weight.weights);
     ops::adamw_update(w, f(g), f(m), f(v), n, a);
     if (weight.master) round_from_master(f(weight.weights), weight.master, n);
-    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), n, n, seed);
+    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), n, n, seed, a.step);
   }
 
   void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
@@ -214,7 +214,7 @@ class CpuBackend final : public Backend {
     }
     // Stochastic rounding leaves a bf16 value as it is, so rounding the whole weight changes
     // only the selected slices.
-    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), numel, gc_numel, seed);
+    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), numel, gc_numel, seed, a.step);
   }
 
   void lowrank_compressed_grad(void* R, void* scratch, void*, const void* dy, const void* x,
@@ -233,7 +233,8 @@ class CpuBackend final : public Backend {
                       uint64_t seed) override {
     ops::flora_transfer(f(m), scratch, P_old, p.P, p.out, p.in, p.r, p.rows);
     if (storage_.pure_bf16())
-      ops::stochastic_round_to_bf16(f(m), int64_t(p.r) * (p.rows ? p.in : p.out), seed);
+      ops::stochastic_round_to_bf16(f(m), int64_t(p.r) * (p.rows ? p.in : p.out),
+                                    rounding_stream_seed(seed, 0, kRoundFirstMoment));
   }
   void lowrank_adam_update(WeightRef weight, void* R, void* m, void* v, void*,
                            const LowRankProjection& p, double alpha, const AdamArgs& a,
@@ -242,7 +243,7 @@ class CpuBackend final : public Backend {
     ops::lowrank_adam_update(w, f(R), f(m), f(v), p.P, p.out, p.in, p.r, p.rows, alpha, a);
     const int64_t numel = int64_t(p.out) * p.in, moments = int64_t(p.r) * (p.rows ? p.in : p.out);
     if (weight.master) round_from_master(f(weight.weights), weight.master, numel);
-    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), numel, moments, seed);
+    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), numel, moments, seed, a.step);
   }
 
  private:
@@ -250,12 +251,15 @@ class CpuBackend final : public Backend {
     std::memcpy(weights, master, size_t(n) * sizeof(float));
     ops::round_to_bf16(weights, n);
   }
-  // pure bf16's stores: the weight and both moments, each with its own stream
+  // pure bf16's stores: the weight and both moments, each with its own stream of this step and
+  // the element's index in its buffer as the counter, as the CUDA kernels draw them
   static void stochastic_round(float* w, float* m, float* v, int64_t n_weights, int64_t n_moments,
-                               uint64_t seed) {
-    ops::stochastic_round_to_bf16(w, n_weights, derive_seed(seed, 0));
-    ops::stochastic_round_to_bf16(m, n_moments, derive_seed(seed, 1));
-    ops::stochastic_round_to_bf16(v, n_moments, derive_seed(seed, 2));
+                               uint64_t seed, int64_t step) {
+    ops::stochastic_round_to_bf16(w, n_weights, rounding_stream_seed(seed, step, kRoundWeight));
+    ops::stochastic_round_to_bf16(m, n_moments,
+                                  rounding_stream_seed(seed, step, kRoundFirstMoment));
+    ops::stochastic_round_to_bf16(v, n_moments,
+                                  rounding_stream_seed(seed, step, kRoundSecondMoment));
   }
 
   float* attention_scratch_ = nullptr;  // [B,NH,T,T] dscores

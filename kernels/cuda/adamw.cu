@@ -90,8 +90,9 @@ void adamw_update(const Context& ctx, bf16* param, float* master, const void* g,
   else
     adamw_pure_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
         param, static_cast<const bf16*>(g), static_cast<bf16*>(m), static_cast<bf16*>(v), n, k,
-        rounding_stream_seed(seed, step, 0), rounding_stream_seed(seed, step, 1),
-        rounding_stream_seed(seed, step, 2));
+        rounding_stream_seed(seed, step, kRoundWeight),
+        rounding_stream_seed(seed, step, kRoundFirstMoment),
+        rounding_stream_seed(seed, step, kRoundSecondMoment));
   GRASS_LAUNCH_CHECK();
 }
 

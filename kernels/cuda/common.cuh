@@ -88,13 +88,6 @@ __device__ T block_sum(T v) {
   return total;
 }
 
-// The seed of one stochastic-rounding stream (0 param, 1 m, 2 v) of an optimizer store at one
-// step (SplitMix64's finaliser twice): buffers never share a draw, and the step is mixed in so
-// that a caller passing the same seed every step still gets fresh draws each step.
-inline uint64_t rounding_stream_seed(uint64_t seed, int64_t step, uint64_t stream) {
-  return mix64(mix64(seed + stream * kGoldenGamma) ^ uint64_t(step));
-}
-
 // The Adam arguments as the AdamW and GRASS kernels take them: every scalar narrowed to fp32 first
 // (adam_scalars() then derives the step-dependent ones from these in double).
 inline AdamArgs narrowed_to_f32(const AdamArgs& a) {
@@ -108,9 +101,6 @@ inline AdamArgs narrowed_to_f32(const AdamArgs& a) {
 }
 
 // ---- stochastic rounding (kernels/stochastic_round.h: the same bits as the CPU's emulation) ----
-__device__ __forceinline__ uint32_t hash_u32(uint64_t seed, uint64_t index) {
-  return rounding_hash(seed, index);
-}
 __device__ __forceinline__ bf16 stochastic_round_bf16(float x, uint64_t seed, uint64_t index) {
   return __ushort_as_bfloat16(stochastic_round_bits(__float_as_uint(x), seed, index));
 }

@@ -164,8 +164,9 @@ void cross_entropy_fused(const Context& ctx, bf16* logits, float* loss, const in
 //   master != nullptr ("bf16-mixed"): master[n] fp32 is the weight; m, v fp32; param[n] (bf16,
 //     the compute copy) = round-to-nearest(master) afterwards. g is fp32.
 //   master == nullptr ("bf16"): param is the weight; m, v bf16; every store of param, m and v
-//     rounds stochastically, with streams derived from (seed, step, buffer) and the element index
-//     as the counter; callers pass a different seed per tensor. g is bf16.
+//     rounds stochastically, with the streams rounding_stream_seed(seed, step, buffer) and the
+//     element index as the counter (kernels/stochastic_round.h, as the CPU backend rounds);
+//     callers pass a different seed per tensor. g is bf16.
 // The kernels take every scalar of `a` narrowed to fp32 first, and the step-dependent ones
 // adam_scalars() (kernels/adam_args.h) derives from those in double on the host.
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
@@ -240,7 +241,8 @@ void flora_projection(const Context& ctx, float* P, uint64_t seed, int64_t tenso
 // FLORA's moment transfer m = down_new(up_old(m)) through C = P_oldᵀ·P_new [r, r]:
 //   rows: m[r, in] = Cᵀ·m;   cols: m[out, r] = m·C
 // m fp32 or bf16 (stype: the moments' storage; bf16 stores round stochastically from
-// rounding_stream_seed(seed, 0, 1): the caller's seed differs per step and tensor);
+// rounding_stream_seed(seed, 0, kRoundFirstMoment), as the CPU backend rounds: the caller's seed
+// differs per step and tensor);
 // scratch fp32 [r·r + numel(m)] holds C and an fp32 copy of m. Every sum runs in a fixed order.
 void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,
                     const float* P_old, const float* P_new, int out, int in, int r, bool rows,
@@ -253,7 +255,7 @@ void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,
 //   master != nullptr: R, m, v fp32; the GEMM writes master with β = decay, then
 //     param = round-to-nearest(master);
 //   master == nullptr: R, m, v, param bf16; m, v and param round stochastically (streams
-//     rounding_stream_seed(seed, step, 0/1/2), the element index as the counter), the
+//     rounding_stream_seed(seed, step, buffer), the element index as the counter), the
 //     back-projection going through the workspace's fp32 chunk.
 // R is read only. 1 - beta is computed in double then narrowed, as the CPU op does.
 void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const void* R, void* m,

@@ -198,9 +198,9 @@ void grass_adam_update(const Context& ctx, bf16* param, float* master, const voi
   k.step_size = float(s.lr * alpha);
   k.decay = float(s.decay);
   k.apply_decay = narrowed.weight_decay > 0;
-  k.seed_param = rounding_stream_seed(seed, step, 0);
-  k.seed_m = rounding_stream_seed(seed, step, 1);
-  k.seed_v = rounding_stream_seed(seed, step, 2);
+  k.seed_param = rounding_stream_seed(seed, step, kRoundWeight);
+  k.seed_m = rounding_stream_seed(seed, step, kRoundFirstMoment);
+  k.seed_v = rounding_stream_seed(seed, step, kRoundSecondMoment);
 
   // rows: grid.y walks the r occurrences; cols: one flat index over gc[out, r].
   GRASS_CHECK(!rows || r <= 65535, "grass_adam_update: rank above the grid's y limit");

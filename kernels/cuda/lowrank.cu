@@ -230,7 +230,7 @@ void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,
   projection_gram<<<grid_for(int64_t(r) * r, kThreads), kThreads, 0, ctx.stream>>>(C, P_old, P_new,
                                                                                    side, r);
   GRASS_LAUNCH_CHECK();
-  const uint64_t stream_seed = rounding_stream_seed(seed, 0, 1);  // stream 1: m
+  const uint64_t stream_seed = rounding_stream_seed(seed, 0, kRoundFirstMoment);
   if (stype == GradType::F32) {
     float* mf = static_cast<float*>(m);
     GRASS_CUDA_CHECK(cudaMemcpyAsync(copy, mf, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice,
@@ -273,9 +273,9 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
   k.one_minus_beta2 = float(s.one_minus_beta2);
   k.scale = float(-step_size * alpha * s.decay);
   k.decay = float(s.decay);
-  k.seed_param = rounding_stream_seed(seed, a.step, 0);
-  k.seed_m = rounding_stream_seed(seed, a.step, 1);
-  k.seed_v = rounding_stream_seed(seed, a.step, 2);
+  k.seed_param = rounding_stream_seed(seed, a.step, kRoundWeight);
+  k.seed_m = rounding_stream_seed(seed, a.step, kRoundFirstMoment);
+  k.seed_v = rounding_stream_seed(seed, a.step, kRoundSecondMoment);
 
   // 1. Adam on R; the scaled direction goes to the workspace as bf16 [r, in] or [out, r].
   if (pure)

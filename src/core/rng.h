@@ -14,8 +14,8 @@
 namespace grass {
 
 // SplitMix64's finaliser: a bijection of 64 bits whose every output bit depends on every input
-// bit. The one copy of it: the streams below, stochastic rounding (kernels/stochastic_round.h),
-// the GPU's rounding streams (kernels/cuda/common.cuh) and the synthetic shards use it.
+// bit. The one copy of it: the streams below, stochastic rounding and its streams
+// (kernels/stochastic_round.h) and the synthetic shards use it.
 GRASS_RNG_FN uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;

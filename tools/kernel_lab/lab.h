@@ -130,10 +130,11 @@ constexpr double kTolReduce = 1e-5;
 // in fp32 on both sides; FMA contraction and sqrt/division order move the last bits, and the decay
 // and the step can nearly cancel in a few elements.
 constexpr double kTolUpdateF32 = 1e-4;
-// ... in pure bf16: each store rounds stochastically, the GPU from streams per step
-// (rounding_stream_seed) the CPU does not share, so an element may land on the other bf16
-// neighbour: one spacing in ~100 or more of the change (optimizer_ops.cpp: adam_args), ~0.5%
-// per row; the moments' own rounding is ~2^-9 of them.
+// ... in pure bf16: each store rounds stochastically, from the same streams on both sides
+// (rounding_stream_seed), but of fp32 values whose last bits differ (above), so an element whose
+// value lies near its draw's threshold may land on the other bf16 neighbour: one spacing in ~100
+// or more of the change (optimizer_ops.cpp: adam_args); the moments' own rounding is ~2^-9 of
+// them.
 constexpr double kTolUpdateBf16 = 2e-2;
 // GaLore's and FLORA's step: the GPU back-projects through bf16 copies of P and of the Adam
 // direction (kernels/cuda/lowrank.cu), one bf16 rounding of each factor of the change (~2^-9
