@@ -58,7 +58,7 @@ class CpuBackend final : public Backend {
   void write_weights(void* weights, float* master, int64_t first, const float* host,
                      int64_t n) override {
     float* w = f(weights) + first;
-    if (w != host) std::memcpy(w, host, size_t(n) * sizeof(float));  // in place: weights_written()
+    if (w != host) std::memcpy(w, host, size_t(n) * sizeof(float));  // host may be the weights
     if (master) std::memcpy(master + first, host, size_t(n) * sizeof(float));
     if (storage_.bf16_weights()) ops::round_to_bf16(w, n);
   }

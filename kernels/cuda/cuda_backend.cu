@@ -69,7 +69,7 @@ class CudaBackend final : public Backend {
   std::string describe() const override {
     return "cuda, " + gpu_ + " (" + storage_.describe() + ")";
   }
-  // Dense bf16 peaks (../shared/ANCHORS.md): A100 312, H100 SXM and H200 989, H100 PCIe 756
+  // Dense bf16 peaks (NVIDIA's datasheets): A100 312, H100 SXM and H200 989, H100 PCIe 756
   // TFLOP/s. Another GPU gets 0: MFU n/a rather than a guess.
   double peak_flops() const override {
     if (gpu_.find("H200") != std::string::npos) return 989e12;

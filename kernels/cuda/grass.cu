@@ -1,4 +1,4 @@
-// GRASS on the GPU (the method: ../shared/GRASS.md; the reference: kernels/cpu/grass.cpp):
+// GRASS on the GPU (the method: docs/grass.md; the reference: kernels/cpu/grass.cpp):
 // the compressed gradient straight from the activations (a gather, then one GEMM), the slice
 // norms and the gather that choose and fill it at a refresh, and the fused Adam step with the
 // sparse update of the weight.

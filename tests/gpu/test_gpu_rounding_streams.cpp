@@ -29,16 +29,12 @@ namespace {
 
 // The CUDA backend under test and the CPU backend, both in pure bf16.
 struct PureBf16Backends {
-  Storage gpu_storage = storage_for(PrecisionChoice::Bf16, true);
-  Storage cpu_storage = storage_for(PrecisionChoice::Bf16, false);
+  Storage gpu_storage = make_storage(Precision::Bf16, true);
+  Storage cpu_storage = make_storage(Precision::Bf16, false);
   std::unique_ptr<Backend> gpu = make_cuda_backend(gpu_storage);
   std::unique_ptr<Backend> cpu = make_cpu_backend(cpu_storage);
-  DeviceBuffer<char> gemm_workspace{size_t(32) << 20};
-  PureBf16Backends() {
-    BackendScratchPointers scratch;
-    scratch.gemm = gemm_workspace.ptr;
-    gpu->bind_workspace(scratch, WorkspaceShape{});
-  }
+  Arena gpu_arena{false, *gpu};
+  std::unique_ptr<ScratchLease> gpu_scratch = gpu->plan_scratch(gpu_arena, WorkspaceShape{});  // cuBLASLt's
 };
 
 // β = 0.5 (1 - β = 0.5: m and v are sums of exact products); weight decay 0.75 = 1 - lr·wd;
