@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Optimizer comparisons (issue 15; docs/experiments.md). One table per command:
-#   scripts/experiments/compare_optimizers.sh a [--out DIR] [--jobs N]
+#   scripts/experiments/compare_optimizers.sh a [--out DIR] [--jobs N] [--methods M1,M2,...]
 #     Table A, quality: AdamW, AdamW with GRASS's learning-rate split, GRASS top_r /
 #     multinomial_nr / uniform_nr, GaLore and FLORA on the quickstart model and on a tied 8-layer
 #     variant whose projections hold 73% of the weights (configs/models/llama_quickstart_tied.json).
 #     Each method: a learning-rate grid at seed 42 (extended past an edge that holds the best rate,
-#     up to 3 more rates), then seeds 1 and 2 at its best rate.
+#     up to 3 more rates), then seeds 1 and 2 at its best rate. --methods runs only those (names
+#     as in `methods` below); the table shows every method whose runs DIR holds.
 #   scripts/experiments/compare_optimizers.sh b [--out DIR] [--jobs N]
 #     Table B, GRASS ablations on the quickstart model at Table A's best top_r rate (run a first):
 #     rank x K, rho in the update or not, with and without replacement, staggered refresh; 3 seeds.
@@ -30,14 +31,15 @@
 # tables on stdout and in DIR/<table>.md, the plots in docs/img/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 a|b|c|peers [--out DIR] [--jobs N]" >&2; exit 2; }
+usage() { echo "usage: $0 a|b|c|peers [--out DIR] [--jobs N] [--methods M1,M2,...]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 table=$1; shift
-out=runs/compare jobs=2
+out=runs/compare jobs=2 only=
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift ;;
     --jobs) jobs=$2; shift ;;
+    --methods) only=$2; shift ;;
     *) usage ;;
   esac
   shift
@@ -56,6 +58,16 @@ methods=(
   "galore|optimizer.name=galore"
   "flora|optimizer.name=flora"
 )
+if [ -n "$only" ]; then  # --methods: keep those, in the table's order
+  kept=()
+  for entry in "${methods[@]}"; do
+    case ",$only," in *",${entry%%|*},"*) kept+=("$entry") ;; esac
+  done
+  for name in ${only//,/ }; do
+    case " ${kept[*]} " in *" $name|"*) ;; *) echo "unknown method $name" >&2; exit 2 ;; esac
+  done
+  methods=("${kept[@]}")
+fi
 method_args() {  # the --set arguments of method $1
   local entry
   for entry in "${methods[@]}"; do
