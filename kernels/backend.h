@@ -286,10 +286,10 @@ class Backend : public MemoryResource {
   virtual void flora_transfer(void* m, float* scratch, const float* P_old,
                               const LowRankProjection& p, uint64_t seed) = 0;
   // Adam on R (overwritten) and the dense update of w through the back-projection; weights and
-  // master as in adamw_update.
+  // master as in adamw_update. max_rms > 0 bounds the update's RMS (FLORA; ops::lowrank_adam_update).
   virtual void lowrank_adam_update(WeightRef w, void* R, void* m, void* v, void* workspace,
-                                   const LowRankProjection& p, double alpha, const AdamArgs& a,
-                                   uint64_t seed) = 0;
+                                   const LowRankProjection& p, double alpha, double max_rms,
+                                   const AdamArgs& a, uint64_t seed) = 0;
 
  protected:
   explicit Backend(const Storage& storage) : storage_(storage) {}

@@ -31,11 +31,12 @@ int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r) 
   if (!storage.cuda) return 0;
   // kernels/cuda/lowrank.cu (cuda_ops.h has the layout): two bf16 buffers of r·max(out, in)
   // elements, either side may be projected, each 16-byte aligned: P transposed [r, side] and the
-  // Adam direction ([r, in] or [out, r]). bf16-mixed back-projects straight into the fp32 master
-  // copy; pure bf16 adds the fp32 back-projection of a chunk of whole rows of w, at most
-  // kLowRankUpdateChunkElements (the whole w when it is smaller).
+  // Adam direction ([r, in] or [out, r]); then 16 bytes for the sum of squares of the update's
+  // RMS bound. bf16-mixed back-projects straight into the fp32 master copy; pure bf16 adds the
+  // fp32 back-projection of a chunk of whole rows of w, at most kLowRankUpdateChunkElements (the
+  // whole w when it is smaller).
   const int64_t half = (2 * int64_t(r) * std::max(out, in) + 15) / 16 * 16;
-  int64_t bytes = 2 * half;
+  int64_t bytes = 2 * half + 16;
   if (storage.pure_bf16() && in > 0) {
     const int64_t rows =
         std::min<int64_t>(out, std::max<int64_t>(1, kLowRankUpdateChunkElements / in));

@@ -59,8 +59,13 @@ void flora_transfer(T* m, T* scratch, const T* P_old, const T* P_new, int out, i
 // `scale`, 0.25 in its scripts). m, v shaped like R; P [side, r]. The back-projection is one GEMM
 // into w (the out x in update matrix is never stored), the decay its beta. R is overwritten
 // with N. The step counter is never reset at a refresh.
+// max_rms > 0 bounds the update as flora-opt's clip_threshold does (Adafactor's update clipping):
+// the bias-corrected direction N̂ = sqrt(1-b2^t)/(1-b1^t)·N is scaled by
+// min(1, max_rms / RMS(N̂)), RMS over its r·in (or out·r) entries. That is the RMS of the
+// back-projected update in expectation when E[PᵀP] = (side/r)·I (FLORA's Gaussian P), and it is
+// taken without forming the out x in update. 0: no bound (GaLore).
 template <typename T>
 void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, int r, bool rows,
-                         double alpha, const AdamArgs& a);
+                         double alpha, double max_rms, const AdamArgs& a);
 
 }  // namespace grass::ops

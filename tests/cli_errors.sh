@@ -95,6 +95,9 @@ grep -q "checkpointed per layer (recomputed in the backward); updates fused" "$t
   passes=$((passes + 1)) || { echo "FAIL: the start-up table should name the memory options"; failures=$((failures + 1)); }
 
 # checkpoints, resume and export
+expect 0 "fewer than optimizer.rank 16" -- train "$tmp/run.json" --set out_dir="$tmp/galore_few" \
+  --set optimizer.name=galore --set optimizer.rank=16 --set micro_batch_size=1 \
+  --set total_batch_size=1 --set seq_len=8 --set steps=1
 expect 2 'checkpoint_keep' -- train "$tmp/run.json" --set checkpoint_keep=0
 expect 2 "init_from: not found: $tmp/no_hf" -- train "$tmp/run.json" --set init_from="$tmp/no_hf"
 expect 2 "$tmp/no_ckpt" -- train "$tmp/run.json" --resume "$tmp/no_ckpt"

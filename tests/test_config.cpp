@@ -662,4 +662,29 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
   run["optimizer"] = {{"name", "grass"}, {"target_lr_scale", 0.5}};
   CHECK(run_error(run) == "run.json: optimizer.target_lr_scale: only adamw uses this key (the "
                           "projected optimizers' `scale` sets their targets' learning rate)");
+
+  // FLORA bounds its update's RMS as flora-opt does (clip_threshold 1), 0 turns it off
+  run["optimizer"] = {{"name", "flora"}, {"rank", 8}};
+  const grass::RunConfig flora = grass::parse_run_config(run, "run.json");
+  CHECK(flora.optimizer.projection.max_update_rms == 1.0);
+  CHECK(grass::parse_run_config(grass::to_json(flora), "").optimizer == flora.optimizer);
+  run["optimizer"] = {{"name", "flora"}, {"rank", 8}, {"max_update_rms", 0}};
+  CHECK(grass::parse_run_config(run, "run.json").optimizer.projection.max_update_rms == 0.0);
+  run["optimizer"] = {{"name", "flora"}, {"rank", 8}, {"max_update_rms", -1}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.max_update_rms: must be non-negative (0: unbounded), got -1");
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"max_update_rms", 1}};
+  CHECK(run_error(run) == "run.json: optimizer.max_update_rms: only the flora optimizer uses this key");
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}};
+  CHECK(grass::parse_run_config(run, "run.json").optimizer.projection.max_update_rms == 0.0);
+
+  // eps: galore_torch's 1e-6 for GaLore, torch's 1e-8 for the rest; a given eps wins
+  CHECK(grass::parse_run_config(run, "run.json").optimizer.eps == 1e-6);
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"eps", 1e-8}};
+  CHECK(grass::parse_run_config(run, "run.json").optimizer.eps == 1e-8);
+  for (const char* name : {"adamw", "grass", "flora"}) {
+    run["optimizer"] = {{"name", name}};
+    if (std::string(name) != "adamw") run["optimizer"]["rank"] = 8;
+    CHECK(grass::parse_run_config(run, "run.json").optimizer.eps == 1e-8);
+  }
 }

@@ -197,7 +197,7 @@ TEST_CASE("GaLore: an update is lowrank_adam_update's, and a refresh keeps momen
       const auto& galore = static_cast<const GaLore&>(*rig.lowrank);
       const std::vector<float> P = copy(galore.basis(t.tensor_index), int64_t(t.side) * r);
       ops::lowrank_adam_update(w.data(), R.data(), m.data(), v.data(), P.data(), t.out, t.in, r,
-                               t.rows, rig.opt.projection.scale, a);
+                               t.rows, rig.opt.projection.scale, 0.0, a);
       want.push_back(w);
       want_m.push_back(m);
     }

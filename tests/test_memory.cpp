@@ -249,56 +249,64 @@ TEST_CASE("a step reports the clipping coefficient its gradients were multiplied
   }
 }
 
-TEST_CASE("adamw's target_lr_scale moves the default targets at lr x scale, the rest at lr",
+TEST_CASE("adamw's target_lr_scale moves the default targets at lr x scale, the rest at lr, and "
+          "weight decay stays lr x wd, as GRASS's and GaLore's targets decay",
           "[optim]") {
-  // One step from the same weights and batch, weight decay off: Adam's step is lr times a
-  // direction that does not depend on lr, so the targets' change scales by exactly the factor
-  // (to fp32 rounding of the update) and every other tensor's change is identical.
-  RunConfig cfg = small_run("adamw", "fp32");
-  cfg.optimizer.weight_decay = 0;
-  RunConfig scaled = cfg;
-  scaled.optimizer.target_lr_scale = 0.25;
-  const test::NgramBatches data;
-  std::vector<std::vector<float>> before, after[2];
-  const RunConfig* cfgs[2] = {&cfg, &scaled};
-  for (int k = 0; k < 2; k++) {
-    const std::unique_ptr<Backend> backend = make_cpu_backend(storage_for(PrecisionChoice::F32, false));
-    Arena arena(false, *backend);
-    TrainingState s = build_training_state(*cfgs[k], arena, *backend);
-    s.model->init_weights(3);
-    if (k == 0)
-      for (const ParamTensor& t : s.model->tensors()) before.push_back(s.model->read_tensor(t));
-    train_step(s, *cfgs[k], 0, cfgs[k]->optimizer.lr, [&](int32_t* in, int32_t* tg) {
-      std::vector<int32_t> i, t;
-      data.batch(0, cfgs[k]->micro_batch_size, cfgs[k]->seq_len, i, t);
-      std::copy(i.begin(), i.end(), in);
-      std::copy(t.begin(), t.end(), tg);
-    });
-    for (const ParamTensor& t : s.model->tensors()) after[k].push_back(s.model->read_tensor(t));
-  }
-  const std::unique_ptr<Backend> probe_backend = make_cpu_backend(storage_for(PrecisionChoice::F32, false));
-  Arena probe_arena(true, *probe_backend);
-  const LlamaModel probe(cfg.model, probe_arena, 1, cfg.seq_len, {}, *probe_backend);
-  const std::vector<std::string> targets =
-      projection_tensor_names(cfg.model.num_hidden_layers, ProjectionConfig{}.targets);
-  int scaled_tensors = 0;
-  for (size_t i = 0; i < before.size(); i++) {
-    const std::string& name = probe.tensors()[i].name;
-    const bool target = std::find(targets.begin(), targets.end(), name) != targets.end();
-    scaled_tensors += target;
-    INFO(name << (target ? " (target)" : ""));
-    double worst = 0;
-    for (size_t j = 0; j < before[i].size(); j++) {
-      const double d1 = double(after[0][i][j]) - before[i][j], d2 = double(after[1][i][j]) - before[i][j];
-      if (!target) {
-        REQUIRE(after[1][i][j] == after[0][i][j]);
-        continue;
-      }
-      REQUIRE(d1 != 0);
-      // both changes are differences of fp32 weights near w: each off by up to an ulp of w
-      worst = std::max(worst, std::abs(d2 - 0.25 * d1) / (std::abs(d1) + 4e-7 * std::abs(before[i][j])));
+  // One step from the same weights and batch: Adam's step is lr times a direction that does not
+  // depend on lr, and the decoupled decay multiplies w by 1 - lr·wd first, so a target's change
+  // beyond its decay scales by exactly the factor (to fp32 rounding of the update) and every
+  // other tensor's change is identical. A weight decay of 5 makes the decay as large as the step
+  // (lr·wd·|w| against lr·scale), so a decay that followed the scale would fail the bound.
+  for (const double wd : {0.0, 5.0}) {
+    INFO("weight_decay " << wd);
+    RunConfig cfg = small_run("adamw", "fp32");
+    cfg.optimizer.weight_decay = wd;
+    RunConfig scaled = cfg;
+    scaled.optimizer.target_lr_scale = 0.25;
+    const test::NgramBatches data;
+    std::vector<std::vector<float>> before, after[2];
+    const RunConfig* cfgs[2] = {&cfg, &scaled};
+    for (int k = 0; k < 2; k++) {
+      const std::unique_ptr<Backend> backend = make_cpu_backend(storage_for(PrecisionChoice::F32, false));
+      Arena arena(false, *backend);
+      TrainingState s = build_training_state(*cfgs[k], arena, *backend);
+      s.model->init_weights(3);
+      if (k == 0)
+        for (const ParamTensor& t : s.model->tensors()) before.push_back(s.model->read_tensor(t));
+      train_step(s, *cfgs[k], 0, cfgs[k]->optimizer.lr, [&](int32_t* in, int32_t* tg) {
+        std::vector<int32_t> i, t;
+        data.batch(0, cfgs[k]->micro_batch_size, cfgs[k]->seq_len, i, t);
+        std::copy(i.begin(), i.end(), in);
+        std::copy(t.begin(), t.end(), tg);
+      });
+      for (const ParamTensor& t : s.model->tensors()) after[k].push_back(s.model->read_tensor(t));
     }
-    CHECK(worst < 0.05);
+    const std::unique_ptr<Backend> probe_backend = make_cpu_backend(storage_for(PrecisionChoice::F32, false));
+    Arena probe_arena(true, *probe_backend);
+    const LlamaModel probe(cfg.model, probe_arena, 1, cfg.seq_len, {}, *probe_backend);
+    const std::vector<std::string> targets =
+        projection_tensor_names(cfg.model.num_hidden_layers, ProjectionConfig{}.targets);
+    const double decay = 1.0 - cfg.optimizer.lr * wd;
+    int scaled_tensors = 0;
+    for (size_t i = 0; i < before.size(); i++) {
+      const std::string& name = probe.tensors()[i].name;
+      const bool target = std::find(targets.begin(), targets.end(), name) != targets.end();
+      scaled_tensors += target;
+      INFO(name << (target ? " (target)" : ""));
+      double worst = 0;
+      for (size_t j = 0; j < before[i].size(); j++) {
+        const double decayed = decay * before[i][j];
+        const double d1 = after[0][i][j] - decayed, d2 = after[1][i][j] - decayed;
+        if (!target) {
+          REQUIRE(after[1][i][j] == after[0][i][j]);
+          continue;
+        }
+        REQUIRE(d1 != 0);
+        // both changes are differences of fp32 weights near w: each off by up to an ulp of w
+        worst = std::max(worst, std::abs(d2 - 0.25 * d1) / (std::abs(d1) + 4e-7 * std::abs(before[i][j])));
+      }
+      CHECK(worst < 0.05);
+    }
+    CHECK(scaled_tensors == 7 * cfg.model.num_hidden_layers);
   }
-  CHECK(scaled_tensors == 7 * cfg.model.num_hidden_layers);
 }

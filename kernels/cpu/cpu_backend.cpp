@@ -237,10 +237,11 @@ class CpuBackend final : public Backend {
                                     rounding_stream_seed(seed, 0, kRoundFirstMoment));
   }
   void lowrank_adam_update(WeightRef weight, void* R, void* m, void* v, void*,
-                           const LowRankProjection& p, double alpha, const AdamArgs& a,
-                           uint64_t seed) override {
+                           const LowRankProjection& p, double alpha, double max_rms,
+                           const AdamArgs& a, uint64_t seed) override {
     float* w = weight.master ? weight.master : f(weight.weights);
-    ops::lowrank_adam_update(w, f(R), f(m), f(v), p.P, p.out, p.in, p.r, p.rows, alpha, a);
+    ops::lowrank_adam_update(w, f(R), f(m), f(v), p.P, p.out, p.in, p.r, p.rows, alpha, max_rms,
+                             a);
     const int64_t numel = int64_t(p.out) * p.in, moments = int64_t(p.r) * (p.rows ? p.in : p.out);
     if (weight.master) round_from_master(f(weight.weights), weight.master, numel);
     if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), numel, moments, seed, a.step);

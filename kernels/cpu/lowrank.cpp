@@ -121,9 +121,25 @@ void flora_transfer(T* m, T* scratch, const T* P_old, const T* P_new, int out, i
     cpu::gemm(false, false, out, r, r, T(1), copy, r, C, r, T(0), m, r);
 }
 
+namespace {
+
+// The factor of lowrank_adam_update's bound: min(1, max_rms / RMS(N̂)) for the direction N[n]
+// (N̂ = N·sqrt(1-b2^t)/(1-b1^t)); 1 when max_rms is 0. The squares are summed in order, in
+// double, so the factor does not depend on the thread count.
+template <typename T>
+double update_rms_factor(const T* N, int64_t n, const AdamScalars& s, double max_rms) {
+  if (max_rms <= 0) return 1.0;
+  double sum = 0;
+  for (int64_t i = 0; i < n; i++) sum += double(N[i]) * double(N[i]);
+  const double rms = std::sqrt(sum / double(n)) * s.bias_correction2_sqrt / s.bias_correction1;
+  return rms > max_rms ? max_rms / rms : 1.0;
+}
+
+}  // namespace
+
 template <typename T>
 void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, int r, bool rows,
-                         double alpha, const AdamArgs& a) {
+                         double alpha, double max_rms, const AdamArgs& a) {
   // 1. Adam on the projected gradient; R becomes the normalised direction N.
   const int64_t n = int64_t(r) * (rows ? in : out);
   // 1 - β in double, then rounded: in fp32, 1 - float(0.999) is 1.3e-5 away from 0.001, which
@@ -144,7 +160,7 @@ void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, in
   //    decay, with the decay folded into the GEMM's beta so w is read and written once.
   const double step_size = s.lr * s.bias_correction2_sqrt / s.bias_correction1;
   const double decay = s.decay;
-  const T scale = T(-step_size * alpha * decay);
+  const T scale = T(-step_size * alpha * decay * update_rms_factor(R, n, s, max_rms));
   if (rows)  // back(N) = P[out, r] · N[r, in]
     cpu::gemm(false, false, out, in, r, scale, P, r, R, in, T(decay), w, in);
   else  // back(N) = N[out, r] · P[in, r]ᵀ
@@ -159,7 +175,7 @@ void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, in
   template void flora_projection<T>(T*, uint64_t, int64_t, int64_t, int, int);                 \
   template void flora_transfer<T>(T*, T*, const T*, const T*, int, int, int, bool);            \
   template void lowrank_adam_update<T>(T*, T*, T*, T*, const T*, int, int, int, bool, double,  \
-                                       const AdamArgs&);
+                                       double, const AdamArgs&);
 INSTANTIATE(float)
 INSTANTIATE(double)
 

@@ -398,11 +398,12 @@ class CudaBackend final : public Backend {
     cuda::flora_transfer(ctx_, m, state_type, scratch, P_old, p.P, p.out, p.in, p.r, p.rows, seed);
   }
   void lowrank_adam_update(WeightRef w, void* R, void* m, void* v, void* workspace,
-                           const LowRankProjection& p, double alpha, const AdamArgs& a,
-                           uint64_t seed) override {
+                           const LowRankProjection& p, double alpha, double max_rms,
+                           const AdamArgs& a, uint64_t seed) override {
     cuda::lowrank_adam_update(ctx_, b(w.weights), w.master, R, m, v, workspace,
-                              lowrank_workspace_bytes(storage_, p.out, p.in, p.r), p.P, p.out,
-                              p.in, p.r, p.rows, alpha, a, seed);
+                              lowrank_workspace_bytes(storage_, p.out, p.in, p.r),
+                              static_cast<double*>(scratch_.reduce), p.P, p.out, p.in, p.r,
+                              p.rows, alpha, max_rms, a, seed);
   }
 
  private:

@@ -222,9 +222,10 @@ void grass_adam_update(const Context& ctx, bf16* param, float* master, const voi
 // place that sizes it; every function checks that its layout fits):
 //   [0, H)       Pt bf16 [r, side]                                   H = align16(2·r·max(out, in))
 //   [H, 2H)      the Adam direction, scaled by the step: bf16 [r, in] (rows) or [out, r] (cols)
-//   [2H, end)    pure bf16 only: the fp32 back-projection of a chunk of whole rows of w
+//   [2H, 2H+16)  one double: Σ direction² for the update's RMS bound (max_rms)
+//   [2H+16, end) pure bf16 only: the fp32 back-projection of a chunk of whole rows of w
 //                [rows_c, in], rows_c = what fits (a multiple of 8 where it can be)
-// Bytes of the first two regions (what bf16-mixed needs):
+// Bytes of the first three regions (what bf16-mixed needs):
 int64_t lowrank_workspace_prefix_bytes(int out, int in, int r);
 // R += the projected gradient straight from the activations (the out x in gradient never exists):
 //   rows: scratch[N, r] = dy[N, out]·P;  R[r, in]  += scratchᵀ·x[N, in]
@@ -258,9 +259,13 @@ void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,
 //     rounding_stream_seed(seed, step, buffer), the element index as the counter), the
 //     back-projection going through the workspace's fp32 chunk.
 // R is read only. 1 - beta is computed in double then narrowed, as the CPU op does.
+// max_rms > 0: the RMS bound of ops::lowrank_adam_update (FLORA), measured on the bf16 direction
+// (Σ d² by sum_squares, through reduce_scratch: sum_squares_scratch_doubles(numel(R)) doubles) and
+// applied to it before the back-projection, on the device (no host wait); 0: no bound, and
+// reduce_scratch may be null.
 void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const void* R, void* m,
-                         void* v, void* workspace, int64_t workspace_bytes, const float* P,
-                         int out, int in, int r, bool rows, double alpha, const AdamArgs& a,
-                         uint64_t seed);
+                         void* v, void* workspace, int64_t workspace_bytes, double* reduce_scratch,
+                         const float* P, int out, int in, int r, bool rows, double alpha,
+                         double max_rms, const AdamArgs& a, uint64_t seed);
 
 }  // namespace grass::cuda

@@ -50,25 +50,29 @@ __device__ __forceinline__ void store_state(bf16* p, float x, uint64_t seed, uin
 
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// The workspace regions (cuda_ops.h): Pt, then the direction, then pure bf16's fp32 chunk.
+// The workspace regions (cuda_ops.h): Pt, the direction, the bound's Σ d², then pure bf16's
+// fp32 chunk.
 struct Workspace {
-  bf16* Pt;         // [r, side]
-  bf16* direction;  // [r, in] (rows) or [out, r] (cols)
-  float* update;    // [update_rows, in]; null when none fits
+  bf16* Pt;              // [r, side]
+  bf16* direction;       // [r, in] (rows) or [out, r] (cols)
+  double* sum_squares;   // one double
+  float* update;         // [update_rows, in]; null when none fits
   int64_t update_rows;
 };
 Workspace carve(void* workspace, int64_t workspace_bytes, int out, int in, int r) {
   const int64_t half = align16(2 * int64_t(r) * std::max(out, in));
-  GRASS_CHECK(workspace != nullptr && workspace_bytes >= 2 * half,
+  const int64_t prefix = 2 * half + 16;
+  GRASS_CHECK(workspace != nullptr && workspace_bytes >= prefix,
               "lowrank: the workspace is smaller than lowrank_workspace_bytes' layout");
   char* base = static_cast<char*>(workspace);
   Workspace w;
   w.Pt = reinterpret_cast<bf16*>(base);
   w.direction = reinterpret_cast<bf16*>(base + half);
-  w.update_rows = std::min<int64_t>(out, (workspace_bytes - 2 * half) / (4 * int64_t(in)));
+  w.sum_squares = reinterpret_cast<double*>(base + 2 * half);
+  w.update_rows = std::min<int64_t>(out, (workspace_bytes - prefix) / (4 * int64_t(in)));
   // several chunks: each starts at a multiple of 8 rows (aligned rows where the pitch allows)
   if (w.update_rows < out && w.update_rows >= 8) w.update_rows -= w.update_rows % 8;
-  w.update = w.update_rows > 0 ? reinterpret_cast<float*>(base + 2 * half) : nullptr;
+  w.update = w.update_rows > 0 ? reinterpret_cast<float*>(base + prefix) : nullptr;
   return w;
 }
 
@@ -156,6 +160,19 @@ __global__ void lowrank_adam_direction(bf16* direction, const S* R, S* m, S* v, 
   direction[idx] = __float2bfloat16_rn(k.scale * (mi / (sqrtf(vi) + k.eps)));
 }
 
+// The update's RMS bound on the direction d[n] = scale·N (scale < 0 or = 0): with *sum_squares =
+// Σ d², RMS(d) = sqrt(Σ d² / n) against limit = max_rms·|scale|·(1-b1^t)/sqrt(1-b2^t), the bound on
+// RMS(N̂) carried to d; d *= limit / RMS(d) where it exceeds the limit, so a bf16 d is rounded
+// twice only on a bounded step. One thread per element, each deriving the factor.
+__global__ void bound_direction_rms(bf16* direction, int64_t n, const double* sum_squares,
+                                    double limit) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n) return;
+  const double rms = sqrt(*sum_squares / double(n));
+  if (rms <= limit) return;
+  direction[idx] = __float2bfloat16_rn(__bfloat162float(direction[idx]) * float(limit / rms));
+}
+
 // Pure bf16: param[first + i] = SR(decay·param[first + i] + update[i]) for the n elements of one
 // chunk of whole rows (update fp32 [rows_c, in]); the counter is the element's index in w.
 __global__ void apply_update_pure(bf16* param, const float* update, int64_t first, int64_t n,
@@ -182,7 +199,7 @@ void back_project(const Context& ctx, void* C, cudaDataType_t c_type, float beta
 }  // namespace
 
 int64_t lowrank_workspace_prefix_bytes(int out, int in, int r) {
-  return 2 * align16(2 * int64_t(r) * std::max(out, in));
+  return 2 * align16(2 * int64_t(r) * std::max(out, in)) + 16;
 }
 
 void lowrank_compressed_grad(const Context& ctx, void* R, GradType gtype, bf16* scratch,
@@ -248,9 +265,9 @@ void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,
 }
 
 void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const void* R, void* m,
-                         void* v, void* workspace, int64_t workspace_bytes, const float* P,
-                         int out, int in, int r, bool rows, double alpha, const AdamArgs& a,
-                         uint64_t seed) {
+                         void* v, void* workspace, int64_t workspace_bytes, double* reduce_scratch,
+                         const float* P, int out, int in, int r, bool rows, double alpha,
+                         double max_rms, const AdamArgs& a, uint64_t seed) {
   GRASS_CHECK(a.step >= 1, "lowrank_adam_update: step counts from 1");
   GRASS_CHECK(r >= 1 && out >= 1 && in >= 1, "lowrank_adam_update: bad shape");
   const Workspace ws = carve(workspace, workspace_bytes, out, in, r);
@@ -287,6 +304,16 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
         ws.direction, static_cast<const float*>(R), static_cast<float*>(m),
         static_cast<float*>(v), n, k);
   GRASS_LAUNCH_CHECK();
+  if (max_rms > 0) {  // the RMS bound, on the device: Σ d², then d scaled where it exceeds
+    GRASS_CHECK(reduce_scratch != nullptr, "lowrank_adam_update: the RMS bound needs reduce_scratch");
+    GRASS_CUDA_CHECK(cudaMemsetAsync(ws.sum_squares, 0, sizeof(double), ctx.stream));
+    sum_squares(ctx, ws.sum_squares, ws.direction, GradType::BF16, n, reduce_scratch);
+    const double limit = max_rms * std::abs(step_size * alpha * s.decay) * s.bias_correction1 /
+                         s.bias_correction2_sqrt;
+    bound_direction_rms<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
+        ws.direction, n, ws.sum_squares, limit);
+    GRASS_LAUNCH_CHECK();
+  }
   write_Pt(ctx, ws.Pt, P, side, r);  // Pt bf16 [r, side]
 
   if (!pure) {

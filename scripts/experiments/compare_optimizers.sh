@@ -7,9 +7,13 @@
 #     Each method: a learning-rate grid at seed 42 (extended past an edge that holds the best rate,
 #     up to 3 more rates), then seeds 1 and 2 at its best rate. --methods runs only those (names
 #     as in `methods` below); the table shows every method whose runs DIR holds.
+#   scripts/experiments/compare_optimizers.sh clipoff [--out DIR] [--jobs N] [--methods M1,...]
+#     The clip-off controls (run a first): every Table A method on both models at its best Table A
+#     rate with grad_clip 0, seeds 42, 1, 2, beside its clip-1.0 runs and how often those clipped.
 #   scripts/experiments/compare_optimizers.sh b [--out DIR] [--jobs N]
 #     Table B, GRASS ablations on the quickstart model at Table A's best top_r rate (run a first):
 #     rank x K, rho in the update or not, with and without replacement, staggered refresh; 3 seeds.
+#     --methods runs only the variants it names (r32_K40, uniform_rho_true, ...).
 #   scripts/experiments/compare_optimizers.sh peers [--out DIR] [--jobs N]
 #     The peers beside grass (run a first): the GaLore authors' galore-torch and FLORA's flora-opt
 #     through the PyTorch reference model (tools/peers/train_peer.py, in tools/peers/setup_venv.sh
@@ -31,7 +35,7 @@
 # tables on stdout and in DIR/<table>.md, the plots in docs/img/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 a|b|c|peers [--out DIR] [--jobs N] [--methods M1,M2,...]" >&2; exit 2; }
+usage() { echo "usage: $0 a|b|c|clipoff|peers [--out DIR] [--jobs N] [--methods M1,M2,...]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 table=$1; shift
 out=runs/compare jobs=2 only=
@@ -44,7 +48,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $table in a|b|c|peers) ;; *) usage ;; esac
+case $table in a|b|c|clipoff|peers) ;; *) usage ;; esac
 [ -x build/grass ] || scripts/build.sh >/dev/null
 report() { /usr/bin/python3 scripts/experiments/compare_report.py "$@"; }
 
@@ -58,7 +62,7 @@ methods=(
   "galore|optimizer.name=galore"
   "flora|optimizer.name=flora"
 )
-if [ -n "$only" ]; then  # --methods: keep those, in the table's order
+if [ -n "$only" ] && [ "$table" != b ]; then  # --methods: keep those, in the table's order
   kept=()
   for entry in "${methods[@]}"; do
     case ",$only," in *",${entry%%|*},"*) kept+=("$entry") ;; esac
@@ -124,14 +128,16 @@ quality_prereqs() {
     { echo "the sample's shards are missing: run scripts/run.sh once first" >&2; exit 2; }
 }
 
-# enqueue_a MODEL METHOD LR SEED [NOTE]: one Table A run, in $out/a/MODEL/METHOD/lr<LR>_s<SEED>
+# enqueue_a MODEL METHOD LR SEED [NOTE]: one Table A run, in $a_root/MODEL/METHOD/lr<LR>_s<SEED>
+# (a_root defaults to $out/a), with the --set arguments of a_extra after the method's.
 enqueue_a() {
-  local model=$1 name=$2 lr=$3 seed=$4 note=${5:-} dir=$out/a/$1/$2/lr$3_s$4 margs extra=()
+  local model=$1 name=$2 lr=$3 seed=$4 note=${5:-} root=${a_root:-$out/a} margs extra=()
+  local dir=$root/$1/$2/lr$3_s$4
   mapfile -t margs < <(method_args "$name")
   case $name in adamw*) ;; *) extra=("${projected_args[@]}") ;; esac
   enqueue "$model $name lr $lr seed $seed$note" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
     --set model=configs/models/llama_$model.json "${quality_args[@]}" "${margs[@]}" "${extra[@]}" \
-    --set optimizer.lr="$lr" --set seed="$seed"
+    --set optimizer.lr="$lr" --set seed="$seed" ${a_extra[@]+"${a_extra[@]}"}
 }
 
 if [ "$table" = a ]; then
@@ -164,6 +170,25 @@ if [ "$table" = a ]; then
   exit 0
 fi
 
+if [ "$table" = clipoff ]; then
+  quality_prereqs
+  models=(quickstart quickstart_tied)
+  a_root=$out/clipoff a_extra=(--set grad_clip=0)  # enqueue_a's runs go there, unclipped
+  for model in "${models[@]}"; do
+    for entry in "${methods[@]}"; do
+      name=${entry%%|*}
+      [ -d "$out/a/$model/$name" ] || { echo "run table a first: $out/a/$model/$name is missing" >&2; exit 2; }
+      lr=$(report best-lr "$out/a/$model/$name")
+      for seed in 42 1 2; do
+        enqueue_a "$model" "$name" "$lr" "$seed" " (clip off)"
+      done
+    done
+  done
+  run_queue
+  report table-clipoff "$out/a" "$out/clipoff" "${models[@]}" | tee "$out/clipoff.md"
+  exit 0
+fi
+
 if [ "$table" = b ]; then
   quality_prereqs
   [ -d "$out/a/quickstart/grass_top_r" ] || { echo "run table a first: table b uses its best top_r rate" >&2; exit 2; }
@@ -183,6 +208,14 @@ if [ "$table" = b ]; then
     variants+=("${sel}_nr|optimizer.selection=${sel}_nr")
   done
   variants+=("top_r_stagger|optimizer.selection=top_r optimizer.refresh_stagger=true")
+  if [ -n "$only" ]; then  # --methods names variants here
+    kept=()
+    for variant in "${variants[@]}"; do
+      case ",$only," in *",${variant%%|*},"*) kept+=("$variant") ;; esac
+    done
+    [ ${#kept[@]} -gt 0 ] || { echo "no variant of table b is named in --methods $only" >&2; exit 2; }
+    variants=("${kept[@]}")
+  fi
   for variant in "${variants[@]}"; do
     name=${variant%%|*}
     vargs=("${projected_args[@]}")  # rank and K first: a variant's own values come later and win

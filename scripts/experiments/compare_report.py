@@ -9,6 +9,8 @@
     compare_report.py table-a A_DIR MODEL...      Table A (markdown) and docs/img/compare_a_<MODEL>.png
     compare_report.py table-b B_DIR LR            Table B (markdown) and docs/img/compare_b.png
     compare_report.py table-peers PEERS_DIR       the peers' table and docs/img/compare_peers.png
+    compare_report.py table-clipoff A_DIR OFF_DIR MODEL...   each Table A method at its best rate
+                                                  with clipping at 1.0 (A_DIR) and off (OFF_DIR)
     compare_report.py table-c-row METRICS NAME K PLAN_BYTES   one row of Table C
 
 A difference between two methods "counts" when it exceeds twice the larger of their seed spreads
@@ -206,6 +208,33 @@ def table_peers(peers_dir):
          series)
 
 
+def clip_rate(run_dir):
+    """The fraction of steps whose gradients were clipped (clip_coef < 1 in metrics.jsonl)."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        coefs = [row["clip_coef"] for row in map(json.loads, f) if "clip_coef" in row]
+    return sum(c < 1 for c in coefs) / len(coefs)
+
+
+def table_clipoff(a_dir, off_dir, models):
+    cell = lambda r: f"{r['mean']:.4f} ± {r['spread'] / 2:.4f}"
+    for model in models:
+        print(f"\n**{model}**: final validation loss, mean of seeds 42, 1, 2 ± half their spread, "
+              "at each method's best Table A rate; clipped: the steps the clip-1.0 runs clipped\n")
+        print("| method | lr | clip 1.0 | clipped | clip off | off - on |")
+        print("|---|---|---|---|---|---|")
+        for m in LABELS:
+            off_method = os.path.join(off_dir, model, m)
+            if not os.path.isdir(off_method):
+                continue
+            lr = best_lr(os.path.join(a_dir, model, m))
+            on_dirs = [os.path.join(a_dir, model, m, f"lr{lr}_s{s}") for s in SEEDS]
+            on = seed_runs(on_dirs)
+            off = seed_runs([os.path.join(off_method, f"lr{lr}_s{s}") for s in SEEDS])
+            clipped = statistics.fmean(clip_rate(d) for d in on_dirs)
+            print(f"| {LABELS[m]} | {lr} | {cell(on)} | {clipped:.0%} | {cell(off)} | "
+                  f"{versus(off, on)} |")
+
+
 def table_c_row(path, name, interval, plan):
     rows = [json.loads(l) for l in open(path) if '"step_ms"' in l]
     projected = not name.startswith("adamw")
@@ -239,6 +268,8 @@ def main():
         table_b(args[0], args[1])
     elif cmd == "table-peers":
         table_peers(args[0])
+    elif cmd == "table-clipoff":
+        table_clipoff(args[0], args[1], args[2:])
     elif cmd == "table-c-row":
         table_c_row(args[0], args[1], int(args[2]), int(args[3]))
     else:

@@ -212,7 +212,10 @@ const std::vector<std::string> kProjectionKeys = {"rank", "update_interval", "sc
                                                   "seed"};
 const std::vector<std::string> kGrassKeys = {"selection", "select_dim", "rho_in_update",
                                              "refresh_stagger"};
+const std::vector<std::string> kFloraKeys = {"max_update_rms"};
 constexpr int64_t kFloraUpdateInterval = 1000;  // flora-opt's kappa
+constexpr double kFloraMaxUpdateRms = 1.0;      // flora-opt's clip_threshold
+constexpr double kGaloreEps = 1e-6;             // galore_torch's AdamW
 // A choice of enum E by its name (config/choices.h), e.g. optimizer.name.
 template <typename E>
 E read_enum(const ObjectReader& obj, const std::string& key, const std::string& what, E fallback) {
@@ -284,8 +287,16 @@ void read_projection(const ObjectReader& obj, OptimizerKind kind, ProjectionConf
   if (kind != OptimizerKind::Grass)
     for (const std::string& key : kGrassKeys)
       if (obj.find(key)) obj.at(key).fail("only the grass optimizer uses this key");
+  if (kind != OptimizerKind::Flora)
+    for (const std::string& key : kFloraKeys)
+      if (obj.find(key)) obj.at(key).fail("only the flora optimizer uses this key");
   if (!is_projected(kind)) return;
-  if (kind == OptimizerKind::Flora) g.update_interval = kFloraUpdateInterval;
+  if (kind == OptimizerKind::Flora) {
+    g.update_interval = kFloraUpdateInterval;
+    g.max_update_rms = obj.number("max_update_rms").value_or(kFloraMaxUpdateRms);
+    require(g.max_update_rms >= 0, obj.at("max_update_rms"), "non-negative (0: unbounded)",
+            g.max_update_rms);
+  }
   g.rank = int(obj.integer("rank", 1, INT_MAX).value_or(g.rank));
   g.update_interval = obj.integer("update_interval", 1, INT64_MAX).value_or(g.update_interval);
   g.scale = obj.number("scale").value_or(g.scale);
@@ -346,6 +357,7 @@ void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
                                    "target_lr_scale"};
   keys.insert(keys.end(), kProjectionKeys.begin(), kProjectionKeys.end());
   keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
+  keys.insert(keys.end(), kFloraKeys.begin(), kFloraKeys.end());
   obj.reject_unknown_keys(keys);
   o.kind = read_enum(obj, "name", "optimizer", o.kind);
   read_projection(obj, o.kind, o.projection);
@@ -360,7 +372,8 @@ void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
     require(o.beta1 >= 0 && o.beta1 < 1, at.element(0), "in [0, 1)", o.beta1);
     require(o.beta2 >= 0 && o.beta2 < 1, at.element(1), "in [0, 1)", o.beta2);
   }
-  o.eps = obj.number("eps").value_or(o.eps);
+  // galore_torch's AdamW defaults to 1e-6 (the rest to torch's 1e-8), and a GaLore run follows it
+  o.eps = obj.number("eps").value_or(o.kind == OptimizerKind::GaLore ? kGaloreEps : o.eps);
   require(o.eps > 0, obj.at("eps"), "positive", o.eps);
   o.weight_decay = obj.number("weight_decay").value_or(o.weight_decay);
   require(o.weight_decay >= 0, obj.at("weight_decay"), "non-negative", o.weight_decay);
@@ -621,6 +634,7 @@ json to_json(const RunConfig& c) {
                         {"select_dim", name_of(g.select_dim)},
                         {"rho_in_update", g.rho_in_update},
                         {"refresh_stagger", g.refresh_stagger}});
+    if (o.kind == OptimizerKind::Flora) optimizer["max_update_rms"] = g.max_update_rms;
   }
   json data = {{"train", c.train_files}, {"shuffle", c.shuffle}};
   if (!c.val_files.empty()) data["val"] = c.val_files;

@@ -47,11 +47,15 @@ struct ProjectionConfig {
   Selection selection = Selection::TopR;   // GRASS only
   SelectDim select_dim = SelectDim::Auto;  // GRASS only; Auto: the smaller of out and in features
   // GRASS only: multiply each selected slice's Adam step by its ρ (docs/grass.md, "ρ under
-  // Adam"); off, every rule moves its slices at the learning rate top_r does.
+  // Adam"); off, a slice drawn once moves at the learning rate top_r's do, and one drawn c times
+  // (the rules with replacement) c times as far.
   bool rho_in_update = false;
   // GRASS only: target k of n re-selects at the steps ≡ k·K/n (mod K) instead of all at once
   // at multiples of K (every target selects at step 0).
   bool refresh_stagger = false;
+  // FLORA only: the bound on the RMS of each target's update before lr·scale (flora-opt's
+  // clip_threshold, Adafactor's update clipping); 0: unbounded. FLORA's default is 1.
+  double max_update_rms = 0;
   std::vector<ProjectionTarget> targets = {ProjectionTarget::Q,    ProjectionTarget::K,
                                            ProjectionTarget::V,    ProjectionTarget::O,
                                            ProjectionTarget::Gate, ProjectionTarget::Up,
@@ -82,11 +86,12 @@ struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::AdamW;  // JSON "name"
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;  // JSON: "betas": [b1, b2]
-  double eps = 1e-8;
+  double eps = 1e-8;                // GaLore's default: 1e-6 (galore_torch's AdamW)
   double weight_decay = 0.0;        // decoupled; never applied to RMSNorm gains
   // AdamW only: the learning rate of the tensors the projected optimizers target by default
   // (every layer's q/k/v/o/gate/up/down) is lr × target_lr_scale, so an AdamW run can have
-  // GRASS's split (its targets move at lr × scale, the rest at lr) without the projection.
+  // GRASS's split (its targets move at lr × scale, the rest at lr) without the projection. Their
+  // weight decay stays lr·wd, as the projected optimizers' targets decay.
   double target_lr_scale = 1.0;
   ProjectionConfig projection;      // grass, galore, flora: their targets; the rest AdamW
   bool operator==(const OptimizerConfig&) const = default;

@@ -2,6 +2,7 @@
 // widening is exact; narrowing rounds to nearest, ties to even, and keeps NaN a NaN.
 #pragma once
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 namespace grass {
@@ -18,6 +19,14 @@ inline uint16_t float_to_bf16(float value) {
   // the largest finite value correctly becomes infinity.
   const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+// The spacing of bf16 values around x (normal range, x != 0): 2^(e - 8) for |x| in [2^(e-1), 2^e),
+// bf16 keeping 8 significant bits. A store that rounds to nearest lands within half of it.
+inline double bf16_spacing(double x) {
+  int e = 0;
+  std::frexp(x, &e);
+  return std::ldexp(1.0, e - 8);
 }
 
 }  // namespace grass

@@ -23,9 +23,11 @@ void AdamW::update(int tensor, void* g, const double* clip, double lr) {
   const int64_t step = step_ + 1;
   // pure bf16's stochastic rounding: one stream per (step, tensor)
   const uint64_t seed = derive_seed(derive_seed(seed_, uint64_t(step)), uint64_t(tensor));
-  const AdamArgs args =
-      adam_args(cfg_, clip, lr * lr_scale_[size_t(tensor)], t.is_norm ? 0.0 : cfg_.weight_decay,
-                step);
+  // A target's step moves at lr × target_lr_scale while its decay stays 1 - lr·wd, as GRASS's and
+  // GaLore's targets decay: the rate and the decay's product is what adam_scalars() takes.
+  const double scale = lr_scale_[size_t(tensor)];
+  const AdamArgs args = adam_args(cfg_, clip, lr * scale,
+                                  t.is_norm ? 0.0 : cfg_.weight_decay / scale, step);
   model_.backend().adamw_update(model_.weight_ref(t), g, static_cast<char*>(m_) + state_offset,
                                 static_cast<char*>(v_) + state_offset, t.numel, args, seed);
 }

@@ -4,7 +4,8 @@
 // Precision (kernels/storage.h): fp32 updates the weights in place; bf16-mixed updates the fp32
 // master copy and re-rounds the weights from it; pure bf16 updates the weights and stores them
 // and the moments with stochastic rounding. With cfg.target_lr_scale, the default projection
-// targets (every layer's q/k/v/o/gate/up/down) train at lr × target_lr_scale.
+// targets (every layer's q/k/v/o/gate/up/down) train at lr × target_lr_scale, their decoupled
+// weight decay staying 1 - lr·wd (the projected optimizers' targets decay so).
 #pragma once
 #include <cstdint>
 #include <vector>

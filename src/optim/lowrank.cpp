@@ -82,7 +82,8 @@ void LowRankOptimizer::update(int tensor, void* R, const double* clip, double lr
       derive_seed(derive_seed(cfg_.projection.seed ^ 0x10a7, uint64_t(step_)), t.tensor_index);
   const AdamArgs args = adam_args(cfg_, clip, lr, cfg_.weight_decay, t.adam_step);
   backend_.lowrank_adam_update(model_.weight_ref(p), R, t.m, t.v, workspace_,
-                               view(k, projection(k)), cfg_.projection.scale, args, seed);
+                               view(k, projection(k)), cfg_.projection.scale, max_update_rms(),
+                               args, seed);
 }
 
 double LowRankOptimizer::flops_saved_per_token() const {

@@ -58,6 +58,8 @@ class LowRankOptimizer : public Optimizer {
   // refresh), and doing so from g [out, in].
   virtual bool needs_full_gradient(size_t k) const { (void)k; return false; }
   virtual void refresh_from(size_t k, const float* g) { (void)k; (void)g; }
+  // The bound on the RMS of an update (ops::lowrank_adam_update's max_rms); 0: none.
+  virtual double max_update_rms() const { return 0; }
 
   LowRankProjection view(size_t k, const float* P) const {
     const Target& t = targets_[k];
@@ -111,7 +113,9 @@ class GaLore final : public LowRankOptimizer {
 // FLORA (Hao et al. 2024; flora-opt, with the engine's exact variant of docs/lowrank.md): P is
 // Gaussian N(0, 1/r), projection number k = (step + 1) / update_interval (its kappa) of each
 // tensor regenerated from the seed; at a resampling step the first moment is carried to the new
-// projection (down_new(up_old(M))) before the step's gradient is formed.
+// projection (down_new(up_old(M))) before the step's gradient is formed. Every update's RMS is
+// bounded by optimizer.max_update_rms (flora-opt's clip_threshold, 1 by default): the carried
+// moment is mostly noise, about sqrt(side/r) times its old size, while v keeps its old scale.
 class Flora final : public LowRankOptimizer {
  public:
   Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
@@ -125,6 +129,7 @@ class Flora final : public LowRankOptimizer {
 
  protected:
   const float* projection(size_t k) override;
+  double max_update_rms() const override { return cfg_.projection.max_update_rms; }
 
  private:
   int64_t refresh_index(int64_t step) const { return (step + 1) / cfg_.projection.update_interval; }

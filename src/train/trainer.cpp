@@ -216,6 +216,19 @@ void Run::print_optimizer_lines() const {
   for (const auto& o : state_.optimizers->all())
     if (const std::string line = o->describe(); !line.empty())
       std::printf("  %-13s %s\n", o->name(), line.c_str());
+  // GaLore's refresh takes the SVD of the first micro-batch's gradient (summed over the ranks),
+  // whose rank is at most its token count: past it, singular vectors are arbitrary. (GRASS ranks
+  // the slices by their norms, which stay meaningful.)
+  const int64_t refresh_tokens =
+      int64_t(cfg.micro_batch_size) * cfg.seq_len * grads_comm_->world();
+  if (cfg.optimizer.kind == OptimizerKind::GaLore && refresh_tokens < cfg.optimizer.projection.rank)
+    std::fprintf(stderr,
+                 "warning: GaLore's refresh takes the SVD of one micro-batch's gradient: %lld "
+                 "tokens (micro_batch_size x seq_len x ranks), fewer than optimizer.rank %d, so "
+                 "%lld of each projection's singular vectors are arbitrary; raise "
+                 "micro_batch_size or lower the rank\n",
+                 (long long)refresh_tokens, cfg.optimizer.projection.rank,
+                 (long long)(cfg.optimizer.projection.rank - refresh_tokens));
   std::printf("  schedule      %s, warmup %lld, min_lr_ratio %.3g, %lld steps\n",
               name_of(cfg.schedule.kind), (long long)cfg.schedule.warmup_steps,
               cfg.schedule.min_lr_ratio, (long long)cfg.steps);

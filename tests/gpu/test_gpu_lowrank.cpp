@@ -282,11 +282,11 @@ TEST_CASE("lowrank: Adam in bf16-mixed updates every weight through the projecti
       d_v.upload(v0);
       workspace.poison();
       be.gpu->lowrank_adam_update({d_param.ptr, d_master.ptr}, d_R.ptr, d_m.ptr, d_v.ptr,
-                                  workspace.ptr, {d_P.ptr, s.out, s.in, s.r, rows}, alpha, a, 7);
+                                  workspace.ptr, {d_P.ptr, s.out, s.in, s.r, rows}, alpha, 0.0, a, 7);
 
       std::vector<float> master = master0, weights = bf16_rounded(master0), R = R0, m = m0, v = v0;
       be.cpu->lowrank_adam_update({weights.data(), master.data()}, R.data(), m.data(), v.data(),
-                                  nullptr, {P.data(), s.out, s.in, s.r, rows}, alpha, a, 7);
+                                  nullptr, {P.data(), s.out, s.in, s.r, rows}, alpha, 0.0, a, 7);
       CHECK(rel_error(d_m.download(), m) <= 1e-5);
       CHECK(rel_error(d_v.download(), v) <= 1e-5);
 
@@ -307,6 +307,71 @@ TEST_CASE("lowrank: Adam in bf16-mixed updates every weight through the projecti
       CHECK(rel_error(change, want_change) <= 1e-2);
       CHECK(rel_error(to_f32(got_param), weights) <= 1e-2);
     }
+}
+
+// FLORA's RMS bound (ops::lowrank_adam_update's max_rms): the GPU measures it on its bf16
+// direction and scales that direction on the device; the update then matches the CPU's bounded one
+// at bf16 accuracy, in both storage schemes, and is smaller than the unbounded one by the factor.
+TEST_CASE("lowrank: the RMS bound scales the update as the CPU's does", "[gpu][lowrank]") {
+  const AdamArgs a = adam_args();
+  const double alpha = 1.0, max_rms = 0.05;  // well below this step's RMS: the bound binds
+  for (const PrecisionChoice precision : {PrecisionChoice::Bf16Mixed, PrecisionChoice::Bf16}) {
+    Backends be(precision);
+    const bool pure = precision == PrecisionChoice::Bf16;
+    for (const Shape& s : kShapes)
+      for (const bool rows : {true, false}) {
+        INFO("pure bf16 " << pure << " out=" << s.out << " in=" << s.in << " rows=" << rows);
+        const int side = rows ? s.out : s.in;
+        const size_t numel = size_t(s.out) * s.in, state = size_t(s.r) * (rows ? s.in : s.out);
+        // weights of size 0.01: the bounded steps stay well above their bf16 spacing
+        const std::vector<float> w0 = bf16_rounded(randn(numel, 0.01));
+        const std::vector<float> P = random_projection(side, s.r);
+        const std::vector<float> R0 = bf16_rounded(randn(state)),
+                                 m0 = bf16_rounded(randn(state, 0.1)),
+                                 v0 = bf16_rounded(squares(randn(state, 0.1)));
+        DeviceBuffer<float> d_master(pure ? 1 : numel), d_P(P.size());
+        DeviceBuffer<char> d_R(state * 4), d_m(state * 4), d_v(state * 4);
+        DeviceBuffer<bf16> d_param(numel);
+        DeviceBuffer<char> workspace(
+            size_t(lowrank_workspace_bytes(be.gpu_storage, s.out, s.in, s.r)));
+        const auto upload_state = [&](DeviceBuffer<char>& d, const std::vector<float>& x) {
+          const std::vector<bf16> b = to_bf16(x);
+          const void* src = pure ? static_cast<const void*>(b.data()) : x.data();
+          check(cudaMemcpy(d.ptr, src, x.size() * (pure ? 2 : 4), cudaMemcpyHostToDevice),
+                "upload");
+        };
+        if (!pure) d_master.upload(w0);
+        d_param.upload(to_bf16(w0));
+        d_P.upload(P);
+        upload_state(d_R, R0);
+        upload_state(d_m, m0);
+        upload_state(d_v, v0);
+        workspace.poison();
+        be.gpu->lowrank_adam_update({d_param.ptr, pure ? nullptr : d_master.ptr}, d_R.ptr, d_m.ptr,
+                                    d_v.ptr, workspace.ptr, {d_P.ptr, s.out, s.in, s.r, rows},
+                                    alpha, max_rms, a, 7);
+        const std::vector<float> got = pure ? to_f32(d_param.download()) : d_master.download();
+
+        std::vector<float> change(numel), want(numel), unbounded(numel);
+        for (const double bound : {max_rms, 0.0}) {
+          std::vector<float> master = w0, weights = w0, R = R0, m = m0, v = v0;
+          be.cpu->lowrank_adam_update({weights.data(), pure ? nullptr : master.data()}, R.data(),
+                                      m.data(), v.data(), nullptr,
+                                      {P.data(), s.out, s.in, s.r, rows}, alpha, bound, a, 7);
+          for (size_t e = 0; e < numel; e++)
+            (bound > 0 ? want : unbounded)[e] = (pure ? weights[e] : master[e]) - w0[e];
+        }
+        for (size_t e = 0; e < numel; e++) change[e] = got[e] - w0[e];
+        // bf16 weights: each change is off by up to half a bf16 spacing of w (both sides round)
+        CHECK(rel_error(change, want) <= 2e-2);
+        double bounded_norm = 0, unbounded_norm = 0;
+        for (size_t e = 0; e < numel; e++) {
+          bounded_norm += double(want[e]) * want[e];
+          unbounded_norm += double(unbounded[e]) * unbounded[e];
+        }
+        CHECK(std::sqrt(bounded_norm) < 0.5 * std::sqrt(unbounded_norm));
+      }
+  }
 }
 
 TEST_CASE("lowrank: Adam in pure bf16 rounds stochastically and matches the CPU",
@@ -335,17 +400,17 @@ TEST_CASE("lowrank: Adam in pure bf16 rounds stochastically and matches the CPU"
       d_v.upload(to_bf16(v0));
       workspace.poison();
       be.gpu->lowrank_adam_update({d_param.ptr, nullptr}, d_R.ptr, d_m.ptr, d_v.ptr, workspace.ptr,
-                                  {d_P.ptr, s.out, s.in, s.r, rows}, alpha, a, 77);
+                                  {d_P.ptr, s.out, s.in, s.r, rows}, alpha, 0.0, a, 77);
 
       // the exact fp32 step (the moments before their rounding), and the CPU backend's
       std::vector<float> w_exact = param0, R = R0, m_exact = m0, v_exact = v0;
       ops::lowrank_adam_update<float>(w_exact.data(), R.data(), m_exact.data(), v_exact.data(),
-                                      P.data(), s.out, s.in, s.r, rows, alpha, a);
+                                      P.data(), s.out, s.in, s.r, rows, alpha, 0.0, a);
       const std::vector<float> N_exact = R;  // the op leaves its direction in R
       std::vector<float> w = param0, m = m0, v = v0;
       R = R0;
       be.cpu->lowrank_adam_update({w.data(), nullptr}, R.data(), m.data(), v.data(), nullptr,
-                                  {P.data(), s.out, s.in, s.r, rows}, alpha, a, 77);
+                                  {P.data(), s.out, s.in, s.r, rows}, alpha, 0.0, a, 77);
       const std::vector<float> got_m = to_f32(d_m.download()), got_v = to_f32(d_v.download());
       CHECK(rel_error(got_m, m) <= 1e-2);
       CHECK(rel_error(got_v, v) <= 1e-2);
@@ -397,10 +462,11 @@ TEST_CASE("lowrank: pure bf16's back-projection in row chunks, and a short works
     d_v.upload(to_bf16(v0));
     workspace.poison();
     cuda::lowrank_adam_update(tc.ctx, d_param.ptr, nullptr, d_R.ptr, d_m.ptr, d_v.ptr,
-                              workspace.ptr, bytes, d_P.ptr, s.out, s.in, s.r, rows, 1.0, a, 5);
+                              workspace.ptr, bytes, nullptr, d_P.ptr, s.out, s.in, s.r, rows, 1.0, 0.0,
+                              a, 5);
     std::vector<float> w = param0, R = R0, m = m0, v = v0;
     ops::lowrank_adam_update<float>(w.data(), R.data(), m.data(), v.data(), P.data(), s.out, s.in,
-                                    s.r, rows, 1.0, a);
+                                    s.r, rows, 1.0, 0.0, a);
     const std::vector<float> param = to_f32(d_param.download());
     std::vector<float> change(numel), want_change(numel);
     for (size_t e = 0; e < numel; e++) {
@@ -412,7 +478,8 @@ TEST_CASE("lowrank: pure bf16's back-projection in row chunks, and a short works
     // no room for one fp32 row: refused, before anything is written
     CHECK_THROWS_AS(cuda::lowrank_adam_update(tc.ctx, d_param.ptr, nullptr, d_R.ptr, d_m.ptr,
                                               d_v.ptr, workspace.ptr, prefix + 4 * s.in - 1,
-                                              d_P.ptr, s.out, s.in, s.r, rows, 1.0, a, 5),
+                                              nullptr, d_P.ptr, s.out, s.in, s.r, rows, 1.0,
+                                              0.0, a, 5),
                     InternalError);
     CHECK_THROWS_AS(cuda::lowrank_compressed_grad(tc.ctx, d_R.ptr, cuda::GradType::BF16, nullptr,
                                                   workspace.ptr, prefix - 1, nullptr, nullptr,
@@ -451,7 +518,7 @@ TEST_CASE("lowrank: the same calls twice give the same bits", "[gpu][lowrank]") 
     R[run] = d_R.download();
     be.gpu->flora_transfer(d_m.ptr, transfer.ptr, d_old.ptr, p, 3);
     be.gpu->lowrank_adam_update({d_param.ptr, nullptr}, d_R.ptr, d_m.ptr, d_v.ptr, workspace.ptr,
-                                p, 0.25, a, 5);
+                                p, 0.25, 0.0, a, 5);
     param[run] = d_param.download();
     m[run] = d_m.download();
     v[run] = d_v.download();

@@ -290,12 +290,12 @@ void bench_lowrank(Lab& lab, const Model& m) {
     const AdamArgs a = adam_args();
     auto step = [&] {
       gpu.lowrank_adam_update(u.gpu_weight(), gupdate_R.ptr(), u.gpu_m(), u.gpu_v(),
-                              gworkspace.ptr(), gpu_p, 1.0, a, kSeed);
+                              gworkspace.ptr(), gpu_p, 1.0, 0.0, a, kSeed);
     };
     step();
     std::vector<float> cpu_R = R;  // overwritten with the Adam direction
     cpu.lowrank_adam_update(u.cpu_weight(), cpu_R.data(), u.cpu_m(), u.cpu_v(), nullptr,
-                            {P.data(), l.out, l.in, r, rows}, 1.0, a, kSeed);
+                            {P.data(), l.out, l.in, r, rows}, 1.0, 0.0, a, kSeed);
     const double update_err = u.error(/*by_columns=*/!rows);
     const double bytes = double(E) * (s.grad_bytes + 4 * s.state_bytes) +
                          double(l.out) * l.in * weight_update_bytes(s);

@@ -13,7 +13,8 @@ Optimizers (the targets are every layer's q/k/v/o/gate/up/down, as in grass):
   flora-opt     FLORA's authors' Flora (flora_opt 0.0.3) on the targets at lr x scale, with
                 beta1 0.9 (its compressed momentum), kappa = --interval, and scale_parameter off so
                 that its lr is a step size as in Adam; the rest with torch.optim.AdamW at lr.
-grass's protocol, as compare_optimizers.sh runs it: betas (0.9, 0.95), eps 1e-8, no weight decay;
+grass's protocol, as compare_optimizers.sh runs it: betas (0.9, 0.95), no weight decay, eps the
+defaults of each side (galore-torch's 1e-6, which grass's GaLore takes too; 1e-8 for FLORA's AdamW);
 warmup then cosine to min_lr_ratio (grass's schedule_lr); the global gradient norm clipped at
 --clip (here over the full gradients); windows of seq_len + 1 tokens at stride seq_len read in
 stream order (grass's data.shuffle = false): step s takes windows s*batch .. s*batch + batch - 1;
@@ -51,17 +52,18 @@ def make_optimizers(args, params):
     """[(optimizer, lr multiplier of its groups)] for the chosen peer."""
     targets = [p for n, p in params.items() if any(t in n for t in TARGETS)]
     rest = [p for n, p in params.items() if not any(t in n for t in TARGETS)]
-    adam = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    adam = dict(betas=(0.9, 0.95), weight_decay=0.0)
     if args.optimizer == "galore-torch":
         from galore_torch import GaLoreAdamW
         groups = [{"params": rest},
                   {"params": targets, "rank": args.rank, "update_proj_gap": args.interval,
                    "scale": args.scale, "proj_type": "std"}]
+        # eps: GaLoreAdamW's own default (1e-6), grass's GaLore default too
         return [(GaLoreAdamW(groups, lr=args.lr, no_deprecation_warning=True, **adam), 1.0)]
     from flora_opt import Flora
     flora = Flora(targets, lr=args.lr * args.scale, rank=args.rank, kappa=args.interval, beta1=0.9,
                   scale_parameter=False, seed=args.seed)
-    return [(flora, args.scale), (torch.optim.AdamW(rest, lr=args.lr, **adam), 1.0)]
+    return [(flora, args.scale), (torch.optim.AdamW(rest, lr=args.lr, eps=1e-8, **adam), 1.0)]
 
 
 def evaluate(params, cfg, tokens, n_targets, seq_len):
