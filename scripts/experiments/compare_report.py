@@ -14,7 +14,8 @@
     compare_report.py table-c-row METRICS NAME K PLAN_BYTES   one row of Table C
 
 A difference between two methods "counts" when it exceeds twice the larger of their seed spreads
-(max - min of the final validation loss over seeds 42, 1, 2). Plots need python3-matplotlib.
+(max - min of the final validation loss over seeds 42, 1, 2). Plots need python3-matplotlib
+(without it the tables are printed and the plots skipped with a line on stderr).
 """
 import json
 import os
@@ -98,7 +99,12 @@ def versus(a, b):
 
 def plot(path, title, series):
     """series: [(label, seed_runs result)]: the mean over seeds and a min-max band."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the table is the result; the plot waits for the package
+        print(f"no python3-matplotlib: {path} not drawn (apt-get install python3-matplotlib)",
+              file=sys.stderr)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
