@@ -6,7 +6,8 @@
 #     variant whose projections hold 73% of the weights (configs/models/llama_quickstart_tied.json).
 #     Each method: a learning-rate grid at seed 42 (extended past an edge that holds the best rate,
 #     up to 3 more rates), then seeds 1 and 2 at its best rate. --methods runs only those (names
-#     as in `methods` below); the table shows every method whose runs DIR holds.
+#     as in `methods` below), --models only those models; the table shows every method whose
+#     runs DIR holds.
 #   scripts/experiments/compare_optimizers.sh clipoff [--out DIR] [--jobs N] [--methods M1,...]
 #     The clip-off controls (run a first): every Table A method on both models at its best Table A
 #     rate with grad_clip 0, seeds 42, 1, 2, beside its clip-1.0 runs and how often those clipped.
@@ -35,15 +36,16 @@
 # tables on stdout and in DIR/<table>.md, the plots in docs/img/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 a|b|c|clipoff|peers [--out DIR] [--jobs N] [--methods M1,M2,...]" >&2; exit 2; }
+usage() { echo "usage: $0 a|b|c|clipoff|peers [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 table=$1; shift
-out=runs/compare jobs=2 only=
+out=runs/compare jobs=2 only= model_list=quickstart,quickstart_tied
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift ;;
     --jobs) jobs=$2; shift ;;
     --methods) only=$2; shift ;;
+    --models) model_list=$2; shift ;;
     *) usage ;;
   esac
   shift
@@ -142,7 +144,7 @@ enqueue_a() {
 
 if [ "$table" = a ]; then
   quality_prereqs
-  models=(quickstart quickstart_tied)
+  models=(${model_list//,/ })
   for model in "${models[@]}"; do
     for entry in "${methods[@]}"; do
       for lr in "${lr_grid[@]}"; do enqueue_a "$model" "${entry%%|*}" "$lr" 42; done
@@ -172,7 +174,7 @@ fi
 
 if [ "$table" = clipoff ]; then
   quality_prereqs
-  models=(quickstart quickstart_tied)
+  models=(${model_list//,/ })
   a_root=$out/clipoff a_extra=(--set grad_clip=0)  # enqueue_a's runs go there, unclipped
   for model in "${models[@]}"; do
     for entry in "${methods[@]}"; do
