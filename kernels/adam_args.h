@@ -16,6 +16,14 @@ struct AdamArgs {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0;   // decoupled
   int64_t step = 1;          // Adam's t for the bias corrections, from 1
+  // The proximal term (optimizer.proximal, docs/proximal.md): the gradient, once read, gains
+  // proximal_coef·(θ − anchor) before the moments see it, θ the value the update changes (the
+  // master copy when there is one) before this step. anchor: state-typed, shaped like the
+  // gradient the op reads (AdamW: n elements; GRASS: its compressed gradient's slices); with
+  // anchor_reset it is first set to θ, so the term is 0 (an inner loop's first step). Null: none.
+  void* anchor = nullptr;
+  double proximal_coef = 0;
+  bool anchor_reset = false;
 };
 
 #ifdef __CUDACC__

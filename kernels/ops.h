@@ -108,6 +108,8 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 // clipping coefficient, applied here so clipping costs no extra pass over the gradients):
 //   p -= lr·wd·p;  m = b1·m + (1-b1)·g;  v = b2·v + (1-b2)·g²;
 //   p -= (lr / (1-b1^t)) · m / (sqrt(v) / sqrt(1-b2^t) + eps)        (t = a.step, from 1)
+// With a.anchor (the proximal term, kernels/adam_args.h), g += coef·(p − anchor) first, p the value
+// before this step (or, with anchor_reset, anchor = p and g as it is).
 template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a);
 
@@ -137,7 +139,8 @@ void grass_slice_norms(double* norms_sq, const T* g, int out, int in, bool rows)
 // where s_j = scale[j], the slice's step factor (the engine passes its draw count, times ρ_j
 // with rho_in_update). Duplicate σ_j add up. Decoupled weight decay multiplies each distinct
 // selected slice by (1 - lr·wd) once. gc is read as gc·grad_scale (the clipping coefficient) and
-// overwritten with Δ.
+// overwritten with Δ. With a.anchor (shaped like gc) the proximal term adds coef·(w[slice] − anchor)
+// to each read element, w before this step (or, with anchor_reset, sets anchor = w[slice]).
 template <typename T>
 void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* scale, int out,
                        int in, int r, bool rows, double alpha, const AdamArgs& a);

@@ -44,9 +44,15 @@ std::vector<json> read_rows(const std::string& path) {
 // A small run on a random shard in `dir`: 2 micro-batches per step, shuffled, prefetching.
 // "grass-lean": GRASS in pure bf16 with one micro-batch per step and per-layer checkpointing, so
 // its updates are fused into the backward. "-padded": an ffn of 44 stored 48 wide (pad_ffn).
+// "-proximal": the small-batch proximal method, inner loops of 3 steps (GRASS's refresh interval).
 json small_run(const test::TempDir& dir, const std::string& out, std::string optimizer) {
-  const bool padded = optimizer.ends_with("-padded");
-  if (padded) optimizer.resize(optimizer.size() - std::string("-padded").size());
+  const auto suffix = [&](const std::string& tail) {
+    if (!optimizer.ends_with(tail)) return false;
+    optimizer.resize(optimizer.size() - tail.size());
+    return true;
+  };
+  const bool proximal = suffix("-proximal");
+  const bool padded = suffix("-padded");
   const bool lean = optimizer == "grass-lean";
   if (lean) optimizer = "grass";
   const std::string shard = dir.file("train.bin");
@@ -67,6 +73,10 @@ json small_run(const test::TempDir& dir, const std::string& out, std::string opt
     run["optimizer"].update({{"rank", 4}, {"update_interval", 3}});
   if (lean)
     run.update({{"precision", "bf16"}, {"total_batch_size", 2}, {"activation_checkpointing", "layer"}});
+  if (proximal) {
+    run["optimizer"]["proximal"] = {{"lambda", 1e-3}};
+    if (optimizer == "adamw") run["optimizer"]["proximal"]["inner_steps"] = 3;
+  }
   if (padded) {
     run["model"]["intermediate_size"] = 44;
     run["pad_ffn"] = "on";
@@ -86,7 +96,8 @@ std::string step_dir(const RunConfig& cfg, int64_t step) {
 TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[checkpoint][train]") {
   const std::string optimizer =
       GENERATE(as<std::string>{}, "adamw", "grass", "grass-lean", "galore", "flora",
-               "adamw-padded", "grass-lean-padded");
+               "adamw-padded", "grass-lean-padded", "adamw-proximal", "grass-proximal",
+               "grass-lean-proximal");
   const test::TempDir dir("grass_test_checkpoint");
   const RunConfig whole = parse(small_run(dir, "whole", optimizer));
   CHECK(model_memory_options(whole, storage_for(whole.precision, false)).fused_update ==

@@ -687,4 +687,30 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
     if (std::string(name) != "adamw") run["optimizer"]["rank"] = 8;
     CHECK(grass::parse_run_config(run, "run.json").optimizer.eps == 1e-8);
   }
+
+  // proximal: AdamW's inner loop is inner_steps, GRASS's its refresh interval; round trip
+  run["optimizer"] = {{"name", "adamw"}, {"proximal", {{"lambda", 1e-4}, {"inner_steps", 10}}}};
+  const grass::RunConfig prox = grass::parse_run_config(run, "run.json");
+  CHECK(prox.optimizer.proximal == grass::ProximalConfig{1e-4, 10});
+  CHECK(grass::parse_run_config(grass::to_json(prox), "").optimizer == prox.optimizer);
+  run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"update_interval", 40},
+                      {"proximal", {{"lambda", 1e-4}}}};
+  const grass::RunConfig grass_prox = grass::parse_run_config(run, "run.json");
+  CHECK(grass_prox.optimizer.proximal == grass::ProximalConfig{1e-4, 40});
+  CHECK(grass::parse_run_config(grass::to_json(grass_prox), "").optimizer == grass_prox.optimizer);
+  run["optimizer"]["proximal"]["inner_steps"] = 10;
+  CHECK(run_error(run) == "run.json: optimizer.proximal.inner_steps: 10: GRASS's inner loop is its "
+                          "refresh interval (update_interval 40); leave inner_steps out");
+  run["optimizer"] = {{"name", "adamw"}, {"proximal", {{"lambda", 1e-4}}}};
+  CHECK(run_error(run) == "run.json: optimizer.proximal.inner_steps: required key is missing");
+  run["optimizer"] = {{"name", "adamw"}, {"proximal", {{"lambda", 0}, {"inner_steps", 10}}}};
+  CHECK(run_error(run) == "run.json: optimizer.proximal.lambda: must be positive, got 0");
+  run["optimizer"] = {{"name", "adamw"}, {"proximal", {{"lambda", 1}, {"inner", 10}}}};
+  CHECK_THAT(run_error(run), Catch::Matchers::StartsWith("run.json: optimizer.proximal.inner: unknown key"));
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"proximal", {{"lambda", 1e-4}}}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.proximal: the proximal method is built for adamw and grass, not galore");
+  run["optimizer"] = {{"name", "adamw"}};
+  CHECK(!grass::parse_run_config(run, "run.json").optimizer.proximal.enabled());
+  CHECK(grass::to_json(grass::parse_run_config(run, "run.json"))["optimizer"].count("proximal") == 0);
 }

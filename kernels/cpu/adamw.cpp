@@ -5,23 +5,44 @@
 
 namespace grass::ops {
 
-template <typename T>
-void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a) {
+namespace {
+
+// The proximal term's three cases, each its own loop so the plain one stays as it was.
+enum class Proximal { None, Reset, Term };
+
+template <Proximal kProximal, typename T>
+void adamw_loop(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a) {
   const AdamScalars s = adam_scalars<T>(a);
   const T b1 = T(s.beta1), b2 = T(s.beta2), c1 = T(s.one_minus_beta1), c2 = T(s.one_minus_beta2);
   const T decay = T(s.decay);
   const T step_size = T(s.lr / s.bias_correction1);
   const T bc2_sqrt = T(s.bias_correction2_sqrt);
   const T e = T(s.eps), gs = T(host_grad_scale(a));
+  T* const anchor = static_cast<T*>(a.anchor);
+  const T pc = T(a.proximal_coef);
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
-    const T gi = g[i] * gs;
+    T gi = g[i] * gs;
+    if constexpr (kProximal == Proximal::Reset) anchor[i] = p[i];
+    if constexpr (kProximal == Proximal::Term) gi += pc * (p[i] - anchor[i]);
     const T mi = b1 * m[i] + c1 * gi;
     const T vi = b2 * v[i] + c2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
     p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + e);
   }
+}
+
+}  // namespace
+
+template <typename T>
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a) {
+  if (!a.anchor)
+    adamw_loop<Proximal::None>(p, g, m, v, n, a);
+  else if (a.anchor_reset)
+    adamw_loop<Proximal::Reset>(p, g, m, v, n, a);
+  else
+    adamw_loop<Proximal::Term>(p, g, m, v, n, a);
 }
 
 template void adamw_update<float>(float*, const float*, float*, float*, int64_t, const AdamArgs&);

@@ -50,9 +50,24 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* s
   const T b1 = T(s.beta1), b2 = T(s.beta2), c1 = T(s.one_minus_beta1), c2 = T(s.one_minus_beta2);
   const T gs = T(host_grad_scale(a)), e = T(s.eps);
   const T bc1 = T(s.bias_correction1), bc2_sqrt = T(s.bias_correction2_sqrt);
+  // The proximal term reads each element's weight before anything below changes it.
+  T* const anchor = static_cast<T*>(a.anchor);
+  if (anchor) {
+    const T pc = T(a.proximal_coef);
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t j = rows ? i / in : i % r, e = rows ? i % in : i / r;
+      const T wi = w[rows ? sigma[j] * int64_t(in) + e : e * in + sigma[j]];
+      if (a.anchor_reset)
+        anchor[i] = wi;
+      else
+        gc[i] = gc[i] * gs + pc * (wi - anchor[i]);
+    }
+  }
+  const T gs_read = anchor && !a.anchor_reset ? T(1) : gs;  // the term's pass applied gs
 #pragma omp parallel for simd
   for (int64_t i = 0; i < n; i++) {
-    const T g = gc[i] * gs;
+    const T g = gc[i] * gs_read;
     const T mi = b1 * m[i] + c1 * g;
     const T vi = b2 * v[i] + c2 * g * g;
     m[i] = mi;

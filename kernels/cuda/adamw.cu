@@ -26,12 +26,30 @@ struct AdamwStep {
   float decay;      // 1 - lr·weight_decay
   float step_size;  // lr / (1 - beta1^step)
   float bc2_sqrt;   // sqrt(1 - beta2^step)
+  void* anchor;     // the proximal term (AdamArgs::anchor): S-typed [n], or null
+  float proximal_coef;
+  bool anchor_reset;
 };
 
-// One element's update in fp32: returns the new weight, writes the new moments.
-__device__ __forceinline__ float adam_step(const AdamwStep& k, float p, float g, float& m,
+// The gradient as the update reads it: clipped and, with an anchor (S-typed), plus the proximal
+// term on the weight p before this step (or, at an inner loop's first step, the anchor takes p).
+template <typename S>
+__device__ __forceinline__ float read_gradient(const AdamwStep& k, float g, float p, int64_t i) {
+  float gi = g * float(grad_scale_of(k.grad_scale, k.clip));
+  if (k.anchor) {
+    S* anchor = static_cast<S*>(k.anchor) + i;
+    if (k.anchor_reset)
+      store_exact(anchor, p);
+    else
+      gi += k.proximal_coef * (p - to_f32(*anchor));
+  }
+  return gi;
+}
+
+// One element's update in fp32 from its read gradient gi: returns the new weight, writes the new
+// moments.
+__device__ __forceinline__ float adam_step(const AdamwStep& k, float p, float gi, float& m,
                                            float& v) {
-  const float gi = g * float(grad_scale_of(k.grad_scale, k.clip));
   m = k.beta1 * m + k.one_minus_beta1 * gi;
   v = k.beta2 * v + k.one_minus_beta2 * gi * gi;
   return p * k.decay - k.step_size * m / (sqrtf(v) / k.bc2_sqrt + k.eps);
@@ -43,7 +61,7 @@ __global__ void adamw_mixed_kernel(bf16* param, float* master, const float* g, f
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float mi = m[i], vi = v[i];
-  const float p = adam_step(k, master[i], g[i], mi, vi);
+  const float p = adam_step(k, master[i], read_gradient<float>(k, g[i], master[i], i), mi, vi);
   m[i] = mi;
   v[i] = vi;
   master[i] = p;
@@ -58,7 +76,8 @@ __global__ void adamw_pure_kernel(bf16* param, const bf16* g, bf16* m, bf16* v, 
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float mi = __bfloat162float(m[i]), vi = __bfloat162float(v[i]);
-  const float p = adam_step(k, __bfloat162float(param[i]), __bfloat162float(g[i]), mi, vi);
+  const float p0 = __bfloat162float(param[i]);
+  const float p = adam_step(k, p0, read_gradient<bf16>(k, __bfloat162float(g[i]), p0, i), mi, vi);
   m[i] = stochastic_round_bf16(mi, seed_m, uint64_t(i));
   v[i] = stochastic_round_bf16(vi, seed_v, uint64_t(i));
   param[i] = stochastic_round_bf16(p, seed_param, uint64_t(i));
@@ -83,6 +102,9 @@ void adamw_update(const Context& ctx, bf16* param, float* master, const void* g,
   k.decay = float(s.decay);
   k.step_size = float(s.lr / s.bias_correction1);
   k.bc2_sqrt = float(s.bias_correction2_sqrt);
+  k.anchor = a.anchor;
+  k.proximal_coef = float(a.proximal_coef);
+  k.anchor_reset = a.anchor_reset;
   if (master != nullptr)
     adamw_mixed_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
         param, master, static_cast<const float*>(g), static_cast<float*>(m), static_cast<float*>(v),

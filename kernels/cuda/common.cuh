@@ -105,4 +105,16 @@ __device__ __forceinline__ bf16 stochastic_round_bf16(float x, uint64_t seed, ui
   return __ushort_as_bfloat16(stochastic_round_bits(__float_as_uint(x), seed, index));
 }
 
+// ---- the optimizers' element types: fp32 (bf16-mixed's states, master) or bf16 (pure bf16's) ----
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+// The state stores: fp32 as is; bf16 rounded stochastically from the stream (seed, index).
+__device__ __forceinline__ void store_state(float* p, float x, uint64_t, uint64_t) { *p = x; }
+__device__ __forceinline__ void store_state(bf16* p, float x, uint64_t seed, uint64_t index) {
+  *p = stochastic_round_bf16(x, seed, index);
+}
+// A copy of a value its type already holds exactly (a weight into the proximal anchor).
+__device__ __forceinline__ void store_exact(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_exact(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
+
 }  // namespace grass::cuda

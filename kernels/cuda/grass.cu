@@ -20,9 +20,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
-
 // scratch[n, j] = ρ_j · source[n, σ_j]: the selected columns of source[N, width], in bf16 for the
 // GEMM. One thread per element of scratch[N, r].
 __global__ void gather_scaled_columns(bf16* scratch, const bf16* source, const int32_t* sigma,
@@ -85,14 +82,11 @@ struct AdamStep {
   float step_size;                      // lr · alpha
   float decay;                          // 1 - lr · weight_decay
   bool apply_decay;                     // weight_decay > 0
+  void* anchor;                         // the proximal term (AdamArgs::anchor): S-typed like gc
+  float proximal_coef;
+  bool anchor_reset;
   uint64_t seed_param, seed_m, seed_v;  // stochastic rounding streams (pure bf16 only)
 };
-
-// The state stores: fp32 as is; bf16 rounded stochastically (pure bf16 storage).
-__device__ __forceinline__ void store_state(float* p, float x, uint64_t, uint64_t) { *p = x; }
-__device__ __forceinline__ void store_state(bf16* p, float x, uint64_t seed, uint64_t index) {
-  *p = stochastic_round_bf16(x, seed, index);
-}
 
 // One thread per element e of one slice occurrence j (rows: e = column of w, grid.y = j;
 // cols: e = row of w, flat index e·r + j). The thread of the first occurrence of σ_j owns the
@@ -126,10 +120,18 @@ __global__ void grass_adam_kernel(bf16* param, float* master, const S* gc, S* m,
     w = __bfloat162float(param[w_index]);
   else
     w = master[w_index];
+  const float w_before = w;  // what the proximal term reads
   if (k.apply_decay) w *= k.decay;
   for (int jj = j; jj < r && sigma[jj] == slice; jj++) {
     const int64_t s_index = rows ? int64_t(jj) * in + e : int64_t(e) * r + jj;  // into gc, m, v
-    const float g = to_f32(gc[s_index]) * float(grad_scale_of(k.grad_scale, k.clip));
+    float g = to_f32(gc[s_index]) * float(grad_scale_of(k.grad_scale, k.clip));
+    if (k.anchor) {
+      S* anchor = static_cast<S*>(k.anchor) + s_index;
+      if (k.anchor_reset)
+        store_exact(anchor, w_before);
+      else
+        g += k.proximal_coef * (w_before - to_f32(*anchor));
+    }
     const float mi = k.beta1 * to_f32(m[s_index]) + k.one_minus_beta1 * g;
     const float vi = k.beta2 * to_f32(v[s_index]) + k.one_minus_beta2 * g * g;
     store_state(m + s_index, mi, k.seed_m, uint64_t(s_index));
@@ -198,6 +200,9 @@ void grass_adam_update(const Context& ctx, bf16* param, float* master, const voi
   k.step_size = float(s.lr * alpha);
   k.decay = float(s.decay);
   k.apply_decay = narrowed.weight_decay > 0;
+  k.anchor = a.anchor;
+  k.proximal_coef = float(a.proximal_coef);
+  k.anchor_reset = a.anchor_reset;
   k.seed_param = rounding_stream_seed(seed, step, kRoundWeight);
   k.seed_m = rounding_stream_seed(seed, step, kRoundFirstMoment);
   k.seed_v = rounding_stream_seed(seed, step, kRoundSecondMoment);

@@ -39,15 +39,6 @@ __global__ void flora_projection_kernel(float* P, uint64_t stream, int64_t n, do
   if (i < n) P[i] = float(normal(stream, uint64_t(i)) / sqrt_r);
 }
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
-
-// The state stores: fp32 as is; bf16 rounded stochastically (pure bf16 storage).
-__device__ __forceinline__ void store_state(float* p, float x, uint64_t, uint64_t) { *p = x; }
-__device__ __forceinline__ void store_state(bf16* p, float x, uint64_t seed, uint64_t index) {
-  *p = stochastic_round_bf16(x, seed, index);
-}
-
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
 // The workspace regions (cuda_ops.h): Pt, the direction, the bound's Σ d², then pure bf16's

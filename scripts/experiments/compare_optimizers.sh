@@ -20,6 +20,11 @@
 #     through the PyTorch reference model (tools/peers/train_peer.py, in tools/peers/setup_venv.sh
 #     torch2's environment or PEERS_PYTHON), against grass's GaLore and FLORA at Table A's best
 #     rates; both read the data in stream order (data.shuffle = false), 3 seeds each.
+#   scripts/experiments/compare_optimizers.sh prox [--out DIR] [--jobs N]
+#     The small-batch proximal method (docs/proximal.md) where it claims to help: one sequence of
+#     128 tokens per step, 1,600 steps (warmup 120), AdamW and GRASS top_r (r 32, K 40) with and
+#     without it, lambda = 0.1 x lr (the reference code's default), AdamW's inner loops of 10
+#     steps (the reference's S) and GRASS's of K; lr 3e-4, 1e-3, 3e-3, each at seeds 42, 1, 2.
 #   scripts/experiments/compare_optimizers.sh c [--out DIR]
 #     Table C, cost: for every method at llama_60m on this machine's CPU (fp32, 4 x 256 tokens a
 #     step, rank 128, a refresh every 5 steps, 11 steps), the median time of an ordinary step and
@@ -36,7 +41,7 @@
 # tables on stdout and in DIR/<table>.md, the plots in docs/img/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 a|b|c|clipoff|peers [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied]" >&2; exit 2; }
+usage() { echo "usage: $0 a|b|c|clipoff|peers|prox [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 table=$1; shift
 out=runs/compare jobs=2 only= model_list=quickstart,quickstart_tied
@@ -50,7 +55,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $table in a|b|c|clipoff|peers) ;; *) usage ;; esac
+case $table in a|b|c|clipoff|peers|prox) ;; *) usage ;; esac
 [ -x build/grass ] || scripts/build.sh >/dev/null
 report() { /usr/bin/python3 scripts/experiments/compare_report.py "$@"; }
 
@@ -259,6 +264,40 @@ if [ "$table" = peers ]; then
   done
   run_queue
   report table-peers "$out/peers" | tee "$out/peers.md"
+  exit 0
+fi
+
+if [ "$table" = prox ]; then
+  quality_prereqs
+  steps=1600  # `finished` looks for the evaluation at this step
+  base=(--set model=configs/models/llama_quickstart.json --set steps=$steps --set micro_batch_size=1
+        --set total_batch_size=1 --set schedule.warmup_steps=120 --set eval_every=800
+        --set eval_tokens=$eval_tokens --set log_every=200 --set checkpoint_every=0)
+  variants=(
+    "adamw|optimizer.name=adamw"
+    "adamw_proximal|optimizer.name=adamw optimizer.proximal.inner_steps=10"
+    "grass_top_r|optimizer.name=grass optimizer.selection=top_r"
+    "grass_top_r_proximal|optimizer.name=grass optimizer.selection=top_r"
+  )
+  for variant in "${variants[@]}"; do
+    name=${variant%%|*}
+    vargs=()
+    for o in ${variant#*|}; do vargs+=(--set "$o"); done
+    case $name in grass*) vargs+=("${projected_args[@]}") ;; esac
+    for lr in 3e-4 1e-3 3e-3; do
+      pargs=()
+      case $name in *_proximal)
+        pargs=(--set optimizer.proximal.lambda=$(python3 -c "print(0.1 * $lr)")) ;;
+      esac
+      for seed in 42 1 2; do
+        dir=$out/prox/$name/lr${lr}_s$seed
+        enqueue "$name lr $lr seed $seed" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
+          "${base[@]}" "${vargs[@]}" ${pargs[@]+"${pargs[@]}"} --set optimizer.lr=$lr --set seed=$seed
+      done
+    done
+  done
+  run_queue
+  report table-prox "$out/prox" | tee "$out/prox.md"
   exit 0
 fi
 

@@ -11,6 +11,8 @@
     compare_report.py table-peers PEERS_DIR       the peers' table and docs/img/compare_peers.png
     compare_report.py table-clipoff A_DIR OFF_DIR MODEL...   each Table A method at its best rate
                                                   with clipping at 1.0 (A_DIR) and off (OFF_DIR)
+    compare_report.py table-prox PROX_DIR         the proximal method with and without, every rate
+                                                  at seeds 42, 1, 2
     compare_report.py table-c-row METRICS NAME K PLAN_BYTES   one row of Table C
 
 A difference between two methods "counts" when it exceeds twice the larger of their seed spreads
@@ -241,6 +243,33 @@ def table_clipoff(a_dir, off_dir, models):
                   f"{versus(off, on)} |")
 
 
+def table_prox(prox_dir):
+    cell = lambda r: f"{r['mean']:.4f} ± {r['spread'] / 2:.4f}"
+    pairs = [("adamw", "AdamW"), ("grass_top_r", "GRASS top_r")]
+    rates = sorted({n[2:].split("_s")[0] for n in os.listdir(os.path.join(prox_dir, "adamw"))},
+                   key=float)
+    print("\nOne sequence (128 tokens) per step, 1,600 steps: final validation loss, mean of seeds "
+          "42, 1, 2 ± half their spread\n")
+    print("| method | lr | without | with the proximal method | with - without |")
+    print("|---|---|---|---|---|")
+    series = []
+    for name, label in pairs:
+        best = {}
+        for lr in rates:
+            runs = {v: seed_runs([os.path.join(prox_dir, v, f"lr{lr}_s{s}") for s in SEEDS])
+                    for v in (name, name + "_proximal")}
+            without, with_ = runs[name], runs[name + "_proximal"]
+            print(f"| {label} | {lr} | {cell(without)} | {cell(with_)} | {versus(with_, without)} |")
+            for v, r in runs.items():
+                if v not in best or r["mean"] < best[v][1]["mean"]:
+                    best[v] = (lr, r)
+        series += [(f"{label}{' + proximal' if v.endswith('_proximal') else ''} (lr {lr})", r)
+                   for v, (lr, r) in best.items()]
+    plot("docs/img/compare_prox.png",
+         "One sequence per step: with and without the proximal method, each at its best lr (3 seeds)",
+         series)
+
+
 def table_c_row(path, name, interval, plan):
     rows = [json.loads(l) for l in open(path) if '"step_ms"' in l]
     projected = not name.startswith("adamw")
@@ -276,6 +305,8 @@ def main():
         table_peers(args[0])
     elif cmd == "table-clipoff":
         table_clipoff(args[0], args[1], args[2:])
+    elif cmd == "table-prox":
+        table_prox(*args)
     elif cmd == "table-c-row":
         table_c_row(args[0], args[1], int(args[2]), int(args[3]))
     else:

@@ -352,9 +352,38 @@ void check_projection_against_model(const ObjectReader& run, RunConfig& c) {
       "optimizer.rank=" + std::to_string(side) + ")");
 }
 
+// optimizer.proximal: {"lambda": λ, "inner_steps": S}. GRASS's inner loop is its refresh interval,
+// so inner_steps may only repeat it there.
+void read_proximal(const ObjectReader& optimizer, const OptimizerConfig& o, ProximalConfig& p) {
+  const json* proximal = optimizer.find("proximal");
+  if (!proximal) return;
+  const Location at = optimizer.at("proximal");
+  if (o.kind != OptimizerKind::AdamW && o.kind != OptimizerKind::Grass)
+    at.fail("the proximal method is built for adamw and grass, not " +
+            std::string(name_of(o.kind)));
+  if (!proximal->is_object())
+    at.fail("expected {\"lambda\": ..., \"inner_steps\": ...}, got " + describe(*proximal));
+  const ObjectReader obj(*proximal, at);
+  obj.reject_unknown_keys({"lambda", "inner_steps"});
+  obj.required("lambda");
+  p.lambda = obj.number("lambda").value_or(0);
+  require(p.lambda > 0, obj.at("lambda"), "positive", p.lambda);
+  const int64_t K = o.projection.update_interval;
+  if (o.kind == OptimizerKind::Grass) {
+    p.inner_steps = obj.integer("inner_steps", 1, INT64_MAX).value_or(K);
+    if (p.inner_steps != K)
+      obj.at("inner_steps").fail(std::to_string(p.inner_steps) + ": GRASS's inner loop is its "
+                                 "refresh interval (update_interval " + std::to_string(K) +
+                                 "); leave inner_steps out");
+  } else {
+    obj.required("inner_steps");
+    p.inner_steps = *obj.integer("inner_steps", 1, INT64_MAX);
+  }
+}
+
 void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
   std::vector<std::string> keys = {"name", "lr", "betas", "eps", "weight_decay",
-                                   "target_lr_scale"};
+                                   "target_lr_scale", "proximal"};
   keys.insert(keys.end(), kProjectionKeys.begin(), kProjectionKeys.end());
   keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
   keys.insert(keys.end(), kFloraKeys.begin(), kFloraKeys.end());
@@ -382,6 +411,7 @@ void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
                                     "sets their targets' learning rate)");
   o.target_lr_scale = obj.number("target_lr_scale").value_or(o.target_lr_scale);
   require(o.target_lr_scale > 0, obj.at("target_lr_scale"), "positive", o.target_lr_scale);
+  read_proximal(obj, o, o.proximal);
 }
 
 void read_schedule(const ObjectReader& obj, ScheduleConfig& s) {
@@ -636,6 +666,8 @@ json to_json(const RunConfig& c) {
                         {"refresh_stagger", g.refresh_stagger}});
     if (o.kind == OptimizerKind::Flora) optimizer["max_update_rms"] = g.max_update_rms;
   }
+  if (o.proximal.enabled())
+    optimizer["proximal"] = {{"lambda", o.proximal.lambda}, {"inner_steps", o.proximal.inner_steps}};
   json data = {{"train", c.train_files}, {"shuffle", c.shuffle}};
   if (!c.val_files.empty()) data["val"] = c.val_files;
   if (!c.tokenizer.empty()) data["tokenizer"] = c.tokenizer;

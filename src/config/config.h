@@ -82,6 +82,18 @@ int projected_side(OptimizerKind kind, const ProjectionConfig& g, const ModelCon
 ProjectionTarget narrowest_target(OptimizerKind kind, const ProjectionConfig& g,
                                   const ModelConfig& m);
 
+// The small-batch proximal method (Zhang, Qu, Chen, Metaxas, IJCAI 2019; docs/proximal.md): inner loops of S steps; at a loop's first step the anchor θ̄ takes the weights, each
+// step's gradient gains 2·(λ/η)·(θ − θ̄) (η the run's learning rate at that step) and the step
+// runs at η/(t+1), t = 0..S−1 the step within the loop. AdamW: every tensor, S = inner_steps.
+// GRASS: its targets' selected slices only (the dense tensors train without it), S = the refresh
+// interval, the anchor taken again at each refresh.
+struct ProximalConfig {
+  double lambda = 0;        // 0: off
+  int64_t inner_steps = 0;  // S (AdamW; GRASS's is update_interval)
+  bool enabled() const { return lambda > 0; }
+  bool operator==(const ProximalConfig&) const = default;
+};
+
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::AdamW;  // JSON "name"
   double lr = 1e-3;
@@ -94,6 +106,7 @@ struct OptimizerConfig {
   // weight decay stays lr·wd, as the projected optimizers' targets decay.
   double target_lr_scale = 1.0;
   ProjectionConfig projection;      // grass, galore, flora: their targets; the rest AdamW
+  ProximalConfig proximal;          // adamw and grass only
   bool operator==(const OptimizerConfig&) const = default;
 };
 

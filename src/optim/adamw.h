@@ -6,6 +6,10 @@
 // and the moments with stochastic rounding. With cfg.target_lr_scale, the default projection
 // targets (every layer's q/k/v/o/gate/up/down) train at lr × target_lr_scale, their decoupled
 // weight decay staying 1 - lr·wd (the projected optimizers' targets decay so).
+// With cfg.proximal in an AdamW run (docs/proximal.md) every tensor keeps an anchor (a copy of the
+// weights, state-typed, in the optimizer category: the plan counts it and checkpoints save it),
+// taken at each inner loop's first step; the steps within a loop run at lr/(t+1) and their
+// gradients gain 2·(λ/lr)·(θ − anchor). In a projected run its dense tensors train without it.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -22,8 +26,15 @@ class AdamW final : public Optimizer {
   // Trains every dense tensor of the model. seed: pure bf16's stochastic rounding streams.
   AdamW(const OptimizerConfig& cfg, LlamaModel& model, Arena& arena, uint64_t seed);
   const char* name() const override { return "adamw"; }
-  void begin_step(int64_t step) override { step_ = step; }
+  void begin_step(int64_t step) override;
   void update(int tensor, void* g, const double* clip, double lr) override;
+  std::string describe() const override;
+
+  // With the proximal method: the step its anchor was taken at, in "adamw_proximal".
+  const char* state_key() const override { return anchor_ ? "adamw_proximal" : nullptr; }
+  nlohmann::json save_state() const override;
+  void check_state(const nlohmann::json* saved, const StateReader& reader) const override;
+  void restore_state(const nlohmann::json& saved) override;
 
  private:
   OptimizerConfig cfg_;
@@ -33,6 +44,8 @@ class AdamW final : public Optimizer {
   int64_t step_ = 0;   // from 0; Adam's bias correction counts from 1
   void* m_ = nullptr;  // first moment  [num_dense_grads], state-typed backend memory
   void* v_ = nullptr;  // second moment [num_dense_grads]
+  void* anchor_ = nullptr;     // the proximal anchor [num_dense_grads], state-typed; null: off
+  int64_t anchor_step_ = -1;   // the step the anchor was last taken at (-1: not yet)
 };
 
 }  // namespace grass

@@ -1,6 +1,7 @@
 #include "src/optim/grass.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "src/core/error.h"
@@ -38,6 +39,9 @@ Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
                             t.gc_numel * storage.state_bytes);
     t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.v",
                             t.gc_numel * storage.state_bytes);
+    if (cfg.proximal.enabled())
+      t.anchor = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.proximal_anchor",
+                                   t.gc_numel * storage.state_bytes);
     t.sigma = arena.alloc<int32_t>(MemCategory::Optimizer, p.name + ".grass.sigma", r);
     t.rho = arena.alloc<float>(MemCategory::Optimizer, p.name + ".grass.rho", r);
     // derived from ρ and the counts (state.json) at a restore, so not saved itself
@@ -135,8 +139,15 @@ void Grass::select(Target& t, const void* dy, const void* x, int64_t N) {
 
 std::string Grass::describe() const {
   const ProjectionConfig& g = cfg_.projection;
-  return describe_projection(g, "selection", std::string(", ") + name_of(g.selection) +
-                                                 ", select_dim " + name_of(g.select_dim));
+  std::string extra = std::string(", ") + name_of(g.selection) + ", select_dim " +
+                      name_of(g.select_dim);
+  if (cfg_.proximal.enabled()) {
+    char proximal[96];
+    std::snprintf(proximal, sizeof proximal, ", proximal lambda %.3g (anchor: the selected slices)",
+                  cfg_.proximal.lambda);
+    extra += proximal;
+  }
+  return describe_projection(g, "selection", extra);
 }
 
 double Grass::flops_saved_per_token() const {
@@ -157,7 +168,9 @@ void Grass::update(int tensor, void* gc, const double* clip, double lr) {
   // pure bf16's stochastic rounding: one stream per (step, target)
   const uint64_t seed =
       derive_seed(derive_seed(cfg_.projection.seed ^ 0x5eed, uint64_t(step_)), t.tensor_index);
-  const AdamArgs args = adam_args(cfg_, clip, lr, cfg_.weight_decay, t.adam_step);
+  AdamArgs args = adam_args(cfg_, clip, lr, cfg_.weight_decay, t.adam_step);
+  if (t.anchor)  // the inner loop's step t.adam_step - 1: a refresh starts a new loop
+    args = proximal_args(args, cfg_.proximal.lambda, lr, t.adam_step - 1, t.anchor);
   backend_->grass_adam_update(model_.weight_ref(p), gc, t.m, t.v,
                               {t.sigma, t.update_scale, t.out, t.in, t.slices, t.rows},
                               cfg_.projection.scale, args, seed);

@@ -6,7 +6,8 @@
 // in a small transient buffer; a refresh resets the moments and the step counter. Repeated draws
 // are trained once, their step multiplied by the draw count. With several micro-batches, a
 // refresh step selects on the first micro-batch's gradient and the rest accumulate G_C on that
-// selection.
+// selection. With cfg.proximal (docs/proximal.md) each target keeps an anchor of its selected
+// slices, taken at the first update after each refresh: the refresh interval is the inner loop.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -71,6 +72,7 @@ class Grass final : public Optimizer {
     // backend memory (host on the CPU), moments state-typed; each sized for r slices
     void* m;               // Adam moments, shaped like G_C
     void* v;
+    void* anchor;          // the proximal anchor, shaped like G_C; null without the method
     int32_t* sigma;        // [slices] selected slices, ascending and distinct
     float* rho;            // [slices] their scales in G_C
     float* update_scale;   // [slices] their step factors: count·(ρ with rho_in_update, else 1)

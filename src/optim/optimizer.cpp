@@ -50,6 +50,14 @@ AdamArgs adam_args(const OptimizerConfig& cfg, const double* clip, double lr, do
           .eps = cfg.eps, .weight_decay = weight_decay, .step = step};
 }
 
+AdamArgs proximal_args(AdamArgs args, double lambda, double lr, int64_t inner, void* anchor) {
+  args.lr /= double(inner + 1);
+  args.anchor = anchor;
+  args.proximal_coef = 2.0 * lambda / lr;
+  args.anchor_reset = inner == 0;
+  return args;
+}
+
 void Optimizer::accumulate(int, void*, const void*, const void*, int64_t) {
   throw InternalError(std::string(name()) + " has no projected tensors");
 }

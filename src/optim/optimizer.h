@@ -29,6 +29,10 @@ namespace grass {
 // coefficient in backend memory (AdamArgs::clip).
 AdamArgs adam_args(const OptimizerConfig& cfg, const double* clip, double lr, double weight_decay,
                    int64_t step);
+// The same arguments at step `inner` (from 0) of a proximal inner loop (docs/proximal.md): the
+// step, decay included, at args.lr/(inner+1); the gradient gains 2·(λ/lr)·(θ − anchor), lr the
+// run's learning rate; at inner 0 the anchor (state-typed, shaped like the gradient) takes θ.
+AdamArgs proximal_args(AdamArgs args, double lambda, double lr, int64_t inner, void* anchor);
 
 // What an optimizer reads back from a checkpoint beside its buffers (which are arena blocks,
 // saved and restored byte for byte by train/checkpointing.cpp). Failures are UserErrors naming

@@ -189,6 +189,57 @@ TEST_CASE("gpu adamw bf16 rounds param, m and v stochastically to a neighbour of
   for (int k = 0; k < 3; k++) CHECK(!same_bits(other_seed[k], got[k]));
 }
 
+TEST_CASE("gpu adamw: the proximal term and its anchor as the CPU's, in both storage schemes",
+          "[gpu]") {
+  gputest::TestContext tc;
+  const AdamFloats a;
+  const int64_t n = 100003, step = 4;
+  const float coef = 2.5f;  // with |θ - anchor| ~ 0.05, a term of ~0.1 beside gradients of ~1
+  for (const bool pure : {false, true}) {
+    const auto stored = [&](const std::vector<float>& x) { return pure ? gputest::bf16_rounded(x) : x; };
+    const std::vector<float> p0 = stored(gputest::randn(n, 0.1)), g = stored(gputest::randn(n));
+    const std::vector<float> m0 = stored(gputest::randn(n, 0.3)), v0 = stored(random_v(n));
+    std::vector<float> anchor0 = gputest::randn(n, 0.05);
+    for (int64_t i = 0; i < n; i++) anchor0[i] += p0[i];
+    anchor0 = stored(anchor0);
+    for (const bool reset : {true, false}) {
+      INFO((pure ? "pure bf16" : "bf16-mixed") << (reset ? ", a loop's first step" : ", later"));
+      AdamArgs args = a.at(step);
+      args.proximal_coef = coef;
+      args.anchor_reset = reset;
+      std::vector<float> p, m, v, anchor;
+      if (pure) {
+        DeviceBuffer<bf16> d_p(n), d_g(n), d_m(n), d_v(n), d_anchor(n);
+        put(d_p, p0), put(d_g, g), put(d_m, m0), put(d_v, v0), put(d_anchor, anchor0);
+        args.anchor = d_anchor.ptr;
+        cuda::adamw_update(tc.ctx, d_p.ptr, nullptr, d_g.ptr, d_m.ptr, d_v.ptr, n, args, 77);
+        p = get(d_p), m = get(d_m), v = get(d_v), anchor = get(d_anchor);
+      } else {
+        DeviceBuffer<float> d_master(n), d_g(n), d_m(n), d_v(n), d_anchor(n);
+        DeviceBuffer<bf16> d_param(n);
+        d_master.upload(p0), d_g.upload(g), d_m.upload(m0), d_v.upload(v0), d_anchor.upload(anchor0);
+        args.anchor = d_anchor.ptr;
+        cuda::adamw_update(tc.ctx, d_param.ptr, d_master.ptr, d_g.ptr, d_m.ptr, d_v.ptr, n, args, 77);
+        p = d_master.download(), m = d_m.download(), v = d_v.download(), anchor = d_anchor.download();
+      }
+      std::vector<float> want = p0, want_m = m0, want_v = v0, want_anchor = anchor0;
+      args.anchor = want_anchor.data();
+      ops::adamw_update<float>(want.data(), g.data(), want_m.data(), want_v.data(), n, args);
+      // the anchor takes the weight exactly at a loop's start, and is read only after it
+      CHECK(same_bits(anchor, reset ? p0 : anchor0));
+      const double tolerance = pure ? 1e-2 : 1e-5;
+      CHECK(rel_error(p, want) <= tolerance);
+      CHECK(rel_error(m, want_m) <= tolerance);
+      CHECK(rel_error(v, want_v) <= tolerance);
+      if (!reset) {  // the term moved the result: the plain step lands elsewhere
+        std::vector<float> plain = p0, plain_m = m0, plain_v = v0;
+        cpu_adamw(plain, g, plain_m, plain_v, a, step);
+        CHECK(rel_error(m, plain_m) > 1e-2);
+      }
+    }
+  }
+}
+
 TEST_CASE("gpu adamw bf16 stochastic rounding is unbiased over seeds, streams independent",
           "[gpu]") {
   gputest::TestContext tc;

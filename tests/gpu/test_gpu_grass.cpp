@@ -268,6 +268,85 @@ TEST_CASE("grass: Adam in pure bf16 rounds stochastically and matches the CPU", 
   }
 }
 
+TEST_CASE("grass: the proximal term and its anchor as the CPU's, in both storage schemes", "[gpu]") {
+  TestContext tc;
+  Hyper h;
+  h.alpha = 1.0f;
+  const float coef = 2.5f;
+  for (const bool pure : {false, true})
+    for (const bool rows : {true, false})
+      for (const bool reset : {true, false}) {
+        INFO((pure ? "pure bf16" : "fp32 master") << ", rows=" << rows << ", reset=" << reset);
+        const auto stored = [&](const std::vector<float>& x) { return pure ? bf16_rounded(x) : x; };
+        const int width = rows ? kOut : kIn;
+        const size_t state = size_t(kRank) * (rows ? kIn : kOut);
+        const std::vector<int32_t> sigma = sigma_with_repeats(kRank, width);
+        const std::vector<float> rho = random_rho(kRank);
+        const std::vector<float> w0 = stored(randn(size_t(kOut) * kIn, 0.1));
+        const std::vector<float> gc = stored(randn(state)), m0 = stored(randn(state, 0.1)),
+                                 v0 = stored(squares(randn(state, 0.1)));
+        std::vector<float> anchor0(state);  // near the selected slices' weights
+        const auto slice_element = [&](const std::vector<float>& w, size_t i) {
+          const int64_t j = rows ? int64_t(i) / kIn : int64_t(i) % kRank;
+          const int64_t e = rows ? int64_t(i) % kIn : int64_t(i) / kRank;
+          return w[size_t(rows ? sigma[j] * int64_t(kIn) + e : e * kIn + sigma[j])];
+        };
+        const std::vector<float> noise = randn(state, 0.05);
+        for (size_t i = 0; i < state; i++) anchor0[i] = slice_element(w0, i) + noise[i];
+        anchor0 = stored(anchor0);
+        AdamArgs args = h.adam();
+        args.proximal_coef = coef;
+        args.anchor_reset = reset;
+        std::vector<float> w, m, v, anchor;
+        DeviceBuffer<int32_t> d_sigma(kRank);
+        DeviceBuffer<float> d_rho(kRank);
+        upload(d_sigma, sigma);
+        upload(d_rho, rho);
+        DeviceBuffer<bf16> d_param(w0.size());
+        upload(d_param, w0);
+        if (pure) {
+          DeviceBuffer<bf16> d_gc(state), d_m(state), d_v(state), d_anchor(state);
+          upload(d_gc, gc), upload(d_m, m0), upload(d_v, v0), upload(d_anchor, anchor0);
+          args.anchor = d_anchor.ptr;
+          cuda::grass_adam_update(tc.ctx, d_param.ptr, nullptr, d_gc.ptr, d_m.ptr, d_v.ptr,
+                                  d_sigma.ptr, d_rho.ptr, kOut, kIn, kRank, rows, h.alpha, args, 5);
+          w = to_f32(d_param.download()), m = to_f32(d_m.download()), v = to_f32(d_v.download());
+          anchor = to_f32(d_anchor.download());
+        } else {
+          DeviceBuffer<float> d_master(w0.size()), d_gc(state), d_m(state), d_v(state),
+              d_anchor(state);
+          upload(d_master, w0), upload(d_gc, gc), upload(d_m, m0), upload(d_v, v0),
+              upload(d_anchor, anchor0);
+          args.anchor = d_anchor.ptr;
+          cuda::grass_adam_update(tc.ctx, d_param.ptr, d_master.ptr, d_gc.ptr, d_m.ptr, d_v.ptr,
+                                  d_sigma.ptr, d_rho.ptr, kOut, kIn, kRank, rows, h.alpha, args, 5);
+          w = d_master.download(), m = d_m.download(), v = d_v.download(), anchor = d_anchor.download();
+        }
+        std::vector<float> want_w = w0, cpu_gc = gc, want_m = m0, want_v = v0, want_anchor = anchor0;
+        args.anchor = want_anchor.data();
+        ops::grass_adam_update<float>(want_w.data(), cpu_gc.data(), want_m.data(), want_v.data(),
+                                      sigma.data(), rho.data(), kOut, kIn, kRank, rows, h.alpha,
+                                      args);
+        if (reset) {  // every occurrence's anchor holds its slice's weight before the step
+          int64_t differ = 0;
+          for (size_t i = 0; i < state; i++)
+            differ += std::bit_cast<uint32_t>(anchor[i]) != std::bit_cast<uint32_t>(slice_element(w0, i));
+          CHECK(differ == 0);
+        } else {
+          CHECK(same_bits(anchor, anchor0));
+        }
+        const double tolerance = pure ? 1e-2 : 1e-5;
+        CHECK(rel_error(m, want_m) <= tolerance);
+        CHECK(rel_error(v, want_v) <= tolerance);
+        std::vector<float> change(w0.size()), want_change(w0.size());
+        for (size_t e = 0; e < w0.size(); e++) {
+          change[e] = w[e] - w0[e];
+          want_change[e] = want_w[e] - w0[e];
+        }
+        CHECK(rel_error(change, want_change) <= (pure ? 1e-2 : 1e-3));
+      }
+}
+
 TEST_CASE("grass: the same calls twice give the same bits", "[gpu]") {
   TestContext tc;
   const Hyper h;
