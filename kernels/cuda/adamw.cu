@@ -26,24 +26,14 @@ struct AdamwStep {
   float decay;      // 1 - lr·weight_decay
   float step_size;  // lr / (1 - beta1^step)
   float bc2_sqrt;   // sqrt(1 - beta2^step)
-  void* anchor;     // the proximal term (AdamArgs::anchor): S-typed [n], or null
-  float proximal_coef;
-  bool anchor_reset;
+  ProximalTerm proximal;  // its anchor S-typed [n]
 };
 
-// The gradient as the update reads it: clipped and, with an anchor (S-typed), plus the proximal
-// term on the weight p before this step (or, at an inner loop's first step, the anchor takes p).
+// The gradient as the update reads it: clipped, then with the proximal term on the weight p
+// before this step.
 template <typename S>
 __device__ __forceinline__ float read_gradient(const AdamwStep& k, float g, float p, int64_t i) {
-  float gi = g * float(grad_scale_of(k.grad_scale, k.clip));
-  if (k.anchor) {
-    S* anchor = static_cast<S*>(k.anchor) + i;
-    if (k.anchor_reset)
-      store_exact(anchor, p);
-    else
-      gi += k.proximal_coef * (p - to_f32(*anchor));
-  }
-  return gi;
+  return k.proximal.apply<S>(g * float(grad_scale_of(k.grad_scale, k.clip)), p, i);
 }
 
 // One element's update in fp32 from its read gradient gi: returns the new weight, writes the new
@@ -102,9 +92,7 @@ void adamw_update(const Context& ctx, bf16* param, float* master, const void* g,
   k.decay = float(s.decay);
   k.step_size = float(s.lr / s.bias_correction1);
   k.bc2_sqrt = float(s.bias_correction2_sqrt);
-  k.anchor = a.anchor;
-  k.proximal_coef = float(a.proximal_coef);
-  k.anchor_reset = a.anchor_reset;
+  k.proximal = proximal_term(a);
   if (master != nullptr)
     adamw_mixed_kernel<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
         param, master, static_cast<const float*>(g), static_cast<float*>(m), static_cast<float*>(v),

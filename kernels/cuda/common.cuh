@@ -117,4 +117,26 @@ __device__ __forceinline__ void store_state(bf16* p, float x, uint64_t seed, uin
 __device__ __forceinline__ void store_exact(float* p, float x) { *p = x; }
 __device__ __forceinline__ void store_exact(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
 
+// The proximal term of an Adam update (AdamArgs::anchor), as the AdamW and GRASS kernels take it.
+struct ProximalTerm {
+  void* anchor = nullptr;  // S-typed, shaped like the gradient the kernel reads; null: no term
+  float coef = 0;
+  bool reset = false;
+  // Element i's gradient g (already clipped) plus coef·(w − anchor[i]), w the weight before the
+  // step; at an inner loop's first step the anchor takes w instead and g is left as it is.
+  template <typename S>
+  __device__ __forceinline__ float apply(float g, float w, int64_t i) const {
+    if (!anchor) return g;
+    S* a = static_cast<S*>(anchor) + i;
+    if (reset) {
+      store_exact(a, w);
+      return g;
+    }
+    return g + coef * (w - to_f32(*a));
+  }
+};
+inline ProximalTerm proximal_term(const AdamArgs& a) {
+  return {a.anchor, float(a.proximal_coef), a.anchor_reset};
+}
+
 }  // namespace grass::cuda

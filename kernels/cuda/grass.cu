@@ -82,9 +82,7 @@ struct AdamStep {
   float step_size;                      // lr · alpha
   float decay;                          // 1 - lr · weight_decay
   bool apply_decay;                     // weight_decay > 0
-  void* anchor;                         // the proximal term (AdamArgs::anchor): S-typed like gc
-  float proximal_coef;
-  bool anchor_reset;
+  ProximalTerm proximal;                // its anchor S-typed like gc
   uint64_t seed_param, seed_m, seed_v;  // stochastic rounding streams (pure bf16 only)
 };
 
@@ -124,14 +122,8 @@ __global__ void grass_adam_kernel(bf16* param, float* master, const S* gc, S* m,
   if (k.apply_decay) w *= k.decay;
   for (int jj = j; jj < r && sigma[jj] == slice; jj++) {
     const int64_t s_index = rows ? int64_t(jj) * in + e : int64_t(e) * r + jj;  // into gc, m, v
-    float g = to_f32(gc[s_index]) * float(grad_scale_of(k.grad_scale, k.clip));
-    if (k.anchor) {
-      S* anchor = static_cast<S*>(k.anchor) + s_index;
-      if (k.anchor_reset)
-        store_exact(anchor, w_before);
-      else
-        g += k.proximal_coef * (w_before - to_f32(*anchor));
-    }
+    const float g = k.proximal.apply<S>(
+        to_f32(gc[s_index]) * float(grad_scale_of(k.grad_scale, k.clip)), w_before, s_index);
     const float mi = k.beta1 * to_f32(m[s_index]) + k.one_minus_beta1 * g;
     const float vi = k.beta2 * to_f32(v[s_index]) + k.one_minus_beta2 * g * g;
     store_state(m + s_index, mi, k.seed_m, uint64_t(s_index));
@@ -200,9 +192,7 @@ void grass_adam_update(const Context& ctx, bf16* param, float* master, const voi
   k.step_size = float(s.lr * alpha);
   k.decay = float(s.decay);
   k.apply_decay = narrowed.weight_decay > 0;
-  k.anchor = a.anchor;
-  k.proximal_coef = float(a.proximal_coef);
-  k.anchor_reset = a.anchor_reset;
+  k.proximal = proximal_term(a);
   k.seed_param = rounding_stream_seed(seed, step, kRoundWeight);
   k.seed_m = rounding_stream_seed(seed, step, kRoundFirstMoment);
   k.seed_v = rounding_stream_seed(seed, step, kRoundSecondMoment);
