@@ -100,7 +100,7 @@ struct Rotation {
 // src_stride elements), row r rotated by RoPE at position t0 + r when rot has a table; the other
 // rows and columns HD..HDP are zero, so they add nothing to any product. Unrotated: 16-byte
 // loads (HD is a multiple of 8 and the tensors 16-byte aligned). Rotated: pairs (i, i + HD/2) of
-// 2 channels each, in fp32 with one rounding, the arithmetic of rope.cu's kernel.
+// 2 channels each, rope_rotate's arithmetic (rope.cu's kernel's bits), one rounding to bf16.
 __device__ __forceinline__ void load_rows(bf16* dst, int ld, const bf16* src, int64_t src_stride,
                                           int valid_rows, int rows, int HD, int HDP,
                                           Rotation rot = {}, int t0 = 0) {
@@ -125,8 +125,9 @@ __device__ __forceinline__ void load_rows(bf16* dst, int ld, const bf16* src, in
           *reinterpret_cast<const __nv_bfloat162*>(src + r * src_stride + half + c));
       const int64_t at = int64_t(t0 + r) * half + c;
       const float c0 = rot.cos[at], c1 = rot.cos[at + 1], s0 = rot.sin[at], s1 = rot.sin[at + 1];
-      y1 = make_float2(x1.x * c0 - x2.x * s0, x1.y * c1 - x2.y * s1);
-      y2 = make_float2(x2.x * c0 + x1.x * s0, x2.y * c1 + x1.y * s1);
+      const float2 a = rope_rotate(x1.x, x2.x, c0, s0), b = rope_rotate(x1.y, x2.y, c1, s1);
+      y1 = make_float2(a.x, b.x);
+      y2 = make_float2(a.y, b.y);
     }
     *reinterpret_cast<__nv_bfloat162*>(dst + r * ld + c) = __floats2bfloat162_rn(y1.x, y1.y);
     *reinterpret_cast<__nv_bfloat162*>(dst + r * ld + half + c) = __floats2bfloat162_rn(y2.x, y2.y);
@@ -156,9 +157,9 @@ __device__ __forceinline__ void store_rows(bf16* dst, int64_t dst_stride, const 
     const int r = i / half, c = i % half;
     const float x1 = src[r * ld + c], x2 = src[r * ld + half + c];
     const int64_t at = int64_t(t0 + r) * half + c;
-    const float cs = rot.cos[at], sn = rot.sin[at];
-    dst[r * dst_stride + c] = __float2bfloat16_rn(x1 * cs + x2 * sn);
-    dst[r * dst_stride + half + c] = __float2bfloat16_rn(x2 * cs - x1 * sn);
+    const float2 y = rope_rotate(x1, x2, rot.cos[at], -rot.sin[at]);  // the transpose rotation
+    dst[r * dst_stride + c] = __float2bfloat16_rn(y.x);
+    dst[r * dst_stride + half + c] = __float2bfloat16_rn(y.y);
   }
 }
 

@@ -105,6 +105,16 @@ __device__ __forceinline__ bf16 stochastic_round_bf16(float x, uint64_t seed, ui
   return __ushort_as_bfloat16(stochastic_round_bits(__float_as_uint(x), seed, index));
 }
 
+// ---- RoPE's rotation, one definition for every kernel that rotates ------------------------------
+// The rotate-half pair (x1, x2) turned by (c, s): (x1·c − x2·s, x2·c + x1·s), each product and the
+// sum rounded on its own. The explicit roundings keep nvcc from contracting the two kernels that
+// rotate (rope.cu's pass, attention.cu's tile loads) into different FMAs, so they give the same
+// bits, and those of the CPU's reference (built without contraction, ISO C++).
+__device__ __forceinline__ float2 rope_rotate(float x1, float x2, float c, float s) {
+  return make_float2(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)),
+                     __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+}
+
 // ---- the optimizers' element types: fp32 (bf16-mixed's states, master) or bf16 (pure bf16's) ----
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }

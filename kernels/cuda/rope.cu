@@ -3,8 +3,8 @@
 // The angle t / theta^(2i/HD) depends on (t, i) only, so a thread owns one (b, t, i) and rotates
 // that pair in all H heads: its cos and sin are computed once, in double exactly as the CPU
 // reference's table (kernels/cpu/rope.cpp) and then narrowed to fp32, so both backends rotate by
-// the same fp32 cos/sin and long contexts lose no angle precision. The math per pair is fp32 with
-// one rounding to bf16 at the store.
+// the same fp32 cos/sin and long contexts lose no angle precision. The math per pair is
+// rope_rotate's (common.cuh), with one rounding to bf16 at the store.
 #include <cstdint>
 #include <string>
 
@@ -33,9 +33,9 @@ __global__ void rope_kernel(bf16* x, int64_t BT, int T, int H, int HD, double th
   bf16* row = x + bt * H * HD;
   for (int h = 0; h < H; h++) {
     bf16* head = row + int64_t(h) * HD;
-    const float x1 = __bfloat162float(head[i]), x2 = __bfloat162float(head[half + i]);
-    head[i] = __float2bfloat16_rn(x1 * c - x2 * s);
-    head[half + i] = __float2bfloat16_rn(x2 * c + x1 * s);
+    const float2 y = rope_rotate(__bfloat162float(head[i]), __bfloat162float(head[half + i]), c, s);
+    head[i] = __float2bfloat16_rn(y.x);
+    head[half + i] = __float2bfloat16_rn(y.y);
   }
 }
 

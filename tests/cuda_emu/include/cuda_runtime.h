@@ -212,6 +212,17 @@ inline float __uint_as_float(unsigned u) {
   return x;
 }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// The explicitly rounded arithmetic: each result is rounded on its own, never contracted with
+// its neighbours into an FMA, whatever -ffp-contract the emulated kernels are compiled with (the
+// empty asm makes the value opaque to the optimizer, as nvcc treats these intrinsics).
+inline float cuda_emu_opaque(float x) {
+  asm volatile("" : "+x"(x));
+  return x;
+}
+inline float __fmul_rn(float a, float b) { return cuda_emu_opaque(a * b); }
+inline float __fadd_rn(float a, float b) { return cuda_emu_opaque(a + b); }
+inline float __fsub_rn(float a, float b) { return cuda_emu_opaque(a - b); }
+inline float __fmaf_rn(float a, float b, float c) { return cuda_emu_opaque(std::fma(a, b, c)); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
