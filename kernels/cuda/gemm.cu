@@ -10,7 +10,9 @@
 // boundaries, and a view into a buffer can start anywhere. cuBLASLt assumes 256-byte alignment
 // unless told, so every problem tells it the true alignment of each operand (pointer and row
 // pitch): its heuristic then offers only kernels that can load such rows. If it offers none, the
-// problem goes to cublasGemmEx, which takes every alignment, and one line on stderr says so. Its
+// problem goes to cublasGemmEx, which takes every alignment, and one line on stderr says so; so
+// does a problem whose cuBLASLt launch fails after the heuristic offered a kernel (once: the plan
+// then keeps to the fallback, and the line names the shape and cuBLAS's status). Its
 // handle is the Context's (create_gemm_fallback_handle), made with the backend, before the run's
 // memory is reserved: cublasCreate takes device memory of its own.
 //
@@ -33,6 +35,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"
@@ -54,8 +57,20 @@ struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool lt_has_algo = false;  // false: cuBLASLt offered no kernel, cublasGemmEx runs it
+  // false: cuBLASLt offered no kernel, or its kernel failed to launch; cublasGemmEx runs it
+  // (set once, under cached_plan's lock or by the one thread that runs this plan's GEMMs)
+  mutable bool lt_has_algo = false;
 };
+
+// "m=.. n=.. k=.. lda=.. ldb=.. ldc=.. (alignments a/b/c bytes)": a problem in a warning line.
+std::string describe(const Problem& p) {
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld (alignments %u/%u/%u bytes)",
+                (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.lda, (long long)p.ldb,
+                (long long)p.ldc, p.align_a, p.align_b, p.align_c);
+  return text;
+}
 
 // The largest power of two (at most 256, cuBLASLt's default assumption) dividing the pointer and
 // the row pitch: the alignment of every row of the matrix.
@@ -117,12 +132,8 @@ Plan make_plan(const Context& ctx, const Problem& p) {
   if (plan.lt_has_algo) {
     plan.algo = result.algo;
   } else {
-    std::fprintf(
-        stderr,
-        "grass: cuBLASLt has no kernel for m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld "
-        "(alignments %u/%u/%u bytes); using cublasGemmEx\n",
-        (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.lda, (long long)p.ldb,
-        (long long)p.ldc, p.align_a, p.align_b, p.align_c);
+    std::fprintf(stderr, "grass: cuBLASLt has no kernel for %s; using cublasGemmEx\n",
+                 describe(p).c_str());
   }
   return plan;
 }
@@ -211,9 +222,17 @@ void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_
     run_fallback(ctx, p, B, A, &alpha, &beta, C);
     return;
   }
-  GRASS_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c,
-                                    C, plan.c, &plan.algo, ctx.lt_workspace, ctx.lt_workspace_bytes,
-                                    ctx.stream));
+  const cublasStatus_t status =
+      cublasLtMatmul(ctx.lt, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c,
+                     &plan.algo, ctx.lt_workspace, ctx.lt_workspace_bytes, ctx.stream);
+  if (status != CUBLAS_STATUS_SUCCESS) {  // refused at launch: nothing ran, C is as it was
+    std::fprintf(stderr, "grass: cuBLASLt's kernel for %s failed to launch (%s); using "
+                 "cublasGemmEx for it from now on\n", describe(p).c_str(),
+                 cublasGetStatusString(status));
+    plan.lt_has_algo = false;
+    run_fallback(ctx, p, B, A, &alpha, &beta, C);
+    return;
+  }
   debug_sync("cublasLtMatmul", __FILE__, __LINE__);
 }
 

@@ -39,6 +39,7 @@ namespace {
 // What cuda_emu.h reports.
 int last_math_mode = -1;
 uint64_t gemm_ex_call_count = 0;
+int lt_matmul_failures = 0;  // fail_next_lt_matmuls
 std::map<cudaDataType_t, int64_t> last_masks;  // by the output's type
 
 cublasStatus_t invalid(const std::string& why) {
@@ -128,6 +129,7 @@ const char* cublasGetStatusString(cublasStatus_t status) {
     case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
   }
   return "unknown cuBLAS status";
 }
@@ -135,6 +137,7 @@ const char* cublasGetStatusString(cublasStatus_t status) {
 namespace cuda_emu {
 int last_gemm_ex_math_mode() { return last_math_mode; }
 uint64_t gemm_ex_calls() { return gemm_ex_call_count; }
+void fail_next_lt_matmuls(int count) { lt_matmul_failures = count; }
 int64_t last_reduction_scheme_mask(cudaDataType_t output) {
   const auto it = last_masks.find(output);
   return it == last_masks.end() ? -1 : it->second;
@@ -243,6 +246,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               cublasLtMatrixLayout_t cl, void* d, cublasLtMatrixLayout_t dl,
                               const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
   if (!handle || !algo) return invalid("cublasLtMatmul: no handle or algorithm");
+  if (lt_matmul_failures > 0) {
+    lt_matmul_failures--;
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
   if (c != d || cl->rows != dl->rows || cl->cols != dl->cols || cl->ld != dl->ld ||
       cl->type != dl->type)
     return invalid("cublasLtMatmul: the emulation takes D = C only");

@@ -12,6 +12,11 @@
 #include "kernels/ops.h"
 #include "tests/gpu/gpu_test_util.h"
 
+#if __has_include(<cuda_emu.h>)
+#include <cuda_emu.h>
+#define GRASS_TEST_CUDA_EMU 1
+#endif
+
 using namespace grass;
 using namespace grass::gputest;
 using bf16 = __nv_bfloat16;
@@ -180,3 +185,33 @@ TEST_CASE("gemm: the same call twice gives the same bits", "[gpu]") {
   CHECK(same_bits(y[0], y[1]));
   CHECK(same_bits(dw[0], dw[1]));
 }
+
+#ifdef GRASS_TEST_CUDA_EMU
+TEST_CASE("gemm: a cuBLASLt launch that fails runs through cublasGemmEx, and keeps to it", "[gpu]") {
+  // The heuristic offered a kernel (16-byte rows), whose launch then fails (the emulator's fault):
+  // the product must still be right, added once to what dw held, and the shape's later calls go
+  // straight to the fallback.
+  TestContext tc;
+  const Shape s{13, 48, 24};  // a shape no other test plans
+  const std::vector<float> dy = bf16_rounded(randn(s.N * s.out));
+  const std::vector<float> x = bf16_rounded(randn(s.N * s.in));
+  std::vector<float> dw = randn(size_t(s.out) * s.in);
+  DeviceBuffer<bf16> d_dy(dy.size()), d_x(x.size());
+  upload_bf16(d_dy, dy);
+  upload_bf16(d_x, x);
+  DeviceBuffer<float> d_dw(dw.size());
+  d_dw.upload(dw);
+  for (int call = 0; call < 2; call++) {
+    INFO("call " << call);
+    const uint64_t before = cuda_emu::gemm_ex_calls();
+    if (call == 0) cuda_emu::fail_next_lt_matmuls(1);
+    cuda::linear_backward_dw(tc.ctx, d_dw.ptr, cuda::GradType::F32, d_dy.ptr, d_x.ptr, s.N, s.in,
+                             s.out);
+    ops::linear_backward<float>(nullptr, dw.data(), dy.data(), x.data(), nullptr, s.N, s.in, s.out,
+                                false);
+    CHECK(rel_error(d_dw.download(), dw) <= 1e-5);
+    CHECK(cuda_emu::gemm_ex_calls() - before == 1);
+  }
+  cuda_emu::fail_next_lt_matmuls(0);
+}
+#endif

@@ -15,6 +15,9 @@ uint64_t device_allocations();
 int last_gemm_ex_math_mode();
 // cublasGemmEx calls so far: the engine's GEMMs that cuBLASLt offered no kernel for.
 uint64_t gemm_ex_calls();
+// The next `count` cublasLtMatmul calls fail at launch with CUBLAS_STATUS_EXECUTION_FAILED,
+// running nothing (a kernel the heuristic offered that then cannot run).
+void fail_next_lt_matmuls(int count);
 // The reduction-scheme mask of the last cuBLASLt heuristic query for an output (D) of type
 // `output`; -1 before any.
 int64_t last_reduction_scheme_mask(cudaDataType_t output);
