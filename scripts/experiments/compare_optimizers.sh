@@ -24,7 +24,7 @@
 #     The small-batch proximal method (docs/proximal.md) where it claims to help: one sequence of
 #     128 tokens per step, 1,600 steps (warmup 120), AdamW and GRASS top_r (r 32, K 40) with and
 #     without it, lambda = 0.1 x lr (the reference code's default), AdamW's inner loops of 10
-#     steps (the reference's S) and GRASS's of K; lr 3e-4, 1e-3, 3e-3, each at seeds 42, 1, 2.
+#     steps (the reference's S) and GRASS's of K; lr 3e-4, 1e-3, 3e-3, 1e-2, each at seeds 42, 1, 2.
 #   scripts/experiments/compare_optimizers.sh c [--out DIR]
 #     Table C, cost: for every method at llama_60m on this machine's CPU (fp32, 4 x 256 tokens a
 #     step, rank 128, a refresh every 5 steps, 11 steps), the median time of an ordinary step and
@@ -284,7 +284,7 @@ if [ "$table" = prox ]; then
     vargs=()
     for o in ${variant#*|}; do vargs+=(--set "$o"); done
     case $name in grass*) vargs+=("${projected_args[@]}") ;; esac
-    for lr in 3e-4 1e-3 3e-3; do
+    for lr in 3e-4 1e-3 3e-3 1e-2; do
       pargs=()
       case $name in *_proximal)
         pargs=(--set optimizer.proximal.lambda=$(python3 -c "print(0.1 * $lr)")) ;;
