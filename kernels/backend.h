@@ -131,6 +131,9 @@ class ScratchLease {
 // What attention_forward keeps for the backward (CPU: probabilities [B,NH,T,T]; GPU:
 // logsumexp [B,NH,T]), in bytes.
 int64_t attention_saved_bytes(const Storage& storage, int B, int T, int NH);
+// cuDNN's SDPA workspace planned for a micro-batch of B x T tokens, NH heads of HD: its
+// deterministic backward on sm90 (kernels/backend_sizes.cpp has the terms). Grows as T².
+int64_t cudnn_attention_workspace_bytes(int B, int T, int NH, int HD);
 // Rows of logits the head holds at once: all N on the CPU, a chunk on the GPU.
 int64_t head_rows(const Storage& storage, int64_t N, int V);
 

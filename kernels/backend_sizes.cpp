@@ -11,7 +11,7 @@ namespace {
 // The GPU's head computes logits for this many elements at a time (64 MiB of bf16).
 constexpr int64_t kHeadChunkElements = int64_t(32) << 20;
 constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;  // cuBLASLt's recommended on Hopper
-constexpr int64_t kCudnnWorkspaceBytes = int64_t(32) << 20;
+constexpr int64_t kCudnnHeadroomBytes = int64_t(4) << 20;
 constexpr int64_t kNormRowBlocks = 1024;    // kernels/cuda/rmsnorm.cu: kRowBlocks
 constexpr int64_t kReducePartials = 1024;  // kernels/cuda/reduce.cu: kSumMaxBlocks
 // Pure bf16's GaLore/FLORA update back-projects this many fp32 elements at a time (64 MiB).
@@ -21,6 +21,18 @@ constexpr int64_t kLowRankUpdateChunkElements = int64_t(16) << 20;
 int64_t attention_saved_bytes(const Storage& storage, int B, int T, int NH) {
   const int64_t rows = int64_t(B) * NH * T;
   return 4 * (storage.cuda ? rows : rows * T);  // logsumexp per row, or the probabilities
+}
+
+int64_t cudnn_attention_workspace_bytes(int B, int T, int NH, int HD) {
+  // The deterministic backward on sm90 takes the dP-workspace path (issue 25, B2): dP in bf16 for
+  // each head over T rounded up to 64 by T rounded up to 128, its row statistics in fp32, and an
+  // fp32 dQ accumulator; 4 MiB for the graphs' own small buffers. Read from the engines' sizes,
+  // not yet measured: the backend compares it with what its graphs ask for when it builds them,
+  // and stops at start-up naming both if it is short.
+  const auto pad = [](int64_t x, int64_t to) { return (x + to - 1) / to * to; };
+  const int64_t heads = int64_t(B) * NH;
+  return 2 * heads * pad(T, 64) * pad(T, 128) + 4 * heads * T + 4 * heads * T * HD +
+         kCudnnHeadroomBytes;
 }
 
 int64_t head_rows(const Storage& storage, int64_t N, int V) {
@@ -56,10 +68,9 @@ BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) 
   scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T;  // D = rowsum(dout ⊙ out)
   scratch.rope_bytes = 4 * int64_t(s.T) * s.HD;               // cos and sin [T, HD/2]
   if (s.attention == AttentionKernel::Cudnn) {
-    // bf16 rotated copies of q and k, and cuDNN's workspace: a guess (an fp32 dQ of the batch and
-    // 32 MiB) that the backend checks against what its graphs ask for when it builds them
+    // bf16 rotated copies of q and k, and cuDNN's workspace
     scratch.rope_bytes = 2 * N * (s.NH + s.NKV) * s.HD;
-    scratch.attention_bytes = 4 * N * s.NH * s.HD + kCudnnWorkspaceBytes;
+    scratch.attention_bytes = cudnn_attention_workspace_bytes(s.B, s.T, s.NH, s.HD);
   }
   scratch.norm_bytes = 4 * std::min<int64_t>(N, kNormRowBlocks) * s.C;
   scratch.reduce_bytes = 8 * kReducePartials;  // the partial sums; the result is the caller's

@@ -2,6 +2,10 @@
 // GRASS.md: weights, dense and compressed gradients, optimizer states.
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
+#include "kernels/backend.h"
+
 #include "src/config/config.h"
 #include "src/core/arena.h"
 #include "src/core/error.h"
@@ -189,4 +193,37 @@ TEST_CASE("a memory limit refuses a run that does not fit, naming the largest mi
   cfg.memory_limit = plan.bytes[int(MemCategory::Weights)];
   CHECK_THROWS_WITH(check_memory_limit(cfg, storage, plan),
                     Contains("not even micro_batch_size 1 fits"));
+}
+
+TEST_CASE("cuDNN attention's workspace is planned by its formula, growing as T squared",
+          "[memory]") {
+  // LLaMA-1B's heads (32 of 64) at GaLore's micro-batch of 64 x 256: the deterministic backward's
+  // dP path, 2·B·NH·pad64(T)·pad128(T) bytes, is 256 MiB of it (issue 25, B2: the old plan held
+  // 160 MiB in all).
+  const int64_t MiB = 1 << 20;
+  const int64_t dp = 2 * 64 * 32 * int64_t(256) * 256, rows = 4 * 64 * 32 * 256,
+                dq = 4 * int64_t(64) * 256 * 32 * 64;
+  CHECK(cudnn_attention_workspace_bytes(64, 256, 32, 64) == dp + rows + dq + 4 * MiB);
+  CHECK(dp == 256 * MiB);
+  // T is padded to 64 and 128 in the dP term: 200 takes 256 x 256's
+  CHECK(cudnn_attention_workspace_bytes(1, 200, 32, 64) - 4 * 32 * 200 * 65 ==
+        2 * 32 * 256 * 256 + 4 * MiB);
+  // doubling T quadruples the dP term
+  const int64_t at1k = cudnn_attention_workspace_bytes(1, 1024, 16, 64);
+  const int64_t at2k = cudnn_attention_workspace_bytes(1, 2048, 16, 64);
+  CHECK(at2k - 4 * 16 * 2048 * 65 - 4 * MiB == 4 * (at1k - 4 * 16 * 1024 * 65 - 4 * MiB));
+
+  // The GPU plan's workspace holds it, and `grass mem` names it
+  RunConfig cfg = load_run_config(std::string(GRASS_SOURCE_DIR) + "/configs/runs/quickstart.json",
+                                  {"model=" + std::string(GRASS_SOURCE_DIR) +
+                                       "/configs/models/llama_1b.json",
+                                   "device=cuda", "attention=cudnn", "micro_batch_size=64",
+                                   "total_batch_size=64", "seq_len=256"});
+  const Storage storage = planned_storage(cfg);
+  const int64_t workspace = plan_memory(cfg, storage).bytes[int(MemCategory::Workspace)];
+  CHECK(workspace > cudnn_attention_workspace_bytes(64, 256, 32, 64));
+  CHECK_THAT(format_memory_plans(cfg, storage),
+             Contains("cuDNN attention's workspace 390.0 MiB (grows as seq_len²)"));
+  CHECK(nlohmann::json::parse(memory_plan_json(cfg, storage))["cudnn_workspace_bytes"] ==
+        cudnn_attention_workspace_bytes(64, 256, 32, 64));
 }

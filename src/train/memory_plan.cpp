@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/core/error.h"
+#include "kernels/backend.h"
 #include "src/core/format.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
@@ -95,6 +96,13 @@ bool rank_fits(const RunConfig& cfg, OptimizerKind kind) {
   return g.rank <= projected_side(kind, g, cfg.model, narrowest_target(kind, g, cfg.model));
 }
 
+// cuDNN attention's workspace for the run's micro-batch (part of the workspace category).
+int64_t cudnn_workspace_bytes(const RunConfig& cfg) {
+  const ModelConfig& m = cfg.model;
+  return cudnn_attention_workspace_bytes(cfg.micro_batch_size, cfg.seq_len, m.num_attention_heads,
+                                         m.head_dim());
+}
+
 std::string plan_label(const RunConfig& cfg) {
   std::string label = name_of(cfg.optimizer.kind);
   if (is_projected(cfg.optimizer.kind))
@@ -132,6 +140,9 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
          (memory.checkpoint_layers ? "checkpointed per layer" : "kept for the backward") +
          ", updates " + (memory.fused_update ? "fused into the backward" : "after the backward") +
          "\n";
+  if (memory.attention == AttentionKernel::Cudnn)  // in workspace; the T² term dominates long T
+    out += "        cuDNN attention's workspace " +
+           format_bytes(cudnn_workspace_bytes(cfg)) + " (grows as seq_len²)\n";
   const auto table_row = [&](const std::string& head, const auto& cell) {
     std::snprintf(line, sizeof line, "%-22s", head.c_str());
     out += line;
@@ -193,6 +204,8 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"flops_per_token", plan.flops_per_token},
   };
   if (is_projected(cfg.optimizer.kind)) out["rank"] = cfg.optimizer.projection.rank;
+  if (memory.attention == AttentionKernel::Cudnn)
+    out["cudnn_workspace_bytes"] = cudnn_workspace_bytes(cfg);
   if (cfg.memory_limit > 0) {
     out["memory_limit"] = cfg.memory_limit;
     out["fits"] = plan.total <= cfg.memory_limit;
