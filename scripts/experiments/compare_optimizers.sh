@@ -24,7 +24,8 @@
 #     The small-batch proximal method (docs/proximal.md) where it claims to help: one sequence of
 #     128 tokens per step, 1,600 steps (warmup 120), AdamW and GRASS top_r (r 32, K 40) with and
 #     without it, lambda = 0.1 x lr (the reference code's default), AdamW's inner loops of 10
-#     steps (the reference's S) and GRASS's of K; lr 3e-4, 1e-3, 3e-3, 1e-2, each at seeds 42, 1, 2.
+#     steps (the reference's S) and GRASS's of K; lr 3e-4, 1e-3, 3e-3, 1e-2 (extended past an
+#     edge that holds a best rate, as Table A's grid), each at seeds 42, 1, 2.
 #   scripts/experiments/compare_optimizers.sh c [--out DIR]
 #     Table C, cost: for every method at llama_60m on this machine's CPU (fp32, 4 x 256 tokens a
 #     step, rank 128, a refresh every 5 steps, 11 steps), the median time of an ordinary step and
@@ -279,24 +280,31 @@ if [ "$table" = prox ]; then
     "grass_top_r|optimizer.name=grass optimizer.selection=top_r"
     "grass_top_r_proximal|optimizer.name=grass optimizer.selection=top_r"
   )
-  for variant in "${variants[@]}"; do
-    name=${variant%%|*}
-    vargs=()
-    for o in ${variant#*|}; do vargs+=(--set "$o"); done
+  enqueue_prox() {  # VARIANT LR: its runs at seeds 42, 1, 2 in $out/prox/NAME/lr<LR>_s<SEED>
+    local name=${1%%|*} lr=$2 o seed vargs=() pargs=()
+    for o in ${1#*|}; do vargs+=(--set "$o"); done
     case $name in grass*) vargs+=("${projected_args[@]}") ;; esac
-    for lr in 3e-4 1e-3 3e-3 1e-2; do
-      pargs=()
-      case $name in *_proximal)
-        pargs=(--set optimizer.proximal.lambda=$(python3 -c "print(0.1 * $lr)")) ;;
-      esac
-      for seed in 42 1 2; do
-        dir=$out/prox/$name/lr${lr}_s$seed
-        enqueue "$name lr $lr seed $seed" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
-          "${base[@]}" "${vargs[@]}" ${pargs[@]+"${pargs[@]}"} --set optimizer.lr=$lr --set seed=$seed
-      done
+    case $name in *_proximal)  # lambda = 0.1 x lr, the reference code's default
+      pargs=(--set optimizer.proximal.lambda=$(python3 -c "print(0.1 * $lr)")) ;;
+    esac
+    for seed in 42 1 2; do
+      local dir=$out/prox/$name/lr${lr}_s$seed
+      enqueue "$name lr $lr seed $seed" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
+        "${base[@]}" "${vargs[@]}" ${pargs[@]+"${pargs[@]}"} --set optimizer.lr=$lr --set seed=$seed
     done
+  }
+  for variant in "${variants[@]}"; do
+    for lr in 3e-4 1e-3 3e-3 1e-2; do enqueue_prox "$variant" "$lr"; done
   done
   run_queue
+  for _ in 1 2; do  # a best rate (seed 42) on the grid's edge extends it along the ladder
+    for variant in "${variants[@]}"; do
+      lr=$(report next-lr "$out/prox/${variant%%|*}" "${lr_ladder[@]}")
+      [ -z "$lr" ] || enqueue_prox "$variant" "$lr"
+    done
+    [ ${#queue[@]} -gt 0 ] || break
+    run_queue
+  done
   report table-prox "$out/prox" | tee "$out/prox.md"
   exit 0
 fi

@@ -246,16 +246,19 @@ def table_clipoff(a_dir, off_dir, models):
 def table_prox(prox_dir):
     cell = lambda r: f"{r['mean']:.4f} ± {r['spread'] / 2:.4f}"
     pairs = [("adamw", "AdamW"), ("grass_top_r", "GRASS top_r")]
-    rates = sorted({n[2:].split("_s")[0] for n in os.listdir(os.path.join(prox_dir, "adamw"))},
-                   key=float)
+    rates = sorted({n[2:].split("_s")[0] for v in os.listdir(prox_dir)
+                    for n in os.listdir(os.path.join(prox_dir, v)) if n.endswith("_s42")}, key=float)
     print("\nOne sequence (128 tokens) per step, 1,600 steps: final validation loss, mean of seeds "
           "42, 1, 2 ± half their spread\n")
     print("| method | lr | without | with the proximal method | with - without |")
     print("|---|---|---|---|---|")
-    series = []
+    series, bests = [], []
     for name, label in pairs:
         best = {}
         for lr in rates:
+            if not all(os.path.isdir(os.path.join(prox_dir, v, f"lr{lr}_s{s}"))
+                       for v in (name, name + "_proximal") for s in SEEDS):
+                continue
             runs = {v: seed_runs([os.path.join(prox_dir, v, f"lr{lr}_s{s}") for s in SEEDS])
                     for v in (name, name + "_proximal")}
             without, with_ = runs[name], runs[name + "_proximal"]
@@ -265,6 +268,13 @@ def table_prox(prox_dir):
                     best[v] = (lr, r)
         series += [(f"{label}{' + proximal' if v.endswith('_proximal') else ''} (lr {lr})", r)
                    for v, (lr, r) in best.items()]
+        bests.append((label, best[name], best[name + "_proximal"]))
+    print("\nEach at its best rate (lowest mean of 3 seeds):\n")
+    print("| method | without | with the proximal method | with - without |")
+    print("|---|---|---|---|")
+    for label, (lr, without), (lr_p, with_) in bests:
+        print(f"| {label} | {cell(without)} (lr {lr}) | {cell(with_)} (lr {lr_p}) | "
+              f"{versus(with_, without)} |")
     plot("docs/img/compare_prox.png",
          "One sequence per step: with and without the proximal method, each at its best lr (3 seeds)",
          series)
