@@ -297,10 +297,16 @@ if [ "$table" = prox ]; then
     for lr in 3e-4 1e-3 3e-3 1e-2; do enqueue_prox "$variant" "$lr"; done
   done
   run_queue
-  for _ in 1 2; do  # a best rate (seed 42) on the grid's edge extends it along the ladder
-    for variant in "${variants[@]}"; do
-      lr=$(report next-lr "$out/prox/${variant%%|*}" "${lr_ladder[@]}")
-      [ -z "$lr" ] || enqueue_prox "$variant" "$lr"
+  # A best rate (seed 42) on the grid's edge extends it along the ladder, for both variants of
+  # the pair (with and without the method), so each pair is compared over the same rates.
+  for _ in 1 2; do
+    for i in 0 2; do
+      rates=" "
+      for variant in "${variants[i]}" "${variants[i + 1]}"; do
+        lr=$(report next-lr "$out/prox/${variant%%|*}" "${lr_ladder[@]}")
+        case "$rates" in *" $lr "*) ;; *) rates+="$lr " ;; esac
+      done
+      for lr in $rates; do enqueue_prox "${variants[i]}" "$lr"; enqueue_prox "${variants[i + 1]}" "$lr"; done
     done
     [ ${#queue[@]} -gt 0 ] || break
     run_queue
