@@ -82,9 +82,10 @@ int projected_side(OptimizerKind kind, const ProjectionConfig& g, const ModelCon
 ProjectionTarget narrowest_target(OptimizerKind kind, const ProjectionConfig& g,
                                   const ModelConfig& m);
 
-// The small-batch proximal method (Zhang, Qu, Chen, Metaxas, IJCAI 2019; docs/proximal.md): inner loops of S steps; at a loop's first step the anchor θ̄ takes the weights, each
-// step's gradient gains 2·(λ/η)·(θ − θ̄) (η the run's learning rate at that step) and the step
-// runs at η/(t+1), t = 0..S−1 the step within the loop. AdamW: every tensor, S = inner_steps.
+// The small-batch proximal method (Zhang, Qu, Chen, Metaxas, IJCAI 2019; docs/proximal.md):
+// inner loops of S steps; at a loop's first step the anchor θ̄ takes the weights, each step's
+// gradient gains 2·(λ/η)·(θ − θ̄) (η the run's learning rate at that step) and the step runs at
+// η/(t+1), t = 0..S−1 the step within the loop. AdamW: every tensor, S = inner_steps.
 // GRASS: its targets' selected slices only (the dense tensors train without it), S = the refresh
 // interval, the anchor taken again at each refresh.
 struct ProximalConfig {
