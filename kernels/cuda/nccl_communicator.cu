@@ -48,10 +48,12 @@ class NcclCommunicator final : public Communicator {
     version_ = std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
                std::to_string(version % 100);
     bucket_limit_ = bucket_bytes_from_environment();
+    GRASS_CUDA_CHECK(cudaGetDevice(&device_));
     GRASS_CUDA_CHECK(cudaStreamCreate(&sum_stream_));
     GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&backward_done_, cudaEventDisableTiming));
     if (Watchdog* dog = ranks.watchdog())
-      dog->set_health_check([comm = comm_]() -> std::string {
+      dog->set_health_check([comm = comm_, device = device_]() -> std::string {
+        cudaSetDevice(device);  // the watchdog's thread starts on device 0 (see wait_sums)
         ncclResult_t state = ncclSuccess;
         if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return "";  // asked again in a second
         if (state == ncclSuccess || state == ncclInProgress) return "";
@@ -97,10 +99,18 @@ class NcclCommunicator final : public Communicator {
     GRASS_CUDA_CHECK(cudaStreamWaitEvent(stream_, summed, 0));
     // and the watchdog's deadline on them: NCCL waits on the device, where the host does not see
     // it (the host blocks later, at its next wait for the GPU)
-    const std::shared_ptr<CUevent_st> owned(summed, [](cudaEvent_t e) { cudaEventDestroy(e); });
+    // Polled and dropped on the watchdog's thread, which starts on device 0: without this rank's
+    // device made current there, each rank would open a context on GPU 0 and query its events
+    // from the wrong device (issue 25, B4).
+    const std::shared_ptr<CUevent_st> owned(summed, [device = device_](cudaEvent_t e) {
+      cudaSetDevice(device);
+      cudaEventDestroy(e);
+    });
     if (Watchdog* dog = ranks_.watchdog())
-      dog->begin("a sum of gradients over NCCL",
-                 [owned] { return cudaEventQuery(owned.get()) != cudaErrorNotReady; });
+      dog->begin("a sum of gradients over NCCL", [owned, device = device_] {
+        cudaSetDevice(device);
+        return cudaEventQuery(owned.get()) != cudaErrorNotReady;
+      });
   }
 
   double sum(double value) override {
@@ -147,6 +157,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;                // the backend's: the backward, norms and updates
   cudaStream_t sum_stream_ = nullptr;  // every NCCL call, beside the backward
   cudaEvent_t backward_done_ = nullptr;
+  int device_ = 0;  // this rank's GPU, current on the thread that made the communicator
   ncclComm_t comm_ = nullptr;
   std::vector<Sum> bucket_;
   int64_t bucket_bytes_ = 0;

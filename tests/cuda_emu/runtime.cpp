@@ -217,12 +217,16 @@ cudaError_t cudaGetDeviceCount(int* count) {
   *count = kDevices;
   return cudaSuccess;
 }
+// The current device is the calling thread's, as CUDA's: a new thread starts on device 0.
+static thread_local int current_device = 0;
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = current_device;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  return device >= 0 && device < kDevices ? cudaSuccess : cudaErrorInvalidValue;
+  if (device < 0 || device >= kDevices) return cudaErrorInvalidValue;
+  current_device = device;
+  return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (device < 0 || device >= kDevices) return cudaErrorInvalidValue;
@@ -235,7 +239,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (device != 0 || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
+  if (device < 0 || device >= kDevices || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin)
+    return cudaErrorInvalidValue;
   *value = kMaxSharedOptin;
   return cudaSuccess;
 }
@@ -256,17 +261,51 @@ cudaError_t cudaFreeHost(void* ptr) {
   std::free(ptr);
   return cudaSuccess;
 }
+// Events belong to the device current when they were made. A call on one from a thread whose
+// current device is another stops the program naming both: on a GPU such a call from a helper
+// thread that never called cudaSetDevice opens a context on device 0 (half a GiB per process on
+// a multi-GPU node) and works on the wrong device.
+struct CUevent_st {  // the type CUDA leaves opaque
+  int device;
+};
+namespace {
+void check_event_device(cudaEvent_t event, const char* call) {
+  if (event && event->device == current_device) return;
+  std::fprintf(stderr,
+               "cuda_emu: %s on %s from a thread whose current device is %d (a thread starts on "
+               "device 0: call cudaSetDevice in it first)\n",
+               call, event ? ("an event of device " + std::to_string(event->device)).c_str()
+                           : "a null event",
+               current_device);
+  std::abort();
+}
+}  // namespace
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  static char tag;
-  *event = reinterpret_cast<cudaEvent_t>(&tag);
+  *event = new CUevent_st{current_device};
   return cudaSuccess;
 }
-cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  check_event_device(event, "cudaEventDestroy");
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  check_event_device(event, "cudaEventRecord");
+  return cudaSuccess;
+}
 // An event is complete once recorded; waiting on it reports a kernel's fault, as a GPU does.
-cudaError_t cudaEventQuery(cudaEvent_t) { return take_fault(); }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return take_fault(); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  check_event_device(event, "cudaEventQuery");
+  return take_fault();
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  check_event_device(event, "cudaEventSynchronize");
+  return take_fault();
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned) {
+  check_event_device(event, "cudaStreamWaitEvent");
+  return cudaSuccess;
+}
 
 // ---- fibers ----------------------------------------------------------------------------------
 // Every emulated thread is a fiber, so a switch must be cheap: on x86-64 a few instructions save
