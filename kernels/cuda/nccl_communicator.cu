@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,7 @@ class NcclCommunicator final : public Communicator {
     GRASS_CUDA_CHECK(cudaGetDevice(&device_));
     GRASS_CUDA_CHECK(cudaStreamCreate(&sum_stream_));
     GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&backward_done_, cudaEventDisableTiming));
+    GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&summed_, cudaEventDisableTiming));
     if (Watchdog* dog = ranks.watchdog())
       dog->set_health_check([comm = comm_, device = device_]() -> std::string {
         cudaSetDevice(device);  // the watchdog's thread starts on device 0 (see wait_sums)
@@ -61,8 +63,10 @@ class NcclCommunicator final : public Communicator {
       });
   }
   ~NcclCommunicator() override {
-    if (Watchdog* dog = ranks_.watchdog()) dog->set_health_check({});
+    end_watch();
+    if (Watchdog* dog = ranks_.watchdog()) dog->set_health_check({});  // returns once it is not running
     ncclCommDestroy(comm_);
+    cudaEventDestroy(summed_);
     cudaEventDestroy(backward_done_);
     cudaStreamDestroy(sum_stream_);
   }
@@ -92,24 +96,20 @@ class NcclCommunicator final : public Communicator {
     flush();
     if (!summing_) return;
     summing_ = false;
-    // what the backend's stream queues next (the norms, the updates) waits for the last bucket
-    cudaEvent_t summed = nullptr;
-    GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&summed, cudaEventDisableTiming));
-    GRASS_CUDA_CHECK(cudaEventRecord(summed, sum_stream_));
-    GRASS_CUDA_CHECK(cudaStreamWaitEvent(stream_, summed, 0));
-    // and the watchdog's deadline on them: NCCL waits on the device, where the host does not see
-    // it (the host blocks later, at its next wait for the GPU)
-    // Polled and dropped on the watchdog's thread, which starts on device 0: without this rank's
-    // device made current there, each rank would open a context on GPU 0 and query its events
-    // from the wrong device (issue 25, B4).
-    const std::shared_ptr<CUevent_st> owned(summed, [device = device_](cudaEvent_t e) {
-      cudaSetDevice(device);
-      cudaEventDestroy(e);
-    });
+    // What the backend's stream queues next (the norms, the updates) waits for the last bucket.
+    // The event is this thread's, made, re-recorded and destroyed here; the watchdog only queries
+    // it, and the previous wait is ended before the event is recorded again.
+    end_watch();
+    GRASS_CUDA_CHECK(cudaEventRecord(summed_, sum_stream_));
+    GRASS_CUDA_CHECK(cudaStreamWaitEvent(stream_, summed_, 0));
+    // And the watchdog's deadline on them: NCCL waits on the device, where the host does not see
+    // it (the host blocks later, at its next wait for the GPU). The query runs on the watchdog's
+    // thread, which starts on device 0: without this rank's device made current there, each rank
+    // would open a context on GPU 0 and query its event from the wrong device (issue 25, B4).
     if (Watchdog* dog = ranks_.watchdog())
-      dog->begin("a sum of gradients over NCCL", [owned, device = device_] {
+      watch_ = dog->begin("a sum of gradients over NCCL", [summed = summed_, device = device_] {
         cudaSetDevice(device);
-        return cudaEventQuery(owned.get()) != cudaErrorNotReady;
+        return cudaEventQuery(summed) != cudaErrorNotReady;
       });
   }
 
@@ -153,10 +153,19 @@ class NcclCommunicator final : public Communicator {
     summing_ = true;
   }
 
+  // The watchdog no longer queries summed_ once this returns.
+  void end_watch() {
+    if (!watch_) return;
+    ranks_.watchdog()->end(*watch_);
+    watch_.reset();
+  }
+
   Communicator& ranks_;
   cudaStream_t stream_;                // the backend's: the backward, norms and updates
   cudaStream_t sum_stream_ = nullptr;  // every NCCL call, beside the backward
   cudaEvent_t backward_done_ = nullptr;
+  cudaEvent_t summed_ = nullptr;  // the last bucket's end, on the sum stream
+  std::optional<uint64_t> watch_;  // the watchdog's wait on summed_, while registered
   int device_ = 0;  // this rank's GPU, current on the thread that made the communicator
   ncclComm_t comm_ = nullptr;
   std::vector<Sum> bucket_;

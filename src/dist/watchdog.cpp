@@ -44,13 +44,23 @@ uint64_t Watchdog::begin(std::string what, std::function<bool()> done) {
 }
 
 void Watchdog::end(uint64_t id) {
-  const std::lock_guard<std::mutex> lock(mutex_);
-  waits_.erase(id);
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto it = waits_.find(id);
+  if (it == waits_.end()) return;  // its done() said so in an earlier round
+  const bool polled = bool(it->second.done);
+  waits_.erase(it);
+  if (polled) wait_for_round(lock);
 }
 
 void Watchdog::set_health_check(std::function<std::string()> check) {
-  const std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   health_ = std::move(check);
+  wait_for_round(lock);
+}
+
+void Watchdog::wait_for_round(std::unique_lock<std::mutex>& lock) {
+  // The watchdog's own thread never ends a wait, so this cannot wait on itself.
+  round_over_.wait(lock, [this] { return !polling_; });
 }
 
 void Watchdog::stop(const std::string& why) {
@@ -62,29 +72,44 @@ void Watchdog::stop(const std::string& why) {
   std::_Exit(1);
 }
 
+void Watchdog::poll(double now, const std::vector<std::pair<uint64_t, Wait>>& waits,
+                    const std::function<std::string()>& health, std::vector<uint64_t>& finished) {
+  if (health) {
+    const std::string error = health();
+    if (!error.empty()) stop(error);
+  }
+  for (const auto& [id, wait] : waits) {
+    if (wait.done && wait.done()) {
+      finished.push_back(id);
+      continue;
+    }
+    if (now - wait.start_s > timeout_s_) {
+      char line[160];
+      std::snprintf(line, sizeof line, " has waited %.0f s for the other ranks (GRASS_TIMEOUT_S = %g): "
+                    "another rank has stopped or died", now - wait.start_s, timeout_s_);
+      stop(wait.what + line);
+    }
+  }
+}
+
 void Watchdog::watch() {
   // Poll often enough to stop within a few percent of the timeout, at most once a second.
   const auto period = std::chrono::duration<double>(std::min(1.0, timeout_s_ / 20));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, period, [this] { return quit_; })) {
-    if (health_) {
-      const std::string error = health_();
-      if (!error.empty()) stop(error);
-    }
-    const double now = now_s();
-    for (auto it = waits_.begin(); it != waits_.end();) {
-      if (it->second.done && it->second.done()) {
-        it = waits_.erase(it);
-        continue;
-      }
-      if (now - it->second.start_s > timeout_s_) {
-        char line[160];
-        std::snprintf(line, sizeof line, " has waited %.0f s for the other ranks (GRASS_TIMEOUT_S = %g): "
-                      "another rank has stopped or died", now - it->second.start_s, timeout_s_);
-        stop(it->second.what + line);
-      }
-      ++it;
-    }
+    // Copies: the functions' captures stay alive for the round even if end() erases the wait.
+    std::vector<std::pair<uint64_t, Wait>> waits(waits_.begin(), waits_.end());
+    std::function<std::string()> health = health_;
+    std::vector<uint64_t> finished;
+    polling_ = true;
+    lock.unlock();
+    poll(now_s(), waits, health, finished);
+    waits.clear();  // the copies go before end() may return to a caller that frees their captures
+    health = nullptr;
+    lock.lock();
+    for (uint64_t id : finished) waits_.erase(id);
+    polling_ = false;
+    round_over_.notify_all();
   }
 }
 

@@ -14,6 +14,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace grass {
 
@@ -29,12 +31,17 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
 
   // A wait on the other ranks starts; `what` names it ("a sum of 1024 fp32 over MPI"). With
-  // `done`, the wait lasts until done() returns true (polled from the watchdog's thread, so it
-  // must be safe there: a cudaEventQuery); without it, until end(id).
+  // `done`, the wait lasts until done() returns true or end(id), whichever is first (done() is
+  // polled from the watchdog's thread, so it must be safe there: a cudaEventQuery after
+  // cudaSetDevice); without it, until end(id).
   uint64_t begin(std::string what, std::function<bool()> done = {});
+  // Once end(id) returns, that wait's done() is not running and never runs again, so the caller
+  // may reuse or destroy what it reads. For a wait with a done(), end() waits for a poll round in
+  // progress to finish.
   void end(uint64_t id);
   // Polled with the waits: a non-empty answer is an error that ends the job at once (NCCL's
-  // asynchronous errors: a peer's connection lost).
+  // asynchronous errors: a peer's connection lost). Once set_health_check returns, the previous
+  // check is not running and never runs again.
   void set_health_check(std::function<std::string()> check);
 
  private:
@@ -44,12 +51,20 @@ class Watchdog {
     double start_s;
   };
   void watch();
+  // The polls of one round, outside the lock: done() and the health check call CUDA and NCCL,
+  // which can block, and begin()/end() for the other waits (MPI's) must never queue behind them.
+  void poll(double now, const std::vector<std::pair<uint64_t, Wait>>& waits,
+            const std::function<std::string()>& health, std::vector<uint64_t>& finished);
+  // Blocks the caller (holding `lock`) until no poll round is running.
+  void wait_for_round(std::unique_lock<std::mutex>& lock);
   [[noreturn]] void stop(const std::string& why);
 
   const int rank_, world_;
   const double timeout_s_;
   std::mutex mutex_;
   std::condition_variable wake_;
+  std::condition_variable round_over_;
+  bool polling_ = false;  // a round's polls are running outside the lock
   std::map<uint64_t, Wait> waits_;
   std::function<std::string()> health_;
   uint64_t next_id_ = 0;

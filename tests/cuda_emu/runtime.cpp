@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -264,9 +265,12 @@ cudaError_t cudaFreeHost(void* ptr) {
 // Events belong to the device current when they were made. A call on one from a thread whose
 // current device is another stops the program naming both: on a GPU such a call from a helper
 // thread that never called cudaSetDevice opens a context on device 0 (half a GiB per process on
-// a multi-GPU node) and works on the wrong device.
+// a multi-GPU node) and works on the wrong device. Stricter than CUDA, an event is destroyed only
+// by the thread that made it: one dropped on a helper thread (a watchdog's last reference) is
+// destroyed at a moment the owner does not know, while it may still record or wait on it.
 struct CUevent_st {  // the type CUDA leaves opaque
   int device;
+  std::thread::id owner;
 };
 namespace {
 void check_event_device(cudaEvent_t event, const char* call) {
@@ -281,11 +285,16 @@ void check_event_device(cudaEvent_t event, const char* call) {
 }
 }  // namespace
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  *event = new CUevent_st{current_device};
+  *event = new CUevent_st{current_device, std::this_thread::get_id()};
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   check_event_device(event, "cudaEventDestroy");
+  if (event->owner != std::this_thread::get_id()) {
+    std::fprintf(stderr, "cuda_emu: cudaEventDestroy on a thread other than the one that made the "
+                         "event (destroy it where it is made and used)\n");
+    std::abort();
+  }
   delete event;
   return cudaSuccess;
 }
