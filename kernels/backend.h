@@ -134,6 +134,12 @@ int64_t attention_saved_bytes(const Storage& storage, int B, int T, int NH);
 // cuDNN's SDPA workspace planned for a micro-batch of B x T tokens, NH heads of HD: its
 // deterministic backward on sm90 (kernels/backend_sizes.cpp has the terms). Grows as T².
 int64_t cudnn_attention_workspace_bytes(int B, int T, int NH, int HD);
+// What the GPU backend leaves free on the card after its one reservation, for device memory taken
+// after it that cannot be taken before: cuDNN's plans for a shape met later (another batch size),
+// the driver's pools (local memory grows when a kernel with a larger stack first launches), cuBLAS's
+// and NCCL's own growth. An estimate until a GPU run measures it: the trainer warns when the
+// memory in use grows after the reservation, naming by how much.
+constexpr int64_t kGpuHeadroomBytes = int64_t(256) << 20;
 // Rows of logits the head holds at once: all N on the CPU, a chunk on the GPU.
 int64_t head_rows(const Storage& storage, int64_t N, int V);
 
@@ -161,6 +167,12 @@ class Backend : public MemoryResource {
   // The GPU takes its memory as one reservation of `total` bytes in `buffers` allocations (the
   // memory plan's figures) and cuts the arena's buffers from it; the CPU allocates each buffer.
   virtual void reserve(int64_t total, int64_t buffers) = 0;
+  // Before reserve(): builds what the attention kernels keep per shape of a micro-batch of B
+  // sequences of T tokens (cuDNN's graphs, whose plans put kernels on the device), so that it
+  // takes its memory before the reservation. Nothing on the CPU or with the engine's own kernels.
+  virtual void prepare_attention(int B, int T, int NH, int NKV, int HD) {
+    (void)B, (void)T, (void)NH, (void)NKV, (void)HD;
+  }
   // upload and download wait for the transfer (the host buffer is free, or filled, on return).
   virtual void upload(void* dst, const void* host, size_t bytes) = 0;
   virtual void download(void* host, const void* src, size_t bytes) = 0;

@@ -289,6 +289,17 @@ step_build() {
       deps_note+="; cuDNN from $cudnn_dir"
     fi
   fi
+  # cuDNN opens its engines and NVRTC at run time (issue 25, B5): every pip nvidia/*/lib goes on
+  # the path, after what is there (their sonames are CUDA 12's; the CUDA install's stay first).
+  if [ $dry = 0 ]; then
+    local nv
+    for nv in $("$PY" -c 'import nvidia; print(" ".join(nvidia.__path__))' 2>/dev/null); do
+      for d in "$nv"/*/lib; do
+        [ -d "$d" ] && case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d" ;; esac
+      done
+    done
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$log"
+  fi
   # shellcheck disable=SC2206
   cfg+=(${GRASS_DEPS_CMAKE_ARGS:-} ${CMAKE_ARGS:-})
   local t0=$SECONDS rc

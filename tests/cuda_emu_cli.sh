@@ -33,6 +33,7 @@ JSON
 "$GRASS" train "$tmp/run.json" >"$tmp/a.log" 2>&1
 check "the straight run exits 0" test $? = 0
 check "the run names the CUDA backend" grep -q "cuda, cuda_emu" "$tmp/a.log"
+check "nothing allocates device memory after the reservation" bash -c "! grep -q 'memory in use grew' '$tmp/a.log'"
 check "llama_tiny's ffn 172 is stored padded" grep -q "ffn 172 (stored 176 wide" "$tmp/a.log"
 check "metrics.jsonl has 12 steps" test "$(grep -c '"grad_norm"' "$tmp/a/metrics.jsonl")" = 12
 check "and 2 evaluations" test "$(grep -c '"val_loss"' "$tmp/a/metrics.jsonl")" = 2

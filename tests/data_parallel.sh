@@ -97,6 +97,14 @@ bin=$GRASS_EMU tol=1e-3 case_run emu_grass2 2 2 "${emu[@]}"
 grep -q "gradients through NCCL" "$tmp/emu_grass2.dp.log" || fail "emu_grass2: the gradients did not go through NCCL"
 bin=$GRASS_EMU tol=1e-2 case_run emu_bf16_fused2 2 8 --set device=cuda --set precision=bf16 "${grass[@]}"
 grep -q "updates fused into the backward" "$tmp/emu_bf16_fused2.dp.log" || fail "emu_bf16_fused2: not fused"
+# Nothing takes device memory after the reservation: the emulated NCCL connects lazily as NCCL
+# 2.22+ does, so without NCCL_RUNTIME_CONNECT=0 and the warm-up sum each rank would warn here.
+for name in emu_grass2 emu_bf16_fused2; do
+  if grep -q "memory in use grew" "$tmp/$name.dp.log"; then
+    fail "$name: device memory allocated after the reservation"
+    grep "memory in use grew" "$tmp/$name.dp.log"
+  fi
+done
 unset GRASS_BUCKET_MB
 
 # The bytes each rank summed, counted in the run, equal the plan's (grass mem): every step, plus

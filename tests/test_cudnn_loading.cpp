@@ -6,6 +6,7 @@
 
 #ifdef GRASS_HAVE_CUDNN
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "src/core/error.h"
@@ -22,5 +23,16 @@ TEST_CASE("cuDNN attention loads cuDNN at run time or says in one line why not",
     CHECK((what.find("cudnnCreate failed (CUDNN_STATUS_") != std::string::npos ||
            what.find("libcudnn.so.9") != std::string::npos));
   }
+}
+
+TEST_CASE("cuDNN attention: a library that does not load is named by dlopen's own line", "[cudnn]") {
+  // What a failed graph build appends (issue 25, B5): cuDNN's engines and NVRTC load at run time.
+  CHECK(grass::cuda::libraries_that_do_not_load({"libc.so.6"}).empty());
+  const std::string missing =
+      grass::cuda::libraries_that_do_not_load({"libc.so.6", "libgrass_no_such_library.so.1", "libm.so.6"});
+  INFO(missing);
+  CHECK(missing.find("libgrass_no_such_library.so.1") != std::string::npos);
+  CHECK(missing.find(';') == std::string::npos);  // one library, one message
+  CHECK(missing.find('\n') == std::string::npos);
 }
 #endif

@@ -226,4 +226,13 @@ TEST_CASE("cuDNN attention's workspace is planned by its formula, growing as T s
              Contains("cuDNN attention's workspace 390.0 MiB (grows as seq_len²)"));
   CHECK(nlohmann::json::parse(memory_plan_json(cfg, storage))["cudnn_workspace_bytes"] ==
         cudnn_attention_workspace_bytes(64, 256, 32, 64));
+  // and the free memory the reservation leaves beside it (B7), on the GPU only
+  CHECK_THAT(format_memory_plans(cfg, storage),
+             Contains("the GPU keeps 256.0 MiB free beyond the total below"));
+  CHECK(nlohmann::json::parse(memory_plan_json(cfg, storage))["gpu_headroom_bytes"] ==
+        kGpuHeadroomBytes);
+  RunConfig cpu = cfg;
+  cpu.device = DeviceChoice::Cpu;
+  cpu.attention = AttentionChoice::Grass;
+  CHECK_FALSE(nlohmann::json::parse(memory_plan_json(cpu, planned_storage(cpu))).contains("gpu_headroom_bytes"));
 }

@@ -92,17 +92,22 @@ class CudaBackend final : public Backend {
   void reserve(int64_t total, int64_t buffers) override {
     GRASS_CHECK(!pool_, "the GPU memory was reserved twice");
     const size_t bytes = size_t(total) + size_t(buffers + 1) * kAlign;
-    if (cudaMalloc(&pool_, bytes) != cudaSuccess) {
+    size_t free_bytes = 0, total_bytes = 0;
+    GRASS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const bool room = bytes + size_t(kGpuHeadroomBytes) <= free_bytes;
+    if (!room || cudaMalloc(&pool_, bytes) != cudaSuccess) {
       cudaGetLastError();  // clear the error: it was answered
-      size_t free_bytes = 0, total_bytes = 0;
-      cudaMemGetInfo(&free_bytes, &total_bytes);
-      throw UserError("the run needs " + format_bytes(int64_t(bytes)) + " of GPU memory, " +
-                      format_bytes(int64_t(free_bytes)) + " are free on " + gpu_ +
-                      ": reduce micro_batch_size or seq_len, or use precision \"bf16\" or GRASS "
-                      "(grass mem <run.json> shows where the memory goes)");
+      throw UserError("the run needs " + format_bytes(int64_t(bytes)) + " of GPU memory and " +
+                      format_bytes(kGpuHeadroomBytes) + " left free beside it (kGpuHeadroomBytes, " +
+                      "kernels/backend.h), " + format_bytes(int64_t(free_bytes)) + " are free on " +
+                      gpu_ + ": reduce micro_batch_size or seq_len, or use precision \"bf16\" or "
+                      "GRASS (grass mem <run.json> shows where the memory goes)");
     }
     pool_bytes_ = bytes;
     pool_used_ = 0;
+  }
+  void prepare_attention(int B, int T, int NH, int NKV, int HD) override {
+    if (cudnn_) cudnn_->workspace_bytes(B, T, NH, NKV, HD);  // builds both graphs and keeps them
   }
   void* allocate_zeroed(size_t bytes) override {
     void* p = nullptr;

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
@@ -149,6 +151,11 @@ class CudnnAttention {
                         int64_t workspace_bytes) = 0;
 };
 std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream);
+// Which of `libraries` do not load here (dlopen), as dlerror's lines joined by "; "; empty when
+// all do. cuDNN's shim opens its engine libraries at run time, and its runtime-compiled engines
+// (most of Hopper's attention) open NVRTC: a graph whose engine cannot load fails to build with a
+// message that names neither, so a failed build names them from this.
+std::string libraries_that_do_not_load(const std::vector<std::string>& libraries);
 
 // ---- cross-entropy, fused with its backward (kernels/cuda/cross_entropy.cu) ------------------
 // On one chunk of rows of logits[n, V] (bf16, the lm_head GEMM's output): loss[i] =

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cuda/device.h"
+#include "src/core/gpu_environment.h"
 
 namespace grass::cuda {
 
@@ -22,13 +23,7 @@ std::string failure(const char* what, cudaError_t err) {
 }  // namespace
 
 DeviceProbe probe_device(int device) {
-  // Before the first CUDA call, which reads it. Lazy loading (CUDA's default since 12.2) would
-  // put each kernel's code on the device at its first launch: after the run's one reservation,
-  // so a run planned near the card's capacity could fail at step 0, or at the first launch of a
-  // rarer kernel (FLORA's resampling) hours in. Eager loading takes that memory now, before the
-  // reservation, for the engine's kernels and cuBLAS's alike (cuBLAS's unused kernels too: a
-  // fixed cost, CUDA_MODULE_LOADING=LAZY trades it back). overwrite = 0 keeps the user's choice.
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  request_eager_module_loading();  // before the first CUDA call, which reads it
   DeviceProbe probe;
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);

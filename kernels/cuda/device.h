@@ -11,10 +11,8 @@ struct DeviceProbe {
 };
 
 // Finds GPU `device`, and proves it runs code: a kernel writes a known pattern that is read back.
-// Never throws: "no usable GPU" is an answer, not an error. It is the process's first CUDA call,
-// and it asks for eager module loading (CUDA_MODULE_LOADING=EAGER) unless the user chose a mode:
-// every kernel's code is then on the device before the run's memory is reserved, where CUDA's
-// default (lazy) would allocate it at each kernel's first launch, after the reservation.
+// Never throws: "no usable GPU" is an answer, not an error. It asks for eager module loading
+// first (src/core/gpu_environment.h), in case nothing before it did.
 DeviceProbe probe_device(int device = 0);
 
 // GRASS_CUDA_SYNC=1 in the environment (read once): every launch check (GRASS_LAUNCH_CHECK,

@@ -43,6 +43,10 @@ class NcclCommunicator final : public Communicator {
     ncclUniqueId id{};
     if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     ranks.broadcast(&id, sizeof id);
+    // NCCL from 2.22 connects lazily: each channel's buffers are allocated at the first collective
+    // that uses it, after the run's one reservation, so a run planned near the card's capacity
+    // would fail in step 0's first bucket. Connect at init instead, unless the user chose.
+    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
     check_nccl(ncclCommInitRank(&comm_, world_, id, rank_), "ncclCommInitRank");
     int version = 0;
     ncclGetVersion(&version);
@@ -53,6 +57,7 @@ class NcclCommunicator final : public Communicator {
     GRASS_CUDA_CHECK(cudaStreamCreate(&sum_stream_));
     GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&backward_done_, cudaEventDisableTiming));
     GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&summed_, cudaEventDisableTiming));
+    warm_up();
     if (Watchdog* dog = ranks.watchdog())
       dog->set_health_check([comm = comm_, device = device_]() -> std::string {
         cudaSetDevice(device);  // the watchdog's thread starts on device 0 (see wait_sums)
@@ -151,6 +156,21 @@ class NcclCommunicator final : public Communicator {
     bucket_.clear();
     bucket_bytes_ = 0;
     summing_ = true;
+  }
+
+  // One sum of each element type the run sums, waited for, before the reservation (the backend is
+  // made before it): whatever NCCL still allocates at a first collective (a user's
+  // NCCL_RUNTIME_CONNECT=1, per-type setup) is allocated now.
+  void warm_up() {
+    void* scratch = nullptr;
+    GRASS_CUDA_CHECK(cudaMalloc(&scratch, 64));
+    GRASS_CUDA_CHECK(cudaMemsetAsync(scratch, 0, 64, sum_stream_));
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (ncclDataType_t type : kType)
+      check_nccl(ncclAllReduce(scratch, scratch, 4, type, ncclSum, comm_, sum_stream_), "ncclAllReduce");
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    GRASS_CUDA_CHECK(cudaStreamSynchronize(sum_stream_));
+    GRASS_CUDA_CHECK(cudaFree(scratch));
   }
 
   // The watchdog no longer queries summed_ once this returns.

@@ -18,6 +18,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
 #define CUDNN_FRONTEND_SKIP_JSON_LIB
@@ -77,14 +78,44 @@ std::shared_ptr<fe::graph::Graph> new_graph() {
   return g;
 }
 
+// The libraries cuDNN opens at run time on the way to an attention plan: its engines, and NVRTC
+// for the runtime-compiled ones (of the CUDA major cuDNN was built for; cuDNN also tries the
+// unversioned name).
+std::string cudnn_runtime_libraries_missing() {
+  std::string missing = libraries_that_do_not_load(
+      {"libcudnn_graph.so.9", "libcudnn_heuristic.so.9", "libcudnn_engines_precompiled.so.9",
+       "libcudnn_engines_runtime_compiled.so.9"});
+  using Version = size_t (*)();
+  const auto cudart = reinterpret_cast<Version>(dlsym(fe::cudnn_dlhandle, "cudnnGetCudartVersion"));
+  if (cudart) {
+    const std::string nvrtc = "libnvrtc.so." + std::to_string(cudart() / 1000);
+    if (!libraries_that_do_not_load({"libnvrtc.so"}).empty()) {
+      const std::string why = libraries_that_do_not_load({nvrtc});
+      if (!why.empty()) missing += (missing.empty() ? "" : "; ") + why;
+    }
+  }
+  return missing;
+}
+
 // Validates, lowers and plans a graph for this handle (heuristics mode A, the first plan that
-// builds).
+// builds). A failure is the user's to act on (another attention kernel, a library path), so one
+// line naming the option and any library cuDNN could not open.
 void build(fe::graph::Graph& g, cudnnHandle_t handle, const std::string& what) {
-  check(g.validate(), what + " validate");
-  check(g.build_operation_graph(handle), what + " build_operation_graph");
-  check(g.create_execution_plans({fe::HeurMode_t::A}), what + " create_execution_plans");
-  check(g.check_support(handle), what + " check_support");
-  check(g.build_plans(handle), what + " build_plans");
+  const auto step = [&](fe::error_t e, const char* stage) {
+    if (e.is_good()) return;
+    const std::string missing = cudnn_runtime_libraries_missing();
+    throw UserError("attention: \"cudnn\": cuDNN could not build the " + what + " graph (" +
+                    stage + ": " + e.get_message() + ")" +
+                    (missing.empty() ? std::string()
+                                     : "; libraries it loads at run time do not load: " + missing +
+                                           " (put their directories on LD_LIBRARY_PATH)") +
+                    "; or use \"grass\"");
+  };
+  step(g.validate(), "validate");
+  step(g.build_operation_graph(handle), "build_operation_graph");
+  step(g.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  step(g.check_support(handle), "check_support");
+  step(g.build_plans(handle), "build_plans");
 }
 
 class FrontendAttention final : public CudnnAttention {
@@ -214,6 +245,19 @@ class FrontendAttention final : public CudnnAttention {
 };
 
 }  // namespace
+
+std::string libraries_that_do_not_load(const std::vector<std::string>& libraries) {
+  std::string missing;
+  for (const std::string& name : libraries) {
+    if (void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      dlclose(handle);
+      continue;
+    }
+    const char* why = dlerror();
+    missing += (missing.empty() ? "" : "; ") + std::string(why ? why : name + ": does not load");
+  }
+  return missing;
+}
 
 std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream) {
   return std::make_unique<FrontendAttention>(stream);

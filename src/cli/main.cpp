@@ -8,6 +8,7 @@
 
 #include "src/cli/commands.h"
 #include "src/core/error.h"
+#include "src/core/gpu_environment.h"
 
 namespace {
 
@@ -71,6 +72,7 @@ int fail(const char* kind, const char* what, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  grass::request_eager_module_loading();  // before MPI, which may start CUDA
   std::unique_ptr<grass::Communicator> launched;
   try {
     launched = grass::launch_communicator(&argc, &argv);

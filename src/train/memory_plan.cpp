@@ -143,6 +143,9 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   if (memory.attention == AttentionKernel::Cudnn)  // in workspace; the T² term dominates long T
     out += "        cuDNN attention's workspace " +
            format_bytes(cudnn_workspace_bytes(cfg)) + " (grows as seq_len²)\n";
+  if (storage.cuda)  // not in the table: free memory the reservation must leave on the card
+    out += "        the GPU keeps " + format_bytes(kGpuHeadroomBytes) +
+           " free beyond the total below, for what allocates after the reservation\n";
   const auto table_row = [&](const std::string& head, const auto& cell) {
     std::snprintf(line, sizeof line, "%-22s", head.c_str());
     out += line;
@@ -206,6 +209,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
   if (is_projected(cfg.optimizer.kind)) out["rank"] = cfg.optimizer.projection.rank;
   if (memory.attention == AttentionKernel::Cudnn)
     out["cudnn_workspace_bytes"] = cudnn_workspace_bytes(cfg);
+  if (storage.cuda) out["gpu_headroom_bytes"] = kGpuHeadroomBytes;
   if (cfg.memory_limit > 0) {
     out["memory_limit"] = cfg.memory_limit;
     out["fits"] = plan.total <= cfg.memory_limit;

@@ -39,6 +39,7 @@ class Run {
   void print_table() const;  // rank 0: the configuration, once, before the first step
   // One optimizer step and what it measured.
   StepMetrics step(int64_t step, double* seconds_so_far);
+  void warn_about_late_allocations(int64_t device_used) const;
   bool log(const StepMetrics& m);  // the step line when it is due; true if it printed
   void maybe_evaluate(int64_t step, TrainResult& result);
   void maybe_checkpoint(int64_t step, bool logged);
@@ -73,6 +74,7 @@ class Run {
   TrainingState state_;
   std::optional<OutDirLock> lock_;  // rank 0 writes out_dir; the other ranks only read it
   int64_t checkpoint_metrics_rows_ = 0;
+  int64_t device_used_at_reservation_ = 0;  // the GPU's memory in use once the run's is reserved
   std::optional<MetricsWriter> metrics_;  // rank 0's
   double flops_per_token_ = 0;
 };
@@ -112,7 +114,11 @@ void Run::build_state() {
   grads_comm_ = device_comm_ ? device_comm_.get() : &comm;
   const MemoryPlan plan = plan_memory(cfg, backend_->storage());
   check_memory_limit(cfg, backend_->storage(), plan);
+  const ModelConfig& m = cfg.model;
+  backend_->prepare_attention(cfg.micro_batch_size, cfg.seq_len, m.num_attention_heads,
+                              m.num_key_value_heads, m.head_dim());
   backend_->reserve(plan.total, plan.buffers);
+  device_used_at_reservation_ = backend_->device_memory().used;
   arena_ = std::make_unique<Arena>(false, *backend_);
   state_ = build_training_state(cfg, *arena_, *backend_, *grads_comm_);
 }
@@ -309,6 +315,7 @@ StepMetrics Run::step(int64_t step, double* seconds_so_far) {
   if (backend_->peak_flops() > 0) m.mfu = m.gflops_per_s * 1e9 / backend_->peak_flops();
   const Backend::DeviceMemory device = backend_->device_memory();
   m.mem_device_used_bytes = device.used;
+  if (step == start_step && backend_->storage().cuda) warn_about_late_allocations(device.used);
   m.mem_device_bytes = device.total;
   if (backend_->storage().cuda) m.host_waits = backend_->host_waits() - waits_before;
   const int64_t comm_bytes = grads_comm_->take_bytes_reduced();
@@ -318,6 +325,23 @@ StepMetrics Run::step(int64_t step, double* seconds_so_far) {
   *seconds_so_far += seconds;
   m.eta_s = *seconds_so_far / double(step + 1 - start_step) * double(cfg.steps - step - 1);
   return m;
+}
+
+// Every device allocation belongs before the reservation (kernels/backend.h, kGpuHeadroomBytes);
+// the first step is where a late one shows: a lazy NCCL connection, a cuDNN plan built at first
+// use, kernels loaded lazily. Each rank says so for itself.
+void Run::warn_about_late_allocations(int64_t device_used) const {
+  const int64_t grown = device_used - device_used_at_reservation_;
+  if (grown <= 0) return;
+  const std::string rank = launched ? " (rank " + std::to_string(comm.rank()) + " of " +
+                                          std::to_string(comm.world()) + ")"
+                                    : "";
+  std::fprintf(stderr,
+               "warning%s: the GPU memory in use grew by %s during the first step, after the "
+               "run's reservation: something allocates outside the plan (a lazy NCCL connection, "
+               "a cuDNN plan, lazily loaded kernels, or another process on this GPU); the "
+               "reservation leaves %s free for it\n",
+               rank.c_str(), format_bytes(grown).c_str(), format_bytes(kGpuHeadroomBytes).c_str());
 }
 
 bool Run::log(const StepMetrics& m) {

@@ -1,11 +1,16 @@
 // cuda_emu's NCCL (include/nccl.h) over MPI: every rank gathers every rank's buffer and sums them
 // in rank order, adding in fp32 and rounding bf16 after each addition as a ring would.
+// Connections take device memory as NCCL's do, and as lazily: from 2.22 NCCL allocates its channel
+// buffers at the first collective unless NCCL_RUNTIME_CONNECT=0 (then in ncclCommInitRank). A
+// program that reserves the device's memory between the two sees the allocation land after its
+// reservation (the amount here is a stand-in, not NCCL's).
 #include <nccl.h>
 #ifdef GRASS_HAVE_MPI
 #include <mpi.h>
 #endif
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -14,9 +19,19 @@
 struct ncclComm {
   int nranks = 0;
   int rank = 0;
+  void* channels = nullptr;  // device memory of the connections, once connected
 };
 
 namespace {
+
+constexpr size_t kChannelBytesPerPeer = size_t(4) << 20;  // NCCL_BUFFSIZE's default, one channel
+
+ncclResult_t connect(ncclComm* comm) {
+  if (comm->channels || comm->nranks < 2) return ncclSuccess;
+  return cudaMalloc(&comm->channels, kChannelBytesPerPeer * size_t(comm->nranks - 1)) == cudaSuccess
+             ? ncclSuccess
+             : ncclUnhandledCudaError;
+}
 
 template <typename T>
 void sum_in_rank_order(const std::vector<char>& all, void* out, size_t count, int nranks) {
@@ -48,6 +63,7 @@ const char* ncclGetErrorString(ncclResult_t result) {
     case ncclInternalError: return "internal error (cuda_emu: MPI is not initialised)";
     case ncclInvalidArgument: return "invalid argument";
     case ncclInProgress: return "operation in progress";
+    case ncclUnhandledCudaError: return "unhandled cuda error (cuda_emu: the connections' memory)";
   }
   return "unknown error";
 }
@@ -74,10 +90,13 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 #endif
   if (nranks != size || std::strcmp(id.internal, "cuda_emu") != 0) return ncclInvalidArgument;
   *comm = new ncclComm{nranks, rank};
+  const char* lazy = std::getenv("NCCL_RUNTIME_CONNECT");
+  if (lazy && std::strcmp(lazy, "0") == 0) return connect(*comm);
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (comm->channels) cudaFree(comm->channels);
   delete comm;
   return ncclSuccess;
 }
@@ -96,6 +115,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t) {
   if (op != ncclSum) return ncclInvalidArgument;
+  if (ncclResult_t e = connect(comm)) return e;
   const size_t element = datatype == ncclFloat64 ? 8 : datatype == ncclFloat32 ? 4 : 2;
   const size_t bytes = count * element;
   if (bytes > size_t(INT32_MAX)) return ncclInvalidArgument;  // the emulator runs small models

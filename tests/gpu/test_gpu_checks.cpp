@@ -172,6 +172,23 @@ TEST_CASE("checks: after the reservation, a training step allocates no device me
 #endif
 }
 
+TEST_CASE("checks: a reservation that leaves less than the stated headroom free stops with one line",
+          "[gpu][checks]") {
+  // kGpuHeadroomBytes (kernels/backend.h) stays free beside the reservation for what allocates
+  // after it; a plan that would eat into it is refused before anything is allocated.
+  const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, true);
+  const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
+  const int64_t total = int64_t(free_device_bytes()) - kGpuHeadroomBytes / 2;
+  std::string message = "(no error)";
+  try {
+    backend->reserve(total, 1);
+  } catch (const UserError& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("left free beside it (kGpuHeadroomBytes"));
+  CHECK_THAT(message, Catch::Contains("are free on"));
+}
+
 #ifdef GRASS_TEST_CUDA_EMU
 // On a GPU an illegal address is sticky (the context is lost), so this runs on the emulator only,
 // whose fault is reported once, like a GPU's, at the next synchronising call.

@@ -6,7 +6,13 @@
 
 #include "cuda_runtime.h"
 
-enum ncclResult_t { ncclSuccess = 0, ncclInternalError = 3, ncclInvalidArgument = 4, ncclInProgress = 7 };
+enum ncclResult_t {
+  ncclSuccess = 0,
+  ncclUnhandledCudaError = 1,
+  ncclInternalError = 3,
+  ncclInvalidArgument = 4,
+  ncclInProgress = 7
+};
 enum ncclDataType_t { ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9 };
 enum ncclRedOp_t { ncclSum = 0 };
 struct ncclUniqueId {
