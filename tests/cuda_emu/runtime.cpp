@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -398,6 +399,40 @@ struct Fiber {
   unsigned shuffles = 0;  // how many shuffles it has made: picks the exchange round
 };
 
+// CUDA_EMU_ORDER picks the order in which threads and blocks run; a race (a read of what another
+// thread writes, with no barrier between) or a result that leans on an order the GPU does not
+// promise shows in one order and hides in another:
+//   unset      blocks and each block's threads first to last
+//   reverse    each block's threads last to first
+//   seed:N     seeded random: each grid's blocks in a random order, each block's threads started in
+//              one, and the threads a barrier releases resumed in one. The same N and the same
+//              launches give the same orders, so a failure repeats.
+struct Order {
+  enum Kind { Forward, Reverse, Random } kind = Forward;
+  uint64_t seed = 0;
+};
+const Order& order() {
+  static const Order o = [] {
+    Order parsed;
+    const char* text = std::getenv("CUDA_EMU_ORDER");
+    const std::string v = text ? text : "";
+    if (v == "reverse") {
+      parsed.kind = Order::Reverse;
+    } else if (v.rfind("seed:", 0) == 0 && v.size() > 5 &&
+               v.find_first_not_of("0123456789", 5) == std::string::npos) {
+      parsed.kind = Order::Random;
+      parsed.seed = std::stoull(v.substr(5));
+    } else if (!v.empty()) {
+      std::fprintf(stderr, "cuda_emu: CUDA_EMU_ORDER=%s: not \"reverse\" or \"seed:N\"\n", v.c_str());
+      std::abort();
+    }
+    return parsed;
+  }();
+  return o;
+}
+// Random mode's generator, reseeded at each launch from the seed and the launch's number.
+thread_local std::mt19937_64 order_rng;
+
 struct Block {
   std::vector<Fiber> fibers;
   Barrier block_barrier;
@@ -466,6 +501,7 @@ void arrive(Barrier& bar) {
   Block& b = *running;
   if (++bar.arrived == bar.expected) {
     bar.arrived = 0;
+    if (order().kind == Order::Random) std::shuffle(bar.waiters.begin(), bar.waiters.end(), order_rng);
     b.ready.insert(b.ready.end(), bar.waiters.begin(), bar.waiters.end());
     bar.waiters.clear();
     return;
@@ -543,14 +579,8 @@ std::string run_block(Block& b, int threads) {
     make_context(f.context, stack_for(size_t(i)), kStackBytes, fiber_entry);
     b.ready.push_back(i);
   }
-  // CUDA_EMU_ORDER=reverse starts the threads last to first: a race between two threads of one
-  // phase (a read of what another thread writes, with no barrier between) that the first-to-last
-  // order hides shows up in the other.
-  static const bool reverse = [] {
-    const char* order = std::getenv("CUDA_EMU_ORDER");
-    return order && std::string(order) == "reverse";
-  }();
-  if (reverse) std::reverse(b.ready.begin(), b.ready.end());
+  if (order().kind == Order::Reverse) std::reverse(b.ready.begin(), b.ready.end());
+  if (order().kind == Order::Random) std::shuffle(b.ready.begin(), b.ready.end(), order_rng);
   while (!b.ready.empty()) {
     const int i = b.ready.front();
     b.ready.pop_front();
@@ -664,24 +694,33 @@ void run_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
   running = &b;
   std::string error;
   const FaultTrap trap;
-  for (unsigned z = 0; z < g.z && error.empty(); z++)
-    for (unsigned y = 0; y < g.y && error.empty(); y++)
-      for (unsigned x = 0; x < g.x && error.empty(); x++) {
-        blockIdx = {x, y, z};
-        b.dynamic_shared.assign(cfg.shared_bytes, 0xFF);  // uninitialised shared memory is NaN
-        b.exited = 0;
-        std::fill(b.warp_exited.begin(), b.warp_exited.end(), 0);
-        b.block_barrier.arrived = 0;
-        b.block_barrier.waiters.clear();
-        for (Barrier& w : b.warp_barriers) {
-          w.arrived = 0;
-          w.waiters.clear();
-        }
-        error = run_block(b, int(threads));
-        if (!error.empty())
-          error = "block (" + std::to_string(x) + "," + std::to_string(y) + "," +
-                  std::to_string(z) + "): " + error;
-      }
+  std::vector<uint3> blocks;
+  blocks.reserve(size_t(g.x) * g.y * g.z);
+  for (unsigned z = 0; z < g.z; z++)
+    for (unsigned y = 0; y < g.y; y++)
+      for (unsigned x = 0; x < g.x; x++) blocks.push_back({x, y, z});
+  if (order().kind == Order::Random) {
+    static std::atomic<uint64_t> launches{0};
+    order_rng.seed(order().seed * 0x9E3779B97F4A7C15ull + launches++);
+    std::shuffle(blocks.begin(), blocks.end(), order_rng);
+  }
+  for (size_t at = 0; at < blocks.size() && error.empty(); at++) {
+    const auto [x, y, z] = blocks[at];
+    blockIdx = {x, y, z};
+    b.dynamic_shared.assign(cfg.shared_bytes, 0xFF);  // uninitialised shared memory is NaN
+    b.exited = 0;
+    std::fill(b.warp_exited.begin(), b.warp_exited.end(), 0);
+    b.block_barrier.arrived = 0;
+    b.block_barrier.waiters.clear();
+    for (Barrier& w : b.warp_barriers) {
+      w.arrived = 0;
+      w.waiters.clear();
+    }
+    error = run_block(b, int(threads));
+    if (!error.empty())
+      error = "block (" + std::to_string(x) + "," + std::to_string(y) + "," +
+              std::to_string(z) + "): " + error;
+  }
   running = nullptr;
   if (!error.empty()) {  // the kernel ran and failed: the next synchronising call says so
     std::fprintf(stderr, "cuda_emu: kernel %s: %s\n", cfg.name, error.c_str());
