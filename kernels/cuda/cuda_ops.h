@@ -151,6 +151,10 @@ class CudnnAttention {
                         int64_t workspace_bytes) = 0;
 };
 std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream);
+// The frontend's own checks (graph.validate(): shapes, strides, the mask, the deterministic
+// backward) of the forward and backward graphs of one shape for GPUs of `sm_version` (90: Hopper),
+// without a GPU: "" or what fails. A UserError where libcudnn.so.9 does not load.
+std::string validate_cudnn_attention(int B, int T, int NH, int NKV, int HD, int sm_version);
 // Which of `libraries` do not load here (dlopen), as dlerror's lines joined by "; "; empty when
 // all do. cuDNN's shim opens its engine libraries at run time, and its runtime-compiled engines
 // (most of Hopper's attention) open NVRTC: a graph whose engine cannot load fails to build with a

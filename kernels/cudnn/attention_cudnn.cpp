@@ -70,8 +70,11 @@ fe::graph::Tensor_attributes stats_tensor(const Shape& s) {
       .set_data_type(fe::DataType_t::FLOAT);
 }
 
-std::shared_ptr<fe::graph::Graph> new_graph() {
+// sm_version > 0: graphs for that GPU (validated without one); else the current device's. Set
+// before the nodes, which copy the graph's context when they are added.
+std::shared_ptr<fe::graph::Graph> new_graph(int sm_version) {
   auto g = std::make_shared<fe::graph::Graph>();
+  if (sm_version > 0) g->set_sm_version(sm_version);
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -118,21 +121,72 @@ void build(fe::graph::Graph& g, cudnnHandle_t handle, const std::string& what) {
   step(g.build_plans(handle), "build_plans");
 }
 
+// The forward graph of one shape, not yet built: the tensors of the contract (kernels/cuda/
+// cuda_ops.h), the causal mask, scale 1/sqrt(HD), fp32 stats kept for the backward.
+std::shared_ptr<fe::graph::Graph> forward_graph_of(const Shape& s, int sm_version = 0) {
+  auto g = new_graph(sm_version);
+  auto q = g->tensor(bshd("q", kQ, s, s.NH));
+  auto k = g->tensor(bshd("k", kK, s, s.NKV));
+  auto v = g->tensor(bshd("v", kV, s, s.NKV));
+  auto options = fe::graph::SDPA_attributes()
+                     .set_name("attention_forward")
+                     .set_generate_stats(true)
+                     .set_causal_mask(true)
+                     .set_attn_scale(float(1.0 / std::sqrt(double(s.HD))));
+  auto [o, stats] = g->sdpa(q, k, v, options);
+  const fe::graph::Tensor_attributes o_attr = bshd("o", kO, s, s.NH);
+  o->set_output(true).set_uid(kO).set_dim(o_attr.get_dim()).set_stride(o_attr.get_stride());
+  const fe::graph::Tensor_attributes st = stats_tensor(s);
+  stats->set_output(true)
+      .set_uid(kStats)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim(st.get_dim())
+      .set_stride(st.get_stride());
+  return g;
+}
+
+// The backward graph of one shape, not yet built: deterministic (runs repeat bit for bit).
+std::shared_ptr<fe::graph::Graph> backward_graph_of(const Shape& s, int sm_version = 0) {
+  auto g = new_graph(sm_version);
+  auto q = g->tensor(bshd("q", kQ, s, s.NH));
+  auto k = g->tensor(bshd("k", kK, s, s.NKV));
+  auto v = g->tensor(bshd("v", kV, s, s.NKV));
+  auto o = g->tensor(bshd("o", kO, s, s.NH));
+  auto dout = g->tensor(bshd("dout", kDO, s, s.NH));
+  auto stats = g->tensor(stats_tensor(s));
+  auto options = fe::graph::SDPA_backward_attributes()
+                     .set_name("attention_backward")
+                     .set_causal_mask(true)
+                     .set_attn_scale(float(1.0 / std::sqrt(double(s.HD))))
+                     .set_deterministic_algorithm(true);
+  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
+  for (auto [t, uid, heads] : {std::tuple{dq, kDQ, s.NH}, std::tuple{dk, kDK, s.NKV},
+                               std::tuple{dv, kDV, s.NKV}}) {
+    const fe::graph::Tensor_attributes attr = bshd("grad", uid, s, heads);
+    t->set_output(true).set_uid(uid).set_dim(attr.get_dim()).set_stride(attr.get_stride());
+  }
+  return g;
+}
+
+// Opens libcudnn.so.9 for the frontend once; a UserError naming it where it does not load.
+void load_cudnn() {
+  if (fe::cudnn_dlhandle) return;
+  // The frontend opens a CUDA runtime of its own choosing (libcudart.so.12 or .13, the first it
+  // finds); it must be the one the engine runs on, whose streams it is given. A user's setting
+  // wins.
+  const std::string cudart = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
+  setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", cudart.c_str(), /*overwrite=*/0);
+  fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+  if (!fe::cudnn_dlhandle)
+    throw UserError(std::string("attention: \"cudnn\" needs cuDNN 9 (libcudnn.so.9), which "
+                                "does not load: ") +
+                    dlerror() + "; put its directory on LD_LIBRARY_PATH or use \"grass\"");
+}
+
 class FrontendAttention final : public CudnnAttention {
  public:
   explicit FrontendAttention(cudaStream_t stream) {
-    // The frontend opens a CUDA runtime of its own choosing (libcudart.so.12 or .13, the first it
-    // finds); it must be the one the engine runs on, whose streams it is given. A user's setting
-    // wins.
-    const std::string cudart = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
-    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", cudart.c_str(), /*overwrite=*/0);
-    if (!fe::cudnn_dlhandle) {
-      fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
-      if (!fe::cudnn_dlhandle)
-        throw UserError(std::string("attention: \"cudnn\" needs cuDNN 9 (libcudnn.so.9), which "
-                                    "does not load: ") +
-                        dlerror() + "; put its directory on LD_LIBRARY_PATH or use \"grass\"");
-    }
+    load_cudnn();
     if (const cudnnStatus_t status = fe::detail::create_handle(&handle_);
         status != CUDNN_STATUS_SUCCESS)
       throw UserError(std::string("attention: \"cudnn\": cudnnCreate failed (") +
@@ -190,53 +244,19 @@ class FrontendAttention final : public CudnnAttention {
 
   fe::graph::Graph& forward_graph(const Shape& s) {
     auto& slot = forward_[s];
-    if (slot) return *slot;
-    auto g = new_graph();
-    auto q = g->tensor(bshd("q", kQ, s, s.NH));
-    auto k = g->tensor(bshd("k", kK, s, s.NKV));
-    auto v = g->tensor(bshd("v", kV, s, s.NKV));
-    auto options = fe::graph::SDPA_attributes()
-                       .set_name("attention_forward")
-                       .set_generate_stats(true)
-                       .set_causal_mask(true)
-                       .set_attn_scale(float(1.0 / std::sqrt(double(s.HD))));
-    auto [o, stats] = g->sdpa(q, k, v, options);
-    const fe::graph::Tensor_attributes o_attr = bshd("o", kO, s, s.NH);
-    o->set_output(true).set_uid(kO).set_dim(o_attr.get_dim()).set_stride(o_attr.get_stride());
-    const fe::graph::Tensor_attributes st = stats_tensor(s);
-    stats->set_output(true)
-        .set_uid(kStats)
-        .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim(st.get_dim())
-        .set_stride(st.get_stride());
-    build(*g, handle_, "forward");
-    slot = std::move(g);
+    if (!slot) {
+      slot = forward_graph_of(s);
+      build(*slot, handle_, "forward");
+    }
     return *slot;
   }
 
   fe::graph::Graph& backward_graph(const Shape& s) {
     auto& slot = backward_[s];
-    if (slot) return *slot;
-    auto g = new_graph();
-    auto q = g->tensor(bshd("q", kQ, s, s.NH));
-    auto k = g->tensor(bshd("k", kK, s, s.NKV));
-    auto v = g->tensor(bshd("v", kV, s, s.NKV));
-    auto o = g->tensor(bshd("o", kO, s, s.NH));
-    auto dout = g->tensor(bshd("dout", kDO, s, s.NH));
-    auto stats = g->tensor(stats_tensor(s));
-    auto options = fe::graph::SDPA_backward_attributes()
-                       .set_name("attention_backward")
-                       .set_causal_mask(true)
-                       .set_attn_scale(float(1.0 / std::sqrt(double(s.HD))))
-                       .set_deterministic_algorithm(true);
-    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
-    for (auto [t, uid, heads] : {std::tuple{dq, kDQ, s.NH}, std::tuple{dk, kDK, s.NKV},
-                                 std::tuple{dv, kDV, s.NKV}}) {
-      const fe::graph::Tensor_attributes attr = bshd("grad", uid, s, heads);
-      t->set_output(true).set_uid(uid).set_dim(attr.get_dim()).set_stride(attr.get_stride());
+    if (!slot) {
+      slot = backward_graph_of(s);
+      build(*slot, handle_, "backward");
     }
-    build(*g, handle_, "backward");
-    slot = std::move(g);
     return *slot;
   }
 
@@ -245,6 +265,19 @@ class FrontendAttention final : public CudnnAttention {
 };
 
 }  // namespace
+
+std::string validate_cudnn_attention(int B, int T, int NH, int NKV, int HD, int sm_version) {
+  load_cudnn();
+  const Shape s{B, T, NH, NKV, HD};
+  std::string problems;
+  for (auto [what, graph] : {std::pair{"forward", forward_graph_of(s, sm_version)},
+                             std::pair{"backward", backward_graph_of(s, sm_version)}}) {
+    fe::error_t e = graph->validate();
+    if (!e.is_good())
+      problems += (problems.empty() ? "" : "; ") + std::string(what) + ": " + e.get_message();
+  }
+  return problems;
+}
 
 std::string libraries_that_do_not_load(const std::vector<std::string>& libraries) {
   std::string missing;

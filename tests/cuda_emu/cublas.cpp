@@ -1,5 +1,7 @@
-// cuda_emu's cuBLAS(Lt): column-major D = alpha·op(A)·op(B) + beta·C with fp32 accumulation, the
-// descriptors checked as cuBLASLt documents them (see include/cublasLt.h).
+// cuda_emu's cuBLAS(Lt): column-major D = alpha·op(A)·op(B) + beta·C with fp32 accumulation in a
+// K order that follows the shape, the alignment and the call (SumOrder), the descriptors checked
+// as cuBLASLt documents them (see include/cublasLt.h).
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -80,10 +82,43 @@ cublasStatus_t check_operand(const Operand& o) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// The order in which one output's k products are summed. cuBLAS picks a kernel by the shape and
+// the operands' alignment, and kernels differ in their K tile and in whether they split K across
+// blocks (fp32 partials added at the end); cublasGemmEx runs others again. The same shape,
+// alignment and call give the same order, so a repeated computation repeats its bits; another
+// shape, alignment or call gives another, so an exact claim between two different GEMMs (a
+// padded against an unpadded width, the fallback against cuBLASLt) fails here as on hardware.
+struct SumOrder {
+  int64_t tile;    // products summed per K tile, the tiles then added in order
+  int64_t splits;  // contiguous K ranges summed apart, then added in order
+};
+SumOrder lt_order(int64_t m, int64_t n, int64_t k, int64_t alignment) {
+  const int64_t tile = alignment >= 16 ? 64 : alignment >= 8 ? 32 : 16;  // deeper with wider loads
+  const int64_t splits = m * n <= 128 * 128 && k >= 1024 ? std::min<int64_t>(8, k / 512) : 1;
+  return {tile, splits};
+}
+constexpr SumOrder kGemmExOrder = {8, 1};
+
+float dot(const float* a, const float* b, int64_t k, SumOrder order) {
+  const int64_t chunk = ((k + order.splits - 1) / order.splits + order.tile - 1) / order.tile * order.tile;
+  float total = 0.0f;
+  for (int64_t s0 = 0; s0 < k; s0 += chunk) {
+    const int64_t s1 = std::min(k, s0 + chunk);
+    float part = 0.0f;
+    for (int64_t t0 = s0; t0 < s1; t0 += order.tile) {
+      float tile = 0.0f;
+      for (int64_t p = t0; p < std::min(s1, t0 + order.tile); p++) tile += a[p] * b[p];
+      part += tile;
+    }
+    total += part;
+  }
+  return total;
+}
+
 // D[m,n] = alpha·op(A)[m,k]·op(B)[k,n] + beta·C (C is not read when beta is 0, as in cuBLAS).
 cublasStatus_t gemm(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n,
                     int64_t k, float alpha, const Operand& a, const Operand& b, float beta,
-                    const Operand& c, void* d) {
+                    const Operand& c, void* d, SumOrder order) {
   const bool ta = op_a == CUBLAS_OP_T, tb = op_b == CUBLAS_OP_T;
   if (a.rows != (ta ? k : m) || a.cols != (ta ? m : k))
     return invalid("A is " + std::to_string(a.rows) + "x" + std::to_string(a.cols) +
@@ -111,9 +146,7 @@ cublasStatus_t gemm(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, i
     for (int64_t i = 0; i < m; i++) {
       const float* ar = &a_rows[size_t(i * k)];
       const float* bc = &b_cols[size_t(j * k)];
-      float sum = 0.0f;
-      for (int64_t p = 0; p < k; p++) sum += ar[p] * bc[p];
-      float out = alpha * sum;
+      float out = alpha * dot(ar, bc, k, order);
       if (beta != 0.0f) out += beta * load(c.ptr, c.type, i + j * c.ld);
       store(d, c.type, i + j * c.ld, out);
     }
@@ -244,7 +277,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               const void* a, cublasLtMatrixLayout_t al, const void* b,
                               cublasLtMatrixLayout_t bl, const void* beta, const void* c,
                               cublasLtMatrixLayout_t cl, void* d, cublasLtMatrixLayout_t dl,
-                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t stream) {
+  cuda_emu::check_stream_device(stream, "cublasLtMatmul");
   if (!handle || !algo) return invalid("cublasLtMatmul: no handle or algorithm");
   if (lt_matmul_failures > 0) {
     lt_matmul_failures--;
@@ -256,12 +290,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const void* ptrs[4] = {a, b, c, d};
   const int64_t lds[4] = {al->ld, bl->ld, cl->ld, dl->ld};
   const cudaDataType_t types[4] = {al->type, bl->type, cl->type, dl->type};
+  int64_t alignment = 16;  // the least aligned operand's, up to 16 bytes
   for (int i = 0; i < 4; i++) {
     const uint64_t bits = uint64_t(reinterpret_cast<uintptr_t>(ptrs[i])) |
                           uint64_t(lds[i]) * element_bytes(types[i]);
     if (bits % algo->data[i] != 0)
       return invalid("cublasLtMatmul: operand " + std::to_string(i) + " is less aligned than the " +
                      std::to_string(algo->data[i]) + " bytes its algorithm was chosen for");
+    while (bits % uint64_t(alignment) != 0) alignment /= 2;
   }
   const bool ta = desc->trans_a == CUBLAS_OP_T;
   const int64_t m = int64_t(dl->rows), n = int64_t(dl->cols);
@@ -270,7 +306,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
               {a, al->type, int64_t(al->rows), int64_t(al->cols), al->ld, "A"},
               {b, bl->type, int64_t(bl->rows), int64_t(bl->cols), bl->ld, "B"},
               *static_cast<const float*>(beta),
-              {c, cl->type, int64_t(cl->rows), int64_t(cl->cols), cl->ld, "C"}, d);
+              {c, cl->type, int64_t(cl->rows), int64_t(cl->cols), cl->ld, "C"}, d,
+              lt_order(m, n, k, alignment));
 }
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
@@ -297,7 +334,10 @@ cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
   *mode = handle->math;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t stream) {
+  cuda_emu::check_stream_device(stream, "cublasSetStream");
+  return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasSetWorkspace(cublasHandle_t, void* workspace, size_t bytes) {
   if (bytes && !cuda_emu::is_device_range(workspace, bytes)) return invalid("workspace");
   return CUBLAS_STATUS_SUCCESS;
@@ -314,5 +354,5 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t op_a, cubla
   return gemm(op_a, op_b, m, n, k, *static_cast<const float*>(alpha),
               {a, a_type, ta ? k : m, ta ? m : k, lda, "A"},
               {b, b_type, tb ? n : k, tb ? k : n, ldb, "B"}, *static_cast<const float*>(beta),
-              {c, c_type, m, n, ldc, "C"}, c);
+              {c, c_type, m, n, ldc, "C"}, c, kGemmExOrder);
 }

@@ -113,7 +113,8 @@ ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
+  cuda_emu::check_stream_device(stream, "ncclAllReduce");
   if (op != ncclSum) return ncclInvalidArgument;
   if (ncclResult_t e = connect(comm)) return e;
   const size_t element = datatype == ncclFloat64 ? 8 : datatype == ncclFloat32 ? 4 : 2;

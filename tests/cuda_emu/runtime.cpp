@@ -37,6 +37,20 @@ constexpr int kDevices = 8;
 constexpr int kMaxSharedOptin = 232448;             // sm_90: 227 KiB of shared memory per block
 constexpr int kDefaultMaxShared = 48 << 10;
 
+// The current device is the calling thread's, as CUDA's: a new thread starts on device 0. Events,
+// streams and allocations belong to the device current when they were made; a call that uses one
+// from a thread whose current device is another stops the program naming both: on a GPU such a
+// call from a helper thread that never called cudaSetDevice opens a context on device 0 (half a
+// GiB per process on a multi-GPU node) and works on the wrong device.
+thread_local int current_device = 0;
+[[noreturn]] void wrong_device(const char* call, const char* what, int device) {
+  std::fprintf(stderr,
+               "cuda_emu: %s on %s of device %d from a thread whose current device is %d (a thread "
+               "starts on device 0: call cudaSetDevice in it first)\n",
+               call, what, device, current_device);
+  std::abort();
+}
+
 cudaError_t last_error = cudaSuccess;
 void set_error(cudaError_t err) {
   if (last_error == cudaSuccess) last_error = err;
@@ -63,6 +77,7 @@ struct Allocation {
   char* base;  // the mapping
   size_t mapped;
   size_t bytes;  // as asked
+  int device;    // current when it was made
 };
 std::mutex memory_mutex;
 std::map<uintptr_t, Allocation> allocations;  // keyed by the pointer handed out
@@ -124,7 +139,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   mprotect(base + body, kPage, PROT_NONE);
   char* p = base + (body - used);
   std::memset(p, 0xFF, used);
-  allocations[reinterpret_cast<uintptr_t>(p)] = {base, body + kPage, bytes};
+  allocations[reinterpret_cast<uintptr_t>(p)] = {base, body + kPage, bytes, current_device};
   allocated_bytes += body;
   *ptr = p;
   return cudaSuccess;
@@ -153,9 +168,18 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 }
 
 namespace {
-// The device side of a copy or memset must lie inside one allocation.
+// The device side of a copy or memset must lie inside one allocation, of the current device.
 cudaError_t check_device(const void* p, size_t bytes, const char* what) {
-  if (bytes == 0 || cuda_emu::is_device_range(p, bytes)) return cudaSuccess;
+  if (bytes == 0) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    uintptr_t start = 0;
+    const Allocation* a = find_allocation(p, &start);
+    if (a && a->device != current_device &&
+        reinterpret_cast<uintptr_t>(p) < start + round_up(std::max<size_t>(a->bytes, 1), 256))
+      wrong_device(what, "memory", a->device);
+  }
+  if (cuda_emu::is_device_range(p, bytes)) return cudaSuccess;
   std::fprintf(stderr, "cuda_emu: %s of %zu bytes outside any device allocation\n", what, bytes);
   set_error(cudaErrorInvalidValue);
   return cudaErrorInvalidValue;
@@ -163,7 +187,8 @@ cudaError_t check_device(const void* p, size_t bytes, const char* what) {
 }  // namespace
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t) {
+                            cudaStream_t stream) {
+  cuda_emu::check_stream_device(stream, "cudaMemcpyAsync");
   const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
   if (dst_device)
@@ -177,7 +202,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (cudaError_t e = take_fault()) return e;  // synchronous: waits for the kernels before it
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  cuda_emu::check_stream_device(stream, "cudaMemsetAsync");
   if (cudaError_t e = check_device(dst, bytes, "cudaMemset")) return e;
   if (bytes) std::memset(dst, value, bytes);
   return cudaSuccess;
@@ -187,7 +213,8 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   return cudaMemsetAsync(dst, value, bytes, nullptr);
 }
 cudaError_t cudaMemset2DAsync(void* dst, size_t pitch, int value, size_t width, size_t height,
-                              cudaStream_t) {
+                              cudaStream_t stream) {
+  cuda_emu::check_stream_device(stream, "cudaMemset2DAsync");
   if (height == 0 || width == 0) return cudaSuccess;
   if (width > pitch) return cudaErrorInvalidValue;
   if (cudaError_t e = check_device(dst, pitch * (height - 1) + width, "cudaMemset2D")) return e;
@@ -219,8 +246,6 @@ cudaError_t cudaGetDeviceCount(int* count) {
   *count = kDevices;
   return cudaSuccess;
 }
-// The current device is the calling thread's, as CUDA's: a new thread starts on device 0.
-static thread_local int current_device = 0;
 cudaError_t cudaGetDevice(int* device) {
   *device = current_device;
   return cudaSuccess;
@@ -248,13 +273,29 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 }
 // Every call runs to completion before it returns: synchronisation only reports a kernel's fault.
 cudaError_t cudaDeviceSynchronize() { return take_fault(); }
+struct CUstream_st {  // the type CUDA leaves opaque
+  int device;
+};
+namespace cuda_emu {
+// The null stream is the current device's.
+void check_stream_device(cudaStream_t stream, const char* call) {
+  if (stream && stream->device != current_device) wrong_device(call, "a stream", stream->device);
+}
+}  // namespace cuda_emu
+
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  static char tag;
-  *stream = reinterpret_cast<cudaStream_t>(&tag);
+  *stream = new CUstream_st{current_device};
   return cudaSuccess;
 }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return take_fault(); }
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  cuda_emu::check_stream_device(stream, "cudaStreamDestroy");
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  cuda_emu::check_stream_device(stream, "cudaStreamSynchronize");
+  return take_fault();
+}
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
   *ptr = std::malloc(std::max<size_t>(bytes, 1));
   return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -263,26 +304,20 @@ cudaError_t cudaFreeHost(void* ptr) {
   std::free(ptr);
   return cudaSuccess;
 }
-// Events belong to the device current when they were made. A call on one from a thread whose
-// current device is another stops the program naming both: on a GPU such a call from a helper
-// thread that never called cudaSetDevice opens a context on device 0 (half a GiB per process on
-// a multi-GPU node) and works on the wrong device. Stricter than CUDA, an event is destroyed only
-// by the thread that made it: one dropped on a helper thread (a watchdog's last reference) is
-// destroyed at a moment the owner does not know, while it may still record or wait on it.
+// Stricter than CUDA, an event is destroyed only by the thread that made it: one dropped on a
+// helper thread (a watchdog's last reference) is destroyed at a moment the owner does not know,
+// while it may still record or wait on it.
 struct CUevent_st {  // the type CUDA leaves opaque
   int device;
   std::thread::id owner;
 };
 namespace {
 void check_event_device(cudaEvent_t event, const char* call) {
-  if (event && event->device == current_device) return;
-  std::fprintf(stderr,
-               "cuda_emu: %s on %s from a thread whose current device is %d (a thread starts on "
-               "device 0: call cudaSetDevice in it first)\n",
-               call, event ? ("an event of device " + std::to_string(event->device)).c_str()
-                           : "a null event",
-               current_device);
-  std::abort();
+  if (!event) {
+    std::fprintf(stderr, "cuda_emu: %s on a null event\n", call);
+    std::abort();
+  }
+  if (event->device != current_device) wrong_device(call, "an event", event->device);
 }
 }  // namespace
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
@@ -299,8 +334,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   check_event_device(event, "cudaEventRecord");
+  cuda_emu::check_stream_device(stream, "cudaEventRecord");
   return cudaSuccess;
 }
 // An event is complete once recorded; waiting on it reports a kernel's fault, as a GPU does.
@@ -312,8 +348,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   check_event_device(event, "cudaEventSynchronize");
   return take_fault();
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned) {
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   check_event_device(event, "cudaStreamWaitEvent");
+  cuda_emu::check_stream_device(stream, "cudaStreamWaitEvent");
   return cudaSuccess;
 }
 

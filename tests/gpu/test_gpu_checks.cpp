@@ -10,6 +10,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <csignal>
+#include <functional>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +32,8 @@
 
 #if __has_include(<cuda_emu.h>)
 #include <cuda_emu.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #define GRASS_TEST_CUDA_EMU 1
 #endif
 
@@ -190,6 +195,71 @@ TEST_CASE("checks: a reservation that leaves less than the stated headroom free 
 }
 
 #ifdef GRASS_TEST_CUDA_EMU
+namespace {
+// Runs `use` in a forked child, after `make` made its objects on device 1, on a fresh thread
+// (which starts on device 0); returns what the child wrote to stderr if it ended by SIGABRT,
+// else a line saying how it ended.
+std::string abort_message_of(const std::function<void()>& use) {
+  int out[2];
+  REQUIRE(pipe(out) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // Catch's own SIGABRT handler would report the abort as this test's failure
+    std::signal(SIGABRT, SIG_DFL);
+    dup2(out[1], 2);
+    close(out[0]);
+    std::thread helper(use);
+    helper.join();
+    _exit(0);
+  }
+  close(out[1]);
+  std::string text;
+  char chunk[512];
+  for (ssize_t n; (n = read(out[0], chunk, sizeof chunk)) > 0;) text.append(chunk, size_t(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT) return text;
+  return "(the child did not abort: status " + std::to_string(status) + ")";
+}
+// A kernel launch as the emulator's translation of write_one<<<1, 1, 0, stream>>>(out) makes it.
+void write_one(cudaStream_t stream, int* out) {
+  cuda_emu::launch("write_one", nullptr, {dim3(1), dim3(1), 0, stream}, [out] { *out = 1; });
+}
+}  // namespace
+
+// Issue 25, B4's class: a helper thread that never called cudaSetDevice works on device 0. The
+// emulator keeps a current device per thread and tags events, streams and allocations with theirs.
+TEST_CASE("checks: the emulator stops a use of another device's stream, event or memory",
+          "[gpu][checks]") {
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+  int* memory = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaMalloc(&memory, sizeof(int)) == cudaSuccess);
+  const std::string expected = "of device 1 from a thread whose current device is 0";
+  CHECK_THAT(abort_message_of([&] { write_one(stream, memory); }),
+             Catch::Contains("write_one on a stream " + expected));
+  CHECK_THAT(abort_message_of([&] { cudaEventQuery(event); }),
+             Catch::Contains("cudaEventQuery on an event " + expected));
+  CHECK_THAT(abort_message_of([&] { cudaMemsetAsync(memory, 0, sizeof(int)); }),
+             Catch::Contains("cudaMemset on memory " + expected));
+  // and with the device made current there, the same calls are fine
+  CHECK_THAT(abort_message_of([&] {
+               cudaSetDevice(1);
+               write_one(stream, memory);
+               cudaEventQuery(event);
+               cudaMemsetAsync(memory, 0, sizeof(int));
+             }),
+             Catch::Contains("did not abort: status 0"));
+  cudaFree(memory);
+  cudaEventDestroy(event);
+  cudaStreamDestroy(stream);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+}
+
 // On a GPU an illegal address is sticky (the context is lost), so this runs on the emulator only,
 // whose fault is reported once, like a GPU's, at the next synchronising call.
 TEST_CASE("checks: GRASS_CUDA_SYNC=1 names a faulting kernel's launcher at its launch",

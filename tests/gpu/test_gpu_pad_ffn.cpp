@@ -15,7 +15,7 @@ using namespace grass;
 
 TEST_CASE("a padded ffn of 5461 trains on the GPU as the unpadded model does", "[gpu][pad]") {
   // The padded and unpadded GEMMs are different kernels on a GPU (cuBLASLt picks its kernel and
-  // split-K by shape; on the emulator the same loops over K = 5464 and 5461), whose bf16 outputs
+  // split-K by shape and alignment; the emulator's cuBLAS, a K tile by alignment), whose bf16 outputs
   // may round the other way: held to kPadBf16Outputs (tests/pad_ffn_runs.h says why); the pad
   // stays exactly +0.0.
   using test::kPadBf16Outputs, test::kPadStochastic;

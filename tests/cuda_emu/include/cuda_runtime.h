@@ -161,16 +161,21 @@ uint64_t* warp_exchange();  // 2 x 32 slots of 8 bytes for the calling thread's 
 int lane_id();
 unsigned shuffle_round();  // the calling thread's shuffle count so far, then counted up
 
+// Stops the program, naming both devices, when `stream` is not the current device's (runtime.cpp).
+void check_stream_device(cudaStream_t stream, const char* call);
+
 struct LaunchDims {
   dim3 grid, block;
   size_t shared_bytes;
-  LaunchDims(dim3 g, dim3 b, size_t shared = 0, cudaStream_t = nullptr)
-      : grid(g), block(b), shared_bytes(shared) {}
+  cudaStream_t stream;
+  LaunchDims(dim3 g, dim3 b, size_t shared = 0, cudaStream_t s = nullptr)
+      : grid(g), block(b), shared_bytes(shared), stream(s) {}
 };
 // kernel: the kernel's address where the launch names one instantiation (cudaFuncSetAttribute
 // is keyed by it), else nullptr; body: the kernel called with the launch's arguments.
 inline void launch(const char* name, const void* kernel, const LaunchDims& dims,
                    const std::function<void()>& body) {
+  check_stream_device(dims.stream, name);
   run_grid({dims.grid, dims.block, dims.shared_bytes, kernel, name}, body);
 }
 }  // namespace cuda_emu
