@@ -27,6 +27,14 @@ bool launch_sync() {
 
 void set_launch_sync(bool on) { sync_override.store(on ? 1 : 0, std::memory_order_relaxed); }
 
+bool poison_mode() {
+  static const bool on = [] {
+    const char* value = std::getenv("GRASS_POISON");
+    return value && std::strcmp(value, "1") == 0;
+  }();
+  return on;
+}
+
 void debug_sync(const char* what, const char* file, int line) {
   if (!launch_sync()) return;
   // The device, not the stream: a fault is sticky for the whole context, and this way a kernel

@@ -123,6 +123,7 @@ class CudaBackend final : public Backend {
     GRASS_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ctx_.stream));
     return p;
   }
+  void mark_unwritten(void* ptr, size_t bytes) override { poison(ptr, int64_t(bytes)); }
   void deallocate(void* ptr) override {
     const bool in_pool = pool_ && ptr >= pool_ && ptr < static_cast<char*>(pool_) + pool_bytes_;
     if (!in_pool) GRASS_CUDA_CHECK(cudaFree(ptr));  // the pool goes back whole at the end
@@ -163,6 +164,7 @@ class CudaBackend final : public Backend {
   void use_scratch(const ScratchLease* lease) override {
     if (!lease) {  // none: every op that needs scratch stops at its capacity check
       scratch_ = {};
+      scratch_bytes_ = {};
       attention_bytes_ = 0;
       rope_ = {nullptr, 0};
       slice_norms_capacity_ = 0;
@@ -184,6 +186,7 @@ class CudaBackend final : public Backend {
                 "reduction scratch smaller than the kernel needs");
     GRASS_CHECK(s.attention == attention_, "a workspace planned for other attention kernels");
     scratch_ = scratch;
+    scratch_bytes_ = sizes;
     attention_bytes_ = sizes.attention_bytes;
     rope_ = {static_cast<const float*>(scratch.rope), s.T};  // init_scratch() filled it
     rope_HD_ = s.HD;
@@ -247,6 +250,7 @@ class CudaBackend final : public Backend {
     upload_async(group_token, tokens.data(), tokens.size() * sizeof(int32_t));
     cuda::embedding_backward(ctx_, dtable, grad_type(), b(dout), positions, group_start,
                              group_token, groups, C);
+    poison(scratch_.tokens, scratch_bytes_.tokens_bytes);
   }
   void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int64_t N, int C,
                        double eps) override {
@@ -260,6 +264,7 @@ class CudaBackend final : public Backend {
                         const float* rstd, int64_t N, int C) override {
     cuda::rmsnorm_backward(ctx_, b(dx), dw, grad_type(), b(dout), b(x), b(w), rstd,
                            static_cast<float*>(scratch_.norm), N, C);
+    poison(scratch_.norm, scratch_bytes_.norm_bytes);
   }
   // The engine's kernels rotate q and k as they load them; cuDNN's take them rotated, so for
   // those the backend rotates copies (scratch_.rope) and turns dq, dk back afterwards.
@@ -269,6 +274,8 @@ class CudaBackend final : public Backend {
       const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
       cudnn_->forward(b(out), static_cast<float*>(saved), qr, kr, b(v), B, T, NH, NKV, HD,
                       scratch_.attention, attention_bytes_);
+      poison(scratch_.attention, attention_bytes_);
+      poison(scratch_.rope, scratch_bytes_.rope_bytes);  // the rotated copies
       return;
     }
     cuda::attention_forward(ctx_, b(out), static_cast<float*>(saved), b(q), b(k), b(v), B, T, NH,
@@ -283,11 +290,14 @@ class CudaBackend final : public Backend {
                        kr, b(v), B, T, NH, NKV, HD, scratch_.attention, attention_bytes_);
       cuda::rope_backward(ctx_, b(dq), B, T, NH, HD, float(theta));
       cuda::rope_backward(ctx_, b(dk), B, T, NKV, HD, float(theta));
+      poison(scratch_.attention, attention_bytes_);
+      poison(scratch_.rope, scratch_bytes_.rope_bytes);
       return;
     }
     cuda::attention_backward(ctx_, b(dq), b(dk), b(dv), static_cast<float*>(scratch_.attention),
                              b(dout), b(out), static_cast<const float*>(saved), b(q), b(k), b(v),
                              B, T, NH, NKV, HD, rope_table(HD, theta));
+    poison(scratch_.attention, attention_bytes_);
   }
   void swiglu_forward(void* out, const void* gu, int64_t N, int F) override {
     cuda::swiglu_forward(ctx_, b(out), b(gu), N, F);
@@ -313,6 +323,7 @@ class CudaBackend final : public Backend {
     }
     zero(loss, sizeof(double));
     cuda::sum(ctx_, loss, lse, N, static_cast<double*>(scratch_.reduce));
+    poison(scratch_.reduce, scratch_bytes_.reduce_bytes);
   }
   void head_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
                      const void* w, const int32_t* targets, int64_t N, int C, int V,
@@ -335,12 +346,14 @@ class CudaBackend final : public Backend {
     }
     zero(loss, sizeof(double));
     cuda::sum(ctx_, loss, lse, N, static_cast<double*>(scratch_.reduce));
+    poison(scratch_.reduce, scratch_bytes_.reduce_bytes);
   }
   void store_gradients(void*, int64_t) override {}  // already in their storage type
 
   // ---- optimizer ops --------------------------------------------------------------------------
   void sum_squares(double* acc, const void* grads, int64_t n) override {
     cuda::sum_squares(ctx_, acc, grads, grad_type(), n, static_cast<double*>(scratch_.reduce));
+    poison(scratch_.reduce, scratch_bytes_.reduce_bytes);
   }
   void clip(ClipScalars* s, double max_norm) override { cuda::clip(ctx_, s, max_norm); }
   void adamw_update(WeightRef w, const void* g, void* m, void* v, int64_t n, const AdamArgs& a,
@@ -409,9 +422,15 @@ class CudaBackend final : public Backend {
                               lowrank_workspace_bytes(storage_, p.out, p.in, p.r),
                               static_cast<double*>(scratch_.reduce), p.P, p.out, p.in, p.r,
                               p.rows, alpha, max_rms, a, seed);
+    poison(scratch_.reduce, scratch_bytes_.reduce_bytes);
   }
 
  private:
+  // GRASS_POISON=1 (cuda/device.h): NaN in memory whose contents nobody may read before writing.
+  void poison(void* p, int64_t bytes) {
+    if (cuda::poison_mode() && p && bytes > 0)
+      GRASS_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size_t(bytes), ctx_.stream));
+  }
   GradType grad_type() const { return storage_.grad_bytes == 2 ? GradType::BF16 : GradType::F32; }
   // Rows r0 .. r0 + rows of the head: logits, loss per row (into lse) and its gradient in place,
   // then dnf (overwritten) and dw (+=) through lm_head.
@@ -440,6 +459,7 @@ class CudaBackend final : public Backend {
   BackendScratchPointers scratch_;
   cuda::StagingRing staging_;
   int64_t host_waits_ = 0;
+  BackendScratch scratch_bytes_;       // the sizes of scratch_'s buffers
   int64_t slice_norms_capacity_ = 0;  // doubles at scratch_.slice_norms
   // The RoPE table in scratch_.rope, for head dim rope_HD_ and rope_theta_.
   cuda::RopeTable rope_;

@@ -23,4 +23,12 @@ bool launch_sync();
 // Overrides GRASS_CUDA_SYNC for the rest of the process (tests).
 void set_launch_sync(bool on);
 
+// GRASS_POISON=1 in the environment (read once): activation and workspace memory start as NaN
+// (0xFF bytes) instead of zero, and the backend fills its scratch with NaN again once an op has
+// consumed it (RMSNorm's partials, attention's, the reductions', the token groups, cuDNN's), so a
+// kernel that reads what nothing wrote shows as NaN instead of a leftover or a zero. For debugging
+// (compute-sanitizer's initcheck cannot see memory of one reservation) and the emulator's poison
+// test; a correct run's numbers do not change.
+bool poison_mode();
+
 }  // namespace grass::cuda

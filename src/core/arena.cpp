@@ -53,6 +53,8 @@ void* Arena::alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes
                     " (" + format_bytes(bytes) + ") with " + format_bytes(total_) +
                     " already held: reduce micro_batch_size or seq_len (grass mem <run.json> "
                     "shows the plan)");
+  if (p && (cat == MemCategory::Activations || cat == MemCategory::Workspace))
+    memory_->mark_unwritten(p, size_t(bytes));
   blocks_.push_back({p, bytes, cat, name});
   live_[int(cat)] += bytes;
   total_ += bytes;

@@ -21,6 +21,12 @@ class MemoryResource {
   virtual void* allocate_zeroed(size_t bytes) = 0;
   virtual void deallocate(void* ptr) = 0;
   virtual const char* memory_name() const = 0;  // "host memory", "GPU memory": for messages
+  // Called for activation and workspace buffers, whose contents before a first write are nobody's
+  // business: a debugging mode may fill them with NaN (the CUDA backend's GRASS_POISON=1).
+  virtual void mark_unwritten(void* ptr, size_t bytes) {
+    (void)ptr;
+    (void)bytes;
+  }
 };
 MemoryResource& host_memory();
 
@@ -35,7 +41,8 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
   ~Arena();
 
-  // Zero-filled, 64-byte aligned. `name` shows up in reports and out-of-memory messages.
+  // Zero-filled (activations and workspace: unless the memory's debugging mode poisons them),
+  // 64-byte aligned. `name` shows up in reports and out-of-memory messages.
   void* alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes);
   template <typename T>
   T* alloc(MemCategory cat, const std::string& name, int64_t count) {
