@@ -97,6 +97,15 @@ bin=$GRASS_EMU tol=1e-3 case_run emu_grass2 2 2 "${emu[@]}"
 grep -q "gradients through NCCL" "$tmp/emu_grass2.dp.log" || fail "emu_grass2: the gradients did not go through NCCL"
 bin=$GRASS_EMU tol=1e-2 case_run emu_bf16_fused2 2 8 --set device=cuda --set precision=bf16 "${grass[@]}"
 grep -q "updates fused into the backward" "$tmp/emu_bf16_fused2.dp.log" || fail "emu_bf16_fused2: not fused"
+# And once more with deferred, adversarial streams (tests/cuda_emu/streams.h): each rank's sums
+# run when their stream gets to them, so they must wait for the backward's kernels through the
+# sum stream's event, whatever order the emulator runs the two streams in.
+export CUDA_EMU_STREAMS=deferred:1
+mpi_plain=("${mpi[@]}")
+mpi+=(-x CUDA_EMU_STREAMS)
+bin=$GRASS_EMU tol=1e-3 case_run emu_grass2_deferred 2 2 "${emu[@]}"
+mpi=("${mpi_plain[@]}")
+unset CUDA_EMU_STREAMS
 # Nothing takes device memory after the reservation: the emulated NCCL connects lazily as NCCL
 # 2.22+ does, so without NCCL_RUNTIME_CONNECT=0 and the warm-up sum each rank would warn here.
 for name in emu_grass2 emu_bf16_fused2; do
@@ -209,4 +218,4 @@ grep -q "error (rank 0 of 2): .* has waited [0-9]* s for the other ranks (GRASS_
 unset GRASS_TIMEOUT_S
 
 if [ $failures -gt 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "data parallel: 10 rank/optimizer cases (2 on the emulated GPU) match one process; bytes as planned; rerun, resume, refusals, a killed and a stopped rank checked"
+echo "data parallel: 11 rank/optimizer cases (3 on the emulated GPU, one with deferred streams) match one process; bytes as planned; rerun, resume, refusals, a killed and a stopped rank checked"

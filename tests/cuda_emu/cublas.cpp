@@ -10,6 +10,7 @@
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
 #include "cuda_emu.h"
+#include "streams.h"
 
 // cuBLAS's docs: creating a handle "allocates hardware resources on the host and device" (for
 // cuBLAS, its default workspace pool). A handle here holds a device allocation of this size.
@@ -21,6 +22,7 @@ struct cublasLtContext {
 struct cublasContext {
   void* device = nullptr;
   cublasMath_t math = CUBLAS_DEFAULT_MATH;
+  cudaStream_t stream = nullptr;  // cublasSetStream's
 };
 struct cublasLtMatmulDescOpaque {
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
@@ -116,9 +118,13 @@ float dot(const float* a, const float* b, int64_t k, SumOrder order) {
 }
 
 // D[m,n] = alpha·op(A)[m,k]·op(B)[k,n] + beta·C (C is not read when beta is 0, as in cuBLAS).
+void compute(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Operand& a,
+             const Operand& b, float beta, const Operand& c, void* d, SumOrder order);
+
+// Checked at the call, computed in `stream`'s order (streams.h).
 cublasStatus_t gemm(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n,
                     int64_t k, float alpha, const Operand& a, const Operand& b, float beta,
-                    const Operand& c, void* d, SumOrder order) {
+                    const Operand& c, void* d, SumOrder order, cudaStream_t stream) {
   const bool ta = op_a == CUBLAS_OP_T, tb = op_b == CUBLAS_OP_T;
   if (a.rows != (ta ? k : m) || a.cols != (ta ? m : k))
     return invalid("A is " + std::to_string(a.rows) + "x" + std::to_string(a.cols) +
@@ -133,6 +139,12 @@ cublasStatus_t gemm(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, i
     if (cublasStatus_t s = check_operand(b)) return s;
   }
   if (cublasStatus_t s = check_operand(c)) return s;
+  cuda_emu::enqueue(stream, [=] { compute(ta, tb, m, n, k, alpha, a, b, beta, c, d, order); });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+void compute(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const Operand& a,
+             const Operand& b, float beta, const Operand& c, void* d, SumOrder order) {
   // op(A) as rows of k and op(B) as columns of k, widened once: the inner loop is a plain dot.
   std::vector<float> a_rows(size_t(m * k)), b_cols(size_t(n * k));
   for (int64_t i = 0; i < m; i++)
@@ -150,7 +162,6 @@ cublasStatus_t gemm(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, i
       if (beta != 0.0f) out += beta * load(c.ptr, c.type, i + j * c.ld);
       store(d, c.type, i + j * c.ld, out);
     }
-  return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace
@@ -307,7 +318,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
               {b, bl->type, int64_t(bl->rows), int64_t(bl->cols), bl->ld, "B"},
               *static_cast<const float*>(beta),
               {c, cl->type, int64_t(cl->rows), int64_t(cl->cols), cl->ld, "C"}, d,
-              lt_order(m, n, k, alignment));
+              lt_order(m, n, k, alignment), stream);
 }
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
@@ -334,8 +345,10 @@ cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
   *mode = handle->math;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t stream) {
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
   cuda_emu::check_stream_device(stream, "cublasSetStream");
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->stream = stream;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetWorkspace(cublasHandle_t, void* workspace, size_t bytes) {
@@ -354,5 +367,5 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t op_a, cubla
   return gemm(op_a, op_b, m, n, k, *static_cast<const float*>(alpha),
               {a, a_type, ta ? k : m, ta ? m : k, lda, "A"},
               {b, b_type, tb ? n : k, tb ? k : n, ldb, "B"}, *static_cast<const float*>(beta),
-              {c, c_type, m, n, ldc, "C"}, c, kGemmExOrder);
+              {c, c_type, m, n, ldc, "C"}, c, kGemmExOrder, handle->stream);
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "src/core/bf16.h"
+#include "streams.h"
 
 struct ncclComm {
   int nranks = 0;
@@ -116,6 +117,9 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            cudaStream_t stream) {
   cuda_emu::check_stream_device(stream, "ncclAllReduce");
   if (op != ncclSum) return ncclInvalidArgument;
+  // The sum runs now, over MPI, which every rank calls in the same order: first its stream's
+  // queued work (and whatever that waits on) runs, as the collective would wait for it.
+  cuda_emu::drain_stream(stream);
   if (ncclResult_t e = connect(comm)) return e;
   const size_t element = datatype == ncclFloat64 ? 8 : datatype == ncclFloat32 ? 4 : 2;
   const size_t bytes = count * element;

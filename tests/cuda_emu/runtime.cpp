@@ -21,6 +21,7 @@
 
 #include "cuda_emu.h"
 #include "cuda_runtime.h"
+#include "streams.h"
 
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
@@ -147,6 +148,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
+  cuda_emu::drain_all();  // cudaFree waits for the device: queued work may still use the memory
   std::lock_guard<std::mutex> lock(memory_mutex);
   auto it = allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations.end()) {
@@ -168,6 +170,11 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 }
 
 namespace {
+uint64_t checksum(const void* p, size_t bytes) {  // FNV-1a
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < bytes; i++) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
+  return h;
+}
 // The device side of a copy or memset must lie inside one allocation, of the current device.
 cudaError_t check_device(const void* p, size_t bytes, const char* what) {
   if (bytes == 0) return cudaSuccess;
@@ -195,20 +202,39 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     if (cudaError_t e = check_device(dst, bytes, "cudaMemcpy destination")) return e;
   if (src_device)
     if (cudaError_t e = check_device(src, bytes, "cudaMemcpy source")) return e;
-  if (bytes) std::memmove(dst, src, bytes);
+  if (bytes == 0) return cudaSuccess;
+  if (!cuda_emu::deferred_streams() || !stream) {
+    cuda_emu::enqueue(stream, [=] { std::memmove(dst, src, bytes); });
+    return cudaSuccess;
+  }
+  // Deferred: the host side of the copy is the caller's until the stream reaches it. A host source
+  // must not change before then (checked when the copy runs); a host destination holds NaN bytes
+  // until then, so a read before the stream is synchronised shows.
+  const uint64_t sum = src_device ? 0 : checksum(src, bytes);
+  if (!dst_device) std::memset(dst, 0xFF, bytes);
+  cuda_emu::enqueue(stream, [=] {
+    if (!src_device && checksum(src, bytes) != sum) {
+      std::fprintf(stderr, "cuda_emu: the host source of a cudaMemcpyAsync of %zu bytes changed "
+                           "before the copy ran (wait for the stream before reusing it)\n", bytes);
+      std::abort();
+    }
+    std::memmove(dst, src, bytes);
+  });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  if (cudaError_t e = take_fault()) return e;  // synchronous: waits for the kernels before it
+  cuda_emu::drain_all();  // synchronous: waits for the work before it
+  if (cudaError_t e = take_fault()) return e;
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
   cuda_emu::check_stream_device(stream, "cudaMemsetAsync");
   if (cudaError_t e = check_device(dst, bytes, "cudaMemset")) return e;
-  if (bytes) std::memset(dst, value, bytes);
+  if (bytes) cuda_emu::enqueue(stream, [=] { std::memset(dst, value, bytes); });
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  cuda_emu::drain_all();
   if (cudaError_t e = take_fault()) return e;
   return cudaMemsetAsync(dst, value, bytes, nullptr);
 }
@@ -218,7 +244,9 @@ cudaError_t cudaMemset2DAsync(void* dst, size_t pitch, int value, size_t width, 
   if (height == 0 || width == 0) return cudaSuccess;
   if (width > pitch) return cudaErrorInvalidValue;
   if (cudaError_t e = check_device(dst, pitch * (height - 1) + width, "cudaMemset2D")) return e;
-  for (size_t r = 0; r < height; r++) std::memset(static_cast<char*>(dst) + r * pitch, value, width);
+  cuda_emu::enqueue(stream, [=] {
+    for (size_t r = 0; r < height; r++) std::memset(static_cast<char*>(dst) + r * pitch, value, width);
+  });
   return cudaSuccess;
 }
 
@@ -271,11 +299,11 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   *value = kMaxSharedOptin;
   return cudaSuccess;
 }
-// Every call runs to completion before it returns: synchronisation only reports a kernel's fault.
-cudaError_t cudaDeviceSynchronize() { return take_fault(); }
-struct CUstream_st {  // the type CUDA leaves opaque
-  int device;
-};
+// Synchronisation runs what is queued (streams.h), then reports a kernel's fault.
+cudaError_t cudaDeviceSynchronize() {
+  cuda_emu::drain_all();
+  return take_fault();
+}
 namespace cuda_emu {
 // The null stream is the current device's.
 void check_stream_device(cudaStream_t stream, const char* call) {
@@ -284,16 +312,19 @@ void check_stream_device(cudaStream_t stream, const char* call) {
 }  // namespace cuda_emu
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
-  *stream = new CUstream_st{current_device};
+  *stream = new CUstream_st{current_device, {}};
+  cuda_emu::register_stream(*stream);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   cuda_emu::check_stream_device(stream, "cudaStreamDestroy");
+  cuda_emu::unregister_stream(stream);
   delete stream;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   cuda_emu::check_stream_device(stream, "cudaStreamSynchronize");
+  cuda_emu::drain_stream(stream);
   return take_fault();
 }
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
@@ -301,16 +332,13 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
   return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void* ptr) {
+  cuda_emu::drain_all();  // as cudaFree: queued copies may still read it
   std::free(ptr);
   return cudaSuccess;
 }
 // Stricter than CUDA, an event is destroyed only by the thread that made it: one dropped on a
 // helper thread (a watchdog's last reference) is destroyed at a moment the owner does not know,
 // while it may still record or wait on it.
-struct CUevent_st {  // the type CUDA leaves opaque
-  int device;
-  std::thread::id owner;
-};
 namespace {
 void check_event_device(cudaEvent_t event, const char* call) {
   if (!event) {
@@ -321,7 +349,7 @@ void check_event_device(cudaEvent_t event, const char* call) {
 }
 }  // namespace
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  *event = new CUevent_st{current_device, std::this_thread::get_id()};
+  *event = new CUevent_st{current_device, std::this_thread::get_id(), {0}, {0}};
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
@@ -337,20 +365,25 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   check_event_device(event, "cudaEventRecord");
   cuda_emu::check_stream_device(stream, "cudaEventRecord");
+  cuda_emu::record(event, stream);
   return cudaSuccess;
 }
-// An event is complete once recorded; waiting on it reports a kernel's fault, as a GPU does.
+// NotReady until its stream reaches it (at once unless streams are deferred); a query runs no
+// work, so the watchdog's thread may ask. Reached, it reports a kernel's fault, as a GPU does.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   check_event_device(event, "cudaEventQuery");
+  if (!cuda_emu::reached(event)) return cudaErrorNotReady;
   return take_fault();
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   check_event_device(event, "cudaEventSynchronize");
+  cuda_emu::drain_event(event);
   return take_fault();
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   check_event_device(event, "cudaStreamWaitEvent");
   cuda_emu::check_stream_device(stream, "cudaStreamWaitEvent");
+  cuda_emu::wait(stream, event);
   return cudaSuccess;
 }
 
@@ -676,7 +709,11 @@ int lane_id() { return running->current % 32; }
 
 unsigned shuffle_round() { return running->fibers[size_t(running->current)].shuffles++; }
 
-void run_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
+namespace {
+void execute_grid(const LaunchConfig& cfg, const std::function<void()>& body);
+}  // namespace
+
+void run_grid(const LaunchConfig& cfg, cudaStream_t stream, std::function<void()> body) {
   const dim3 g = cfg.grid, bd = cfg.block;
   const uint64_t threads = uint64_t(bd.x) * bd.y * bd.z;
   auto reject = [&](cudaError_t err, const std::string& why) {
@@ -699,6 +736,14 @@ void run_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
     return reject(cudaErrorInvalidValue, std::to_string(cfg.shared_bytes) +
                                              " bytes of dynamic shared memory, the kernel may use " +
                                              std::to_string(shared_limit));
+  enqueue(stream, [cfg, body = std::move(body)] { execute_grid(cfg, body); });
+}
+
+namespace {
+
+void execute_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
+  const dim3 g = cfg.grid, bd = cfg.block;
+  const uint64_t threads = uint64_t(bd.x) * bd.y * bd.z;
   if (running) {
     std::fprintf(stderr, "cuda_emu: a kernel launched from a kernel\n");
     std::abort();
@@ -765,4 +810,5 @@ void run_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
   }
 }
 
+}  // namespace
 }  // namespace cuda_emu

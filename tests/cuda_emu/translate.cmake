@@ -2,19 +2,20 @@
 # headers (include/). Two rewrites, nothing else changes (a #line keeps the original file and line
 # numbers in messages):
 #   kernel<<<grid, block, smem, stream>>>(args);
-#     ->  ::cuda_emu::launch("kernel", &kernel, ::cuda_emu::LaunchDims(grid, block, smem, stream), [&] { kernel(args); });
+#     ->  ::cuda_emu::launch("kernel", &kernel, ::cuda_emu::LaunchDims(grid, block, smem, stream), [=] { kernel(args); });
 #     (the address only where the launch names the instantiation: kernel<8>; a template kernel
-#     deduced from its arguments has none, and the call inside the lambda deduces it as nvcc does)
+#     deduced from its arguments has none, and the call inside the lambda deduces it as nvcc does;
+#     the lambda copies the arguments, as a launch does, since a deferred stream runs it later)
 #   extern __shared__ [__align__(n)] T name[];
 #     ->  T* name = reinterpret_cast<T*>(::cuda_emu::dynamic_shared_memory());
 # Usage: cmake -DIN=file.cu -DOUT=file.cpp -P translate.cmake
 file(READ "${IN}" text)
 set(ws "[ \t\r\n]*")
 string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*<[^<>;]*>)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
-       "::cuda_emu::launch(\"\\1\", reinterpret_cast<const void*>(&\\1), ::cuda_emu::LaunchDims(\\2), [&] { \\1(\\3); });"
+       "::cuda_emu::launch(\"\\1\", reinterpret_cast<const void*>(&\\1), ::cuda_emu::LaunchDims(\\2), [=] { \\1(\\3); });"
        text "${text}")
 string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
-       "::cuda_emu::launch(\"\\1\", nullptr, ::cuda_emu::LaunchDims(\\2), [&] { \\1(\\3); });" text "${text}")
+       "::cuda_emu::launch(\"\\1\", nullptr, ::cuda_emu::LaunchDims(\\2), [=] { \\1(\\3); });" text "${text}")
 string(REGEX REPLACE "extern __shared__ (__align__\\([0-9]+\\) )?([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_]) ([A-Za-z_][A-Za-z0-9_]*)\\[\\];"
        "\\2* \\3 = reinterpret_cast<\\2*>(::cuda_emu::dynamic_shared_memory());" text "${text}")
 if(text MATCHES "<<<|>>>|extern __shared__")

@@ -149,9 +149,10 @@ struct LaunchConfig {
   const void* kernel;
   const char* name;
 };
-// Runs body once per thread of the grid (threadIdx & co. set); records a launch error if the
-// configuration is invalid or the block does not synchronise consistently.
-void run_grid(const LaunchConfig& cfg, const std::function<void()>& body);
+// Runs body once per thread of the grid (threadIdx & co. set) in `stream`'s order (now, or queued
+// under CUDA_EMU_STREAMS=deferred: body must then hold copies of the launch's arguments); records
+// a launch error at once if the configuration is invalid, a kernel fault when the grid runs.
+void run_grid(const LaunchConfig& cfg, cudaStream_t stream, std::function<void()> body);
 // The block's dynamic shared memory (extern __shared__).
 unsigned char* dynamic_shared_memory();
 // Block- and warp-wide barriers, and the exchange area a warp's shuffles go through.
@@ -176,7 +177,7 @@ struct LaunchDims {
 inline void launch(const char* name, const void* kernel, const LaunchDims& dims,
                    const std::function<void()>& body) {
   check_stream_device(dims.stream, name);
-  run_grid({dims.grid, dims.block, dims.shared_bytes, kernel, name}, body);
+  run_grid({dims.grid, dims.block, dims.shared_bytes, kernel, name}, dims.stream, body);
 }
 }  // namespace cuda_emu
 

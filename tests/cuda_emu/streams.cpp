@@ -1,0 +1,182 @@
+// cuda_emu's streams and events (streams.h): run at once, or deferred and adversarial.
+#include "streams.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace cuda_emu {
+
+namespace {
+
+struct Mode {
+  bool deferred = false;
+  uint64_t seed = 1;
+};
+const Mode& mode() {
+  static const Mode m = [] {
+    Mode parsed;
+    const char* text = std::getenv("CUDA_EMU_STREAMS");
+    const std::string v = text ? text : "";
+    if (v.rfind("deferred", 0) == 0) {
+      parsed.deferred = true;
+      if (v.size() > 8) {
+        if (v[8] != ':' || v.size() == 9 || v.find_first_not_of("0123456789", 9) != std::string::npos) {
+          std::fprintf(stderr, "cuda_emu: CUDA_EMU_STREAMS=%s: not \"deferred\" or \"deferred:N\"\n",
+                       v.c_str());
+          std::abort();
+        }
+        parsed.seed = std::stoull(v.substr(9));
+      }
+    } else if (!v.empty()) {
+      std::fprintf(stderr, "cuda_emu: CUDA_EMU_STREAMS=%s: not \"deferred\" or \"deferred:N\"\n",
+                   v.c_str());
+      std::abort();
+    }
+    return parsed;
+  }();
+  return m;
+}
+
+// Every queue and the scheduler's generator. Recursive: an op that runs may be a cuBLAS call
+// whose own checks take it again.
+std::recursive_mutex queues;
+std::vector<cudaStream_t> streams;
+std::atomic<uint64_t> tickets{0};
+std::mt19937_64& rng() {
+  static std::mt19937_64 g(mode().seed * 0x9E3779B97F4A7C15ull + 1);
+  return g;
+}
+
+bool runnable(const Op& op) {
+  return op.kind != Op::Wait || op.event->completed.load() >= op.ticket;
+}
+
+void run(Op& op) {
+  switch (op.kind) {
+    case Op::Work: op.work(); break;
+    case Op::Record: {
+      uint64_t was = op.event->completed.load();
+      while (was < op.ticket && !op.event->completed.compare_exchange_weak(was, op.ticket)) {
+      }
+      break;
+    }
+    case Op::Wait: break;  // runnable: its event is reached
+  }
+}
+
+// Runs one runnable head, the generator's pick among them; false when none is.
+bool step() {
+  std::vector<cudaStream_t> ready;
+  for (cudaStream_t s : streams)
+    if (!s->queue.empty() && runnable(s->queue.front())) ready.push_back(s);
+  if (ready.empty()) return false;
+  cudaStream_t s = ready[size_t(rng()() % ready.size())];
+  Op op = std::move(s->queue.front());
+  s->queue.pop_front();
+  run(op);
+  return true;
+}
+
+template <typename Done>
+void run_until(Done done, const char* what) {
+  const std::lock_guard<std::recursive_mutex> lock(queues);
+  while (!done())
+    if (!step()) {
+      std::fprintf(stderr, "cuda_emu: %s can never complete: every queued stream waits on an "
+                           "event no stream will reach\n", what);
+      std::abort();
+    }
+}
+
+bool all_empty() {
+  for (cudaStream_t s : streams)
+    if (!s->queue.empty()) return false;
+  return true;
+}
+
+// A random point: some queued work runs now, as a GPU runs it whenever it gets to it.
+void random_progress() {
+  if (rng()() % 4 != 0) return;
+  for (int i = int(rng()() % 4); i > 0 && step(); i--) {
+  }
+}
+
+}  // namespace
+
+bool deferred_streams() { return mode().deferred; }
+
+void register_stream(cudaStream_t stream) {
+  const std::lock_guard<std::recursive_mutex> lock(queues);
+  streams.push_back(stream);
+}
+
+void unregister_stream(cudaStream_t stream) {
+  drain_stream(stream);
+  const std::lock_guard<std::recursive_mutex> lock(queues);
+  streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
+}
+
+void enqueue(cudaStream_t stream, std::function<void()> work) {
+  if (!mode().deferred) {
+    work();
+    return;
+  }
+  const std::lock_guard<std::recursive_mutex> lock(queues);
+  if (!stream) {  // the legacy default stream: after everything queued, before anything later
+    drain_all();
+    work();
+    return;
+  }
+  stream->queue.push_back({Op::Work, std::move(work), nullptr, 0});
+  random_progress();
+}
+
+void record(cudaEvent_t event, cudaStream_t stream) {
+  const uint64_t ticket = ++tickets;
+  event->recorded.store(ticket);
+  if (!mode().deferred || !stream) {
+    if (mode().deferred) drain_all();
+    event->completed.store(ticket);
+    return;
+  }
+  const std::lock_guard<std::recursive_mutex> lock(queues);
+  stream->queue.push_back({Op::Record, {}, event, ticket});
+  random_progress();
+}
+
+void wait(cudaStream_t stream, cudaEvent_t event) {
+  if (!mode().deferred) return;
+  const uint64_t ticket = event->recorded.load();  // the latest record at the time of the call
+  const std::lock_guard<std::recursive_mutex> lock(queues);
+  if (!stream) {
+    run_until([&] { return event->completed.load() >= ticket; }, "a wait on the default stream");
+    return;
+  }
+  stream->queue.push_back({Op::Wait, {}, event, ticket});
+}
+
+bool reached(cudaEvent_t event) { return event->completed.load() >= event->recorded.load(); }
+
+void drain_stream(cudaStream_t stream) {
+  if (!mode().deferred) return;
+  if (!stream) return drain_all();
+  run_until([&] { return stream->queue.empty(); }, "cudaStreamSynchronize");
+}
+
+void drain_event(cudaEvent_t event) {
+  if (!mode().deferred) return;
+  const uint64_t ticket = event->recorded.load();
+  run_until([&] { return event->completed.load() >= ticket; }, "cudaEventSynchronize");
+}
+
+void drain_all() {
+  if (!mode().deferred) return;
+  run_until(all_empty, "a device synchronisation");
+}
+
+}  // namespace cuda_emu
