@@ -26,6 +26,7 @@ mkdir -p "$fake/bin" "$fake/build/tests" "$fake/out"
 
 cat >"$fake/bin/nvidia-smi" <<'EOF'
 #!/bin/sh
+case "$*" in *-lms*) printf '1755, 612.40\n1980, 650.10\n1980, 655.00\n'; exit 0 ;; esac  # T5's sampling
 echo "name, driver_version, memory.total [MiB], clocks.max.sm [MHz], power.limit [W]"
 echo "FAKE H100 80GB HBM3, 580.00.00, 81559 MiB, 1980 MHz, 700.00 W"
 EOF
@@ -73,12 +74,15 @@ args=()
 for a in "\$@"; do
   case \$a in
     model=configs/models/llama_1b.json) a=model=$fake/model.json ;;
-    micro_batch_size=16|total_batch_size=16) a=\${a%=16}=2 ;;
+    micro_batch_size=16|total_batch_size=16|micro_batch_size=64) a=\${a%=*}=2 ;;
+    total_batch_size=512) a=total_batch_size=4 ;;
+    optimizer.rank=64|optimizer.rank=128) a=optimizer.rank=8 ;;  # the shrunk model's k/v are 32 wide
     seq_len=256) a=seq_len=64 ;;
   esac
   args+=("\$a")
 done
 [ "\$1" = train ] && [[ "\$2" == *13b* ]] && args+=(--set model=$fake/model.json --set seq_len=64 --set optimizer.rank=8)
+[ "\$1" = train ] && [[ "\$2" == *bench_60m* ]] && args+=(--set model=$fake/model.json --set seq_len=64)
 exec "$emu/tests/cuda_emu/grass_emu" "\${args[@]}"
 EOF
 cat >"$fake/build/tests/grass_gpu_tests" <<EOF
@@ -110,9 +114,9 @@ expect() {  # expect DESCRIPTION GREP-PATTERN: a line of the summary matches
 expect "T0 reads the device and calls it SXM" '^\| T0 \| pass \| FAKE H100 80GB HBM3 \(SXM, 81559 MiB'
 expect "T1 prints the alignment verdict" '^\| T1 \| pass \| 5461/5504 slowdown .*row-pitch padding'
 expect "T4 is skipped without SDPA/CUDA" '^\| T4 \| skipped \(no torch/CUDA\)'
-expect "T2 runs three sanitizers" '^\| T2 \| pass \| racecheck 0 reports; synccheck 0 reports; memcheck 0 reports'
+expect "T2 runs the sanitizers" '^\| T2 \| pass \| racecheck 0 reports; racecheck_reduce 0 reports; synccheck 0 reports; memcheck 0 reports; memcheck over 2 training steps clean'
 expect "T3 reports Catch's totals" '^\| T3 \| pass \| (Passed|All tests)'
-expect "T5 measures tok/s, syncs and the shares" '^\| T5 \| pass \| .*tok/s.*host syncs/step [0-9]+.*GEMM 60\.0%, attention 30\.0%, other 10\.0%'
+expect "T5 measures tok/s, clocks, syncs and the shares" '^\| T5 \| pass \| 1B, 512x256 tokens/step.*tok/s.*SM clock min 1755 median 1980 MHz, power mean 639 W over 3 samples; host syncs/step [0-9]+.*GEMM 60\.0%, attention 30\.0%, other 10\.0%.*optimizer 0\.0%; top kernel: 60\.0%.*nvjet'
 expect "T6 runs the large-shape tests" '^\| T6 \| pass \| .*worst gradient rel error'
 expect "T7 sets the step lines beside the plan" '^\| T7 \| pass \| plan 28\.39 GiB; arena [0-9.]+ GiB; device peak [0-9.]+ GiB'
 expect "bench says not built" '^\| bench \| not built'

@@ -16,7 +16,9 @@ kernels; sm80/ampere = the older ones; alignN from CUTLASS names).
     profile_shares.py (--nsys-kern CSV | --ncu CSV) [--nsys-api CSV] [--steps N] [--layers L]
     profile_shares.py --self-test
 
-Prints a table and a last line "SUMMARY: GEMM x%, attention y%, other z% ..." for the summary.
+Prints a table, the top 15 kernels (lines "TOP ..."), and a last line "SUMMARY: GEMM x%, attention
+y%, other z% ..., optimizer w%" for the summary (the optimizer: AdamW, GRASS, low-rank, clip and
+norm kernels by name).
 """
 import argparse
 import csv
@@ -27,6 +29,9 @@ from collections import defaultdict
 
 GEMM_RE = re.compile(r"gemm|cublas|cutlass|nvjet|xmma|splitk", re.I)
 ATTN_RE = re.compile(r"attention", re.I)
+# The optimizer's kernels (within "other"): AdamW, GRASS's and the low-rank updates, the norm and
+# clipping, GRASS's slice norms; a step's share of them gives the MFU without the optimizer.
+OPT_RE = re.compile(r"adam|clip|sum_squares|slice_norm|lowrank|flora|galore", re.I)
 SYNC_RE = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|"
                      r"cudaMemcpy|cudaMemcpy2D|cudaMemset)(_v\d+)?$")
 UNIT_NS = {"ns": 1, "nsecond": 1, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
@@ -156,6 +161,11 @@ def report(kernels, steps, layers, syncs=None, out=sys.stdout):
                     reverse=True)
     for ns, n, name in others[:10]:
         print("  %5.1f%%  %6d x  %s" % (100 * ns / total, n, name[:150]), file=out)
+    print("Top 15 kernels (all classes):", file=out)
+    for ns, n, name in sorted(((ns, n, name) for name, (ns, n) in kernels.items()), reverse=True)[:15]:
+        print("TOP  %5.1f%%  %8.3f ms/step  %6d x  %s" % (100 * ns / total, ns / 1e6 / steps, n,
+                                                          name[:150]), file=out)
+    optimizer = sum(ns for name, (ns, _) in kernels.items() if OPT_RE.search(name))
     sm90 = sum(ns for ns, _, name in gemms if "sm90" in gemm_path(name))
     sync_txt = ""
     if syncs:
@@ -164,10 +174,12 @@ def report(kernels, steps, layers, syncs=None, out=sys.stdout):
         sync_txt = ", %.0f sync calls per step" % (sum(syncs.values()) / steps)
     attn_layer = by_cat["attention"] / 1e6 / steps / layers if layers else 0
     print("SUMMARY: GEMM %.1f%%, attention %.1f%%, other %.1f%% of %.1f ms GPU time per step; "
-          "%.0f%% of GEMM time in sm90/nvjet kernels; attention %.3f ms per layer%s"
+          "%.0f%% of GEMM time in sm90/nvjet kernels; attention %.3f ms per layer; "
+          "optimizer %.1f%%%s"
           % (100 * by_cat["GEMM"] / total, 100 * by_cat["attention"] / total,
              100 * by_cat["other"] / total, total / 1e6 / steps,
-             100 * sm90 / by_cat["GEMM"] if by_cat["GEMM"] else 0, attn_layer, sync_txt), file=out)
+             100 * sm90 / by_cat["GEMM"] if by_cat["GEMM"] else 0, attn_layer,
+             100 * optimizer / total, sync_txt), file=out)
     return 0
 
 
@@ -177,7 +189,8 @@ SELF_TEST_NSYS = """Processing [t5.sqlite] with [cuda_gpu_kern_sum.py]...
 60.0,"6,000,000",300,20000.0,20000.0,1,1,0.0,"nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTT"
 10.0,1000000,100,10000.0,10000.0,1,1,0.0,"sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_align2"
 20.0,2000000,48,1.0,1.0,1,1,0.0,"void grass::cuda::attention_backward_dkdv_kernel<64, 64>(...)"
-10.0,1000000,500,1.0,1.0,1,1,0.0,"void grass::cuda::rmsnorm_forward_kernel(...)"
+5.0,500000,500,1.0,1.0,1,1,0.0,"void grass::cuda::rmsnorm_forward_kernel(...)"
+5.0,500000,10,1.0,1.0,1,1,0.0,"void grass::cuda::adamw_kernel<float>(...)"
 """
 SELF_TEST_API = """"Time (%)","Total Time (ns)","Num Calls","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Name"
 50.0,100,30,1,1,1,1,0,"cudaStreamSynchronize"
@@ -194,14 +207,16 @@ SELF_TEST_NCU = """==PROF== Connected to process 1 (grass)
 def self_test():
     out = io.StringIO()
     k = kernels_from_nsys(SELF_TEST_NSYS)
-    assert len(k) == 4 and k["nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTT"] == (6e6, 300), k
+    assert len(k) == 5 and k["nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTT"] == (6e6, 300), k
     s = syncs_from_nsys_api(SELF_TEST_API)
     assert s == {"cudaStreamSynchronize": 30}, s
     assert report(k, steps=3, layers=2, syncs=s, out=out) == 0
     last = out.getvalue().strip().splitlines()[-1]
     assert "GEMM 70.0%, attention 20.0%, other 10.0% of 3.3 ms" in last, last
     assert "86% of GEMM time in sm90" in last and "10 sync calls per step" in last, last
-    assert "0.333 ms per layer" in last, last
+    assert "0.333 ms per layer" in last and "optimizer 5.0%" in last, last
+    tops = [line for line in out.getvalue().splitlines() if line.startswith("TOP ")]
+    assert len(tops) == 5 and "nvjet" in tops[0] and "60.0%" in tops[0], tops
     assert gemm_path("sm80_xmma_gemm_bf16_align2") == "sm80,align2"
     k = kernels_from_ncu(SELF_TEST_NCU)
     assert k == {"nvjet_tst_256x128": (3e6, 1), "attention_forward_kernel": (1e6, 1),
