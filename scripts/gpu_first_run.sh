@@ -29,7 +29,8 @@
 #          --memory-limit 40GiB; the step lines' memory beside `grass mem`'s plan (then, if time
 #          is left, 2 steps with the cap at the plan itself)
 #   T8     data parallelism through the real NCCL: `mpirun -np 1 grass train` on llama_60m (when
-#          mpirun and a build with MPI are there)
+#          mpirun and a build with MPI are there; without them NCCL's one-rank path runs in T3's
+#          tests/gpu/test_gpu_nccl.cpp)
 #   T9     cuDNN's fused flash attention (`attention: "cudnn"`): its GPU tests ([cudnn], against
 #          the engine's kernels) and the kernel lab's attention rows at 1B with --attention cudnn
 #          ($OUT/kernel_bench_cudnn.csv), when the build found cudnn.h (the CUDA install's, or
@@ -485,7 +486,9 @@ step_t8() {
   local rc log=$logs/t8_nccl.log
   begin T8 60 20 || return  # each of its two runs
   need_build T8 || return
-  if ! command -v mpirun >/dev/null; then record T8 "skipped (no mpirun)" "OpenMPI is not on this machine"; return; fi
+  if ! command -v mpirun >/dev/null; then
+    record T8 "skipped (no mpirun)" "OpenMPI is not on this machine (NCCL's one-rank path without MPI ran in T3: tests/gpu/test_gpu_nccl.cpp)"; return
+  fi
   if [ $dry = 0 ] && ! ldd "$BUILD"/grass 2>/dev/null | grep -q libmpi; then
     record T8 "skipped (no MPI)" "$BUILD/grass is not linked with MPI (built without libopenmpi-dev)"; return
   fi

@@ -81,13 +81,13 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
-  int initialised = 0, size = 0;
+  int initialised = 0, size = 1;
 #ifdef GRASS_HAVE_MPI
   MPI_Initialized(&initialised);
 #endif
-  if (!initialised) return ncclInternalError;
+  if (!initialised && nranks != 1) return ncclInternalError;  // one rank needs no MPI, as NCCL's
 #ifdef GRASS_HAVE_MPI
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (initialised) MPI_Comm_size(MPI_COMM_WORLD, &size);
 #endif
   if (nranks != size || std::strcmp(id.internal, "cuda_emu") != 0) return ncclInvalidArgument;
   *comm = new ncclComm{nranks, rank};
@@ -124,6 +124,10 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   const size_t element = datatype == ncclFloat64 ? 8 : datatype == ncclFloat32 ? 4 : 2;
   const size_t bytes = count * element;
   if (bytes > size_t(INT32_MAX)) return ncclInvalidArgument;  // the emulator runs small models
+  if (comm->nranks == 1) {  // the sum of one rank's buffer: itself
+    if (sendbuff != recvbuff) std::memcpy(recvbuff, sendbuff, bytes);
+    return ncclSuccess;
+  }
   std::vector<char> all(bytes * size_t(comm->nranks));
 #ifdef GRASS_HAVE_MPI
   if (MPI_Allgather(sendbuff, int(bytes), MPI_BYTE, all.data(), int(bytes), MPI_BYTE,
@@ -131,7 +135,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
     return ncclInternalError;
 #else
   (void)sendbuff;
-  return ncclInternalError;  // never reached: ncclCommInitRank needs MPI
+  return ncclInternalError;  // never reached: ncclCommInitRank needs MPI for more than one rank
 #endif
   switch (datatype) {
     case ncclFloat32: sum_in_rank_order<float>(all, recvbuff, count, comm->nranks); break;
