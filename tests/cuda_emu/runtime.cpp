@@ -510,6 +510,7 @@ struct Block {
   std::vector<int> warp_exited;
   std::vector<std::array<uint64_t, 64>> exchange;  // two rounds of 32 slots per warp
   std::vector<unsigned char> dynamic_shared;
+  std::vector<const void*> shared_seen;  // static __shared__ variables poisoned in this block
   std::deque<int> ready;  // fibers to run, in order
   int current = 0;
   int exited = 0;
@@ -680,6 +681,13 @@ cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
 
 unsigned char* dynamic_shared_memory() { return running->dynamic_shared.data(); }
 
+void shared_declared(void* p, size_t bytes) {
+  std::vector<const void*>& seen = running->shared_seen;
+  if (std::find(seen.begin(), seen.end(), p) != seen.end()) return;
+  seen.push_back(p);
+  std::memset(p, 0xFF, bytes);
+}
+
 void block_barrier() {
   Block& b = *running;
   if (b.exited > 0)
@@ -790,6 +798,7 @@ void execute_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
     const auto [x, y, z] = blocks[at];
     blockIdx = {x, y, z};
     b.dynamic_shared.assign(cfg.shared_bytes, 0xFF);  // uninitialised shared memory is NaN
+    b.shared_seen.clear();  // and the static variables, as each block first reaches them
     b.exited = 0;
     std::fill(b.warp_exited.begin(), b.warp_exited.end(), 0);
     b.block_barrier.arrived = 0;

@@ -1,5 +1,5 @@
 # cuda_emu: turns one kernels/cuda/*.cu file into C++ that g++ compiles against the emulator's
-# headers (include/). Two rewrites, nothing else changes (a #line keeps the original file and line
+# headers (include/). Three rewrites, nothing else changes (a #line keeps the original file and line
 # numbers in messages):
 #   kernel<<<grid, block, smem, stream>>>(args);
 #     ->  ::cuda_emu::launch("kernel", &kernel, ::cuda_emu::LaunchDims(grid, block, smem, stream), [=] { kernel(args); });
@@ -8,6 +8,11 @@
 #     the lambda copies the arguments, as a launch does, since a deferred stream runs it later)
 #   extern __shared__ [__align__(n)] T name[];
 #     ->  T* name = reinterpret_cast<T*>(::cuda_emu::dynamic_shared_memory());
+#   __shared__ T name[dims];
+#     ->  static thread_local T name[dims]; ::cuda_emu::shared_declared(&name, sizeof name);
+#     (one copy per host thread, as the emulator runs a block on one; the first thread of each
+#     block to reach it fills it with NaN bytes, as the dynamic shared memory is, so a read of
+#     what no thread of this block wrote does not see the previous block's values)
 # Usage: cmake -DIN=file.cu -DOUT=file.cpp -P translate.cmake
 file(READ "${IN}" text)
 set(ws "[ \t\r\n]*")
@@ -18,8 +23,10 @@ string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
        "::cuda_emu::launch(\"\\1\", nullptr, ::cuda_emu::LaunchDims(\\2), [=] { \\1(\\3); });" text "${text}")
 string(REGEX REPLACE "extern __shared__ (__align__\\([0-9]+\\) )?([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_]) ([A-Za-z_][A-Za-z0-9_]*)\\[\\];"
        "\\2* \\3 = reinterpret_cast<\\2*>(::cuda_emu::dynamic_shared_memory());" text "${text}")
-if(text MATCHES "<<<|>>>|extern __shared__")
-  message(FATAL_ERROR "cuda_emu: ${IN} has a launch or extern __shared__ the translation does not know")
+string(REGEX REPLACE "__shared__ ([A-Za-z_][A-Za-z0-9_:]*) ([A-Za-z_][A-Za-z0-9_]*)((\\[[^;]*\\])?);"
+       "static thread_local \\1 \\2\\3; ::cuda_emu::shared_declared(&\\2, sizeof \\2);" text "${text}")
+if(text MATCHES "<<<|>>>|extern __shared__|__shared__")
+  message(FATAL_ERROR "cuda_emu: ${IN} has a launch or a __shared__ declaration the translation does not know")
 endif()
 file(WRITE "${OUT}.tmp" "#line 1 \"${IN}\"\n${text}")
 file(RENAME "${OUT}.tmp" "${OUT}")

@@ -155,6 +155,9 @@ struct LaunchConfig {
 void run_grid(const LaunchConfig& cfg, cudaStream_t stream, std::function<void()> body);
 // The block's dynamic shared memory (extern __shared__).
 unsigned char* dynamic_shared_memory();
+// A static __shared__ variable of `bytes` at `p` is declared (translate.cmake): the first thread of
+// a block to reach it fills it with 0xFF (NaN), as a block's dynamic shared memory starts.
+void shared_declared(void* p, size_t bytes);
 // Block- and warp-wide barriers, and the exchange area a warp's shuffles go through.
 void block_barrier();
 void warp_barrier();
