@@ -7,6 +7,7 @@
 // and one thread per element of a slice walks all of them in j order. Norms sum in double in a
 // fixed order. Two identical calls give identical bits.
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -21,14 +22,16 @@ namespace {
 constexpr int kThreads = 256;
 
 // scratch[n, j] = ρ_j · source[n, σ_j]: the selected columns of source[N, width], in bf16 for the
-// GEMM. One thread per element of scratch[N, r].
+// GEMM. One thread per element of scratch[N, r]. Index: uint32_t where N·r fits (a 32-bit / and
+// % per element; 64-bit ones are a few dozen instructions each), else int64_t.
+template <typename Index>
 __global__ void gather_scaled_columns(bf16* scratch, const bf16* source, const int32_t* sigma,
-                                      const float* rho, int64_t N, int width, int r) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= N * r) return;
-  const int64_t n = idx / r;
-  const int j = int(idx % r);
-  scratch[idx] = __float2bfloat16_rn(__bfloat162float(source[n * width + sigma[j]]) * rho[j]);
+                                      const float* rho, Index total, int width, int r) {
+  const Index idx = Index(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const Index n = idx / Index(r);
+  const int j = int(idx % Index(r));
+  scratch[idx] = __float2bfloat16_rn(__bfloat162float(source[int64_t(n) * width + sigma[j]]) * rho[j]);
 }
 
 // norms_sq[i] = Σ_c g[i, c]² for one row per block: each thread sums a fixed stride of the row,
@@ -103,11 +106,11 @@ __global__ void grass_adam_kernel(bf16* param, float* master, const S* gc, S* m,
     j = blockIdx.y;
     e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= in) return;
-  } else {
-    const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (idx >= int64_t(out) * r) return;
-    e = int(idx / r);
-    j = int(idx % r);
+  } else {  // out·r < 2^32 (checked at the launch): 32-bit / and %
+    const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= unsigned(out) * unsigned(r)) return;
+    e = int(idx / unsigned(r));
+    j = int(idx % unsigned(r));
   }
   const int32_t slice = sigma[j];
   if (j > 0 && sigma[j - 1] == slice) return;  // not the first occurrence
@@ -148,8 +151,12 @@ void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* s
   if (N == 0 || r == 0) return;
   // scratch[N, r]: the selected columns of dy[N, out] (rows) or x[N, in] (cols), times ρ
   const int64_t total = N * r;
-  gather_scaled_columns<<<ceil_div(total, kThreads), kThreads, 0, ctx.stream>>>(
-      scratch, rows ? dy : x, sigma, rho, N, rows ? out : in, r);
+  if (total <= int64_t(UINT32_MAX))
+    gather_scaled_columns<uint32_t><<<ceil_div(total, kThreads), kThreads, 0, ctx.stream>>>(
+        scratch, rows ? dy : x, sigma, rho, uint32_t(total), rows ? out : in, r);
+  else
+    gather_scaled_columns<int64_t><<<ceil_div(total, kThreads), kThreads, 0, ctx.stream>>>(
+        scratch, rows ? dy : x, sigma, rho, total, rows ? out : in, r);
   GRASS_LAUNCH_CHECK();
   if (rows)  // gc[r, in] += scratch[N, r]ᵀ · x[N, in]
     gemm_bf16(ctx, true, false, r, in, N, scratch, r, x, in, 1.0f, gc, cuda_type(gtype), in);
@@ -199,6 +206,7 @@ void grass_adam_update(const Context& ctx, bf16* param, float* master, const voi
 
   // rows: grid.y walks the r occurrences; cols: one flat index over gc[out, r].
   GRASS_CHECK(!rows || r <= 65535, "grass_adam_update: rank above the grid's y limit");
+  GRASS_CHECK(rows || int64_t(out) * r <= int64_t(UINT32_MAX), "grass_adam_update: out x r above 2^32");
   const dim3 grid = rows ? dim3(unsigned(ceil_div(in, kThreads)), unsigned(r))
                          : dim3(unsigned(ceil_div(int64_t(out) * r, kThreads)));
   if (master)
