@@ -35,6 +35,19 @@ void lowrank_project(T* R, const T* G, const T* P, int out, int in, int r, bool 
 template <typename T>
 void galore_basis(T* P, const T* G, int out, int in, int r, bool rows);
 
+// GaLore's projection by a randomized range finder (Halko, Martinsson & Tropp 2011, Alg. 4.4 with
+// a final Rayleigh-Ritz step; GaLore 2's choice, fast where an exact SVD is not): approximately the
+// top-r singular vectors of galore_basis, from GEMMs, QRs and one k x k eigenproblem,
+//   A = G[out, in] (rows) or Gᵀ (cols), m x n with m = side;  k = min(r + oversample, m, n)
+//   Ω[n, k] = normal(seed, i) (core/rng.h);  Q = orth(A·Ω);  power_iters times: Q = orth(A·orth(Aᵀ·Q))
+//   B = Qᵀ·A [k, n];  B·Bᵀ = W·Λ·Wᵀ (Λ descending);  P = Q·W[:, :r]
+// orth: Householder QR (LAPACK geqrf + orgqr; cuSOLVER's on a GPU). Each column of P is then
+// sign-normalised as galore_basis's. Its subspace is the exact one's to within a principal angle
+// that shrinks as (σ_{k+1}/σ_r)^(2·power_iters+1) (tests/test_lowrank.cpp measures it).
+template <typename T>
+void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows, uint64_t seed,
+                             int power_iters, int oversample);
+
 // FLORA's projection number `refresh` of tensor `tensor`: P[side, r] with i.i.d. N(0, 1/r)
 // entries, P[i] = normal(derive_seed(derive_seed(seed, refresh), tensor), i) / sqrt(r)
 // (core/rng.h), so E[P·Pᵀ] = I and it is regenerated, never stored.
