@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "src/core/bf16.h"
 #include "tests/gpu/gpu_test_util.h"
 
 using namespace grass;
@@ -72,6 +73,18 @@ struct GradBuffer {
   void poison() { is_f32() ? f32.poison() : b16.poison(); }
   std::vector<float> download() const { return is_f32() ? f32.download() : to_f32(b16.download()); }
 };
+
+// Elements of `got`, stored in bf16 by stochastic rounding, that are not one of the two bf16
+// neighbours of `want` (the fp32 result): each must lie within one bf16 spacing of it, whatever
+// the draws, plus the fp32 arithmetic's own slack. A statistical bound on the whole vector's
+// error is not a promise: with fresh random inputs it fails now and then.
+int64_t off_bf16_neighbours(const std::vector<float>& got, const std::vector<float>& want) {
+  int64_t off = 0;
+  for (size_t i = 0; i < got.size(); i++)
+    off += !(std::abs(double(got[i]) - double(want[i])) <=
+             bf16_spacing(want[i]) + 1e-6 * std::abs(double(want[i])));
+  return off;
+}
 
 template <typename T>
 void upload(DeviceBuffer<T>& d, const std::vector<T>& x) {
@@ -264,7 +277,9 @@ TEST_CASE("grass: Adam in pure bf16 rounds stochastically and matches the CPU", 
         want_change.push_back(w[e] - param0[e]);
       }
     CHECK(unpicked_moved == 0);
-    CHECK(rel_error(change, want_change) <= 1e-2);
+    CHECK(off_bf16_neighbours(param, w) == 0);
+    // and the update happened (a missing one has error 1; stochastic rounding's is near 1e-2)
+    CHECK(rel_error(change, want_change) <= 5e-2);
   }
 }
 
@@ -343,7 +358,12 @@ TEST_CASE("grass: the proximal term and its anchor as the CPU's, in both storage
           change[e] = w[e] - w0[e];
           want_change[e] = want_w[e] - w0[e];
         }
-        CHECK(rel_error(change, want_change) <= (pure ? 1e-2 : 1e-3));
+        if (pure) {  // each weight a bf16 neighbour of the fp32 result, and the update applied
+          CHECK(off_bf16_neighbours(w, want_w) == 0);
+          CHECK(rel_error(change, want_change) <= 5e-2);
+        } else {
+          CHECK(rel_error(change, want_change) <= 1e-3);
+        }
       }
 }
 
