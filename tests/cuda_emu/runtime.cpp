@@ -99,6 +99,16 @@ const Allocation* find_allocation(const void* p, uintptr_t* start) {
   return &it->second;
 }
 
+// The allocation whose usable bytes (rounded to 256) hold address p, and their end; null if none.
+// The caller holds memory_mutex.
+const Allocation* allocation_holding(const void* p, uintptr_t* end) {
+  uintptr_t start = 0;
+  const Allocation* a = find_allocation(p, &start);
+  if (!a) return nullptr;
+  *end = start + round_up(std::max<size_t>(a->bytes, 1), 256);
+  return reinterpret_cast<uintptr_t>(p) < *end ? a : nullptr;
+}
+
 }  // namespace
 
 namespace cuda_emu {
@@ -110,10 +120,8 @@ uint64_t device_allocations() {
 
 bool is_device_range(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(memory_mutex);
-  uintptr_t start = 0;
-  const Allocation* a = find_allocation(p, &start);
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
-  return a && addr + bytes <= start + round_up(std::max<size_t>(a->bytes, 1), 256);
+  uintptr_t end = 0;
+  return allocation_holding(p, &end) && reinterpret_cast<uintptr_t>(p) + bytes <= end;
 }
 
 }  // namespace cuda_emu
@@ -180,13 +188,11 @@ cudaError_t check_device(const void* p, size_t bytes, const char* what) {
   if (bytes == 0) return cudaSuccess;
   {
     std::lock_guard<std::mutex> lock(memory_mutex);
-    uintptr_t start = 0;
-    const Allocation* a = find_allocation(p, &start);
-    if (a && a->device != current_device &&
-        reinterpret_cast<uintptr_t>(p) < start + round_up(std::max<size_t>(a->bytes, 1), 256))
-      wrong_device(what, "memory", a->device);
+    uintptr_t end = 0;
+    const Allocation* a = allocation_holding(p, &end);
+    if (a && a->device != current_device) wrong_device(what, "memory", a->device);
+    if (a && reinterpret_cast<uintptr_t>(p) + bytes <= end) return cudaSuccess;
   }
-  if (cuda_emu::is_device_range(p, bytes)) return cudaSuccess;
   std::fprintf(stderr, "cuda_emu: %s of %zu bytes outside any device allocation\n", what, bytes);
   set_error(cudaErrorInvalidValue);
   return cudaErrorInvalidValue;
