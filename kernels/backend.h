@@ -154,6 +154,9 @@ class Backend : public MemoryResource {
   // context included (zeros on the CPU, where the arena's figure is the one shown).
   struct DeviceMemory {
     int64_t used = 0, total = 0;
+    // The per-thread stack limit (cudaLimitStackSize). The driver raises it, and reserves local
+    // memory for every thread the GPU can hold, when a kernel launched needs more.
+    int64_t stack_per_thread = 0;
   };
   virtual DeviceMemory device_memory() const = 0;
   // Waits for the queued work: step times measure work done, not work launched.

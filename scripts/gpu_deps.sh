@@ -69,7 +69,7 @@ have() {
       local d f=0
       for d in "${inc[@]}" "/usr/include/$arch" /usr/include/openblas; do [ -f "$d/cblas.h" ] && f=1; done
       [ $f = 1 ] && { for d in "${lib[@]}"; do [ -e "$d/libopenblas.so" ] && return 0; done; return 1; } ;;
-    gfortran) ldconfig -p 2>/dev/null | grep -q 'libgfortran\.so\.5 ' ;;
+    gfortran) [[ $(ldconfig -p 2>/dev/null) == *'libgfortran.so.5 '* ]] ;;  # not | grep -q: pipefail
     zlib) [ -f /usr/include/zlib.h ] && { [ -e /usr/lib/$arch/libz.so ] || [ -e /lib/$arch/libz.so ]; } ;;
     pkgconf) command -v pkg-config >/dev/null || command -v pkgconf >/dev/null ;;
     ninja) command -v ninja >/dev/null ;;

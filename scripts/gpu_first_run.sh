@@ -255,6 +255,12 @@ built=0
 step_build() {
   local lim log=$logs/build.log deps_note=""
   if [ $skip_build = 1 ]; then
+    # the carried build-deps/ replaces the one the last call unpacked: unpack again, so that a
+    # target built later (CMake reconfigures when the tree's copy is newer) finds the headers
+    if compgen -G "build-deps/debs/*.deb" >/dev/null && scripts/gpu_deps.sh --setup >/dev/null 2>&1; then
+      # shellcheck disable=SC1091
+      source build-deps/env.sh
+    fi
     [ -x "$BUILD"/grass ] && built=1
     record build "skipped (--skip-build)" "$( [ $built = 1 ] && echo "using $BUILD/" || echo "no $BUILD/grass: binary steps will fail")"
     return
@@ -314,7 +320,8 @@ step_build() {
   timeout -k 10 "$lim" cmake "${cfg[@]}" >>"$log" 2>&1
   rc=$?
   if [ $rc = 0 ]; then
-    [ $dry = 0 ] && cmake --build "$BUILD" --target help 2>/dev/null | grep -q 'kernel_bench' && targets+=(kernel_bench)
+    # not `| grep -q`: under pipefail, grep's early exit kills cmake with SIGPIPE and the test fails
+    [ $dry = 0 ] && [[ $(cmake --build "$BUILD" --target help 2>/dev/null) == *kernel_bench* ]] && targets+=(kernel_bench)
     echo "\$ cmake --build $BUILD --target ${targets[*]}" >>"$log"
     timeout -k 10 "$(cap $((lim - (SECONDS - t0))))" cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" >>"$log" 2>&1
     rc=$?
@@ -489,7 +496,7 @@ step_t8() {
   if ! command -v mpirun >/dev/null; then
     record T8 "skipped (no mpirun)" "OpenMPI is not on this machine (NCCL's one-rank path without MPI ran in T3: tests/gpu/test_gpu_nccl.cpp)"; return
   fi
-  if [ $dry = 0 ] && ! ldd "$BUILD"/grass 2>/dev/null | grep -q libmpi; then
+  if [ $dry = 0 ] && [[ $(ldd "$BUILD"/grass 2>/dev/null) != *libmpi* ]]; then
     record T8 "skipped (no MPI)" "$BUILD/grass is not linked with MPI (built without libopenmpi-dev)"; return
   fi
   ensure_shard || { record T8 "fail (no shard)" "log: logs/shard.log"; return; }

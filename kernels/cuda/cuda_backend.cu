@@ -81,7 +81,9 @@ class CudaBackend final : public Backend {
   DeviceMemory device_memory() const override {
     size_t free_bytes = 0, total_bytes = 0;
     GRASS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    return {int64_t(total_bytes - free_bytes), int64_t(total_bytes)};
+    size_t stack = 0;
+    GRASS_CUDA_CHECK(cudaDeviceGetLimit(&stack, cudaLimitStackSize));
+    return {int64_t(total_bytes - free_bytes), int64_t(total_bytes), int64_t(stack)};
   }
   void synchronize() override { sync(); }
   std::unique_ptr<Communicator> communicator_for(Communicator& ranks) override {

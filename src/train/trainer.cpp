@@ -39,7 +39,7 @@ class Run {
   void print_table() const;  // rank 0: the configuration, once, before the first step
   // One optimizer step and what it measured.
   StepMetrics step(int64_t step, double* seconds_so_far);
-  void warn_about_late_allocations(int64_t device_used) const;
+  void report_late_allocations(const Backend::DeviceMemory& device) const;
   bool log(const StepMetrics& m);  // the step line when it is due; true if it printed
   void maybe_evaluate(int64_t step, TrainResult& result);
   void maybe_checkpoint(int64_t step, bool logged);
@@ -74,7 +74,7 @@ class Run {
   TrainingState state_;
   std::optional<OutDirLock> lock_;  // rank 0 writes out_dir; the other ranks only read it
   int64_t checkpoint_metrics_rows_ = 0;
-  int64_t device_used_at_reservation_ = 0;  // the GPU's memory in use once the run's is reserved
+  Backend::DeviceMemory device_at_reservation_;  // the GPU's memory once the run's is reserved
   std::optional<MetricsWriter> metrics_;  // rank 0's
   double flops_per_token_ = 0;
 };
@@ -118,7 +118,7 @@ void Run::build_state() {
   backend_->prepare_attention(cfg.micro_batch_size, cfg.seq_len, m.num_attention_heads,
                               m.num_key_value_heads, m.head_dim());
   backend_->reserve(plan.total, plan.buffers);
-  device_used_at_reservation_ = backend_->device_memory().used;
+  device_at_reservation_ = backend_->device_memory();
   arena_ = std::make_unique<Arena>(false, *backend_);
   state_ = build_training_state(cfg, *arena_, *backend_, *grads_comm_);
 }
@@ -315,7 +315,7 @@ StepMetrics Run::step(int64_t step, double* seconds_so_far) {
   if (backend_->peak_flops() > 0) m.mfu = m.gflops_per_s * 1e9 / backend_->peak_flops();
   const Backend::DeviceMemory device = backend_->device_memory();
   m.mem_device_used_bytes = device.used;
-  if (step == start_step && backend_->storage().cuda) warn_about_late_allocations(device.used);
+  if (step == start_step && backend_->storage().cuda) report_late_allocations(device);
   m.mem_device_bytes = device.total;
   if (backend_->storage().cuda) m.host_waits = backend_->host_waits() - waits_before;
   const int64_t comm_bytes = grads_comm_->take_bytes_reduced();
@@ -329,19 +329,28 @@ StepMetrics Run::step(int64_t step, double* seconds_so_far) {
 
 // Every device allocation belongs before the reservation (kernels/backend.h, kGpuHeadroomBytes);
 // the first step is where a late one shows: a lazy NCCL connection, a cuDNN plan built at first
-// use, kernels loaded lazily. Each rank says so for itself.
-void Run::warn_about_late_allocations(int64_t device_used) const {
-  const int64_t grown = device_used - device_used_at_reservation_;
+// use, kernels loaded lazily, local memory for a kernel with a larger stack. Each rank says so for
+// itself: a note within the headroom (an H200 measured 54 MiB, docs/gpu-status.md), a warning
+// past it.
+void Run::report_late_allocations(const Backend::DeviceMemory& device) const {
+  const int64_t grown = device.used - device_at_reservation_.used;
   if (grown <= 0) return;
   const std::string rank = launched ? " (rank " + std::to_string(comm.rank()) + " of " +
                                           std::to_string(comm.world()) + ")"
                                     : "";
+  const bool over = grown > kGpuHeadroomBytes;
+  std::string stack;
+  if (device.stack_per_thread != device_at_reservation_.stack_per_thread)
+    stack = "; the per-thread stack limit rose from " +
+            std::to_string(device_at_reservation_.stack_per_thread) + " to " +
+            std::to_string(device.stack_per_thread) + " bytes";
   std::fprintf(stderr,
-               "warning%s: the GPU memory in use grew by %s during the first step, after the "
-               "run's reservation: something allocates outside the plan (a lazy NCCL connection, "
-               "a cuDNN plan, lazily loaded kernels, or another process on this GPU); the "
-               "reservation leaves %s free for it\n",
-               rank.c_str(), format_bytes(grown).c_str(), format_bytes(kGpuHeadroomBytes).c_str());
+               "%s%s: the GPU memory in use grew by %s during the first step, after the run's "
+               "reservation, %s the %s it leaves free (a lazy NCCL connection, a cuDNN plan, "
+               "lazily loaded kernels, kernels' local memory, or another process on this GPU)%s\n",
+               over ? "warning" : "note", rank.c_str(), format_bytes(grown).c_str(),
+               over ? "more than" : "within", format_bytes(kGpuHeadroomBytes).c_str(),
+               stack.c_str());
 }
 
 bool Run::log(const StepMetrics& m) {

@@ -305,6 +305,11 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   *value = kMaxSharedOptin;
   return cudaSuccess;
 }
+cudaError_t cudaDeviceGetLimit(size_t* value, cudaLimit limit) {
+  if (limit != cudaLimitStackSize) return cudaErrorInvalidValue;
+  *value = 1024;
+  return cudaSuccess;
+}
 // Synchronisation runs what is queued (streams.h), then reports a kernel's fault.
 cudaError_t cudaDeviceSynchronize() {
   cuda_emu::drain_all();

@@ -176,10 +176,11 @@ RunConfig run_config(const ModelShape& s, int micro_batch) {
   return c;
 }
 
-// A bf16-mixed model on one backend, as the trainer builds it (training_run.h): the same fp32
-// weights, rounded to the same bf16, on either backend.
+// A bf16-mixed model (or pure bf16, the yardstick) on one backend, as the trainer builds it
+// (training_run.h): the same fp32 weights, rounded to the same bf16, on either backend.
 struct Run : gputest::TrainingRun {
-  Run(const RunConfig& c, bool cuda) : TrainingRun(c, PrecisionChoice::Bf16Mixed, cuda) {}
+  Run(const RunConfig& c, bool cuda, PrecisionChoice precision = PrecisionChoice::Bf16Mixed)
+      : TrainingRun(c, precision, cuda) {}
   // Forward (and backward when asked) of one micro-batch from zeroed gradients: the loss.
   double loss(const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, bool backward) {
     LlamaModel& m = model();
@@ -368,19 +369,46 @@ TEST_CASE("large: a 2-layer model at 13B widths on 16,384 tokens matches the CPU
     CHECK(rel_diff(row_loss[size_t(sampled[k])], cpu_row_loss[k]) <= 1e-2);
   }
 
-  double worst = 0;
+  // The gradients' bound comes from their conditioning. The CPU's bf16-mixed keeps activations in
+  // fp32, the GPU's in bf16: every stored activation moves by up to half a bf16 spacing (2^-9
+  // relative). The same CPU computation on weights moved by that much (fp32 storage, each weight
+  // times 1 + δ, δ uniform in ±2^-9) measures how far such relative changes move each gradient.
+  // For q and k it is large: the attention backward's dS = P∘(dP − rowsum(P∘dP)) cancels where
+  // attention is near-uniform, as at initialisation, more so as T and the width grow (an H200
+  // gave 3.2e-2 here, where a fixed 3e-2 had stood). The GPU rounds at many such points (each
+  // layer's activations, P and dS for its tensor-core products), so its error is held to a
+  // multiple of that sensitivity.
+  Run moved(run_config(s, int(sampled.size())), false, PrecisionChoice::F32);
+  const ParameterSet& tensors_moved = moved.model().tensors();  // offsets by its own storage
+  REQUIRE(tensors_moved.size() == tensors.size());
+  for (size_t i = 0; i < tensors.size(); i++) {
+    std::vector<float> w = cpu.model().read_tensor(tensors[i]);
+    for (size_t j = 0; j < w.size(); j++)
+      w[j] *= float(1 + (2 * uniform_open01(77 + i, j) - 1) / 512);
+    moved.model().write_tensor(tensors_moved[i], w.data());
+  }
+  const double moved_loss = moved.loss(cpu_in, cpu_tg, int(sampled.size()), true);
+  std::printf("large model: the CPU with its weights moved by up to 2^-9: loss %.6f\n", moved_loss);
+  double worst = 0, worst_ratio = 0;
   std::string worst_name;
-  for (const ParamTensor& t : tensors) {
+  for (size_t i = 0; i < tensors.size(); i++) {
+    const ParamTensor& t = tensors[i];
     INFO(t.name);
-    const std::vector<float> got = gpu.grad(t), want = cpu.grad(t);
+    const std::vector<float> got = gpu.grad(t), want = cpu.grad(t), after_move = moved.grad(tensors_moved[i]);
     REQUIRE(all_finite(got));
-    const double err = rel_error(got, want);
-    CHECK(err <= 3e-2);
+    const double err = rel_error(got, want), sensitivity = rel_error(after_move, want);
+    INFO("GPU against the CPU " << err << "; the CPU against itself on moved weights " << sensitivity);
+    std::printf("  %-46s GPU %.2e, moved weights %.2e: ratio %.2f\n", t.name.c_str(), err,
+                sensitivity, err / sensitivity);
+    CHECK(sensitivity <= 0.1);  // the yardstick itself stays a bf16-sized change
+    // the emulator's kernels, at GRASS_LARGE_SCALE=small: ratios 1.1 to 1.9
+    CHECK(err <= 3 * sensitivity);
+    worst_ratio = std::max(worst_ratio, err / sensitivity);
     if (err > worst) {
       worst = err;
       worst_name = t.name;
     }
   }
-  std::printf("large model: worst gradient rel error %.2e (%s) over %zu tensors\n", worst,
-              worst_name.c_str(), tensors.size());
+  std::printf("large model: worst gradient rel error %.2e (%s) over %zu tensors; worst ratio to "
+              "the moved weights' %.2f (bound 3)\n", worst, worst_name.c_str(), tensors.size(), worst_ratio);
 }

@@ -88,6 +88,7 @@ enum cudaMemcpyKind {
 enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
 using cudaDataType = cudaDataType_t;
 enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaLimit { cudaLimitStackSize = 0x00 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 struct cudaDeviceProp {
   char name[256];
@@ -104,6 +105,8 @@ cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+// The per-thread stack: the driver's default, 1 KiB; the emulator's kernels never grow it.
+cudaError_t cudaDeviceGetLimit(size_t* value, cudaLimit limit);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamCreate(cudaStream_t* stream);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
