@@ -30,7 +30,8 @@
 //   store_gradients (bf16 precisions)      bf16_storage (the CPU rounds; the GPU's are      test_gpu_adamw, test_gpu_model
 //                                          formed in bf16 by the ops that write them)
 //   grass_*                                grass                                            test_gpu_grass
-//   lowrank_*, galore_basis, flora_*       lowrank                                          test_gpu_lowrank
+//   lowrank_*, flora_*                     lowrank                                          test_gpu_lowrank
+//   galore_basis (randomized)              galore_basis (cuSOLVER)                          test_gpu_lowrank
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -69,6 +70,22 @@ struct LowRankProjection {
   int out = 0, in = 0, r = 0;
   bool rows = true;
 };
+// How a GaLore refresh finds P (optimizer.projection.svd, resolved): LAPACK's exact SVD on the
+// host, or the randomized range finder of ops::galore_basis_randomized, on the device where the
+// run is (cuSOLVER's QR and eigensolver on a GPU), its Gaussian test matrix drawn from `seed`.
+struct GaloreBasisMethod {
+  bool randomized = false;
+  uint64_t seed = 0;
+  int power_iters = 2, oversample = 8;
+};
+// Bytes of device workspace galore_basis needs for a target of this shape: the randomized range
+// finder's matrices and cuSOLVER's work space on the GPU (kernels/backend_sizes.cpp has the
+// terms); 0 on the CPU, whose LAPACK calls allocate their own, and for the exact SVD.
+int64_t galore_basis_workspace_bytes(const Storage& storage, int out, int in, int r,
+                                     const GaloreBasisMethod& how);
+// The floats of cuSOLVER work space planned for an orthonormalisation of m x k and a k x k
+// eigenproblem; the GPU backend checks it against cuSOLVER's own figure before the reservation.
+int64_t galore_solver_work_floats(int64_t m, int64_t k);
 // Bytes of the workspace the low-rank ops of a target of this shape need (0 on the CPU; the GPU
 // keeps a bf16 copy of P and the bf16 direction there, and in pure bf16 the fp32
 // back-projection of a chunk of rows; kernels/cuda/cuda_ops.h has the layout).
@@ -176,6 +193,10 @@ class Backend : public MemoryResource {
   virtual void prepare_attention(int B, int T, int NH, int NKV, int HD) {
     (void)B, (void)T, (void)NH, (void)NKV, (void)HD;
   }
+  // Before reserve(): what GaLore's randomized refresh needs that takes device memory of its own
+  // (cuSOLVER's handle), for targets of up to max_side rows or columns and k = r + oversample
+  // columns; the GPU also checks cuSOLVER's work space against galore_solver_work_floats.
+  virtual void prepare_galore_basis(int max_side, int k) { (void)max_side, (void)k; }
   // upload and download wait for the transfer (the host buffer is free, or filled, on return).
   virtual void upload(void* dst, const void* host, size_t bytes) = 0;
   virtual void download(void* host, const void* src, size_t bytes) = 0;
@@ -294,8 +315,10 @@ class Backend : public MemoryResource {
   // R (grad-typed) += the projected gradient straight from the activations; scratch [N, r] act.
   virtual void lowrank_compressed_grad(void* R, void* scratch, void* workspace, const void* dy,
                                        const void* x, int64_t N, const LowRankProjection& p) = 0;
-  // P = the sign-normalised top-r singular vectors of g[out, in] (both fp32 backend memory).
-  virtual void galore_basis(float* P, const float* g, int out, int in, int r, bool rows) = 0;
+  // P = the sign-normalised top-r singular vectors of g[out, in] (both fp32 backend memory), exact
+  // or by the randomized range finder as `how` says; workspace: galore_basis_workspace_bytes.
+  virtual void galore_basis(float* P, const float* g, int out, int in, int r, bool rows,
+                            const GaloreBasisMethod& how, void* workspace) = 0;
   // P [side, r] = FLORA's projection number `refresh` of tensor `tensor`.
   virtual void flora_projection(float* P, uint64_t seed, int64_t tensor, int64_t refresh,
                                 int side, int r) = 0;

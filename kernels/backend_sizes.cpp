@@ -39,6 +39,26 @@ int64_t head_rows(const Storage& storage, int64_t N, int V) {
   return storage.cuda ? std::min<int64_t>(N, std::max<int64_t>(1, kHeadChunkElements / V)) : N;
 }
 
+int64_t galore_solver_work_floats(int64_t m, int64_t k) {
+  // LAPACK asks for n·nb floats for a QR of m x n (nb, its block size, 32 to 64 in OpenBLAS) and
+  // 1 + 6k + 2k² for a k x k eigenproblem with vectors. cuSOLVER's blocked QR and syevd ask for
+  // their own figures: planned generously (256 columns of m, twice the eigensolver's), and the
+  // GPU backend compares them with cuSOLVER's answer before the reservation.
+  return 256 * (m + k) + 2 * (1 + 6 * k + 2 * k * k);
+}
+
+int64_t galore_basis_workspace_bytes(const Storage& storage, int out, int in, int r,
+                                     const GaloreBasisMethod& how) {
+  if (!storage.cuda || !how.randomized) return 0;
+  // kernels/cuda/galore_basis.cu: Ω then Z [k, n], Q [k, m], S [k, k], W [k, r], λ and τ [k],
+  // cuSOLVER's info and its work space, each region 256-byte aligned.
+  const int64_t m = std::max(out, in), n = m;  // either side may be projected
+  const int64_t k = std::min<int64_t>(r + how.oversample, std::min(out, in));
+  const auto region = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  return region(4 * k * n) + region(4 * k * m) + region(4 * k * k) + region(4 * k * r) +
+         2 * region(4 * k) + region(4) + region(4 * galore_solver_work_floats(m, k));
+}
+
 int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r) {
   if (!storage.cuda) return 0;
   // kernels/cuda/lowrank.cu (cuda_ops.h has the layout): two bf16 buffers of r·max(out, in)

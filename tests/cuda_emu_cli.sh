@@ -79,6 +79,8 @@ for optimizer in galore flora; do
     check "$run trains 6 finite steps" test "$(grep -c '"loss":[0-9]' "$tmp/$run/metrics.jsonl")" = 6
   done
 done
+# GaLore's svd "auto" is the randomized range finder on the device (cuSOLVER emulated by LAPACK)
+check "GaLore refreshes on the device" grep -q "randomized SVD every 3 steps.*on the GPU" "$tmp/galore-bf16.log"
 
 echo "cuda_emu_cli: $passes passed, $failures failed"
 [ "$failures" = 0 ] || for log in "$tmp"/*.log; do echo "--- $log"; cat "$log"; done

@@ -678,6 +678,23 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
   run["optimizer"] = {{"name", "galore"}, {"rank", 8}};
   CHECK(grass::parse_run_config(run, "run.json").optimizer.projection.max_update_rms == 0.0);
 
+  // GaLore's refresh: "auto" by default, its range finder's parameters, round trip; others refuse
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}};
+  CHECK(grass::parse_run_config(run, "run.json").optimizer.projection.svd == grass::GaloreSvd::Auto);
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"svd", "randomized"},
+                      {"svd_power_iters", 3}, {"svd_oversample", 16}};
+  const grass::RunConfig randomized = grass::parse_run_config(run, "run.json");
+  CHECK(randomized.optimizer.projection.svd == grass::GaloreSvd::Randomized);
+  CHECK(randomized.optimizer.projection.svd_power_iters == 3);
+  CHECK(randomized.optimizer.projection.svd_oversample == 16);
+  CHECK(grass::parse_run_config(grass::to_json(randomized), "").optimizer == randomized.optimizer);
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"svd", "qr"}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.svd: unknown svd \"qr\" (supported: \"auto\", \"exact\", \"randomized\")");
+  run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"svd", "exact"}};
+  CHECK(run_error(run) == "run.json: optimizer.svd: only the galore optimizer uses this key");
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}};
+
   // eps: galore_torch's 1e-6 for GaLore, torch's 1e-8 for the rest; a given eps wins
   CHECK(grass::parse_run_config(run, "run.json").optimizer.eps == 1e-6);
   run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"eps", 1e-8}};

@@ -174,6 +174,38 @@ TEST_CASE("GaLore: R is the top-r basis's projection of the dense gradient", "[l
     CHECK(rel_err(galore.R(t), project(t, dense1.dense_grad(t.tensor_index), P0[k++], r)) < 1e-5);
 }
 
+TEST_CASE("GaLore: svd \"randomized\" refreshes P by the range finder, seeded per refresh and "
+          "target", "[lowrank]") {
+  const int B = 2, T = 8, r = 3;
+  OptimizerConfig o = lowrank_config("galore", r, 2);
+  o.projection.svd = GaloreSvd::Randomized;
+  o.projection.svd_power_iters = 1;
+  o.projection.svd_oversample = 4;
+  Rig dense(small_config(), o, B, T, false), galore(small_config(), o, B, T, true);
+  const auto* g = dynamic_cast<const GaLore*>(galore.lowrank);
+  REQUIRE(g != nullptr);
+  CHECK_THAT(g->describe(), Catch::Contains("randomized SVD every 2 steps") &&
+                                Catch::Contains("(1 power iterations, 4 extra columns, on the CPU)"));
+  for (const int64_t step : {0, 2}) {  // two refreshes (interval 2), each from its own gradient
+    if (step > 0) {
+      galore.step->finish();
+      for (size_t i = 0; i < galore.model->tensors().size(); i++)  // dense at galore's weights
+        dense.model->write_tensor(galore.model->tensors()[i], galore.weights(int(i)).data());
+    }
+    dense.gradients(step, B);
+    galore.gradients(step, B);
+    for (const auto& t : galore.lowrank->targets()) {
+      INFO("step " << step << " " << dense.model->tensors()[size_t(t.tensor_index)].name);
+      const std::vector<float> grad = dense.dense_grad(t.tensor_index);
+      std::vector<float> want(size_t(t.side) * r);
+      const uint64_t seed = derive_seed(derive_seed(9 ^ 0x6a10, uint64_t(step / 2)), uint64_t(t.tensor_index));
+      ops::galore_basis_randomized(want.data(), grad.data(), t.out, t.in, r, t.rows, seed, 1, 4);
+      const float* P = g->basis(t.tensor_index);
+      CHECK(std::vector<float>(P, P + want.size()) == want);
+    }
+  }
+}
+
 TEST_CASE("GaLore: an update is lowrank_adam_update's, and a refresh keeps moments and counter",
           "[lowrank]") {
   const int B = 2, T = 8, r = 3;

@@ -222,8 +222,12 @@ class CpuBackend final : public Backend {
     ops::lowrank_compressed_grad(f(R), f(scratch), f(dy), f(x), p.P, N, p.in, p.out, p.r, p.rows);
     if (storage_.pure_bf16()) ops::round_to_bf16(f(R), int64_t(p.r) * (p.rows ? p.in : p.out));
   }
-  void galore_basis(float* P, const float* g, int out, int in, int r, bool rows) override {
-    ops::galore_basis(P, g, out, in, r, rows);
+  void galore_basis(float* P, const float* g, int out, int in, int r, bool rows,
+                    const GaloreBasisMethod& how, void* /*LAPACK allocates its own*/) override {
+    if (how.randomized)
+      ops::galore_basis_randomized(P, g, out, in, r, rows, how.seed, how.power_iters, how.oversample);
+    else
+      ops::galore_basis(P, g, out, in, r, rows);
   }
   void flora_projection(float* P, uint64_t seed, int64_t tensor, int64_t refresh, int side,
                         int r) override {

@@ -60,6 +60,7 @@ class CudaBackend final : public Backend {
     }
   }
   ~CudaBackend() override {
+    cuda::destroy_solver_handle(solver_);
     if (pool_) cudaFree(pool_);
     cublasDestroy(ctx_.blas);
     cublasLtDestroy(ctx_.lt);
@@ -110,6 +111,17 @@ class CudaBackend final : public Backend {
   }
   void prepare_attention(int B, int T, int NH, int NKV, int HD) override {
     if (cudnn_) cudnn_->workspace_bytes(B, T, NH, NKV, HD);  // builds both graphs and keeps them
+  }
+  void prepare_galore_basis(int max_side, int k) override {
+    if (!solver_) solver_ = cuda::create_solver_handle(ctx_.stream);
+    const int64_t asked = cuda::solver_work_floats(solver_, max_side, k);
+    const int64_t planned = galore_solver_work_floats(max_side, k);
+    if (asked > planned)
+      throw UserError("GaLore's randomized refresh: cuSOLVER asks for " + format_bytes(4 * asked) +
+                      " of work space for " + std::to_string(max_side) + " x " + std::to_string(k) +
+                      ", the plan has " + format_bytes(4 * planned) +
+                      " (galore_solver_work_floats, kernels/backend_sizes.cpp, is short: a bug); "
+                      "optimizer.svd \"exact\" avoids it");
   }
   void* allocate_zeroed(size_t bytes) override {
     void* p = nullptr;
@@ -398,9 +410,25 @@ class CudaBackend final : public Backend {
                                   lowrank_workspace_bytes(storage_, p.out, p.in, p.r), b(dy), b(x),
                                   p.P, N, p.in, p.out, p.r, p.rows);
   }
-  // The SVD runs on the host (LAPACK, the CPU backend's op, bit for bit), not with cuSOLVER
-  // (kernels/cuda/lowrank.cu says why): one out x in download, a wait, per target per refresh.
-  void galore_basis(float* P, const float* g, int out, int in, int r, bool rows) override {
+  // The randomized range finder runs on the device (kernels/cuda/galore_basis.cu): one wait
+  // per target, for cuSOLVER's statuses. The exact SVD runs on the host (LAPACK, the CPU
+  // backend's op, bit for bit): one out x in download, a wait, per target per refresh.
+  void galore_basis(float* P, const float* g, int out, int in, int r, bool rows,
+                    const GaloreBasisMethod& how, void* workspace) override {
+    if (how.randomized) {
+      if (!solver_) solver_ = cuda::create_solver_handle(ctx_.stream);  // tests: no prepare
+      const int* statuses = cuda::galore_basis_randomized(
+          ctx_, solver_, P, g, out, in, r, rows, how.seed, how.power_iters, how.oversample,
+          workspace, galore_basis_workspace_bytes(storage_, out, in, r, how));
+      int status[3] = {0, 0, 0};
+      download(status, statuses, sizeof status);
+      GRASS_CHECK(status[0] == 0 && status[1] == 0,
+                  "galore_basis: cuSOLVER's QR refused its arguments (status " +
+                      std::to_string(status[0]) + ", " + std::to_string(status[1]) + ")");
+      GRASS_CHECK(status[2] == 0, "galore_basis: the eigensolver did not converge (non-finite "
+                                  "gradient?), cuSOLVER's info " + std::to_string(status[2]));
+      return;
+    }
     const int side = rows ? out : in;
     std::vector<float> host_g(size_t(out) * size_t(in)), host_P(size_t(side) * size_t(r));
     download(host_g.data(), g, host_g.size() * sizeof(float));
@@ -470,6 +498,7 @@ class CudaBackend final : public Backend {
   // cuDNN attention, when the run asked for it; its workspace is scratch_.attention
   AttentionKernel attention_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  cusolverDnHandle_t solver_ = nullptr;  // GaLore's randomized refresh: prepare_galore_basis
   int64_t attention_bytes_ = 0;
   // q and k rotated by RoPE into scratch_.rope (bf16 [B,T,NH,HD], then [B,T,NKV,HD])
   std::pair<const bf16*, const bf16*> rotated(const void* q, const void* k, int B, int T, int NH,

@@ -25,6 +25,9 @@
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
 
+struct cusolverDnContext;  // cuSOLVER's handle, as cusolverDn.h declares it
+using cusolverDnHandle_t = cusolverDnContext*;
+
 namespace grass::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -278,5 +281,25 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
                          void* v, void* workspace, int64_t workspace_bytes, double* reduce_scratch,
                          const float* P, int out, int in, int r, bool rows, double alpha,
                          double max_rms, const AdamArgs& a, uint64_t seed);
+
+// ---- GaLore's randomized refresh (kernels/cuda/galore_basis.cu) ------------------------------
+// ops::galore_basis_randomized on the device: fp32 GEMMs (gemm_f32), cuSOLVER's QR (geqrf, orgqr)
+// and eigensolver (syevd), kernels for the test matrix and the signs. The same test matrix as the
+// CPU's for a seed, so P spans the CPU's subspace to within rounding (not its bits: other
+// summation orders, another QR). cusolverDnCreate takes device memory: the backend makes the
+// handle before the reservation.
+cusolverDnHandle_t create_solver_handle(cudaStream_t stream);
+void destroy_solver_handle(cusolverDnHandle_t solver);
+// The floats of work space cuSOLVER asks for to orthonormalise m x k and solve a k x k
+// eigenproblem (the larger of geqrf's, orgqr's and syevd's).
+int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k);
+// P[side, r] from G[out, in] (fp32 device memory); workspace: galore_basis_workspace_bytes of
+// kernels/backend_sizes.cpp (galore_basis.cu carves it and checks that it fits). Returns where
+// cuSOLVER's statuses are (device memory, 3 ints: the last geqrf's, orgqr's, syevd's; 0: fine),
+// for the caller to read once the stream is done: the refresh's one host wait.
+const int* galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
+                            const float* G, int out, int in, int r, bool rows, uint64_t seed,
+                            int power_iters, int oversample, void* workspace,
+                            int64_t workspace_bytes);
 
 }  // namespace grass::cuda

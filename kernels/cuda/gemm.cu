@@ -185,6 +185,28 @@ cublasHandle_t create_gemm_fallback_handle() {
   return handle;
 }
 
+void gemm_f32(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+              int64_t ldc) {
+  GRASS_CHECK(ctx.blas, "gemm_f32: no cuBLAS handle");
+  GRASS_CHECK(M >= 0 && N >= 0 && K > 0 && M <= INT_MAX && N <= INT_MAX && K <= INT_MAX &&
+                  lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
+              "gemm_f32: a dimension outside cublasGemmEx's int range");
+  GRASS_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N,
+              "gemm_f32: leading dimension shorter than a row");
+  if (M == 0 || N == 0) return;
+  // Column-major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ, as gemm_bf16's.
+  const float alpha = 1.0f;
+  GRASS_CUBLAS_CHECK(cublasSetStream(ctx.blas, ctx.stream));
+  if (ctx.lt_workspace)
+    GRASS_CUBLAS_CHECK(cublasSetWorkspace(ctx.blas, ctx.lt_workspace, ctx.lt_workspace_bytes));
+  GRASS_CUBLAS_CHECK(cublasGemmEx(ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
+                                  &alpha, B, CUDA_R_32F, int(ldb), A, CUDA_R_32F, int(lda), &beta,
+                                  C, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  debug_sync("cublasGemmEx (fp32)", __FILE__, __LINE__);
+}
+
 void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, void* C,
                cudaDataType_t c_type, int64_t ldc) {

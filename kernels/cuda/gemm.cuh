@@ -1,6 +1,7 @@
-// The one GEMM every CUDA file calls (kernels/cuda/gemm.cu): a row-major product of bf16
-// matrices with fp32 accumulation, its output fp32 or bf16. linear_* (kernels/cuda/linear.cu),
-// the GRASS compressed gradient and the low-rank projections are thin wrappers around it.
+// The GEMMs the CUDA files call (kernels/cuda/gemm.cu): gemm_bf16, a row-major product of bf16
+// matrices with fp32 accumulation, its output fp32 or bf16 (linear_* in kernels/cuda/linear.cu,
+// the GRASS compressed gradient and the low-rank projections are thin wrappers around it), and
+// gemm_f32 for GaLore's randomized refresh.
 // Include only from .cu files.
 #pragma once
 #include <cublasLt.h>
@@ -25,5 +26,12 @@ inline cudaDataType_t cuda_type(GradType gtype) {
 void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, void* C,
                cudaDataType_t c_type, int64_t ldc);
+
+// The same row-major product of fp32 matrices into fp32 (C = op(A)·op(B) + beta·C), for the few
+// products that need fp32 inputs (GaLore's randomized refresh: kernels/cuda/galore_basis.cu).
+// Through cublasGemmEx with CUBLAS_COMPUTE_32F: true fp32, no TF32. Same inputs, same bits.
+void gemm_f32(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+              int64_t ldc);
 
 }  // namespace grass::cuda

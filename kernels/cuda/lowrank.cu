@@ -1,14 +1,13 @@
 // GaLore and FLORA on the GPU (the methods: docs/lowrank.md; the reference:
 // kernels/cpu/lowrank.cpp): the projected gradient straight from the activations (two GEMMs
-// through a bf16 copy of P), the two projections (made on the host, see below), FLORA's moment
-// transfer and GaLore's Adam step, whose dense back-projection is one GEMM.
+// through a bf16 copy of P), FLORA's projection, FLORA's moment transfer and GaLore's Adam step,
+// whose dense back-projection is one GEMM.
 //
 // Where the work runs:
-//   galore_basis      the host's LAPACK (ops::galore_basis<float>, OpenBLAS sgesdd), NOT cuSOLVER,
-//                     in CudaBackend::galore_basis: the SVD is the CPU backend's, bit for bit, so
-//                     GaLore's P does not depend on the device (and cuSOLVER is not emulated in
-//                     CI). The cost is one out x in fp32 download (a wait) per target per refresh
-//                     (every update_proj_gap steps).
+//   galore_basis      not here: the randomized range finder in galore_basis.cu (cuSOLVER), or
+//                     with optimizer.svd "exact" the host's LAPACK (ops::galore_basis<float>, the
+//                     CPU backend's SVD bit for bit) in CudaBackend::galore_basis, at the cost of
+//                     one out x in fp32 download (a wait) per target per refresh.
 //   flora_projection  a kernel drawing core/rng.h's stream, so a FLORA step regenerates P with no
 //                     host round trip. Its Box-Muller takes log and cos in double on the device,
 //                     which may differ from the host's in the last bits of a double: P agrees

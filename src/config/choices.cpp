@@ -14,6 +14,9 @@ constexpr ChoiceName<Selection> kSelectionNames[] = {{Selection::TopR, "top_r"},
                                                      {Selection::UniformNR, "uniform_nr"}};
 constexpr ChoiceName<SelectDim> kSelectDimNames[] = {
     {SelectDim::Auto, "auto"}, {SelectDim::Rows, "rows"}, {SelectDim::Cols, "cols"}};
+constexpr ChoiceName<GaloreSvd> kGaloreSvdNames[] = {{GaloreSvd::Auto, "auto"},
+                                                     {GaloreSvd::Exact, "exact"},
+                                                     {GaloreSvd::Randomized, "randomized"}};
 constexpr ChoiceName<ProjectionTarget> kTargetNames[] = {
     {ProjectionTarget::Q, "q"},       {ProjectionTarget::K, "k"},   {ProjectionTarget::V, "v"},
     {ProjectionTarget::O, "o"},       {ProjectionTarget::Gate, "gate"},
@@ -41,6 +44,8 @@ template <>
 std::span<const ChoiceName<Selection>> choice_names() { return kSelectionNames; }
 template <>
 std::span<const ChoiceName<SelectDim>> choice_names() { return kSelectDimNames; }
+template <>
+std::span<const ChoiceName<GaloreSvd>> choice_names() { return kGaloreSvdNames; }
 template <>
 std::span<const ChoiceName<ProjectionTarget>> choice_names() { return kTargetNames; }
 template <>

@@ -15,6 +15,9 @@ inline bool is_projected(OptimizerKind kind) { return kind != OptimizerKind::Ada
 // GRASS's selection rules (docs/grass.md)
 enum class Selection { TopR, Multinomial, MultinomialNR, Uniform, UniformNR };
 enum class SelectDim { Auto, Rows, Cols };
+// GaLore's refresh: "auto" (randomized on a GPU, exact on the CPU) | "exact" (LAPACK's SVD) |
+// "randomized" (a range finder: GEMMs, QRs and a small eigenproblem, on the run's device).
+enum class GaloreSvd { Auto, Exact, Randomized };
 // The linear layers of a LLaMA layer that a projected optimizer can train.
 enum class ProjectionTarget { Q, K, V, O, Gate, Up, Down };
 // precision: "auto" (bf16-mixed on a GPU, fp32 on the CPU) | "fp32" | "bf16-mixed" | "bf16"; the
@@ -46,6 +49,8 @@ template <>
 std::span<const ChoiceName<Selection>> choice_names();
 template <>
 std::span<const ChoiceName<SelectDim>> choice_names();
+template <>
+std::span<const ChoiceName<GaloreSvd>> choice_names();
 template <>
 std::span<const ChoiceName<ProjectionTarget>> choice_names();
 template <>

@@ -213,6 +213,7 @@ const std::vector<std::string> kProjectionKeys = {"rank", "update_interval", "sc
 const std::vector<std::string> kGrassKeys = {"selection", "select_dim", "rho_in_update",
                                              "refresh_stagger"};
 const std::vector<std::string> kFloraKeys = {"max_update_rms"};
+const std::vector<std::string> kGaloreKeys = {"svd", "svd_power_iters", "svd_oversample"};
 constexpr int64_t kFloraUpdateInterval = 1000;  // flora-opt's kappa
 constexpr double kFloraMaxUpdateRms = 1.0;      // flora-opt's clip_threshold
 constexpr double kGaloreEps = 1e-6;             // galore_torch's AdamW
@@ -290,6 +291,9 @@ void read_projection(const ObjectReader& obj, OptimizerKind kind, ProjectionConf
   if (kind != OptimizerKind::Flora)
     for (const std::string& key : kFloraKeys)
       if (obj.find(key)) obj.at(key).fail("only the flora optimizer uses this key");
+  if (kind != OptimizerKind::GaLore)
+    for (const std::string& key : kGaloreKeys)
+      if (obj.find(key)) obj.at(key).fail("only the galore optimizer uses this key");
   if (!is_projected(kind)) return;
   if (kind == OptimizerKind::Flora) {
     g.update_interval = kFloraUpdateInterval;
@@ -306,6 +310,11 @@ void read_projection(const ObjectReader& obj, OptimizerKind kind, ProjectionConf
     g.select_dim = read_enum(obj, "select_dim", "select_dim", g.select_dim);
     g.rho_in_update = obj.boolean("rho_in_update").value_or(g.rho_in_update);
     g.refresh_stagger = obj.boolean("refresh_stagger").value_or(g.refresh_stagger);
+  }
+  if (kind == OptimizerKind::GaLore) {
+    g.svd = read_enum(obj, "svd", "svd", g.svd);
+    g.svd_power_iters = int(obj.integer("svd_power_iters", 0, 16).value_or(g.svd_power_iters));
+    g.svd_oversample = int(obj.integer("svd_oversample", 0, 1024).value_or(g.svd_oversample));
   }
   g.seed = uint64_t(obj.integer("seed", 0, INT64_MAX).value_or(int64_t(g.seed)));
   if (const json* targets = obj.find("targets")) {
@@ -387,6 +396,7 @@ void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
   keys.insert(keys.end(), kProjectionKeys.begin(), kProjectionKeys.end());
   keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
   keys.insert(keys.end(), kFloraKeys.begin(), kFloraKeys.end());
+  keys.insert(keys.end(), kGaloreKeys.begin(), kGaloreKeys.end());
   obj.reject_unknown_keys(keys);
   o.kind = read_enum(obj, "name", "optimizer", o.kind);
   read_projection(obj, o.kind, o.projection);
@@ -665,6 +675,10 @@ json to_json(const RunConfig& c) {
                         {"rho_in_update", g.rho_in_update},
                         {"refresh_stagger", g.refresh_stagger}});
     if (o.kind == OptimizerKind::Flora) optimizer["max_update_rms"] = g.max_update_rms;
+    if (o.kind == OptimizerKind::GaLore)
+      optimizer.update({{"svd", name_of(g.svd)},
+                        {"svd_power_iters", g.svd_power_iters},
+                        {"svd_oversample", g.svd_oversample}});
   }
   if (o.proximal.enabled())
     optimizer["proximal"] = {{"lambda", o.proximal.lambda}, {"inner_steps", o.proximal.inner_steps}};

@@ -56,6 +56,11 @@ struct ProjectionConfig {
   // FLORA only: the bound on the RMS of each target's update before lr·scale (flora-opt's
   // clip_threshold, Adafactor's update clipping); 0: unbounded. FLORA's default is 1.
   double max_update_rms = 0;
+  // GaLore only: how a refresh finds P (GaloreSvd); the randomized range finder's power
+  // iterations and extra columns (docs/lowrank.md).
+  GaloreSvd svd = GaloreSvd::Auto;
+  int svd_power_iters = 2;
+  int svd_oversample = 8;
   std::vector<ProjectionTarget> targets = {ProjectionTarget::Q,    ProjectionTarget::K,
                                            ProjectionTarget::V,    ProjectionTarget::O,
                                            ProjectionTarget::Gate, ProjectionTarget::Up,

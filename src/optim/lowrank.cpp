@@ -123,14 +123,37 @@ void LowRankOptimizer::zero_pad_rows(float* P, const Target& t) {
 
 // ---- GaLore -------------------------------------------------------------------------------------
 
+GaloreBasisMethod galore_basis_method(const ProjectionConfig& g, const Storage& storage) {
+  GaloreBasisMethod how;
+  how.randomized = g.svd == GaloreSvd::Randomized || (g.svd == GaloreSvd::Auto && storage.cuda);
+  how.power_iters = g.svd_power_iters;
+  how.oversample = g.svd_oversample;
+  return how;
+}
+
 GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
                Communicator& comm)
     : LowRankOptimizer(cfg, model, max_tokens, arena, /*full_gradients=*/true, comm),
-      needs_refresh_(targets_.size(), false) {  // begin_step(0) refreshes; a resumed run has P
-  for (const Target& t : targets_)
+      needs_refresh_(targets_.size(), false),  // begin_step(0) refreshes; a resumed run has P
+      method_(galore_basis_method(cfg.projection, backend_.storage())) {
+  int64_t workspace = 0;
+  for (const Target& t : targets_) {
     P_.push_back(arena.alloc<float>(MemCategory::Optimizer,
                                     model.tensors()[size_t(t.tensor_index)].name + ".galore.P",
                                     int64_t(t.side) * rank_));
+    workspace = std::max(workspace, galore_basis_workspace_bytes(backend_.storage(), t.out, t.in,
+                                                                 rank_, method_));
+  }
+  if (workspace > 0)
+    basis_workspace_ = arena.alloc_bytes(MemCategory::Workspace, "galore.refresh_basis", workspace);
+}
+
+std::string GaLore::describe() const {
+  if (!method_.randomized) return describe_projection(cfg_.projection, "exact SVD");
+  return describe_projection(cfg_.projection, "randomized SVD",
+                             " (" + std::to_string(method_.power_iters) + " power iterations, " +
+                                 std::to_string(method_.oversample) + " extra columns, on the " +
+                                 (backend_.storage().cuda ? "GPU" : "CPU") + ")");
 }
 
 void GaLore::begin_step(int64_t step) {
@@ -141,7 +164,10 @@ void GaLore::begin_step(int64_t step) {
 
 void GaLore::refresh_from(size_t k, const float* g) {
   const Target& t = targets_[k];
-  backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows);
+  GaloreBasisMethod how = method_;  // the test matrix: a stream per refresh and target
+  how.seed = derive_seed(derive_seed(cfg_.projection.seed ^ 0x6a10, uint64_t(step_ / cfg_.projection.update_interval)),
+                         uint64_t(t.tensor_index));
+  backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows, how, basis_workspace_);
   zero_pad_rows(P_[k], t);
   if (comm_.world() > 1) {  // the same summed gradient, but an SVD that differs in the last bit
                             // (another thread count, another library) would split the replicas

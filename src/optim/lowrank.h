@@ -84,6 +84,11 @@ class LowRankOptimizer : public Optimizer {
   void* workspace_ = nullptr;          // lowrank_workspace_bytes of the largest target
 };
 
+// GaLore's refresh as a run resolves optimizer.projection.svd: "auto" is the randomized range
+// finder on a GPU (the exact SVD would download every target and leave the GPU idle) and the
+// exact SVD on the CPU. The seed is set per refresh and target by GaLore.
+GaloreBasisMethod galore_basis_method(const ProjectionConfig& g, const Storage& storage);
+
 // GaLore (Zhao et al. 2024; galore_torch): P = the top-r singular vectors of the step's full
 // gradient at step 0 and every update_interval steps (its update_proj_gap), computed from the
 // first micro-batch's gradient at a refresh step; the moments and the step counter are kept
@@ -93,7 +98,7 @@ class GaLore final : public LowRankOptimizer {
   GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
          Communicator& comm = single_process());
   const char* name() const override { return "galore"; }
-  std::string describe() const override { return describe_projection(cfg_.projection, "SVD"); }
+  std::string describe() const override;
   bool refresh_sums_full_gradients() const override { return true; }  // the SVD's input
   void begin_step(int64_t step) override;
   const char* state_key() const override { return "galore_targets"; }
@@ -108,6 +113,8 @@ class GaLore final : public LowRankOptimizer {
  private:
   std::vector<float*> P_;             // per target [side, r] fp32, in the optimizer's state
   std::vector<bool> needs_refresh_;   // set at a refresh step until the first backward
+  GaloreBasisMethod method_;          // resolved; its seed is set per refresh and target
+  void* basis_workspace_ = nullptr;   // galore_basis_workspace_bytes of the largest target
 };
 
 // FLORA (Hao et al. 2024; flora-opt, with the engine's exact variant of docs/lowrank.md): P is

@@ -16,6 +16,7 @@
 #include "src/data/loader.h"
 #include "src/io/durable_file.h"
 #include "src/io/out_dir_lock.h"
+#include "src/optim/lowrank.h"
 #include "src/optim/schedule.h"
 #include "src/train/backend_choice.h"
 #include "src/train/checkpointing.h"
@@ -117,6 +118,13 @@ void Run::build_state() {
   const ModelConfig& m = cfg.model;
   backend_->prepare_attention(cfg.micro_batch_size, cfg.seq_len, m.num_attention_heads,
                               m.num_key_value_heads, m.head_dim());
+  const ProjectionConfig& g = cfg.optimizer.projection;
+  if (cfg.optimizer.kind == OptimizerKind::GaLore &&
+      galore_basis_method(g, backend_->storage()).randomized) {
+    // every target's rows or columns, a padded ffn's included (up to 7 more)
+    const int max_side = std::max(m.hidden_size, m.intermediate_size + 7);
+    backend_->prepare_galore_basis(max_side, std::min(g.rank + g.svd_oversample, max_side));
+  }
   backend_->reserve(plan.total, plan.buffers);
   device_at_reservation_ = backend_->device_memory();
   arena_ = std::make_unique<Arena>(false, *backend_);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/lowrank_ops.h"
 #include "kernels/storage.h"
 #include "src/core/error.h"
@@ -189,12 +190,95 @@ TEST_CASE("lowrank: galore_basis is the CPU's SVD, bit for bit", "[gpu][lowrank]
       DeviceBuffer<float> d_g(g.size()), d_P(size_t(side) * s.r);
       d_g.upload(g);
       d_P.poison();
-      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows);
+      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, GaloreBasisMethod{}, nullptr);
       std::vector<float> want(d_P.n);
       ops::galore_basis<float>(want.data(), g.data(), s.out, s.in, s.r, rows);
       CHECK(same_bits(d_P.download(), want));
       CHECK(same_bits(d_g.download(), g));  // read only
     }
+}
+
+// ‖(I − E·Eᵀ)·P‖_F for E [side, r] with orthonormal columns: at least the sine of the largest
+// principal angle between the two subspaces.
+double subspace_sine(const std::vector<float>& E, const std::vector<float>& P, int side, int r) {
+  double sum = 0;
+  for (int c = 0; c < r; c++) {
+    std::vector<double> resid(static_cast<size_t>(side));
+    for (int i = 0; i < side; i++) resid[size_t(i)] = P[size_t(i) * r + c];
+    for (int j = 0; j < r; j++) {
+      double dot = 0;
+      for (int i = 0; i < side; i++) dot += double(E[size_t(i) * r + j]) * P[size_t(i) * r + c];
+      for (int i = 0; i < side; i++) resid[size_t(i)] -= dot * E[size_t(i) * r + j];
+    }
+    for (double x : resid) sum += x * x;
+  }
+  return std::sqrt(sum);
+}
+
+TEST_CASE("lowrank: the randomized galore_basis on the device spans the CPU's subspace",
+          "[gpu][lowrank]") {
+  // G = A·B + 0.01·noise, A [out, r] and B [r, in] Gaussian: a gap of about 100 after the r-th
+  // singular value, so the top-r subspace is well defined and both range finders (the same test
+  // matrix from the seed, other summation orders and another QR) reach it to float rounding.
+  Backends be(PrecisionChoice::Bf16Mixed);
+  for (const Shape& s : kShapes)
+    for (const bool rows : {true, false}) {
+      INFO("out=" << s.out << " in=" << s.in << " r=" << s.r << " rows=" << rows);
+      const int side = rows ? s.out : s.in;
+      const std::vector<float> A = randn(size_t(s.out) * s.r), B = randn(size_t(s.r) * s.in),
+                               noise = randn(size_t(s.out) * s.in, 0.01);
+      std::vector<float> g(noise);
+      for (int i = 0; i < s.out; i++)
+        for (int j = 0; j < s.in; j++)
+          for (int c = 0; c < s.r; c++)
+            g[size_t(i) * s.in + j] += A[size_t(i) * s.r + c] * B[size_t(c) * s.in + j];
+      GaloreBasisMethod how;
+      how.randomized = true;
+      how.seed = 4242;
+      const int64_t bytes = galore_basis_workspace_bytes(be.gpu_storage, s.out, s.in, s.r, how);
+      REQUIRE(bytes > 0);
+      DeviceBuffer<float> d_g(g.size()), d_P(size_t(side) * s.r);
+      DeviceBuffer<char> workspace{size_t(bytes)};
+      d_g.upload(g);
+      d_P.poison();
+      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, how, workspace.ptr);
+      const std::vector<float> got = d_P.download();
+      std::vector<float> cpu(got.size()), exact(got.size());
+      be.cpu->galore_basis(cpu.data(), g.data(), s.out, s.in, s.r, rows, how, nullptr);
+      ops::galore_basis<float>(exact.data(), g.data(), s.out, s.in, s.r, rows);
+      const double sine = subspace_sine(exact, got, side, s.r);
+      INFO("sin(largest principal angle) to the exact SVD's subspace <= " << sine);
+      CHECK(sine <= 1e-4);
+      CHECK(subspace_sine(cpu, got, side, s.r) <= 1e-4);
+      // each vector, its sign normalised as the CPU's: the singular values are apart
+      CHECK(rel_error(got, cpu) <= 1e-3);
+      CHECK(same_bits(d_g.download(), g));  // read only
+      // a function of (G, seed): the same bits again
+      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, how, workspace.ptr);
+      CHECK(same_bits(d_P.download(), got));
+    }
+}
+
+TEST_CASE("lowrank: the randomized galore_basis refuses a workspace smaller than planned",
+          "[gpu][lowrank]") {
+  TestContext tc;
+  const cusolverDnHandle_t solver = cuda::create_solver_handle(tc.ctx.stream);
+  const Shape s = kShapes[1];
+  GaloreBasisMethod how;
+  how.randomized = true;
+  const int64_t bytes =
+      galore_basis_workspace_bytes(storage_for(PrecisionChoice::Bf16Mixed, true), s.out, s.in, s.r, how);
+  DeviceBuffer<float> d_g(size_t(s.out) * s.in), d_P(size_t(s.out) * s.r);
+  DeviceBuffer<char> workspace{size_t(bytes)};
+  d_g.upload(randn(d_g.n));
+  // the layout's last region, cuSOLVER's work space, one float short
+  CHECK_THROWS_WITH(cuda::galore_basis_randomized(tc.ctx, solver, d_P.ptr, d_g.ptr, s.out, s.in,
+                                                  s.r, true, 1, 2, 8, workspace.ptr, bytes - 257),
+                    Catch::Contains("smaller than galore_basis_workspace_bytes"));
+  CHECK_NOTHROW(cuda::galore_basis_randomized(tc.ctx, solver, d_P.ptr, d_g.ptr, s.out, s.in, s.r,
+                                              true, 1, 2, 8, workspace.ptr, bytes));
+  check(cudaDeviceSynchronize(), "galore_basis");
+  cuda::destroy_solver_handle(solver);
 }
 
 TEST_CASE("lowrank: flora_projection draws the CPU's stream", "[gpu][lowrank]") {

@@ -636,7 +636,8 @@ TEST_CASE("model: a GPU training step waits for the device a fixed number of tim
         const int64_t waits = run.backend->host_waits() - before;
         CAPTURE(step, waits, targets);
         // at a refresh: GRASS reads each target's slice norms once (all its row chunks together),
-        // GaLore downloads each target's gradient for the host SVD; FLORA draws P on the device
+        // GaLore reads each target's cuSOLVER statuses (its device refresh, svd "auto"); FLORA
+        // draws P on the device
         const int64_t refresh = optimizer == "flora" ? 0 : targets;
         CHECK(waits == kStepWaits + (step == 0 ? refresh : 0));
       }

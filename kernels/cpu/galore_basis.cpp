@@ -1,0 +1,192 @@
+// GaLore's projection on the CPU (kernels/lowrank_ops.h; docs/lowrank.md): the exact top-r singular
+// vectors by LAPACK's SVD, and the randomized range finder that approximates them from GEMMs, QRs
+// and one small eigenproblem. The reference kernels/cuda/galore_basis.cu is tested against.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/blas.h"
+#include "kernels/lowrank_ops.h"
+#include "src/core/error.h"
+#include "src/core/rng.h"
+
+// LAPACK's divide-and-conquer SVD, as OpenBLAS exports it (no LAPACKE header is needed). The
+// trailing size_t is gfortran's hidden length of the jobz string.
+extern "C" {
+void sgesdd_(const char* jobz, const int* m, const int* n, float* a, const int* lda, float* s,
+             float* u, const int* ldu, float* vt, const int* ldvt, float* work, const int* lwork,
+             int* iwork, int* info, size_t jobz_len);
+void dgesdd_(const char* jobz, const int* m, const int* n, double* a, const int* lda, double* s,
+             double* u, const int* ldu, double* vt, const int* ldvt, double* work, const int* lwork,
+             int* iwork, int* info, size_t jobz_len);
+// Householder QR and the explicit Q; the symmetric eigenproblem (divide and conquer).
+void sgeqrf_(const int* m, const int* n, float* a, const int* lda, float* tau, float* work,
+             const int* lwork, int* info);
+void dgeqrf_(const int* m, const int* n, double* a, const int* lda, double* tau, double* work,
+             const int* lwork, int* info);
+void sorgqr_(const int* m, const int* n, const int* k, float* a, const int* lda, const float* tau,
+             float* work, const int* lwork, int* info);
+void dorgqr_(const int* m, const int* n, const int* k, double* a, const int* lda,
+             const double* tau, double* work, const int* lwork, int* info);
+void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const int* lda, float* w,
+             float* work, const int* lwork, int* iwork, const int* liwork, int* info,
+             size_t jobz_len, size_t uplo_len);
+void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
+             double* work, const int* lwork, int* iwork, const int* liwork, int* info,
+             size_t jobz_len, size_t uplo_len);
+}
+
+namespace grass::ops {
+
+namespace {
+
+inline void gesdd(int m, int n, float* a, float* s, float* u, float* vt, float* work, int lwork,
+                  int* iwork, int* info) {
+  const int ldu = m, ldvt = std::min(m, n);
+  sgesdd_("S", &m, &n, a, &m, s, u, &ldu, vt, &ldvt, work, &lwork, iwork, info, 1);
+}
+inline void gesdd(int m, int n, double* a, double* s, double* u, double* vt, double* work,
+                  int lwork, int* iwork, int* info) {
+  const int ldu = m, ldvt = std::min(m, n);
+  dgesdd_("S", &m, &n, a, &m, s, u, &ldu, vt, &ldvt, work, &lwork, iwork, info, 1);
+}
+
+inline void geqrf(int m, int n, float* a, float* tau, float* work, int lwork, int* info) {
+  sgeqrf_(&m, &n, a, &m, tau, work, &lwork, info);
+}
+inline void geqrf(int m, int n, double* a, double* tau, double* work, int lwork, int* info) {
+  dgeqrf_(&m, &n, a, &m, tau, work, &lwork, info);
+}
+inline void orgqr(int m, int n, float* a, const float* tau, float* work, int lwork, int* info) {
+  sorgqr_(&m, &n, &n, a, &m, tau, work, &lwork, info);
+}
+inline void orgqr(int m, int n, double* a, const double* tau, double* work, int lwork, int* info) {
+  dorgqr_(&m, &n, &n, a, &m, tau, work, &lwork, info);
+}
+inline void syevd(int n, float* a, float* w, float* work, int lwork, int* iwork, int liwork,
+                  int* info) {
+  ssyevd_("V", "U", &n, a, &n, w, work, &lwork, iwork, &liwork, info, 1, 1);
+}
+inline void syevd(int n, double* a, double* w, double* work, int lwork, int* iwork, int liwork,
+                  int* info) {
+  dsyevd_("V", "U", &n, a, &n, w, work, &lwork, iwork, &liwork, info, 1, 1);
+}
+
+// Y[m, k] (row-major) replaced by an orthonormal basis of its columns' span: Householder QR.
+template <typename T>
+void orthonormalise(std::vector<T>& Y, int m, int k) {
+  std::vector<T> a(Y.size()), tau(static_cast<size_t>(k));
+  for (int i = 0; i < m; i++)  // LAPACK's column-major copy
+    for (int j = 0; j < k; j++) a[size_t(j) * m + i] = Y[size_t(i) * k + j];
+  int info = 0;
+  T query;
+  geqrf(m, k, a.data(), tau.data(), &query, -1, &info);
+  std::vector<T> work(std::max<size_t>(size_t(query) + 1, size_t(k) * 64));
+  geqrf(m, k, a.data(), tau.data(), work.data(), int(work.size()), &info);
+  GRASS_CHECK(info == 0, "galore_basis_randomized: geqrf failed, info " + std::to_string(info));
+  orgqr(m, k, a.data(), tau.data(), work.data(), int(work.size()), &info);
+  GRASS_CHECK(info == 0, "galore_basis_randomized: orgqr failed, info " + std::to_string(info));
+  for (int i = 0; i < m; i++)
+    for (int j = 0; j < k; j++) Y[size_t(i) * k + j] = a[size_t(j) * m + i];
+}
+
+// Column j of P[side, r] multiplied by the sign that makes its largest-magnitude entry (the first
+// on ties) positive: P a deterministic function of its subspace's basis.
+template <typename T>
+void sign_normalise(T* P, int side, int r) {
+  for (int j = 0; j < r; j++) {
+    int peak = 0;
+    for (int i = 1; i < side; i++)
+      if (std::abs(P[int64_t(i) * r + j]) > std::abs(P[int64_t(peak) * r + j])) peak = i;
+    if (P[int64_t(peak) * r + j] < 0)
+      for (int i = 0; i < side; i++) P[int64_t(i) * r + j] = -P[int64_t(i) * r + j];
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void galore_basis(T* P, const T* G, int out, int in, int r, bool rows) {
+  GRASS_CHECK(r >= 1 && r <= std::min(out, in), "galore_basis: rank outside [1, min(out, in)]");
+  // Row-major G[out, in] is column-major Gᵀ[in, out], so LAPACK factors Gᵀ = U'·S·V'ᵀ, and
+  // G = V'·S·U'ᵀ: G's left singular vectors are V' (the rows of vt), its right ones U'.
+  const int m = in, n = out, k = std::min(m, n);
+  std::vector<T> a(G, G + int64_t(out) * in);  // gesdd destroys its input
+  std::vector<T> s(k), u(int64_t(m) * k), vt(int64_t(k) * n);
+  std::vector<int> iwork(8 * size_t(k));
+  int info = 0;
+  T query;
+  gesdd(m, n, a.data(), s.data(), u.data(), vt.data(), &query, -1, iwork.data(), &info);
+  GRASS_CHECK(info == 0,
+              "galore_basis: gesdd workspace query failed, info " + std::to_string(info));
+  // The query answers in T, which in float may round the size down: never go below the
+  // documented minimum for jobz = 'S'.
+  const size_t kk = size_t(k);
+  const size_t minimum = 3 * kk + std::max(size_t(std::max(m, n)), 5 * kk * kk + 4 * kk);
+  std::vector<T> work(std::max(size_t(query), minimum));
+  gesdd(m, n, a.data(), s.data(), u.data(), vt.data(), work.data(), int(work.size()), iwork.data(),
+        &info);
+  GRASS_CHECK(info == 0, "galore_basis: the SVD did not converge (non-finite gradient?), info " +
+                             std::to_string(info));
+  const int side = rows ? out : in;
+  for (int j = 0; j < r; j++) {
+    // column j of P: vt(j, i) = vt[j + i·k] (rows) or u(c, j) = u[c + j·m] (cols)
+    const T* src = rows ? vt.data() + j : u.data() + int64_t(j) * m;
+    const int64_t stride = rows ? k : 1;
+    for (int i = 0; i < side; i++) P[int64_t(i) * r + j] = src[i * stride];
+  }
+  sign_normalise(P, side, r);
+}
+
+template <typename T>
+void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows, uint64_t seed,
+                             int power_iters, int oversample) {
+  const int m = rows ? out : in, n = rows ? in : out;
+  GRASS_CHECK(r >= 1 && r <= std::min(m, n), "galore_basis_randomized: rank outside [1, min(out, in)]");
+  GRASS_CHECK(power_iters >= 0 && oversample >= 0, "galore_basis_randomized: negative parameters");
+  const int k = std::min({r + oversample, m, n});
+  // A·X for X[n, k] and Aᵀ·X for X[m, k], with A = G (rows) or Gᵀ (cols), G row-major [out, in]
+  const auto times_a = [&](const std::vector<T>& X, std::vector<T>& Y) {  // Y[m, k]
+    cpu::gemm(!rows, false, m, k, n, T(1), G, in, X.data(), k, T(0), Y.data(), k);
+  };
+  const auto times_at = [&](const std::vector<T>& X, std::vector<T>& Z) {  // Z[n, k]
+    cpu::gemm(rows, false, n, k, m, T(1), G, in, X.data(), k, T(0), Z.data(), k);
+  };
+  std::vector<T> omega(size_t(n) * k), Q(size_t(m) * k), Z(size_t(n) * k);
+  for (size_t i = 0; i < omega.size(); i++) omega[i] = T(normal(seed, i));
+  times_a(omega, Q);
+  orthonormalise(Q, m, k);
+  for (int it = 0; it < power_iters; it++) {
+    times_at(Q, Z);
+    orthonormalise(Z, n, k);
+    times_a(Z, Q);
+    orthonormalise(Q, m, k);
+  }
+  // Rayleigh-Ritz: B = Qᵀ·A [k, n] (Bᵀ = Aᵀ·Q), S = B·Bᵀ [k, k], its top-r eigenvectors W
+  times_at(Q, Z);  // Z = Bᵀ
+  std::vector<T> S(size_t(k) * k), lambda(static_cast<size_t>(k));
+  cpu::gemm(true, false, k, k, n, T(1), Z.data(), k, Z.data(), k, T(0), S.data(), k);
+  int info = 0, iquery = 0;
+  T query;
+  syevd(k, S.data(), lambda.data(), &query, -1, &iquery, -1, &info);
+  std::vector<T> work(size_t(query) + 1);
+  std::vector<int> iwork(size_t(iquery) + 1);
+  syevd(k, S.data(), lambda.data(), work.data(), int(work.size()), iwork.data(), int(iwork.size()),
+        &info);
+  GRASS_CHECK(info == 0, "galore_basis_randomized: the eigensolver did not converge (non-finite "
+                         "gradient?), info " + std::to_string(info));
+  // syevd: ascending eigenvalues, eigenvector j in column j (S symmetric: S[i + j·k]); W_top[k, r]
+  std::vector<T> w_top(size_t(k) * r);
+  for (int c = 0; c < r; c++)
+    for (int i = 0; i < k; i++) w_top[size_t(i) * r + c] = S[size_t(k - 1 - c) * k + i];
+  cpu::gemm(false, false, m, r, k, T(1), Q.data(), k, w_top.data(), r, T(0), P, r);
+  sign_normalise(P, m, r);
+}
+
+#define INSTANTIATE(T)                                                                          \
+  template void galore_basis<T>(T*, const T*, int, int, int, bool);                             \
+  template void galore_basis_randomized<T>(T*, const T*, int, int, int, bool, uint64_t, int, int);
+INSTANTIATE(float)
+INSTANTIATE(double)
+
+}  // namespace grass::ops

@@ -1,0 +1,203 @@
+// GaLore's randomized refresh on the device: ops::galore_basis_randomized (kernels/cpu/lowrank.cpp,
+// the reference; docs/lowrank.md, the method) with fp32 GEMMs, cuSOLVER and three small kernels,
+// so a refresh neither downloads the gradient nor leaves the GPU idle for a host SVD.
+//
+// Layout. cuSOLVER is column-major, the engine row-major. The tall matrices are kept transposed,
+// row-major [k, m] = column-major [m, k], which is what geqrf and orgqr factor in place:
+//   A = G[out, in] (rows: m = out, n = in) or Gᵀ (cols: m = in, n = out)
+//   Ωt[k, n]: Ωt[c][a] = normal(seed, a·k + c), the CPU's Ω[n, k] (same seed, same test matrix)
+//   Qt[k, m] = Ωt·Aᵀ;  orth(Qt);  power_iters times: Zt[k, n] = Qt·A, orth(Zt), Qt = Zt·Aᵀ, orth(Qt)
+//   B = Zt = Qt·A [k, n];  S = B·Bᵀ [k, k];  syevd(S): λ ascending, eigenvector j in S's row j
+//   W[k, r]: W[i][c] = S[k-1-c][i] (the top r, descending);  P[m, r] = Qtᵀ·W;  signs as the CPU's
+// Every product is fp32 (gemm_f32: CUBLAS_COMPUTE_32F, no TF32).
+//
+// The workspace (galore_basis_workspace_bytes, kernels/backend_sizes.cpp), regions 256-byte
+// aligned, sized for either side being projected (D = max(out, in)):
+//   Ωt then Zt [k, D] | Qt [k, D] | S [k, k] | W [k, r] | λ [k] | τ [k] | 4 ints: cuSOLVER's info |
+//   cuSOLVER's work space, galore_solver_work_floats(D, k) floats
+#include <cusolverDn.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.cuh"
+#include "src/core/error.h"
+#include "src/core/rng.h"
+
+#define GRASS_CUSOLVER_CHECK(call)                                                               \
+  do {                                                                                           \
+    const cusolverStatus_t status_ = (call);                                                     \
+    GRASS_CHECK(status_ == CUSOLVER_STATUS_SUCCESS,                                              \
+                std::string(#call) + " failed: cuSOLVER status " + std::to_string(int(status_))); \
+  } while (0)
+
+namespace grass::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Ωt[c][a] = normal(seed, a·k + c): element (a, c) of the CPU's row-major Ω[n, k]
+__global__ void test_matrix_kernel(float* omega_t, uint64_t seed, int n, int k) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(n) * k) return;
+  const int64_t c = i / n, a = i % n;
+  omega_t[i] = float(normal(seed, uint64_t(a * k + c)));
+}
+
+// W[i][c] = S[k-1-c][i]: syevd's eigenvectors (rows of S, ascending) as the top r columns
+__global__ void top_vectors_kernel(float* W, const float* S, int k, int r) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(k) * r) return;
+  const int64_t row = i / r, c = i % r;
+  W[i] = S[int64_t(k - 1 - c) * k + row];
+}
+
+// Column c of P[side, r] times the sign that makes its largest-magnitude entry (the first on
+// ties) positive: one block per column, the (magnitude, index) maximum in a fixed tree order.
+__global__ void sign_normalise_kernel(float* P, int side, int r) {
+  __shared__ float best[kThreads];
+  __shared__ int where[kThreads];
+  const int c = blockIdx.x;
+  float b = -1.0f;
+  int w = side;
+  for (int i = threadIdx.x; i < side; i += blockDim.x) {  // ascending: ties keep the first
+    const float v = fabsf(P[int64_t(i) * r + c]);
+    if (v > b) {
+      b = v;
+      w = i;
+    }
+  }
+  best[threadIdx.x] = b;
+  where[threadIdx.x] = w;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      const float ob = best[threadIdx.x + half];
+      const int ow = where[threadIdx.x + half];
+      if (ob > best[threadIdx.x] || (ob == best[threadIdx.x] && ow < where[threadIdx.x])) {
+        best[threadIdx.x] = ob;
+        where[threadIdx.x] = ow;
+      }
+    }
+    __syncthreads();
+  }
+  // one thread reads the peak's sign before any thread flips it (the peak is some thread's row)
+  __shared__ bool flip;
+  if (threadIdx.x == 0) flip = where[0] < side && P[int64_t(where[0]) * r + c] < 0.0f;
+  __syncthreads();
+  if (!flip) return;
+  for (int i = threadIdx.x; i < side; i += blockDim.x) P[int64_t(i) * r + c] = -P[int64_t(i) * r + c];
+}
+
+int64_t region(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct Workspace {
+  float *z, *q, *s, *w, *lambda, *tau;
+  int* info;
+  float* work;
+  int64_t work_floats;
+};
+Workspace carve(void* workspace, int64_t workspace_bytes, int64_t D, int64_t k, int64_t r) {
+  char* p = static_cast<char*>(workspace);
+  Workspace ws;
+  const auto take = [&](int64_t bytes) {
+    char* at = p;
+    p += region(bytes);
+    return at;
+  };
+  ws.z = reinterpret_cast<float*>(take(4 * k * D));
+  ws.q = reinterpret_cast<float*>(take(4 * k * D));
+  ws.s = reinterpret_cast<float*>(take(4 * k * k));
+  ws.w = reinterpret_cast<float*>(take(4 * k * r));
+  ws.lambda = reinterpret_cast<float*>(take(4 * k));
+  ws.tau = reinterpret_cast<float*>(take(4 * k));
+  ws.info = reinterpret_cast<int*>(take(16));
+  ws.work_floats = galore_solver_work_floats(D, k);
+  ws.work = reinterpret_cast<float*>(take(4 * ws.work_floats));
+  GRASS_CHECK(workspace != nullptr && p - static_cast<char*>(workspace) <= workspace_bytes,
+              "galore_basis: the workspace is smaller than galore_basis_workspace_bytes' layout");
+  return ws;
+}
+
+// Qt[k, m] (column-major m x k) := the Q of its QR, in place
+void orthonormalise(cusolverDnHandle_t solver, float* Qt, int m, int k, const Workspace& ws) {
+  GRASS_CUSOLVER_CHECK(cusolverDnSgeqrf(solver, m, k, Qt, m, ws.tau, ws.work, int(ws.work_floats),
+                                        ws.info));
+  GRASS_CUSOLVER_CHECK(cusolverDnSorgqr(solver, m, k, k, Qt, m, ws.tau, ws.work,
+                                        int(ws.work_floats), ws.info + 1));
+}
+
+}  // namespace
+
+cusolverDnHandle_t create_solver_handle(cudaStream_t stream) {
+  cusolverDnHandle_t solver = nullptr;
+  GRASS_CUSOLVER_CHECK(cusolverDnCreate(&solver));
+  GRASS_CUSOLVER_CHECK(cusolverDnSetStream(solver, stream));
+  return solver;
+}
+
+void destroy_solver_handle(cusolverDnHandle_t solver) {
+  if (solver) cusolverDnDestroy(solver);
+}
+
+int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k) {
+  // The queries read only the shapes; cuSOLVER's documentation has them take the pointers too.
+  int geqrf = 0, orgqr = 0, syevd = 0;
+  GRASS_CUSOLVER_CHECK(cusolverDnSgeqrf_bufferSize(solver, m, k, nullptr, m, &geqrf));
+  GRASS_CUSOLVER_CHECK(cusolverDnSorgqr_bufferSize(solver, m, k, k, nullptr, m, nullptr, &orgqr));
+  GRASS_CUSOLVER_CHECK(cusolverDnSsyevd_bufferSize(solver, CUSOLVER_EIG_MODE_VECTOR,
+                                                   CUBLAS_FILL_MODE_LOWER, k, nullptr, k, nullptr,
+                                                   &syevd));
+  return std::max({int64_t(geqrf), int64_t(orgqr), int64_t(syevd)});
+}
+
+const int* galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
+                            const float* G, int out, int in, int r, bool rows, uint64_t seed,
+                            int power_iters, int oversample, void* workspace,
+                            int64_t workspace_bytes) {
+  const int m = rows ? out : in, n = rows ? in : out;
+  GRASS_CHECK(r >= 1 && r <= std::min(m, n), "galore_basis: rank outside [1, min(out, in)]");
+  GRASS_CHECK(power_iters >= 0 && oversample >= 0, "galore_basis: negative parameters");
+  const int k = std::min({r + oversample, m, n});
+  const Workspace ws = carve(workspace, workspace_bytes, std::max(out, in), k, r);
+  GRASS_CHECK(solver_work_floats(solver, m, k) <= ws.work_floats,
+              "galore_basis: cuSOLVER asks for more work space than galore_solver_work_floats "
+              "plans for " + std::to_string(m) + " x " + std::to_string(k));
+  // op(G) for A (Zt = Qt·A) and Aᵀ (Qt = Zt·Aᵀ): G[out, in] is A for rows, Aᵀ for cols
+  const auto times_a = [&](const float* Qt, float* Zt) {  // Zt[k, n] = Qt[k, m]·A[m, n]
+    gemm_f32(ctx, false, !rows, k, n, m, Qt, m, G, in, 0.0f, Zt, n);
+  };
+  const auto times_at = [&](const float* Zt, float* Qt) {  // Qt[k, m] = Zt[k, n]·Aᵀ[n, m]
+    gemm_f32(ctx, false, rows, k, m, n, Zt, n, G, in, 0.0f, Qt, m);
+  };
+  test_matrix_kernel<<<unsigned(ceil_div(int64_t(n) * k, kThreads)), kThreads, 0, ctx.stream>>>(
+      ws.z, seed, n, k);
+  GRASS_LAUNCH_CHECK();
+  times_at(ws.z, ws.q);
+  orthonormalise(solver, ws.q, m, k, ws);
+  for (int it = 0; it < power_iters; it++) {
+    times_a(ws.q, ws.z);
+    orthonormalise(solver, ws.z, n, k, ws);
+    times_at(ws.z, ws.q);
+    orthonormalise(solver, ws.q, m, k, ws);
+  }
+  // Rayleigh-Ritz: B = Zt = Qt·A, S = B·Bᵀ, its top-r eigenvectors
+  times_a(ws.q, ws.z);
+  gemm_f32(ctx, false, true, k, k, n, ws.z, n, ws.z, n, 0.0f, ws.s, k);
+  GRASS_CUSOLVER_CHECK(cusolverDnSsyevd(solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER,
+                                        k, ws.s, k, ws.lambda, ws.work, int(ws.work_floats),
+                                        ws.info + 2));
+  top_vectors_kernel<<<unsigned(ceil_div(int64_t(k) * r, kThreads)), kThreads, 0, ctx.stream>>>(
+      ws.w, ws.s, k, r);
+  GRASS_LAUNCH_CHECK();
+  gemm_f32(ctx, true, false, m, r, k, ws.q, m, ws.w, r, 0.0f, P, r);  // P[m, r] = Qtᵀ·W
+  sign_normalise_kernel<<<unsigned(r), kThreads, 0, ctx.stream>>>(P, m, r);
+  GRASS_LAUNCH_CHECK();
+  return ws.info;
+}
+
+}  // namespace grass::cuda
