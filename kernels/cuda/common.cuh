@@ -72,12 +72,21 @@ __device__ __forceinline__ void accumulate_grad(bf16* g, float v) {
   *g = __float2bfloat16_rn(__bfloat162float(*g) + v);
 }
 
+// The CUDA emulator (tests/cuda_emu) fills a block's static shared memory with NaN bytes before
+// its first use, so a read of a slot no thread wrote shows. translate.cmake does that for the
+// declarations in .cu files; a header's own (block_sum's) names itself with this hook, which the
+// emulator's cuda_runtime.h defines and nvcc's build leaves empty.
+#ifndef GRASS_SHARED_DECLARED
+#define GRASS_SHARED_DECLARED(name)
+#endif
+
 // Sum of v over the block (blockDim.x a multiple of 32), returned to every thread. The tree is
 // fixed (an xor butterfly in each warp, then the warp sums in warp order), so the bits are too.
 // Every thread of the block must call it; it may be called repeatedly.
 template <typename T>
 __device__ T block_sum(T v) {
   __shared__ T warp_sums[32];
+  GRASS_SHARED_DECLARED(warp_sums);
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_sums[warp] = v;

@@ -37,6 +37,9 @@
 #define __forceinline__ inline
 #define __noinline__
 #define __shared__ static thread_local
+// kernels/cuda/common.cuh's hook for a header's static shared memory (translate.cmake handles the
+// .cu files' own): NaN bytes before the block's first use
+#define GRASS_SHARED_DECLARED(name) ::cuda_emu::shared_declared(&(name), sizeof(name))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
