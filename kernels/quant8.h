@@ -94,21 +94,16 @@ GRASS_HOST_DEVICE float quant8_decode(const Quant8Map& map, uint8_t code, float 
   return map.value[code] * absmax;
 }
 
-// x[n] -> codes[n], absmax[ceil(n / block)], blocks of `block` consecutive values.
-inline void quantize_blockwise(const Quant8Map& map, const float* x, int64_t n, int block,
-                               uint8_t* codes, float* absmax) {
-  for (int64_t b0 = 0, k = 0; b0 < n; b0 += block, k++) {
-    const int64_t b1 = std::min(n, b0 + block);
-    float a = 0.0f;
-    for (int64_t i = b0; i < b1; i++) a = std::max(a, std::fabs(x[i]));
-    absmax[k] = a;
-    for (int64_t i = b0; i < b1; i++) codes[i] = quant8_encode(map, x[i], a);
-  }
-}
-
-inline void dequantize_blockwise(const Quant8Map& map, const uint8_t* codes, const float* absmax,
-                                 int64_t n, int block, float* x) {
-  for (int64_t i = 0; i < n; i++) x[i] = quant8_decode(map, codes[i], absmax[i / block]);
-}
+namespace ops {
+// The CPU reference (kernels/cpu/quant8.cpp; the GPU's: kernels/cuda/quant8.cu):
+// x[n] -> codes[n], absmax[ceil(n / block)], blocks of `block` consecutive values, the last one
+// shorter when block does not divide n; absmax is the largest |x| of the block (a NaN is passed
+// over, as fmaxf passes it).
+void quantize_blockwise(const Quant8Map& map, const float* x, int64_t n, int block, uint8_t* codes,
+                        float* absmax);
+// x[n] = map[codes[i]] · absmax[i / block]
+void dequantize_blockwise(const Quant8Map& map, const uint8_t* codes, const float* absmax,
+                          int64_t n, int block, float* x);
+}  // namespace ops
 
 }  // namespace grass

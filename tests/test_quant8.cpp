@@ -78,7 +78,7 @@ TEST_CASE("quant8: blockwise codes are bitsandbytes' quantize_blockwise codes", 
       for (float& v : input) v = std::fabs(v);
     std::vector<uint8_t> codes(x.size());
     std::vector<float> absmax(size_t((n + block - 1) / block));
-    grass::quantize_blockwise(map, input.data(), n, block, codes.data(), absmax.data());
+    grass::ops::quantize_blockwise(map, input.data(), n, block, codes.data(), absmax.data());
     const std::vector<float> want_absmax = floats(f[is_signed ? "signed_absmax" : "unsigned_absmax"]);
     const nlohmann::json& want_codes = f[is_signed ? "signed_codes" : "unsigned_codes"];
     REQUIRE(absmax.size() == want_absmax.size());
@@ -123,8 +123,8 @@ TEST_CASE("quant8: the nearest code, no nonzero state at 0 or the other sign, ze
     std::vector<uint8_t> codes(x.size(), 0xAB);
     std::vector<float> absmax(size_t((n + block - 1) / block), std::numeric_limits<float>::quiet_NaN());
     std::vector<float> back(x.size(), std::numeric_limits<float>::quiet_NaN());
-    grass::quantize_blockwise(map, x.data(), n, block, codes.data(), absmax.data());
-    grass::dequantize_blockwise(map, codes.data(), absmax.data(), n, block, back.data());
+    grass::ops::quantize_blockwise(map, x.data(), n, block, codes.data(), absmax.data());
+    grass::ops::dequantize_blockwise(map, codes.data(), absmax.data(), n, block, back.data());
     int64_t bad_sign = 0, zeroed = 0, not_nearest = 0;
     for (int64_t i = 0; i < n; i++) {
       const float xi = x[size_t(i)], a = absmax[size_t(i / block)];

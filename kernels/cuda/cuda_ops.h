@@ -24,6 +24,7 @@
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
+#include "kernels/quant8.h"
 
 struct cusolverDnContext;  // cuSOLVER's handle, as cusolverDn.h declares it
 using cusolverDnHandle_t = cusolverDnContext*;
@@ -281,6 +282,13 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
                          void* v, void* workspace, int64_t workspace_bytes, double* reduce_scratch,
                          const float* P, int out, int in, int r, bool rows, double alpha,
                          double max_rms, const AdamArgs& a, uint64_t seed);
+
+// ---- 8-bit blockwise quantization (kernels/cuda/quant8.cu; the format: kernels/quant8.h) --------
+// ops::quantize_blockwise and ops::dequantize_blockwise on device memory, code for code the CPU's.
+void quantize_blockwise(const Context& ctx, const Quant8Map& map, const float* x, int64_t n,
+                        int block, uint8_t* codes, float* absmax);
+void dequantize_blockwise(const Context& ctx, const Quant8Map& map, const uint8_t* codes,
+                          const float* absmax, int64_t n, int block, float* x);
 
 // ---- GaLore's randomized refresh (kernels/cuda/galore_basis.cu) ------------------------------
 // ops::galore_basis_randomized on the device: fp32 GEMMs (gemm_f32), cuSOLVER's QR (geqrf, orgqr)
