@@ -215,8 +215,9 @@ void Run::print_model_lines() const {
                 ranks.describe().c_str(), ranks.world());
   std::printf("  data          %zu shard(s), %.2f M tokens\n", loader_->shards().size(),
               double(loader_->total_tokens()) / 1e6);
-  std::printf("  batch         %d x %d micro-batches of %d x %d tokens = %lld tokens per step%s\n",
-              cfg.grad_accum_steps(), cfg.micro_batch_size, cfg.micro_batch_size, cfg.seq_len,
+  const int accum = cfg.grad_accum_steps();
+  std::printf("  batch         %d micro-batch%s of %d x %d tokens = %lld tokens per step%s\n", accum,
+              accum == 1 ? "" : "es", cfg.micro_batch_size, cfg.seq_len,
               (long long)cfg.tokens_per_step(),
               ranks.world() > 1
                   ? (" (" + std::to_string(cfg.micro_batches_per_rank()) + " per rank)").c_str()
