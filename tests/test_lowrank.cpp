@@ -21,6 +21,7 @@
 #include "kernels/lowrank_ops.h"
 #include "src/core/rng.h"
 #include "src/io/safetensors.h"
+#include "tests/subspace.h"
 
 using namespace grass;
 
@@ -359,24 +360,6 @@ std::vector<T> with_spectrum(int out, int in, const std::vector<double>& s, std:
   return G;
 }
 
-// ‖(I − E·Eᵀ)·P‖_F for E the exact basis [side, k] (its first r columns) and P [side, r]: at least
-// the sine of the largest principal angle between the two r-dimensional subspaces.
-template <typename T>
-double subspace_sine(const std::vector<double>& E, int k, const std::vector<T>& P, int side, int r) {
-  double sum = 0;
-  for (int c = 0; c < r; c++) {
-    std::vector<double> resid(static_cast<size_t>(side));
-    for (int i = 0; i < side; i++) resid[size_t(i)] = double(P[size_t(i) * r + c]);
-    for (int j = 0; j < r; j++) {
-      double dot = 0;
-      for (int i = 0; i < side; i++) dot += E[size_t(i) * k + j] * double(P[size_t(i) * r + c]);
-      for (int i = 0; i < side; i++) resid[size_t(i)] -= dot * E[size_t(i) * k + j];
-    }
-    for (double x : resid) sum += x * x;
-  }
-  return std::sqrt(sum);
-}
-
 template <typename T>
 void check_flora_transfer(int out, int in, int r, bool rows) {
   const int side = rows ? out : in;
@@ -514,14 +497,14 @@ TEST_CASE("galore_basis_randomized spans the top-r singular subspace", "[lowrank
       CHECK(orthonormality_error(Pd, side, r) < 1e-12);
       CHECK(orthonormality_error(Pf, side, r) < 1e-5);
       const std::vector<double>& E = rows ? U : V;
-      const double sine_d = subspace_sine(E, k, Pd, side, r), sine_f = subspace_sine(E, k, Pf, side, r);
+      const double sine_d = test::subspace_sine(E, k, Pd, side, r), sine_f = test::subspace_sine(E, k, Pf, side, r);
       INFO("sin(largest principal angle) <= " << sine_d << " (double), " << sine_f << " (float)");
       CHECK(sine_d < (gap ? 1e-10 : 2e-2));
       CHECK(sine_f < (gap ? 1e-5 : 2e-2));
       if (!gap) {  // the power iterations are what brings it there
         std::vector<double> plain(Pd.size());
         ops::galore_basis_randomized(plain.data(), Gd.data(), out, in, r, rows, 77, 0, 8);
-        CHECK(subspace_sine(E, k, plain, side, r) > 2 * sine_d);
+        CHECK(test::subspace_sine(E, k, plain, side, r) > 2 * sine_d);
       }
       if (gap)  // and, the subspace being exact, the vectors are the exact basis's, sign included
         CHECK(rel_err(Pd, sign_normalised(E, side, k, r)) < 1e-8);
@@ -530,7 +513,7 @@ TEST_CASE("galore_basis_randomized spans the top-r singular subspace", "[lowrank
       ops::galore_basis_randomized(again.data(), Gd.data(), out, in, r, rows, 77, 2, 8);
       ops::galore_basis_randomized(other.data(), Gd.data(), out, in, r, rows, 78, 2, 8);
       CHECK(again == Pd);
-      CHECK(subspace_sine(E, k, other, side, r) < (gap ? 1e-10 : 2e-2));
+      CHECK(test::subspace_sine(E, k, other, side, r) < (gap ? 1e-10 : 2e-2));
     }
   }
 }

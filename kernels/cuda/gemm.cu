@@ -154,9 +154,28 @@ const Plan& cached_plan(const Context& ctx, const Problem& p) {
   return it->second;
 }
 
-// cuBLAS's classic GEMM, for problems cuBLASLt has no kernel for, on the Context's handle.
+// Row-major C[M,N] = op(A)·op(B) as cuBLAS's column-major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ: cuBLAS's A is
+// our B and its B is our A (alignments left for the caller that asks cuBLASLt).
+Problem column_major(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda,
+                     int64_t ldb, int64_t ldc, cudaDataType_t c_type) {
+  Problem p{};
+  p.op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  p.op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  p.m = N;
+  p.n = M;
+  p.k = K;
+  p.lda = ldb;
+  p.ldb = lda;
+  p.ldc = ldc;
+  p.c_type = c_type;
+  return p;
+}
+
+// cuBLAS's classic GEMM on the Context's handle: for problems cuBLASLt has no kernel for, and for
+// fp32 inputs (in_type).
 void run_fallback(const Context& ctx, const Problem& p, const void* a, const void* b,
-                  const float* alpha, const float* beta, void* c) {
+                  const float* alpha, const float* beta, void* c,
+                  cudaDataType_t in_type = CUDA_R_16BF) {
   GRASS_CHECK(ctx.blas, "gemm: a problem cuBLASLt cannot run, and no cuBLAS handle to run it");
   GRASS_CHECK(p.m <= INT_MAX && p.n <= INT_MAX && p.k <= INT_MAX && p.lda <= INT_MAX &&
                   p.ldb <= INT_MAX && p.ldc <= INT_MAX,
@@ -167,7 +186,7 @@ void run_fallback(const Context& ctx, const Problem& p, const void* a, const voi
   if (ctx.lt_workspace)
     GRASS_CUBLAS_CHECK(cublasSetWorkspace(ctx.blas, ctx.lt_workspace, ctx.lt_workspace_bytes));
   GRASS_CUBLAS_CHECK(cublasGemmEx(ctx.blas, p.op_a, p.op_b, int(p.m), int(p.n), int(p.k), alpha,
-                                  a, CUDA_R_16BF, int(p.lda), b, CUDA_R_16BF, int(p.ldb), beta, c,
+                                  a, in_type, int(p.lda), b, in_type, int(p.ldb), beta, c,
                                   p.c_type, int(p.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   debug_sync("cublasGemmEx", __FILE__, __LINE__);
 }
@@ -188,23 +207,13 @@ cublasHandle_t create_gemm_fallback_handle() {
 void gemm_f32(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc) {
-  GRASS_CHECK(ctx.blas, "gemm_f32: no cuBLAS handle");
-  GRASS_CHECK(M >= 0 && N >= 0 && K > 0 && M <= INT_MAX && N <= INT_MAX && K <= INT_MAX &&
-                  lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX,
-              "gemm_f32: a dimension outside cublasGemmEx's int range");
+  GRASS_CHECK(M >= 0 && N >= 0 && K > 0, "gemm_f32: a dimension below 1 (K) or 0 (M, N)");
   GRASS_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N,
               "gemm_f32: leading dimension shorter than a row");
   if (M == 0 || N == 0) return;
-  // Column-major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ, as gemm_bf16's.
   const float alpha = 1.0f;
-  GRASS_CUBLAS_CHECK(cublasSetStream(ctx.blas, ctx.stream));
-  if (ctx.lt_workspace)
-    GRASS_CUBLAS_CHECK(cublasSetWorkspace(ctx.blas, ctx.lt_workspace, ctx.lt_workspace_bytes));
-  GRASS_CUBLAS_CHECK(cublasGemmEx(ctx.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K),
-                                  &alpha, B, CUDA_R_32F, int(ldb), A, CUDA_R_32F, int(lda), &beta,
-                                  C, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  debug_sync("cublasGemmEx (fp32)", __FILE__, __LINE__);
+  run_fallback(ctx, column_major(trans_a, trans_b, M, N, K, lda, ldb, ldc, CUDA_R_32F), B, A,
+               &alpha, &beta, C, CUDA_R_32F);
 }
 
 void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -224,17 +233,7 @@ void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_
                                          size_t(M), ctx.stream));
     return;
   }
-  // Column-major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ: cuBLAS's A is our B and its B is our A.
-  Problem p;
-  p.op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  p.op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  p.m = N;
-  p.n = M;
-  p.k = K;
-  p.lda = ldb;
-  p.ldb = lda;
-  p.ldc = ldc;
-  p.c_type = c_type;
+  Problem p = column_major(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_type);
   p.align_a = alignment_bytes(B, ldb, 2);
   p.align_b = alignment_bytes(A, lda, 2);
   p.align_c = alignment_bytes(C, ldc, c_bytes);

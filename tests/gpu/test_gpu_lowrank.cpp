@@ -21,6 +21,7 @@
 #include "src/core/error.h"
 #include "src/train/run_resolution.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/subspace.h"
 
 using namespace grass;
 using namespace grass::gputest;
@@ -198,23 +199,6 @@ TEST_CASE("lowrank: galore_basis is the CPU's SVD, bit for bit", "[gpu][lowrank]
     }
 }
 
-// ‖(I − E·Eᵀ)·P‖_F for E [side, r] with orthonormal columns: at least the sine of the largest
-// principal angle between the two subspaces.
-double subspace_sine(const std::vector<float>& E, const std::vector<float>& P, int side, int r) {
-  double sum = 0;
-  for (int c = 0; c < r; c++) {
-    std::vector<double> resid(static_cast<size_t>(side));
-    for (int i = 0; i < side; i++) resid[size_t(i)] = P[size_t(i) * r + c];
-    for (int j = 0; j < r; j++) {
-      double dot = 0;
-      for (int i = 0; i < side; i++) dot += double(E[size_t(i) * r + j]) * P[size_t(i) * r + c];
-      for (int i = 0; i < side; i++) resid[size_t(i)] -= dot * E[size_t(i) * r + j];
-    }
-    for (double x : resid) sum += x * x;
-  }
-  return std::sqrt(sum);
-}
-
 TEST_CASE("lowrank: the randomized galore_basis on the device spans the CPU's subspace",
           "[gpu][lowrank]") {
   // G = A·B + 0.01·noise, A [out, r] and B [r, in] Gaussian: a gap of about 100 after the r-th
@@ -246,10 +230,10 @@ TEST_CASE("lowrank: the randomized galore_basis on the device spans the CPU's su
       std::vector<float> cpu(got.size()), exact(got.size());
       be.cpu->galore_basis(cpu.data(), g.data(), s.out, s.in, s.r, rows, how, nullptr);
       ops::galore_basis<float>(exact.data(), g.data(), s.out, s.in, s.r, rows);
-      const double sine = subspace_sine(exact, got, side, s.r);
+      const double sine = test::subspace_sine(exact, s.r, got, side, s.r);
       INFO("sin(largest principal angle) to the exact SVD's subspace <= " << sine);
       CHECK(sine <= 1e-4);
-      CHECK(subspace_sine(cpu, got, side, s.r) <= 1e-4);
+      CHECK(test::subspace_sine(cpu, s.r, got, side, s.r) <= 1e-4);
       // each vector, its sign normalised as the CPU's: the singular values are apart
       CHECK(rel_error(got, cpu) <= 1e-3);
       CHECK(same_bits(d_g.download(), g));  // read only
