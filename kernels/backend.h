@@ -26,7 +26,7 @@
 //   attention_* (RoPE inside)              attention, rope                                  test_gpu_attention
 //   head_* (lm_head + cross-entropy)       cross_entropy, linear                            test_gpu_cross_entropy, test_gpu_model
 //   sum_squares, clip                      reduce                                           test_gpu_adamw, test_gpu_model
-//   adamw_update                           adamw                                            test_gpu_adamw
+//   adamw_update, adamw_update_q8          adamw                                            test_gpu_adamw
 //   store_gradients (bf16 precisions)      bf16_storage (the CPU rounds; the GPU's are      test_gpu_adamw, test_gpu_model
 //                                          formed in bf16 by the ops that write them)
 //   grass_*                                grass                                            test_gpu_grass
@@ -40,6 +40,7 @@
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
+#include "kernels/quant8.h"
 #include "kernels/storage.h"
 #include "src/core/arena.h"
 
@@ -290,6 +291,11 @@ class Backend : public MemoryResource {
   // rounded in pure bf16, with m and v, from the stream `seed`).
   virtual void adamw_update(WeightRef w, const void* g, void* m, void* v, int64_t n,
                             const AdamArgs& a, uint64_t seed) = 0;
+  // The same with 8-bit moments (ops::adamw_update_q8): the weights as above (stochastically
+  // rounded in pure bf16 from `seed`'s weight stream), the codes rounded to the nearest; the
+  // proximal anchor, if any, is state-typed.
+  virtual void adamw_update_q8(WeightRef w, const void* g, const Quant8Moments& s, int64_t n,
+                               const AdamArgs& a, uint64_t seed) = 0;
   // GRASS (ops.h): gc += the compressed gradient straight from the activations
   virtual void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
                                      const int32_t* sigma, const float* rho, int64_t N, int in,

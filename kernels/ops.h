@@ -16,6 +16,7 @@
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
+#include "kernels/quant8.h"
 
 namespace grass::ops {
 
@@ -112,6 +113,12 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
 // before this step (or, with anchor_reset, anchor = p and g as it is).
 template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a);
+// The same step with 8-bit moments (kernels/quant8.h), in fp32, one block of s.block elements at
+// a time: dequantize m and v, step as above, take each block's new absmax from the new values and
+// requantize. An element whose read gradient (or its square) is not finite keeps its weight and
+// gets zero moments, as bitsandbytes' 8-bit kernels do. The anchor, with a.anchor, is fp32 [n].
+void adamw_update_q8(float* p, const float* g, const Quant8Moments& s, int64_t n,
+                     const AdamArgs& a);
 
 // ---- the reductions behind clipping (kernels/cpu/reduce.cpp) --------------------------------
 // Σ x² in double (deterministic: fixed chunking, independent of the thread count)

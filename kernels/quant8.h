@@ -15,7 +15,7 @@
 //   (torch.bucketize). bitsandbytes' native CPU kernel approximates it: on the fixture's 2,404
 //   values it gives other codes for 562, all but one below 1e-3 of their absmax (it codes 0 as
 //   131 of the signed map, not 127, the 0) and an all-zero block as code 0 (the map's -0.99);
-// and one rule of the engine's for optimizer states: a nonzero s whose nearest value is 0 or of
+// and one rule of the engine's for optimizer states: a nonzero x whose nearest value is 0 or of
 // the other sign moves one code outwards, so a nonzero state never decodes to 0 or flips sign.
 // For v it is the zero-point guard (a v decoded as 0 would step m/eps); for m it is
 // bitsandbytes' Adam kernel's sign rule made symmetric (its kernel keeps a tiny positive m at 0
@@ -69,15 +69,62 @@ inline Quant8Map dynamic_quant8_map(bool is_signed) {
   return map;
 }
 
-// The number of bounds below s: the nearest value's code, ties to the lower.
-GRASS_HOST_DEVICE int quant8_nearest(const float* bound, float s) {
-  int lo = 0, hi = 255;  // the answer lies in [lo, hi]
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (bound[mid] < s) lo = mid + 1;
-    else hi = mid;
+// The maps, built once (host code; a kernel takes them by value).
+inline const Quant8Map& quant8_map(bool is_signed) {
+  static const Quant8Map signed_map = dynamic_quant8_map(true);
+  static const Quant8Map unsigned_map = dynamic_quant8_map(false);
+  return is_signed ? signed_map : unsigned_map;
+}
+
+// bitsandbytes' min_8bit_size: a tensor with fewer elements keeps its moments unquantized (an
+// RMSNorm gain; its absmax would cost more than the codes save).
+constexpr int64_t kQuant8MinElements = 4096;
+
+// The two Adam moments of n elements in 8 bits: m with the signed map, v with the unsigned one,
+// each block of `block` consecutive elements (the last may be shorter) with its absmax.
+struct Quant8Moments {
+  uint8_t* m = nullptr;         // [n]
+  uint8_t* v = nullptr;         // [n]
+  float* absmax_m = nullptr;    // [ceil(n / block)]
+  float* absmax_v = nullptr;    // [ceil(n / block)]
+  int block = 256;
+};
+
+// How a state of [rows, cols] (row-major) is cut into blocks of at most `block` elements:
+//   flat     bitsandbytes' blocks: runs of `block` consecutive elements of the flat array (the
+//            last may be shorter);
+//   columns  blocks run down one column, `block` rows at a time: a projected state's per-feature
+//            blocks (GRASS rows mode [r, in]: one input feature's r entries; cols mode [out, r]:
+//            `block` consecutive outputs of one selected column), so an outlier feature's
+//            absmax does not flatten its neighbours'.
+struct Quant8Layout {
+  int64_t rows = 0, cols = 0;
+  int block = 256;
+  bool columns = false;
+
+  GRASS_HOST_DEVICE int64_t blocks_per_column() const { return (rows + block - 1) / block; }
+  GRASS_HOST_DEVICE int64_t blocks() const {
+    return columns ? cols * blocks_per_column() : (rows * cols + block - 1) / block;
   }
-  return lo;
+  // The flat index of element k of block b, or -1 past the block's (shorter) end.
+  GRASS_HOST_DEVICE int64_t index(int64_t b, int k) const {
+    if (!columns) {
+      const int64_t i = b * block + k;
+      return i < rows * cols ? i : -1;
+    }
+    const int64_t per = blocks_per_column();
+    const int64_t row = (b % per) * block + k;
+    return row < rows ? row * cols + b / per : -1;
+  }
+};
+
+// The number of bounds below s: the nearest value's code, ties to the lower (0 for a NaN).
+// Eight halving steps of fixed length and no branch on the data (a select), so neither a CPU's
+// branch predictor nor a warp's divergence pays for the unpredictable comparisons.
+GRASS_HOST_DEVICE int quant8_nearest(const float* bound, float s) {
+  int c = 0;  // bound[0 .. c-1] < s
+  for (int step = 128; step > 0; step /= 2) c += bound[c + step - 1] < s ? step : 0;
+  return c;
 }
 
 // The code of x in a block of absmax `absmax` (the map decides signed or unsigned).
@@ -85,8 +132,9 @@ GRASS_HOST_DEVICE uint8_t quant8_encode(const Quant8Map& map, float x, float abs
   if (!(absmax > 0.0f)) return map.zero;
   const float s = fminf(1.0f, fmaxf(-1.0f, x * (1.0f / absmax)));
   int c = quant8_nearest(map.bound, s);
-  if (s > 0.0f && map.value[c] <= 0.0f) c += 1;
-  else if (s < 0.0f && map.value[c] >= 0.0f) c -= 1;  // never for the unsigned map: s ≥ 0
+  // x, not s: s underflows to 0 where |x| is below 2^-149 of the absmax
+  if (x > 0.0f && map.value[c] <= 0.0f) c += 1;
+  else if (x < 0.0f && map.value[c] >= 0.0f) c -= 1;  // never for the unsigned map: x ≥ 0
   return uint8_t(c);
 }
 

@@ -45,12 +45,15 @@ std::vector<json> read_rows(const std::string& path) {
 // "grass-lean": GRASS in pure bf16 with one micro-batch per step and per-layer checkpointing, so
 // its updates are fused into the backward. "-padded": an ffn of 44 stored 48 wide (pad_ffn).
 // "-proximal": the small-batch proximal method, inner loops of 3 steps (GRASS's refresh interval).
+// "-q8": 8-bit moments in blocks of 64 (the 128 x 32 embedding and lm_head are quantized; the
+// smaller tensors keep fp32 moments).
 json small_run(const test::TempDir& dir, const std::string& out, std::string optimizer) {
   const auto suffix = [&](const std::string& tail) {
     if (!optimizer.ends_with(tail)) return false;
     optimizer.resize(optimizer.size() - tail.size());
     return true;
   };
+  const bool q8 = suffix("-q8");
   const bool proximal = suffix("-proximal");
   const bool padded = suffix("-padded");
   const bool lean = optimizer == "grass-lean";
@@ -77,6 +80,7 @@ json small_run(const test::TempDir& dir, const std::string& out, std::string opt
     run["optimizer"]["proximal"] = {{"lambda", 1e-3}};
     if (optimizer == "adamw") run["optimizer"]["proximal"]["inner_steps"] = 3;
   }
+  if (q8) run["optimizer"].update({{"state_dtype", "q8"}, {"state_block", 64}});
   if (padded) {
     run["model"]["intermediate_size"] = 44;
     run["pad_ffn"] = "on";
@@ -97,7 +101,7 @@ TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[che
   const std::string optimizer =
       GENERATE(as<std::string>{}, "adamw", "grass", "grass-lean", "galore", "flora",
                "adamw-padded", "grass-lean-padded", "adamw-proximal", "grass-proximal",
-               "grass-lean-proximal");
+               "grass-lean-proximal", "adamw-q8", "adamw-proximal-q8");
   const test::TempDir dir("grass_test_checkpoint");
   const RunConfig whole = parse(small_run(dir, "whole", optimizer));
   CHECK(model_memory_options(whole, storage_for(whole.precision, false)).fused_update ==
@@ -231,6 +235,15 @@ TEST_CASE("a checkpoint of another model or optimizer is refused naming what dif
   adamw["optimizer"] = {{"name", "adamw"}};
   CHECK_THAT(test::user_error_of([&] { train(parse(adamw)); }),
              Contains("state.safetensors: buffer adamw.m is U8") && Contains("does not fit"));
+  json adamw_q8 = adamw;
+  adamw_q8["optimizer"]["state_dtype"] = "q8";
+  adamw_q8["out_dir"] = dir.file("q8");
+  train(parse(adamw_q8));
+  json adamw_fp32 = adamw_q8;
+  adamw_fp32["optimizer"].erase("state_dtype");
+  CHECK_THAT(test::user_error_of([&] { train(parse(adamw_fp32)); }),
+             Contains("state.json: holds q8 (blocks of 256; tensors under 4096 elements: fp32) "
+                      "optimizer states, this run's are fp32"));
   json fewer_targets = run;
   fewer_targets["optimizer"]["targets"] = {"q", "k"};
   CHECK_THAT(test::user_error_of([&] { train(parse(fewer_targets)); }),

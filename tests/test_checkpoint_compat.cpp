@@ -172,8 +172,11 @@ TEST_CASE("a checkpoint of the engine before the step redesign resumes to its st
     CHECK(std::abs(losses[i] - want) <= kLossTolerance * want);
   }
   const std::string step4 = dir.file("out/checkpoints/step_00000004");
-  CHECK(test::read_json(step4 + "/state.json") ==
-        test::read_json(kFixture + "/step_00000004/state.json"));
+  // the same state.json, but for the key checkpoints have had since: the moments' format
+  json state = test::read_json(step4 + "/state.json");
+  CHECK(state.value("optimizer_states", "") == "fp32");
+  state.erase("optimizer_states");
+  CHECK(state == test::read_json(kFixture + "/step_00000004/state.json"));
   const Distance d = distance_to_reference(step4);
   CHECK(d.state <= 1.0);
   CHECK(d.weights_beyond == 0);

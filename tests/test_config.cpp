@@ -8,6 +8,7 @@
 #include "src/config/config.h"
 #include "src/config/json_check.h"
 #include "src/core/error.h"
+#include "src/train/run_resolution.h"
 
 using Catch::Matchers::Contains;
 using nlohmann::json;
@@ -519,6 +520,47 @@ TEST_CASE("layout and kernel keys: pad_ffn and attention", "[config]") {
   run = tiny_run();
   run["pad_ffn"] = true;
   CHECK_THAT(run_error(run), Contains("run.json: pad_ffn:"));
+}
+
+TEST_CASE("optimizer.state_dtype and state_block: read, printed back, checked against the precision",
+          "[config][quant8]") {
+  json run = tiny_run();
+  grass::RunConfig c = grass::parse_run_config(run, "run.json");
+  CHECK(c.optimizer.state_dtype == grass::StateDtype::Auto);
+  CHECK(grass::to_json(c)["optimizer"]["state_dtype"] == "auto");
+  CHECK(grass::to_json(c)["optimizer"].count("state_block") == 0);
+  run["optimizer"] = {{"name", "adamw"}, {"state_dtype", "q8"}, {"state_block", 2048}};
+  c = grass::parse_run_config(run, "run.json");
+  CHECK(c.optimizer.state_dtype == grass::StateDtype::Q8);
+  CHECK(c.optimizer.state_block == 2048);
+  CHECK(grass::parse_run_config(grass::to_json(c), "").optimizer == c.optimizer);
+  run["optimizer"] = {{"name", "adamw"}, {"state_dtype", "q4"}};
+  CHECK(run_error(run) == "run.json: optimizer.state_dtype: unknown state_dtype \"q4\" (supported: "
+                          "\"auto\", \"fp32\", \"bf16\", \"q8\")");
+  run["optimizer"] = {{"name", "adamw"}, {"state_block", 256}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.state_block: only q8 states (state_dtype \"q8\") have blocks");
+  run["optimizer"] = {{"name", "adamw"}, {"state_dtype", "q8"}, {"state_block", 300}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.state_block: 300 is not a power of two (64, 128, ..., 4096)");
+  run["optimizer"] = {{"name", "adamw"}, {"state_dtype", "q8"}, {"state_block", 8192}};
+  CHECK_THAT(run_error(run), Contains("run.json: optimizer.state_block:"));
+  run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"state_dtype", "q8"}};
+  CHECK_THAT(run_error(run), Contains("run.json: optimizer.state_dtype: q8 states are built for "
+                                      "adamw so far"));
+
+  // fp32 and bf16 are the precisions' own moments: the other pairing is refused at resolution
+  run["optimizer"] = {{"name", "adamw"}, {"state_dtype", "bf16"}};
+  run["precision"] = "bf16-mixed";
+  c = grass::parse_run_config(run, "run.json");
+  CHECK(user_error([&] { grass::resolve(c, true); }) ==
+        "run.json: optimizer.state_dtype \"bf16\": a bf16-mixed run keeps fp32 moments; use "
+        "\"auto\", \"fp32\" or \"q8\" (other pairings are not built)");
+  run["precision"] = "bf16";
+  CHECK(grass::resolve(grass::parse_run_config(run, "run.json"), true).storage.state_bytes == 2);
+  run["optimizer"]["state_dtype"] = "fp32";
+  CHECK_THAT(user_error([&] { grass::resolve(grass::parse_run_config(run, "run.json"), false); }),
+             Contains("a bf16 run keeps bf16 moments"));
 }
 
 TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[config][memory]") {

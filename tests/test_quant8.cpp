@@ -143,12 +143,12 @@ TEST_CASE("quant8: the nearest code, no nonzero state at 0 or the other sign, ze
       const float s = xi * (1.0f / a);
       const bool above_lower = c == 0 || map.bound[c - 1] < s, within_upper = c == 255 || s <= map.bound[c];
       const int nearest = !above_lower ? c - 1 : !within_upper ? c + 1 : c;
-      if (nearest != c && !(guard_moves(map, s, uint8_t(nearest)) && std::abs(nearest - c) == 1))
+      if (nearest != c && !(guard_moves(map, xi, uint8_t(nearest)) && std::abs(nearest - c) == 1))
         not_nearest++;
       // and no other value lies nearer than the chosen one by more than the rounding of a bound
       const float err = std::fabs(map.value[c] - s);
       for (const int d : {c - 1, c + 1})
-        if (d >= 0 && d < 256 && !guard_moves(map, s, uint8_t(d)) &&
+        if (d >= 0 && d < 256 && !guard_moves(map, xi, uint8_t(d)) &&
             std::fabs(map.value[d] - s) < err - 2.0f * std::numeric_limits<float>::epsilon() * std::fabs(s))
           not_nearest++;
     }

@@ -171,6 +171,14 @@ class CpuBackend final : public Backend {
     if (weight.master) round_from_master(f(weight.weights), weight.master, n);
     if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), n, n, seed, a.step);
   }
+  void adamw_update_q8(WeightRef weight, const void* g, const Quant8Moments& s, int64_t n,
+                       const AdamArgs& a, uint64_t seed) override {
+    float* w = weight.master ? weight.master : f(weight.weights);
+    ops::adamw_update_q8(w, f(g), s, n, a);
+    if (weight.master) round_from_master(f(weight.weights), weight.master, n);
+    if (storage_.pure_bf16())
+      ops::stochastic_round_to_bf16(w, n, rounding_stream_seed(seed, a.step, kRoundWeight));
+  }
 
   void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
                              const int32_t* sigma, const float* rho, int64_t N, int in, int out,

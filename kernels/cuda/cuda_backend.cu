@@ -374,6 +374,10 @@ class CudaBackend final : public Backend {
                     uint64_t seed) override {
     cuda::adamw_update(ctx_, b(w.weights), w.master, g, m, v, n, a, seed);
   }
+  void adamw_update_q8(WeightRef w, const void* g, const Quant8Moments& s, int64_t n,
+                       const AdamArgs& a, uint64_t seed) override {
+    cuda::adamw_update_q8(ctx_, b(w.weights), w.master, g, s, n, a, seed);
+  }
   void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
                              const int32_t* sigma, const float* rho, int64_t N, int in, int out,
                              int r, bool rows) override {

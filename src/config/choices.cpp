@@ -17,6 +17,10 @@ constexpr ChoiceName<SelectDim> kSelectDimNames[] = {
 constexpr ChoiceName<GaloreSvd> kGaloreSvdNames[] = {{GaloreSvd::Auto, "auto"},
                                                      {GaloreSvd::Exact, "exact"},
                                                      {GaloreSvd::Randomized, "randomized"}};
+constexpr ChoiceName<StateDtype> kStateDtypeNames[] = {{StateDtype::Auto, "auto"},
+                                                      {StateDtype::Fp32, "fp32"},
+                                                      {StateDtype::Bf16, "bf16"},
+                                                      {StateDtype::Q8, "q8"}};
 constexpr ChoiceName<ProjectionTarget> kTargetNames[] = {
     {ProjectionTarget::Q, "q"},       {ProjectionTarget::K, "k"},   {ProjectionTarget::V, "v"},
     {ProjectionTarget::O, "o"},       {ProjectionTarget::Gate, "gate"},
@@ -46,6 +50,8 @@ template <>
 std::span<const ChoiceName<SelectDim>> choice_names() { return kSelectDimNames; }
 template <>
 std::span<const ChoiceName<GaloreSvd>> choice_names() { return kGaloreSvdNames; }
+template <>
+std::span<const ChoiceName<StateDtype>> choice_names() { return kStateDtypeNames; }
 template <>
 std::span<const ChoiceName<ProjectionTarget>> choice_names() { return kTargetNames; }
 template <>

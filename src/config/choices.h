@@ -18,6 +18,10 @@ enum class SelectDim { Auto, Rows, Cols };
 // GaLore's refresh: "auto" (randomized on a GPU, exact on the CPU) | "exact" (LAPACK's SVD) |
 // "randomized" (a range finder: GEMMs, QRs and a small eigenproblem, on the run's device).
 enum class GaloreSvd { Auto, Exact, Randomized };
+// optimizer.state_dtype, how the moments are stored: "auto" (the precision's: bf16 in pure bf16,
+// else fp32) | "fp32" | "bf16" | "q8" (8-bit blockwise codes with an fp32 absmax per block,
+// kernels/quant8.h).
+enum class StateDtype { Auto, Fp32, Bf16, Q8 };
 // The linear layers of a LLaMA layer that a projected optimizer can train.
 enum class ProjectionTarget { Q, K, V, O, Gate, Up, Down };
 // precision: "auto" (bf16-mixed on a GPU, fp32 on the CPU) | "fp32" | "bf16-mixed" | "bf16"; the
@@ -51,6 +55,8 @@ template <>
 std::span<const ChoiceName<SelectDim>> choice_names();
 template <>
 std::span<const ChoiceName<GaloreSvd>> choice_names();
+template <>
+std::span<const ChoiceName<StateDtype>> choice_names();
 template <>
 std::span<const ChoiceName<ProjectionTarget>> choice_names();
 template <>

@@ -390,9 +390,26 @@ void read_proximal(const ObjectReader& optimizer, const OptimizerConfig& o, Prox
   }
 }
 
+// optimizer.state_dtype and state_block. Which precisions allow fp32 and bf16 is the run
+// resolution's question (train/run_resolution.cpp), which knows the precision "auto" becomes.
+void read_state_dtype(const ObjectReader& obj, OptimizerConfig& o) {
+  o.state_dtype = read_enum(obj, "state_dtype", "state_dtype", o.state_dtype);
+  if (o.state_dtype == StateDtype::Q8 && is_projected(o.kind))
+    obj.at("state_dtype")
+        .fail("q8 states are built for adamw so far; " + std::string(name_of(o.kind)) +
+              "'s projected moments are not yet (issue 27)");
+  if (!obj.find("state_block")) return;
+  if (o.state_dtype != StateDtype::Q8)
+    obj.at("state_block").fail("only q8 states (state_dtype \"q8\") have blocks");
+  o.state_block = int(*obj.integer("state_block", 64, 4096));
+  if ((o.state_block & (o.state_block - 1)) != 0)
+    obj.at("state_block").fail(std::to_string(o.state_block) +
+                               " is not a power of two (64, 128, ..., 4096)");
+}
+
 void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
   std::vector<std::string> keys = {"name", "lr", "betas", "eps", "weight_decay",
-                                   "target_lr_scale", "proximal"};
+                                   "target_lr_scale", "proximal", "state_dtype", "state_block"};
   keys.insert(keys.end(), kProjectionKeys.begin(), kProjectionKeys.end());
   keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
   keys.insert(keys.end(), kFloraKeys.begin(), kFloraKeys.end());
@@ -422,6 +439,7 @@ void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
   o.target_lr_scale = obj.number("target_lr_scale").value_or(o.target_lr_scale);
   require(o.target_lr_scale > 0, obj.at("target_lr_scale"), "positive", o.target_lr_scale);
   read_proximal(obj, o, o.proximal);
+  read_state_dtype(obj, o);
 }
 
 void read_schedule(const ObjectReader& obj, ScheduleConfig& s) {
@@ -660,6 +678,8 @@ json to_json(const RunConfig& c) {
                     {"eps", o.eps},
                     {"weight_decay", o.weight_decay}};
   if (o.target_lr_scale != 1.0) optimizer["target_lr_scale"] = o.target_lr_scale;
+  optimizer["state_dtype"] = name_of(o.state_dtype);
+  if (o.state_dtype == StateDtype::Q8) optimizer["state_block"] = o.state_block;
   if (is_projected(o.kind)) {
     const ProjectionConfig& g = o.projection;
     json targets = json::array();

@@ -10,6 +10,9 @@
 // weights, state-typed, in the optimizer category: the plan counts it and checkpoints save it),
 // taken at each inner loop's first step; the steps within a loop run at lr/(t+1) and their
 // gradients gain 2·(λ/lr)·(θ − anchor). In a projected run its dense tensors train without it.
+// With optimizer.state_dtype "q8" each tensor of at least kQuant8MinElements elements keeps its
+// moments as 8-bit codes with an fp32 absmax per block of state_block elements (blocks never
+// straddle tensors; kernels/quant8.h); the smaller ones (RMSNorm gains) keep state-typed moments.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -42,8 +45,20 @@ class AdamW final : public Optimizer {
   uint64_t seed_;
   std::vector<double> lr_scale_;  // per tensor of the model: 1, or target_lr_scale for a target
   int64_t step_ = 0;   // from 0; Adam's bias correction counts from 1
-  void* m_ = nullptr;  // first moment  [num_dense_grads], state-typed backend memory
-  void* v_ = nullptr;  // second moment [num_dense_grads]
+  // Where tensor i's moments live: with q8 and numel ≥ kQuant8MinElements, element `offset` of
+  // the codes and block `block` of the absmax; else element `offset` of m_, v_.
+  struct MomentPlace {
+    bool q8 = false;
+    int64_t offset = 0, block = 0;
+  };
+  std::vector<MomentPlace> place_;  // per tensor of the model
+  int state_block_ = 0;               // q8's block; 0: no q8 states
+  void* m_ = nullptr;  // first moment  [the unquantized tensors' elements], state-typed
+  void* v_ = nullptr;  // second moment [the same]
+  uint8_t* m_codes_ = nullptr;   // [the quantized tensors' elements]
+  uint8_t* v_codes_ = nullptr;
+  float* m_absmax_ = nullptr;    // [their blocks]
+  float* v_absmax_ = nullptr;
   void* anchor_ = nullptr;     // the proximal anchor [num_dense_grads], state-typed; null: off
   int64_t anchor_step_ = -1;   // the step the anchor was last taken at (-1: not yet)
 };

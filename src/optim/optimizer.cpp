@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstdio>
 
+#include "kernels/quant8.h"
 #include "src/core/error.h"
 
 namespace grass {
@@ -42,6 +43,13 @@ void StateReader::target_list(const json& saved, const std::string& key,
            kMismatch);
     u64(saved[k], "adam_step", where);
   }
+}
+
+std::string state_format(const OptimizerConfig& cfg, const Storage& storage) {
+  const char* plain = storage.pure_bf16() ? "bf16" : "fp32";  // the CPU rounds to bf16 in fp32 memory
+  if (cfg.state_dtype != StateDtype::Q8) return plain;
+  return "q8 (blocks of " + std::to_string(cfg.state_block) + "; tensors under " +
+         std::to_string(kQuant8MinElements) + " elements: " + plain + ")";
 }
 
 AdamArgs adam_args(const OptimizerConfig& cfg, const double* clip, double lr, double weight_decay,

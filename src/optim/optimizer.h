@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/adam_args.h"
+#include "kernels/storage.h"
 #include "src/config/config.h"
 
 namespace grass {
@@ -33,6 +34,11 @@ AdamArgs adam_args(const OptimizerConfig& cfg, const double* clip, double lr, do
 // step, decay included, at args.lr/(inner+1); the gradient gains 2·(λ/lr)·(θ − anchor), lr the
 // run's learning rate; at inner 0 the anchor (state-typed, shaped like the gradient) takes θ.
 AdamArgs proximal_args(AdamArgs args, double lambda, double lr, int64_t inner, void* anchor);
+
+// How the run's moments are stored, in words: "fp32", "bf16", or "q8 (blocks of 256; tensors
+// under 4096 elements: fp32)", the last with the precision's type (bf16 in pure bf16). The run
+// table, `grass mem` and checkpoints (which refuse another format) name it so.
+std::string state_format(const OptimizerConfig& cfg, const Storage& storage);
 
 // What an optimizer reads back from a checkpoint beside its buffers (which are arena blocks,
 // saved and restored byte for byte by train/checkpointing.cpp). Failures are UserErrors naming

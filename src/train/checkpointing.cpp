@@ -106,6 +106,7 @@ class CheckpointStateReader final : public StateReader {
 
 // state.json's keys that are not an optimizer's
 const std::set<std::string> kRunStateKeys = {"step", "loader", "tokens_seen", "metrics_rows", "rng",
+                                             "optimizer_states",
                                              "ranks", "loader_ranks"};
 
 json position_json(const LoaderPosition& p) { return {{"epoch", p.epoch}, {"index", p.index}}; }
@@ -160,6 +161,7 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
               {"loader", position_json(loader.position())},
               {"tokens_seen", step * cfg.tokens_per_step()},
               {"metrics_rows", metrics_rows},
+              {"optimizer_states", state_format(cfg.optimizer, model.storage())},
               {"rng", "none: every random draw is a pure function of (seed, step or epoch, index); "
                       "the seeds are in config.json"}};
     if (rank_positions.size() > 1) {
@@ -286,6 +288,20 @@ void read_run_state(const CheckpointStateReader& r, const Checkpoint& checkpoint
   v.metrics_rows = int64_t(r.u64(s, "metrics_rows", ""));
 }
 
+// The moments' format before the buffers: a checkpoint of another format holds other buffers,
+// and naming both formats says more than naming a buffer. (Checkpoints written before the key
+// existed have none; their buffers are checked as before.)
+void check_state_format(const std::string& path, const json& s, const RunConfig& cfg,
+                        const Storage& storage) {
+  if (!s.is_object() || !s.contains("optimizer_states")) return;
+  const json& saved = s["optimizer_states"];
+  const std::string ours = state_format(cfg.optimizer, storage);
+  if (saved.is_string() && saved.get<std::string>() == ours) return;
+  throw UserError(path + ": holds " + (saved.is_string() ? saved.get<std::string>() : saved.dump()) +
+                  " optimizer states, this run's are " + ours +
+                  ": resume with the checkpoint's optimizer.state_dtype (its config.json has it)");
+}
+
 // Each optimizer checks its own part of state.json (and its buffers' contents); no other
 // optimizer's state may be there.
 void verify_optimizer_states(const CheckpointStateReader& r, const json& s, const RunConfig& cfg,
@@ -307,6 +323,8 @@ void verify_optimizer_states(const CheckpointStateReader& r, const json& s, cons
 VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg,
                                      const Arena& arena, const TrainingState& state,
                                      const TokenLoader& loader) {
+  json run_state = checkpoint.read_json(kStateJson);
+  check_state_format(checkpoint.path(kStateJson), run_state, cfg, state.model->storage());
   SafetensorsFile weights(checkpoint.path(kModelFile));
   verify_weights(weights, *state.model);
   SafetensorsFile buffers(checkpoint.path(kStateFile));
@@ -315,7 +333,7 @@ VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConf
   VerifiedCheckpoint v{.weights = std::move(weights),
                        .buffers = std::move(buffers),
                        .blocks = std::move(blocks),
-                       .state = checkpoint.read_json(kStateJson),
+                       .state = std::move(run_state),
                        .position = {}};
   const CheckpointStateReader r(checkpoint.path(kStateJson), v.buffers, v.blocks);
   read_run_state(r, checkpoint, state, loader, v);

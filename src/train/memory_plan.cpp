@@ -135,6 +135,8 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   out += std::string("storage ") + (storage.cuda ? "CUDA backend, " : "CPU backend, ") +
          storage.describe() + (storage.master ? "; the master copy counts as optimizer state" : "") +
          "\n";
+  if (cfg.optimizer.state_dtype == StateDtype::Q8)
+    out += "states  " + state_format(cfg.optimizer, storage) + ", for every optimizer below\n";
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   out += std::string("memory  activations ") +
          (memory.checkpoint_layers ? "checkpointed per layer" : "kept for the backward") +
@@ -194,6 +196,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"seq_len", cfg.seq_len},
       {"device", name_of(storage.cuda ? DeviceChoice::Cuda : DeviceChoice::Cpu)},
       {"storage", storage.describe()},
+      {"states", state_format(cfg.optimizer, storage)},
       {"activation_checkpointing",
        name_of(memory.checkpoint_layers ? Checkpointing::Layer : Checkpointing::None)},
       {"fused_update", memory.fused_update},

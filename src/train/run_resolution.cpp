@@ -1,12 +1,35 @@
 #include "src/train/run_resolution.h"
 
+#include <string>
+
+#include "src/core/error.h"
+
 namespace grass {
+
+namespace {
+
+// fp32 and bf16 moments are the precisions' own (bf16 in pure bf16, else fp32); asking for the
+// other is refused rather than ignored.
+void check_state_dtype(const RunConfig& cfg, const Storage& storage) {
+  const StateDtype dtype = cfg.optimizer.state_dtype;
+  if (dtype == StateDtype::Auto || dtype == StateDtype::Q8) return;
+  const StateDtype own = storage.pure_bf16() ? StateDtype::Bf16 : StateDtype::Fp32;
+  if (dtype == own) return;
+  throw UserError((cfg.source.empty() ? std::string("run config") : cfg.source) +
+                  ": optimizer.state_dtype \"" + name_of(dtype) + "\": a " +
+                  (storage.pure_bf16() ? "bf16" : storage.master ? "bf16-mixed" : "fp32") +
+                  " run keeps " + name_of(own) + " moments; use \"auto\", \"" + name_of(own) +
+                  "\" or \"q8\" (other pairings are not built)");
+}
+
+}  // namespace
 
 ResolvedRun resolve(const RunConfig& cfg, bool gpu_usable) {
   const bool cuda = cfg.device == DeviceChoice::Cuda ||
                     (cfg.device == DeviceChoice::Auto && gpu_usable &&
                      cfg.precision != PrecisionChoice::F32);
   const Storage storage = storage_for(cfg.precision, cuda);
+  check_state_dtype(cfg, storage);
   return {storage, model_memory_options(cfg, storage)};
 }
 

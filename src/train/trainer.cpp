@@ -228,6 +228,7 @@ void Run::print_optimizer_lines() const {
   std::printf("  optimizer     %s lr %.1e betas (%.3g, %.3g) eps %.0e wd %.3g, clip %.3g\n",
               name_of(cfg.optimizer.kind), cfg.optimizer.lr, cfg.optimizer.beta1,
               cfg.optimizer.beta2, cfg.optimizer.eps, cfg.optimizer.weight_decay, cfg.grad_clip);
+  std::printf("  states        %s\n", state_format(cfg.optimizer, backend_->storage()).c_str());
   for (const auto& o : state_.optimizers->all())
     if (const std::string line = o->describe(); !line.empty())
       std::printf("  %-13s %s\n", o->name(), line.c_str());

@@ -3,6 +3,8 @@
 // the GPU" over values that include 0 and -0, denormals, each block's ±absmax, NaN and ±Inf,
 // blocks spanning magnitudes from 1e-30 to 1e30, an all-zero block and a last, shorter block.
 // 10⁷ values on a GPU, 10⁶ on the emulator (its fibers are slower than a GPU's threads).
+// Then AdamW's 8-bit step (kernels/cuda/adamw.cu) against ops::adamw_update_q8 in both storage
+// schemes: weights to fp32 rounding, codes equal or one off where the fp32 moments differ.
 #include <catch2/catch.hpp>
 
 #include <bit>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops.h"
 #include "kernels/quant8.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -90,5 +93,112 @@ TEST_CASE("quant8: the GPU's codes, absmax and decoded values are the CPU's, bit
       CHECK(same_bits(d_absmax.download(), absmax));
       CHECK(same_bits(d_back.download(), back));
       if (block == 256) CHECK(absmax[2] == 0.0f);  // the all-zero block
+    }
+}
+
+namespace {
+
+// Moments as after some training, quantized on the CPU: m ~ gradients, v ~ their squares, with a
+// reset (all-zero) block at elements [256, 512).
+struct Q8Moments {
+  std::vector<uint8_t> m, v;
+  std::vector<float> absmax_m, absmax_v;
+};
+Q8Moments trained_moments(int64_t n, int block) {
+  const size_t count = static_cast<size_t>(n);
+  std::vector<float> m = randn(count, 0.01), v = randn(count, 0.01);
+  for (float& x : v) x = x * x + 1e-9f;
+  for (int64_t i = 256; i < 512 && i < n; i++) m[size_t(i)] = v[size_t(i)] = 0.0f;
+  const size_t blocks = size_t((n + block - 1) / block);
+  Q8Moments q{std::vector<uint8_t>(count), std::vector<uint8_t>(count),
+              std::vector<float>(blocks), std::vector<float>(blocks)};
+  ops::quantize_blockwise(quant8_map(true), m.data(), n, block, q.m.data(), q.absmax_m.data());
+  ops::quantize_blockwise(quant8_map(false), v.data(), n, block, q.v.data(), q.absmax_v.data());
+  return q;
+}
+
+// The GPU's requantized moments against the CPU's: each absmax to a few ulps, each code equal or
+// (where the fp32 moment fell an ulp to the other side of a bound) one off, and rarely.
+void check_moments(const Q8Moments& got, const Q8Moments& want) {
+  CHECK(rel_error(got.absmax_m, want.absmax_m) <= 1e-6);
+  CHECK(rel_error(got.absmax_v, want.absmax_v) <= 1e-6);
+  for (const bool first : {true, false}) {
+    const std::vector<uint8_t>& a = first ? got.m : got.v;
+    const std::vector<uint8_t>& b = first ? want.m : want.v;
+    int64_t differ = 0, far = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+      differ += a[i] != b[i];
+      far += std::abs(int(a[i]) - int(b[i])) > 1;
+    }
+    INFO((first ? "m" : "v") << ": " << differ << " codes differ from the CPU's");
+    CHECK(far == 0);
+    CHECK(differ <= int64_t(a.size()) / 1000);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gpu adamw q8: the CPU's 8-bit step in both storage schemes", "[gpu][quant8]") {
+  TestContext tc;
+  const int64_t n = 100003;
+  const size_t count = 100003;
+  const AdamArgs a{.grad_scale = 0.7, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                   .weight_decay = 0.1, .step = 4};
+  for (const int block : {256, 64, 4096})
+    for (const bool pure : {false, true}) {
+      INFO("blocks of " << block << (pure ? ", pure bf16" : ", bf16-mixed"));
+      const Q8Moments start = trained_moments(n, block);
+      std::vector<float> p0 = randn(count, 0.1), g = randn(count, 0.01);
+      g[7] = std::numeric_limits<float>::quiet_NaN();
+      g[8] = std::numeric_limits<float>::infinity();
+      for (int64_t i = 256; i < 512; i++) g[size_t(i)] = 0.0f;  // the reset block gets none
+      if (pure) {
+        p0 = bf16_rounded(p0);
+        g = bf16_rounded(g);
+      }
+      const size_t blocks = start.absmax_m.size();
+      DeviceBuffer<uint8_t> d_m(count), d_v(count);
+      DeviceBuffer<float> d_am(blocks), d_av(blocks), d_master(count), d_gf(count);
+      DeviceBuffer<cuda::bf16> d_param(count), d_gb(count);
+      d_m.upload(start.m);
+      d_v.upload(start.v);
+      d_am.upload(start.absmax_m);
+      d_av.upload(start.absmax_v);
+      const uint64_t seed = 77;
+      const Quant8Moments dq{.m = d_m.ptr, .v = d_v.ptr, .absmax_m = d_am.ptr, .absmax_v = d_av.ptr,
+                             .block = block};
+      if (pure) {
+        d_param.upload(to_bf16(p0));
+        d_gb.upload(to_bf16(g));
+        cuda::adamw_update_q8(tc.ctx, d_param.ptr, nullptr, d_gb.ptr, dq, n, a, seed);
+      } else {
+        d_master.upload(p0);
+        d_gf.upload(g);
+        d_param.poison();
+        cuda::adamw_update_q8(tc.ctx, d_param.ptr, d_master.ptr, d_gf.ptr, dq, n, a, seed);
+      }
+      // the CPU: the same step, in fp32, then the same rounding of the weight
+      Q8Moments want = start;
+      std::vector<float> p = p0;
+      ops::adamw_update_q8(p.data(), g.data(),
+                           {.m = want.m.data(), .v = want.v.data(), .absmax_m = want.absmax_m.data(),
+                            .absmax_v = want.absmax_v.data(), .block = block},
+                           n, a);
+      const Q8Moments got{d_m.download(), d_v.download(), d_am.download(), d_av.download()};
+      check_moments(got, want);
+      const std::vector<float> param = to_f32(d_param.download());
+      CHECK(param[7] == (pure ? p0[7] : float(bf16_rounded({p0[7]})[0])));  // NaN: left alone
+      if (pure) {
+        std::vector<float> rounded = p;
+        ops::stochastic_round_to_bf16(rounded.data(), n, rounding_stream_seed(seed, a.step, kRoundWeight));
+        int64_t differ = 0;
+        for (int64_t i = 0; i < n; i++) differ += param[size_t(i)] != rounded[size_t(i)];
+        CHECK(differ <= n / 1000);  // a draw differs only where the fp32 weight did
+        CHECK(rel_error(param, p) <= 1e-2);
+      } else {
+        const std::vector<float> master = d_master.download();
+        CHECK(rel_error(master, p) <= 1e-5);
+        CHECK(same_bits(d_param.download(), to_bf16(master)));
+      }
     }
 }

@@ -1,0 +1,253 @@
+// AdamW with 8-bit moments (ops::adamw_update_q8, kernels/quant8.h) against the fp32 step on the
+// same, dequantized, moments: the weights it writes, the absmax it takes from the new moments,
+// the codes it requantizes to; and its rules: a non-finite gradient leaves its weight and zeroes
+// its moments, an all-zero block is coded without 0/0, a nonzero v never decodes to 0, and the
+// result does not depend on the thread count.
+#include <catch2/catch.hpp>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/quant8.h"
+
+using grass::AdamArgs;
+using grass::Quant8Moments;
+
+namespace {
+
+// One tensor's state for the 8-bit step: weights, gradient, codes and absmax of m and v.
+struct Q8State {
+  std::vector<float> p, g, absmax_m, absmax_v;
+  std::vector<uint8_t> m, v;
+  int block = 0;
+
+  Q8State(int64_t n, int block_size) : block(block_size) {
+    const size_t blocks = size_t((n + block - 1) / block);
+    p.resize(static_cast<size_t>(n));
+    g.resize(static_cast<size_t>(n));
+    m.assign(size_t(n), 0xAB);
+    v.assign(size_t(n), 0xAB);
+    absmax_m.assign(blocks, 0.0f);
+    absmax_v.assign(blocks, 0.0f);
+  }
+  int64_t n() const { return int64_t(p.size()); }
+  Quant8Moments moments() {
+    return {.m = m.data(), .v = v.data(), .absmax_m = absmax_m.data(), .absmax_v = absmax_v.data(),
+            .block = block};
+  }
+  // The moments as they decode.
+  std::vector<float> decoded(bool first) const {
+    std::vector<float> out(p.size());
+    grass::ops::dequantize_blockwise(grass::quant8_map(first), first ? m.data() : v.data(),
+                                     first ? absmax_m.data() : absmax_v.data(), n(), block,
+                                     out.data());
+    return out;
+  }
+};
+
+// Heavy-tailed values (Student's t, 3 degrees of freedom) times `scale`, from a fresh seed.
+std::vector<float> heavy(std::mt19937_64& rng, int64_t n, float scale) {
+  std::student_t_distribution<float> t(3.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& xi : x) xi = t(rng) * scale;
+  return x;
+}
+
+// A state after some training: random weights, moments of a few heavy-tailed gradients, quantized.
+Q8State trained_state(std::mt19937_64& rng, int64_t n, int block) {
+  Q8State s(n, block);
+  s.p = heavy(rng, n, 0.02f);
+  s.g = heavy(rng, n, 1e-3f);
+  const std::vector<float> g0 = heavy(rng, n, 1e-3f);
+  std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+  for (size_t i = 0; i < m.size(); i++) {
+    m[i] = 0.1f * g0[i];
+    v[i] = 0.001f * g0[i] * g0[i] + 1e-12f;
+  }
+  grass::ops::quantize_blockwise(grass::quant8_map(true), m.data(), n, block, s.m.data(),
+                                 s.absmax_m.data());
+  grass::ops::quantize_blockwise(grass::quant8_map(false), v.data(), n, block, s.v.data(),
+                                 s.absmax_v.data());
+  return s;
+}
+
+// Weights of the 8-bit step further from the fp32 step's than rounding explains. Each is
+// p0·decay − u, u = step_size·m/(sqrt(v)/bc2 + eps), m = β1·m̂ + (1 − β1)·g: FMA contraction and
+// vectorisation may differ between the two loops, so each may be a few ulps off, m by a few ulps
+// of its terms (which can cancel), u by as much relative to its size.
+int64_t weights_off(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::vector<float>& p0, const std::vector<float>& m_hat,
+                    const std::vector<float>& g, const std::vector<float>& v_new, const AdamArgs& a) {
+  const grass::AdamScalars s = grass::adam_scalars(a);
+  const double step_size = s.lr / s.bias_correction1;
+  int64_t off = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    const double terms = s.beta1 * std::fabs(m_hat[i]) + s.one_minus_beta1 * std::fabs(g[i] * a.grad_scale);
+    const double u = step_size * terms / (std::sqrt(v_new[i]) / s.bias_correction2_sqrt + s.eps);
+    const double tol = 8 * std::numeric_limits<float>::epsilon() * (std::fabs(p0[i]) + u);
+    if (std::fabs(double(got[i]) - want[i]) <= tol) continue;
+    UNSCOPED_INFO("element " << i << ": " << got[i] << ", the fp32 step's " << want[i]);
+    off++;
+  }
+  return off;
+}
+
+AdamArgs step_args(int64_t step) {
+  AdamArgs a;
+  a.lr = 1e-3;
+  a.grad_scale = 0.8;  // a clipping coefficient
+  a.weight_decay = 0.1;
+  a.step = step;
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("adamw q8: one step is the fp32 step on the decoded moments, requantized", "[quant8][adamw]") {
+  const uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (const int block : {64, 256, 2048}) {
+    INFO("block " << block);
+    const int64_t n = 23 * block + 37;  // a short last block
+    Q8State s = trained_state(rng, n, block);
+    // the reference: the fp32 step on the decoded moments
+    const std::vector<float> p0 = s.p, m_hat = s.decoded(true);
+    std::vector<float> p = s.p, m = m_hat, v = s.decoded(false);
+    const AdamArgs a = step_args(5);
+    grass::ops::adamw_update(p.data(), s.g.data(), m.data(), v.data(), n, a);
+    grass::ops::adamw_update_q8(s.p.data(), s.g.data(), s.moments(), n, a);
+
+    CHECK(weights_off(s.p, p, p0, m_hat, s.g, v, a) == 0);
+    // each block's absmax is the largest new |m| and v
+    for (int64_t b = 0; b * block < n; b++) {
+      float am = 0, av = 0;
+      for (int64_t i = b * block; i < std::min(n, (b + 1) * block); i++) {
+        am = std::max(am, std::fabs(m[size_t(i)]));
+        av = std::max(av, v[size_t(i)]);
+      }
+      CHECK(s.absmax_m[size_t(b)] == Approx(am).epsilon(1e-6));
+      CHECK(s.absmax_v[size_t(b)] == Approx(av).epsilon(1e-6));
+      CHECK(s.absmax_m[size_t(b)] > 0);
+    }
+    // the codes are the quantizer's codes of the new moments (a moment an ulp off may sit on
+    // the other side of a bound: then one code off, and rarely)
+    for (const bool first : {true, false}) {
+      std::vector<uint8_t> want(static_cast<size_t>(n));
+      std::vector<float> want_absmax(s.absmax_m.size());
+      grass::ops::quantize_blockwise(grass::quant8_map(first), (first ? m : v).data(), n, block,
+                                     want.data(), want_absmax.data());
+      const std::vector<uint8_t>& got = first ? s.m : s.v;
+      int64_t differ = 0, far = 0;
+      for (size_t i = 0; i < want.size(); i++) {
+        differ += got[i] != want[i];
+        far += std::abs(int(got[i]) - int(want[i])) > 1;
+      }
+      INFO((first ? "m" : "v") << ": " << differ << " of " << n << " codes differ");
+      CHECK(far == 0);
+      CHECK(differ <= n / 1000);
+    }
+  }
+}
+
+TEST_CASE("adamw q8: non-finite gradients, all-zero blocks, the zero point of v", "[quant8][adamw]") {
+  const uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int block = 256;
+  const int64_t n = 8 * block + 100;
+  Q8State s = trained_state(rng, n, block);
+  // block 2: a refresh's reset (zero moments) and no gradient; block 3: tiny gradients beside a
+  // large one, so most of its v sit far below the absmax
+  for (int64_t i = 2 * block; i < 3 * block; i++) s.g[size_t(i)] = 0.0f;
+  std::fill(s.m.begin() + 2 * block, s.m.begin() + 3 * block, grass::quant8_map(true).zero);
+  std::fill(s.v.begin() + 2 * block, s.v.begin() + 3 * block, grass::quant8_map(false).zero);
+  s.absmax_m[2] = s.absmax_v[2] = 0.0f;
+  for (int64_t i = 3 * block; i < 4 * block; i++) s.g[size_t(i)] *= 1e-5f;
+  s.g[size_t(3 * block)] = 1.0f;
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<int64_t> bad = {5, 6, 7, 4 * block + 1};
+  s.g[5] = std::numeric_limits<float>::quiet_NaN();
+  s.g[6] = inf;
+  s.g[7] = -inf;
+  s.g[size_t(4 * block + 1)] = 1e22f;  // finite, but (1 - β2)·g² is not
+  const std::vector<float> p0 = s.p;
+  const AdamArgs a = step_args(3);
+  grass::ops::adamw_update_q8(s.p.data(), s.g.data(), s.moments(), n, a);
+  const std::vector<float> m = s.decoded(true), v = s.decoded(false);
+
+  for (const int64_t i : bad) {
+    INFO("element " << i << ", gradient " << s.g[size_t(i)]);
+    CHECK(s.p[size_t(i)] == p0[size_t(i)]);
+    CHECK(m[size_t(i)] == 0.0f);
+    CHECK(v[size_t(i)] == 0.0f);
+  }
+  for (size_t b = 0; b < s.absmax_m.size(); b++) {
+    CHECK(std::isfinite(s.absmax_m[b]));
+    CHECK(std::isfinite(s.absmax_v[b]));
+  }
+  // the reset block: weight decay only, zero moments coded as the maps' 0
+  CHECK(s.absmax_m[2] == 0.0f);
+  CHECK(s.absmax_v[2] == 0.0f);
+  for (int64_t i = 2 * block; i < 3 * block; i++) {
+    CHECK(s.p[size_t(i)] == Approx(p0[size_t(i)] * (1 - 1e-4)).epsilon(1e-6));
+    CHECK(int(s.m[size_t(i)]) == grass::quant8_map(true).zero);
+    CHECK(int(s.v[size_t(i)]) == grass::quant8_map(false).zero);
+  }
+  // every finite nonzero gradient leaves a positive v, and an m of its sign (β1·m̂ may outweigh
+  // it, so only where the old m was 0)
+  int64_t tiny = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (std::find(bad.begin(), bad.end(), i) != bad.end() || s.g[size_t(i)] == 0.0f) continue;
+    INFO("element " << i);
+    CHECK(v[size_t(i)] > 0.0f);
+    tiny += v[size_t(i)] < 1e-6f * s.absmax_v[size_t(i / block)];
+  }
+  CHECK(tiny > 0);  // block 3 reached the map's smallest codes
+}
+
+TEST_CASE("adamw q8: the same bits on any thread count, and with the proximal anchor",
+          "[quant8][adamw]") {
+  const uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const Q8State start = trained_state(rng, 40 * 256 + 3, 256);
+  const int threads = omp_get_max_threads();
+  std::vector<Q8State> runs;
+  for (const int t : {1, std::max(2, threads)}) {
+    omp_set_num_threads(t);
+    Q8State s = start;
+    for (int64_t step = 1; step <= 3; step++)
+      grass::ops::adamw_update_q8(s.p.data(), s.g.data(), s.moments(), s.n(), step_args(step));
+    runs.push_back(s);
+  }
+  omp_set_num_threads(threads);
+  CHECK(runs[0].p == runs[1].p);
+  CHECK(runs[0].m == runs[1].m);
+  CHECK(runs[0].v == runs[1].v);
+  CHECK(runs[0].absmax_m == runs[1].absmax_m);
+  CHECK(runs[0].absmax_v == runs[1].absmax_v);
+
+  // the proximal term: the fp32 step's, on the decoded moments
+  Q8State s = start;
+  std::vector<float> anchor(s.p.size()), ref_anchor(s.p.size());
+  for (size_t i = 0; i < anchor.size(); i++) anchor[i] = ref_anchor[i] = s.p[i] + 1e-3f;
+  const std::vector<float> m_hat = s.decoded(true);
+  std::vector<float> p = s.p, m = m_hat, v = s.decoded(false), g = s.g;
+  AdamArgs a = step_args(2), ref = a;
+  a.anchor = anchor.data();
+  ref.anchor = ref_anchor.data();
+  a.proximal_coef = ref.proximal_coef = 0.5;
+  grass::ops::adamw_update(p.data(), s.g.data(), m.data(), v.data(), s.n(), ref);
+  grass::ops::adamw_update_q8(s.p.data(), s.g.data(), s.moments(), s.n(), a);
+  for (size_t i = 0; i < g.size(); i++) g[i] += float(0.5 / a.grad_scale) * (start.p[i] - ref_anchor[i]);
+  CHECK(weights_off(s.p, p, start.p, m_hat, g, v, a) == 0);
+  CHECK(anchor == ref_anchor);
+}
