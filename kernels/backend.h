@@ -29,7 +29,7 @@
 //   adamw_update, adamw_update_q8          adamw                                            test_gpu_adamw
 //   store_gradients (bf16 precisions)      bf16_storage (the CPU rounds; the GPU's are      test_gpu_adamw, test_gpu_model
 //                                          formed in bf16 by the ops that write them)
-//   grass_*                                grass                                            test_gpu_grass
+//   grass_* (grass_adam_update_q8 too)     grass                                            test_gpu_grass
 //   lowrank_*, flora_*                     lowrank                                          test_gpu_lowrank
 //   galore_basis (randomized)              galore_basis (cuSOLVER)                          test_gpu_lowrank
 #pragma once
@@ -316,6 +316,11 @@ class Backend : public MemoryResource {
   // adamw_update. gc may be overwritten.
   virtual void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,
                                  double alpha, const AdamArgs& a, uint64_t seed) = 0;
+  // The same with 8-bit moments (ops::grass_adam_update_q8; σ distinct), blocked flat or down
+  // gc's columns (by_columns); the weight as in adamw_update_q8.
+  virtual void grass_adam_update_q8(WeightRef w, const void* gc, const Quant8Moments& q,
+                                    bool by_columns, const GrassSlices& s, double alpha,
+                                    const AdamArgs& a, uint64_t seed) = 0;
 
   // GaLore and FLORA (kernels/lowrank_ops.h). workspace: lowrank_workspace_bytes(storage(), ...)
   // R (grad-typed) += the projected gradient straight from the activations; scratch [N, r] act.

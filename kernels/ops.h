@@ -151,6 +151,14 @@ void grass_slice_norms(double* norms_sq, const T* g, int out, int in, bool rows)
 template <typename T>
 void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* scale, int out,
                        int in, int r, bool rows, double alpha, const AdamArgs& a);
+// The same step with 8-bit moments (kernels/quant8.h), in fp32: m, v are codes shaped like gc,
+// blocked flat or down its columns (by_columns: Quant8Layout::columns), and σ is distinct, so
+// each element of gc owns one weight element: w = w·(1 − lr·wd) − lr·alpha·s_j·Δ, gc unchanged.
+// A non-finite read gradient (or square) leaves its weight and zeroes its moments.
+void grass_adam_update_q8(float* w, const float* gc, const Quant8Moments& s, bool by_columns,
+                          const int32_t* sigma, const float* scale, int out, int in, int r,
+                          bool rows, double alpha, const AdamArgs& a);
+
 
 // ---- bf16 storage, emulated in fp32 memory (kernels/cpu/bf16_storage.cpp) -------------------
 // x[i] = the bf16 value nearest x[i] (ties to even): what a bf16 store keeps.

@@ -118,6 +118,12 @@ struct Quant8Layout {
   }
 };
 
+// A projected optimizer's state of w[out, in] at rank r: [r, in] (rows) or [out, r] (cols).
+GRASS_HOST_DEVICE Quant8Layout projected_quant8_layout(int out, int in, int r, bool rows,
+                                                              int block, bool by_columns) {
+  return {.rows = rows ? r : out, .cols = rows ? in : r, .block = block, .columns = by_columns};
+}
+
 // The number of bounds below s: the nearest value's code, ties to the lower (0 for a NaN).
 // Eight halving steps of fixed length and no branch on the data (a select), so neither a CPU's
 // branch predictor nor a warp's divergence pays for the unpredictable comparisons.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Crash safety, end to end with the real binary: a GRASS run that checkpoints every step is killed
+# Crash safety, end to end with the real binary: a GRASS run (8-bit states, so their codes and absmax
+# are among the bytes compared) that checkpoints every step is killed
 # with SIGKILL at random moments, half of them while a checkpoint is being written, and resumed
 # each time. After every kill each checkpoint under its final name must verify (grass export
 # checks every size and checksum) and the next run must resume from the newest of them with no
@@ -29,7 +30,7 @@ RANDOM=20240613  # the kill moments are random, but the same on every run of the
 cat >"$tmp/run.json" <<JSON
 {"model": "configs/models/llama_tiny.json",
  "data": {"train": "$tmp/train.bin", "val": "$tmp/train.bin"},
- "optimizer": {"name": "grass", "rank": 8, "update_interval": 4, "lr": 3e-3},
+ "optimizer": {"name": "grass", "rank": 8, "update_interval": 4, "lr": 3e-3, "state_dtype": "q8", "state_block": 64},
  "schedule": {"name": "cosine", "warmup_steps": 3},
  "micro_batch_size": 8, "total_batch_size": 16, "seq_len": 64, "steps": 100,
  "eval_every": 25, "eval_tokens": 256, "log_every": 1,

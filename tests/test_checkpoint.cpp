@@ -3,6 +3,7 @@
 // leave nothing under a final name, and old checkpoints are pruned as configured.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -45,8 +46,9 @@ std::vector<json> read_rows(const std::string& path) {
 // "grass-lean": GRASS in pure bf16 with one micro-batch per step and per-layer checkpointing, so
 // its updates are fused into the backward. "-padded": an ffn of 44 stored 48 wide (pad_ffn).
 // "-proximal": the small-batch proximal method, inner loops of 3 steps (GRASS's refresh interval).
-// "-q8": 8-bit moments in blocks of 64 (the 128 x 32 embedding and lm_head are quantized; the
-// smaller tensors keep fp32 moments).
+// "-q8": 8-bit moments in blocks of 64 on a model of width 64, so the embedding, lm_head and
+// every GRASS target but k and v (32 x 64) are quantized (GRASS's per feature when lean); the
+// smaller tensors keep the precision's moments.
 json small_run(const test::TempDir& dir, const std::string& out, std::string optimizer) {
   const auto suffix = [&](const std::string& tail) {
     if (!optimizer.ends_with(tail)) return false;
@@ -80,7 +82,11 @@ json small_run(const test::TempDir& dir, const std::string& out, std::string opt
     run["optimizer"]["proximal"] = {{"lambda", 1e-3}};
     if (optimizer == "adamw") run["optimizer"]["proximal"]["inner_steps"] = 3;
   }
-  if (q8) run["optimizer"].update({{"state_dtype", "q8"}, {"state_block", 64}});
+  if (q8) {
+    run["optimizer"].update({{"state_dtype", "q8"}, {"state_block", 64}});
+    run["model"].update({{"hidden_size", 64}, {"intermediate_size", 128}});
+    if (optimizer == "grass") run["optimizer"]["state_blocking"] = lean ? "feature" : "flat";
+  }
   if (padded) {
     run["model"]["intermediate_size"] = 44;
     run["pad_ffn"] = "on";
@@ -101,7 +107,8 @@ TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[che
   const std::string optimizer =
       GENERATE(as<std::string>{}, "adamw", "grass", "grass-lean", "galore", "flora",
                "adamw-padded", "grass-lean-padded", "adamw-proximal", "grass-proximal",
-               "grass-lean-proximal", "adamw-q8", "adamw-proximal-q8");
+               "grass-lean-proximal", "adamw-q8", "adamw-proximal-q8", "grass-q8",
+               "grass-lean-q8", "grass-proximal-q8");
   const test::TempDir dir("grass_test_checkpoint");
   const RunConfig whole = parse(small_run(dir, "whole", optimizer));
   CHECK(model_memory_options(whole, storage_for(whole.precision, false)).fused_update ==
@@ -117,6 +124,20 @@ TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[che
     clipped_rows += row["clip_coef"].get<double>() < 1;
   }
   CHECK(clipped_rows == uninterrupted.clipped_steps);
+  if (optimizer.ends_with("-q8")) {  // the codes and absmax are checkpointed buffers
+    const SafetensorsFile buffers(step_dir(whole, 9) + "/state.safetensors");
+    const std::vector<std::string> names = buffers.names();
+    const auto holds = [&](const std::string& name) {
+      return std::find(names.begin(), names.end(), name) != names.end();
+    };
+    CHECK(holds("adamw.m_q8"));
+    CHECK(holds("adamw.v_absmax"));
+    if (optimizer.starts_with("grass")) {
+      CHECK(holds("model.layers.1.mlp.down_proj.weight.grass.v_q8"));
+      CHECK(holds("model.layers.1.mlp.down_proj.weight.grass.m_absmax"));
+      CHECK(holds("model.layers.1.self_attn.k_proj.weight.grass.m"));  // 2,048 elements: fp32
+    }
+  }
   if (optimizer.ends_with("-padded")) {  // the checkpoint holds Hugging Face's shapes, not the pad
     const SafetensorsFile weights(step_dir(whole, 9) + "/model.safetensors");
     CHECK(weights.get("model.layers.1.mlp.down_proj.weight").shape == std::vector<int64_t>{32, 44});

@@ -545,9 +545,21 @@ TEST_CASE("optimizer.state_dtype and state_block: read, printed back, checked ag
         "run.json: optimizer.state_block: 300 is not a power of two (64, 128, ..., 4096)");
   run["optimizer"] = {{"name", "adamw"}, {"state_dtype", "q8"}, {"state_block", 8192}};
   CHECK_THAT(run_error(run), Contains("run.json: optimizer.state_block:"));
-  run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"state_dtype", "q8"}};
+  run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"state_dtype", "q8"}, {"state_blocking", "feature"}};
+  c = grass::parse_run_config(run, "run.json");
+  CHECK(c.optimizer.state_blocking == grass::StateBlocking::Feature);
+  CHECK(grass::parse_run_config(grass::to_json(c), "").optimizer == c.optimizer);
+  run["optimizer"]["state_blocking"] = "row";
+  CHECK_THAT(run_error(run), Contains("run.json: optimizer.state_blocking: unknown state_blocking \"row\""));
+  run["optimizer"] = {{"name", "adamw"}, {"state_dtype", "q8"}, {"state_blocking", "flat"}};
+  CHECK(run_error(run) == "run.json: optimizer.state_blocking: only the projected optimizers' "
+                          "states have features to block by");
+  run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"state_blocking", "flat"}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.state_blocking: only q8 states (state_dtype \"q8\") have blocks");
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"state_dtype", "q8"}};
   CHECK_THAT(run_error(run), Contains("run.json: optimizer.state_dtype: q8 states are built for "
-                                      "adamw so far"));
+                                      "adamw and grass so far"));
 
   // fp32 and bf16 are the precisions' own moments: the other pairing is refused at resolution
   run["optimizer"] = {{"name", "adamw"}, {"state_dtype", "bf16"}};

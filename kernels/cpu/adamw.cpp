@@ -1,8 +1,7 @@
 // Decoupled AdamW, exactly torch.optim.AdamW's arithmetic order (so the PyTorch fixture matches).
-#include <algorithm>
 #include <cmath>
-#include <vector>
 
+#include "kernels/cpu/quant8_step.h"
 #include "kernels/ops.h"
 
 namespace grass::ops {
@@ -56,41 +55,17 @@ void adamw_update_q8(float* p, const float* g, const Quant8Moments& s, int64_t n
               bc2_sqrt = float(sc.bias_correction2_sqrt), e = float(sc.eps),
               gs = float(host_grad_scale(a)), pc = float(a.proximal_coef);
   float* const anchor = static_cast<float*>(a.anchor);
-  const Quant8Map& qm = quant8_map(true);
-  const Quant8Map& qv = quant8_map(false);
-  const int64_t blocks = (n + s.block - 1) / s.block;
-#pragma omp parallel
-  {
-    std::vector<float> m(size_t(s.block)), v(size_t(s.block));  // one block's new moments
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-      const int64_t i0 = b * s.block, i1 = std::min(n, i0 + s.block);
-      const float old_m = s.absmax_m[b], old_v = s.absmax_v[b];
-      float absmax_m = 0.0f, absmax_v = 0.0f;
-      for (int64_t i = i0; i < i1; i++) {
-        float gi = g[i] * gs;
-        if (anchor && a.anchor_reset) anchor[i] = p[i];
-        else if (anchor) gi += pc * (p[i] - anchor[i]);
-        float mi = b1 * quant8_decode(qm, s.m[i], old_m) + c1 * gi;
-        float vi = b2 * quant8_decode(qv, s.v[i], old_v) + c2 * gi * gi;
-        if (std::isfinite(gi) && std::isfinite(vi)) {
-          p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + e);
-        } else {
-          mi = vi = 0.0f;
-        }
-        m[size_t(i - i0)] = mi;
-        v[size_t(i - i0)] = vi;
-        absmax_m = std::fmax(absmax_m, std::fabs(mi));
-        absmax_v = std::fmax(absmax_v, vi);
-      }
-      s.absmax_m[b] = absmax_m;
-      s.absmax_v[b] = absmax_v;
-      for (int64_t i = i0; i < i1; i++) {
-        s.m[i] = quant8_encode(qm, m[size_t(i - i0)], absmax_m);
-        s.v[i] = quant8_encode(qv, v[size_t(i - i0)], absmax_v);
-      }
-    }
-  }
+  quant8_adam_blocks({.rows = 1, .cols = n, .block = s.block}, s, [&](int64_t i, float& m, float& v) {
+    float gi = g[i] * gs;
+    if (anchor && a.anchor_reset) anchor[i] = p[i];
+    else if (anchor) gi += pc * (p[i] - anchor[i]);
+    m = b1 * m + c1 * gi;
+    v = b2 * v + c2 * gi * gi;
+    if (std::isfinite(gi) && std::isfinite(v))
+      p[i] = p[i] * decay - step_size * m / (std::sqrt(v) / bc2_sqrt + e);
+    else
+      m = v = 0.0f;
+  });
 }
 
 template void adamw_update<float>(float*, const float*, float*, float*, int64_t, const AdamArgs&);

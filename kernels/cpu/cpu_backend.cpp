@@ -225,6 +225,19 @@ class CpuBackend final : public Backend {
     if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), numel, gc_numel, seed, a.step);
   }
 
+  void grass_adam_update_q8(WeightRef weight, const void* gc, const Quant8Moments& q,
+                            bool by_columns, const GrassSlices& s, double alpha, const AdamArgs& a,
+                            uint64_t seed) override {
+    float* const master = weight.master;
+    float* w = master ? master : f(weight.weights);
+    ops::grass_adam_update_q8(w, f(gc), q, by_columns, s.sigma, s.scale, s.out, s.in, s.r, s.rows,
+                              alpha, a);
+    const int64_t numel = int64_t(s.out) * s.in;
+    if (master) round_from_master(f(weight.weights), master, numel);
+    if (storage_.pure_bf16())  // leaves the bf16 values it did not change as they are
+      ops::stochastic_round_to_bf16(w, numel, rounding_stream_seed(seed, a.step, kRoundWeight));
+  }
+
   void lowrank_compressed_grad(void* R, void* scratch, void*, const void* dy, const void* x,
                                int64_t N, const LowRankProjection& p) override {
     ops::lowrank_compressed_grad(f(R), f(scratch), f(dy), f(x), p.P, N, p.in, p.out, p.r, p.rows);

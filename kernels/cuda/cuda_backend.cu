@@ -384,6 +384,12 @@ class CudaBackend final : public Backend {
     cuda::grass_compressed_grad(ctx_, gc, grad_type(), b(scratch), b(dy), b(x), sigma, rho, N, in,
                                 out, r, rows);
   }
+  void grass_adam_update_q8(WeightRef w, const void* gc, const Quant8Moments& q, bool by_columns,
+                            const GrassSlices& s, double alpha, const AdamArgs& a,
+                            uint64_t seed) override {
+    cuda::grass_adam_update_q8(ctx_, b(w.weights), w.master, gc, q, by_columns, s.sigma, s.scale,
+                               s.out, s.in, s.r, s.rows, alpha, a, seed);
+  }
   void full_weight_grad(float* g, const void* dy, const void* x, int64_t N, int in, int out,
                         int row0, int rows) override {
     cuda::linear_full_grad_f32(ctx_, g, b(dy), b(x), N, in, out, row0, rows);

@@ -235,6 +235,12 @@ void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int
 void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
                        void* v, const int32_t* sigma, const float* scale, int out, int in, int r,
                        bool rows, double alpha, const AdamArgs& a, uint64_t seed);
+// The same with 8-bit moments (ops::grass_adam_update_q8 is the reference; σ distinct), blocked
+// flat or down gc's columns; the weight and gc as in grass_adam_update, the anchor state-typed.
+void grass_adam_update_q8(const Context& ctx, bf16* param, float* master, const void* gc,
+                          const Quant8Moments& q, bool by_columns, const int32_t* sigma,
+                          const float* scale, int out, int in, int r, bool rows, double alpha,
+                          const AdamArgs& a, uint64_t seed);
 
 // ---- GaLore and FLORA (kernels/cuda/lowrank.cu) -------------------------------------------
 // The CPU reference: kernels/cpu/lowrank.cpp (kernels/lowrank_ops.h; the formulas:

@@ -6,6 +6,7 @@
 // No atomics anywhere: σ is sorted, so the copies of a repeated slice sit next to each other,
 // and one thread per element of a slice walks all of them in j order. Norms sum in double in a
 // fixed order. Two identical calls give identical bits.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -13,6 +14,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/quant8.cuh"
 #include "src/core/error.h"
 
 namespace grass::cuda {
@@ -142,6 +144,64 @@ __global__ void grass_adam_kernel(bf16* param, float* master, const S* gc, S* m,
   }
 }
 
+// The 8-bit step (ops::grass_adam_update_q8; kernels/cuda/quant8.cuh): σ distinct, so the thread
+// of state element i owns its weight element. S as in grass_adam_kernel.
+template <typename S>
+__global__ void grass_adam_q8_kernel(bf16* param, float* master, const S* gc, Quant8Moments q,
+                                     Quant8Layout layout, const int32_t* sigma, const float* scale,
+                                     int in, int r, bool rows, AdamStep k, const Quant8Map map_m,
+                                     const Quant8Map map_v) {
+  constexpr bool kPure = std::is_same_v<S, bf16>;
+  __shared__ Quant8Shared sh;
+  load_quant8_maps(sh, map_m, map_v);
+  for (int64_t b = blockIdx.x; b < layout.blocks(); b += gridDim.x)
+    quant8_adam_block(layout, b, q, sh, [&](int64_t i, float& m, float& v) {
+      const int64_t j = rows ? i / in : i % r, c = rows ? i % in : i / r;
+      const int64_t w_index = rows ? int64_t(sigma[j]) * in + c : c * in + sigma[j];
+      const float w0 = kPure ? __bfloat162float(param[w_index]) : master[w_index];
+      const float g = k.proximal.apply<S>(to_f32(gc[i]) * float(grad_scale_of(k.grad_scale, k.clip)),
+                                          w0, i);
+      m = k.beta1 * m + k.one_minus_beta1 * g;
+      v = k.beta2 * v + k.one_minus_beta2 * g * g;
+      float w = w0;
+      if (quant8_finite(g) && quant8_finite(v)) {
+        const float delta = (m / k.bias_correction1) / (sqrtf(v) / k.bias_correction2_sqrt + k.eps);
+        w = (k.apply_decay ? w0 * k.decay : w0) - (k.step_size * scale[j]) * delta;
+      } else {
+        m = v = 0.0f;  // a non-finite gradient leaves the weight and zeroes the moments
+      }
+      if constexpr (kPure) {
+        param[w_index] = stochastic_round_bf16(w, k.seed_param, uint64_t(w_index));
+      } else {
+        master[w_index] = w;
+        param[w_index] = __float2bfloat16_rn(w);
+      }
+    });
+}
+
+// The kernels' scalars from the step's arguments (adam_scalars(), narrowed to fp32).
+AdamStep adam_step_of(const AdamArgs& a, double alpha, uint64_t seed) {
+  const AdamArgs narrowed = narrowed_to_f32(a);
+  const AdamScalars s = adam_scalars(narrowed);
+  AdamStep k;
+  k.grad_scale = a.grad_scale;
+  k.clip = a.clip;
+  k.beta1 = float(s.beta1);
+  k.beta2 = float(s.beta2);
+  k.eps = float(s.eps);
+  k.one_minus_beta1 = float(s.one_minus_beta1);
+  k.one_minus_beta2 = float(s.one_minus_beta2);
+  k.bias_correction1 = float(s.bias_correction1);
+  k.bias_correction2_sqrt = float(s.bias_correction2_sqrt);
+  k.step_size = float(s.lr * float(alpha));
+  k.decay = float(s.decay);
+  k.apply_decay = narrowed.weight_decay > 0;
+  k.proximal = proximal_term(a);
+  k.seed_param = rounding_stream_seed(seed, a.step, kRoundWeight);
+  k.seed_m = rounding_stream_seed(seed, a.step, kRoundFirstMoment);
+  k.seed_v = rounding_stream_seed(seed, a.step, kRoundSecondMoment);
+  return k;
+}
 
 }  // namespace
 
@@ -179,30 +239,10 @@ void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int
 
 void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
                        void* v, const int32_t* sigma, const float* rho, int out, int in, int r,
-                       bool rows, double alpha_arg, const AdamArgs& a, uint64_t seed) {
-  const AdamArgs narrowed = narrowed_to_f32(a);
-  const float alpha = float(alpha_arg);
-  const int64_t step = a.step;
-  GRASS_CHECK(step >= 1, "grass_adam_update: step counts from 1");
+                       bool rows, double alpha, const AdamArgs& a, uint64_t seed) {
+  GRASS_CHECK(a.step >= 1, "grass_adam_update: step counts from 1");
   if (r == 0 || (rows ? in : out) == 0) return;
-  const AdamScalars s = adam_scalars(narrowed);
-  AdamStep k;
-  k.grad_scale = a.grad_scale;
-  k.clip = a.clip;
-  k.beta1 = float(s.beta1);
-  k.beta2 = float(s.beta2);
-  k.eps = float(s.eps);
-  k.one_minus_beta1 = float(s.one_minus_beta1);
-  k.one_minus_beta2 = float(s.one_minus_beta2);
-  k.bias_correction1 = float(s.bias_correction1);
-  k.bias_correction2_sqrt = float(s.bias_correction2_sqrt);
-  k.step_size = float(s.lr * alpha);
-  k.decay = float(s.decay);
-  k.apply_decay = narrowed.weight_decay > 0;
-  k.proximal = proximal_term(a);
-  k.seed_param = rounding_stream_seed(seed, step, kRoundWeight);
-  k.seed_m = rounding_stream_seed(seed, step, kRoundFirstMoment);
-  k.seed_v = rounding_stream_seed(seed, step, kRoundSecondMoment);
+  const AdamStep k = adam_step_of(a, alpha, seed);
 
   // rows: grid.y walks the r occurrences; cols: one flat index over gc[out, r].
   GRASS_CHECK(!rows || r <= 65535, "grass_adam_update: rank above the grid's y limit");
@@ -217,6 +257,30 @@ void grass_adam_update(const Context& ctx, bf16* param, float* master, const voi
     grass_adam_kernel<<<grid, kThreads, 0, ctx.stream>>>(
         param, nullptr, static_cast<const bf16*>(gc), static_cast<bf16*>(m), static_cast<bf16*>(v),
         sigma, rho, out, in, r, rows, k);
+  GRASS_LAUNCH_CHECK();
+}
+
+void grass_adam_update_q8(const Context& ctx, bf16* param, float* master, const void* gc,
+                          const Quant8Moments& q, bool by_columns, const int32_t* sigma,
+                          const float* scale, int out, int in, int r, bool rows, double alpha,
+                          const AdamArgs& a, uint64_t seed) {
+  GRASS_CHECK(a.step >= 1, "grass_adam_update_q8: step counts from 1");
+  GRASS_CHECK(q.block >= 1 && q.block <= kQuant8PerThread * kQuant8Threads,
+              "grass_adam_update_q8: a quantization block of more than 4096 elements");
+  if (r == 0 || (rows ? in : out) == 0) return;
+  const AdamStep k = adam_step_of(a, alpha, seed);
+  const Quant8Layout layout = projected_quant8_layout(out, in, r, rows, q.block, by_columns);
+  const unsigned grid = unsigned(std::min(layout.blocks(), kQuant8MaxGrid));
+  const Quant8Map& qm = quant8_map(true);
+  const Quant8Map& qv = quant8_map(false);
+  if (master)
+    grass_adam_q8_kernel<float><<<grid, kQuant8Threads, 0, ctx.stream>>>(
+        param, master, static_cast<const float*>(gc), q, layout, sigma, scale, in, r, rows, k, qm,
+        qv);
+  else
+    grass_adam_q8_kernel<bf16><<<grid, kQuant8Threads, 0, ctx.stream>>>(
+        param, nullptr, static_cast<const bf16*>(gc), q, layout, sigma, scale, in, r, rows, k, qm,
+        qv);
   GRASS_LAUNCH_CHECK();
 }
 

@@ -21,6 +21,8 @@ constexpr ChoiceName<StateDtype> kStateDtypeNames[] = {{StateDtype::Auto, "auto"
                                                       {StateDtype::Fp32, "fp32"},
                                                       {StateDtype::Bf16, "bf16"},
                                                       {StateDtype::Q8, "q8"}};
+constexpr ChoiceName<StateBlocking> kStateBlockingNames[] = {{StateBlocking::Flat, "flat"},
+                                                            {StateBlocking::Feature, "feature"}};
 constexpr ChoiceName<ProjectionTarget> kTargetNames[] = {
     {ProjectionTarget::Q, "q"},       {ProjectionTarget::K, "k"},   {ProjectionTarget::V, "v"},
     {ProjectionTarget::O, "o"},       {ProjectionTarget::Gate, "gate"},
@@ -52,6 +54,8 @@ template <>
 std::span<const ChoiceName<GaloreSvd>> choice_names() { return kGaloreSvdNames; }
 template <>
 std::span<const ChoiceName<StateDtype>> choice_names() { return kStateDtypeNames; }
+template <>
+std::span<const ChoiceName<StateBlocking>> choice_names() { return kStateBlockingNames; }
 template <>
 std::span<const ChoiceName<ProjectionTarget>> choice_names() { return kTargetNames; }
 template <>

@@ -394,13 +394,17 @@ void read_proximal(const ObjectReader& optimizer, const OptimizerConfig& o, Prox
 // resolution's question (train/run_resolution.cpp), which knows the precision "auto" becomes.
 void read_state_dtype(const ObjectReader& obj, OptimizerConfig& o) {
   o.state_dtype = read_enum(obj, "state_dtype", "state_dtype", o.state_dtype);
-  if (o.state_dtype == StateDtype::Q8 && is_projected(o.kind))
+  if (o.state_dtype == StateDtype::Q8 && !has_q8_states(o.kind))
     obj.at("state_dtype")
-        .fail("q8 states are built for adamw so far; " + std::string(name_of(o.kind)) +
+        .fail("q8 states are built for adamw and grass so far; " + std::string(name_of(o.kind)) +
               "'s projected moments are not yet (issue 27)");
+  for (const char* key : {"state_block", "state_blocking"})
+    if (obj.find(key) && o.state_dtype != StateDtype::Q8)
+      obj.at(key).fail("only q8 states (state_dtype \"q8\") have blocks");
+  if (obj.find("state_blocking") && !is_projected(o.kind))
+    obj.at("state_blocking").fail("only the projected optimizers' states have features to block by");
+  o.state_blocking = read_enum(obj, "state_blocking", "state_blocking", o.state_blocking);
   if (!obj.find("state_block")) return;
-  if (o.state_dtype != StateDtype::Q8)
-    obj.at("state_block").fail("only q8 states (state_dtype \"q8\") have blocks");
   o.state_block = int(*obj.integer("state_block", 64, 4096));
   if ((o.state_block & (o.state_block - 1)) != 0)
     obj.at("state_block").fail(std::to_string(o.state_block) +
@@ -409,7 +413,8 @@ void read_state_dtype(const ObjectReader& obj, OptimizerConfig& o) {
 
 void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
   std::vector<std::string> keys = {"name", "lr", "betas", "eps", "weight_decay",
-                                   "target_lr_scale", "proximal", "state_dtype", "state_block"};
+                                   "target_lr_scale", "proximal", "state_dtype", "state_block",
+                                   "state_blocking"};
   keys.insert(keys.end(), kProjectionKeys.begin(), kProjectionKeys.end());
   keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
   keys.insert(keys.end(), kFloraKeys.begin(), kFloraKeys.end());
@@ -680,6 +685,8 @@ json to_json(const RunConfig& c) {
   if (o.target_lr_scale != 1.0) optimizer["target_lr_scale"] = o.target_lr_scale;
   optimizer["state_dtype"] = name_of(o.state_dtype);
   if (o.state_dtype == StateDtype::Q8) optimizer["state_block"] = o.state_block;
+  if (o.state_dtype == StateDtype::Q8 && is_projected(o.kind))
+    optimizer["state_blocking"] = name_of(o.state_blocking);
   if (is_projected(o.kind)) {
     const ProjectionConfig& g = o.projection;
     json targets = json::array();

@@ -35,10 +35,20 @@ Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
     t.slices = r;
     t.gc_numel = int64_t(r) * (t.rows ? t.in : t.out);
     t.count.assign(size_t(r), 1);
-    t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.m",
-                            t.gc_numel * storage.state_bytes);
-    t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.v",
-                            t.gc_numel * storage.state_bytes);
+    if (cfg.state_dtype == StateDtype::Q8 && int64_t(t.out) * t.in >= kQuant8MinElements) {
+      t.m = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + ".grass.m_q8", t.gc_numel);
+      t.v = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + ".grass.v_q8", t.gc_numel);
+      t.absmax_blocks = quant8_layout(t).blocks();
+      t.absmax_m = arena.alloc<float>(MemCategory::Optimizer, p.name + ".grass.m_absmax",
+                                      t.absmax_blocks);
+      t.absmax_v = arena.alloc<float>(MemCategory::Optimizer, p.name + ".grass.v_absmax",
+                                      t.absmax_blocks);
+    } else {
+      t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.m",
+                              t.gc_numel * storage.state_bytes);
+      t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.v",
+                              t.gc_numel * storage.state_bytes);
+    }
     if (cfg.proximal.enabled())
       t.anchor = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.proximal_anchor",
                                    t.gc_numel * storage.state_bytes);
@@ -130,9 +140,15 @@ void Grass::select(Target& t, const void* dy, const void* x, int64_t N) {
                          model_.tensors()[size_t(t.tensor_index)].name);
   store_selection(t, s);
   // The paper resets the moments with the selection: they described other rows.
-  const size_t state_bytes = size_t(rank_) * (t.rows ? t.in : t.out) * backend_->storage().state_bytes;
+  // (8-bit: an absmax of 0 decodes every code to 0, and the codes are zeroed too.)
+  const size_t state_bytes =
+      size_t(rank_) * (t.rows ? t.in : t.out) * (t.absmax_m ? 1 : backend_->storage().state_bytes);
   backend_->zero(t.m, state_bytes);
   backend_->zero(t.v, state_bytes);
+  if (t.absmax_m) {
+    backend_->zero(t.absmax_m, size_t(t.absmax_blocks) * sizeof(float));
+    backend_->zero(t.absmax_v, size_t(t.absmax_blocks) * sizeof(float));
+  }
   t.adam_step = 0;
   t.needs_selection = false;
 }
@@ -171,9 +187,20 @@ void Grass::update(int tensor, void* gc, const double* clip, double lr) {
   AdamArgs args = adam_args(cfg_, clip, lr, cfg_.weight_decay, t.adam_step);
   if (t.anchor)  // the inner loop's step t.adam_step - 1: a refresh starts a new loop
     args = proximal_args(args, cfg_.proximal.lambda, lr, t.adam_step - 1, t.anchor);
-  backend_->grass_adam_update(model_.weight_ref(p), gc, t.m, t.v,
-                              {t.sigma, t.update_scale, t.out, t.in, t.slices, t.rows},
-                              cfg_.projection.scale, args, seed);
+  const GrassSlices slices{t.sigma, t.update_scale, t.out, t.in, t.slices, t.rows};
+  if (t.absmax_m) {
+    const Quant8Moments q{.m = static_cast<uint8_t*>(t.m),
+                          .v = static_cast<uint8_t*>(t.v),
+                          .absmax_m = t.absmax_m,
+                          .absmax_v = t.absmax_v,
+                          .block = cfg_.state_block};
+    backend_->grass_adam_update_q8(model_.weight_ref(p), gc, q,
+                                   cfg_.state_blocking == StateBlocking::Feature, slices,
+                                   cfg_.projection.scale, args, seed);
+    return;
+  }
+  backend_->grass_adam_update(model_.weight_ref(p), gc, t.m, t.v, slices, cfg_.projection.scale,
+                              args, seed);
 }
 
 json Grass::save_state() const {

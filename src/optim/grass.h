@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/quant8.h"
 #include "src/config/config.h"
 #include "src/core/arena.h"
 #include "src/dist/communicator.h"
@@ -72,6 +73,11 @@ class Grass final : public Optimizer {
     // backend memory (host on the CPU), moments state-typed; each sized for r slices
     void* m;               // Adam moments, shaped like G_C
     void* v;
+    // q8 (optimizer.state_dtype; a weight of at least kQuant8MinElements elements): m and v
+    // hold 8-bit codes, with an fp32 absmax per block here; null otherwise
+    float* absmax_m;       // [absmax_blocks]
+    float* absmax_v;
+    int64_t absmax_blocks; // the layout's blocks at r slices (fewer slices use a prefix)
     void* anchor;          // the proximal anchor, shaped like G_C; null without the method
     int32_t* sigma;        // [slices] selected slices, ascending and distinct
     float* rho;            // [slices] their scales in G_C
@@ -86,6 +92,11 @@ class Grass final : public Optimizer {
 
  private:
   Target& target(int tensor) { return targets_[size_t(target_index(tensor))]; }
+  // The blocks of t's 8-bit moments at its current slices.
+  Quant8Layout quant8_layout(const Target& t) const {
+    return projected_quant8_layout(t.out, t.in, t.slices, t.rows, cfg_.state_block,
+                                   cfg_.state_blocking == StateBlocking::Feature);
+  }
   int target_index(int tensor) const;
   void select(Target& t, const void* dy, const void* x, int64_t N);
   // Squared slice norms of dyᵀ·x, a chunk of rows of it at a time.

@@ -48,7 +48,9 @@ void StateReader::target_list(const json& saved, const std::string& key,
 std::string state_format(const OptimizerConfig& cfg, const Storage& storage) {
   const char* plain = storage.pure_bf16() ? "bf16" : "fp32";  // the CPU rounds to bf16 in fp32 memory
   if (cfg.state_dtype != StateDtype::Q8) return plain;
-  return "q8 (blocks of " + std::to_string(cfg.state_block) + "; tensors under " +
+  const std::string blocking =
+      is_projected(cfg.kind) ? std::string(", projected states ") + name_of(cfg.state_blocking) : "";
+  return "q8 (blocks of " + std::to_string(cfg.state_block) + blocking + "; tensors under " +
          std::to_string(kQuant8MinElements) + " elements: " + plain + ")";
 }
 

@@ -7,6 +7,7 @@
 // schemes: weights to fp32 rounding, codes equal or one off where the fp32 moments differ.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -201,4 +202,94 @@ TEST_CASE("gpu adamw q8: the CPU's 8-bit step in both storage schemes", "[gpu][q
         CHECK(same_bits(d_param.download(), to_bf16(master)));
       }
     }
+}
+
+TEST_CASE("gpu grass q8: the CPU's 8-bit step, rows and columns, flat and per feature",
+          "[gpu][quant8]") {
+  TestContext tc;
+  const int out = 160, in = 136, r = 40;
+  const AdamArgs a{.grad_scale = 0.7, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                   .weight_decay = 0.1, .step = 2};
+  std::mt19937_64 rng(std::random_device{}());
+  for (const bool rows : {true, false})
+    for (const bool by_columns : {false, true})
+      for (const bool pure : {false, true}) {
+        INFO((rows ? "rows" : "cols") << (by_columns ? ", per feature" : ", flat")
+                                      << (pure ? ", pure bf16" : ", bf16-mixed"));
+        const int block = 64;
+        const Quant8Layout L = projected_quant8_layout(out, in, r, rows, block, by_columns);
+        const int64_t n = L.rows * L.cols;
+        const size_t count = static_cast<size_t>(n), weights = size_t(out) * in, slices = size_t(r);
+        // moments quantized per the layout on the CPU (a flat AdamW-style start, then reblocked)
+        Q8Moments start{std::vector<uint8_t>(count), std::vector<uint8_t>(count),
+                        std::vector<float>(size_t(L.blocks())), std::vector<float>(size_t(L.blocks()))};
+        std::vector<float> m0 = randn(count, 0.01), v0 = randn(count, 0.01);
+        for (float& x : v0) x = x * x + 1e-9f;
+        for (int64_t b = 0; b < L.blocks(); b++)
+          for (const bool first : {true, false}) {
+            const std::vector<float>& x = first ? m0 : v0;
+            float am = 0;
+            for (int k = 0; k < block && L.index(b, k) >= 0; k++) am = std::fmax(am, std::fabs(x[size_t(L.index(b, k))]));
+            (first ? start.absmax_m : start.absmax_v)[size_t(b)] = am;
+            for (int k = 0; k < block && L.index(b, k) >= 0; k++)
+              (first ? start.m : start.v)[size_t(L.index(b, k))] = quant8_encode(quant8_map(first), x[size_t(L.index(b, k))], am);
+          }
+        std::vector<int32_t> sigma(size_t(rows ? out : in));
+        for (size_t i = 0; i < sigma.size(); i++) sigma[i] = int32_t(i);
+        std::shuffle(sigma.begin(), sigma.end(), rng);
+        sigma.resize(size_t(r));
+        std::sort(sigma.begin(), sigma.end());
+        std::vector<float> scale(size_t(r), 1.0f);
+        scale[3] = 2.0f;
+        std::vector<float> w0 = randn(weights, 0.1), gc = randn(count, 0.01);
+        gc[5] = std::numeric_limits<float>::quiet_NaN();
+        if (pure) {
+          w0 = bf16_rounded(w0);
+          gc = bf16_rounded(gc);
+        }
+        DeviceBuffer<uint8_t> d_m(count), d_v(count);
+        DeviceBuffer<float> d_am(start.absmax_m.size()), d_av(start.absmax_v.size()), d_master(weights),
+            d_gf(count), d_scale(slices);
+        DeviceBuffer<cuda::bf16> d_param(weights), d_gb(count);
+        DeviceBuffer<int32_t> d_sigma(slices);
+        d_m.upload(start.m);
+        d_v.upload(start.v);
+        d_am.upload(start.absmax_m);
+        d_av.upload(start.absmax_v);
+        d_sigma.upload(sigma);
+        d_scale.upload(scale);
+        const uint64_t seed = 99;
+        const Quant8Moments dq{.m = d_m.ptr, .v = d_v.ptr, .absmax_m = d_am.ptr, .absmax_v = d_av.ptr,
+                               .block = block};
+        d_param.upload(to_bf16(w0));
+        if (pure) {
+          d_gb.upload(to_bf16(gc));
+          cuda::grass_adam_update_q8(tc.ctx, d_param.ptr, nullptr, d_gb.ptr, dq, by_columns,
+                                     d_sigma.ptr, d_scale.ptr, out, in, r, rows, 0.25, a, seed);
+        } else {
+          d_master.upload(w0);
+          d_gf.upload(gc);
+          cuda::grass_adam_update_q8(tc.ctx, d_param.ptr, d_master.ptr, d_gf.ptr, dq, by_columns,
+                                     d_sigma.ptr, d_scale.ptr, out, in, r, rows, 0.25, a, seed);
+        }
+        Q8Moments want = start;
+        std::vector<float> w = w0;
+        ops::grass_adam_update_q8(w.data(), gc.data(),
+                                  {.m = want.m.data(), .v = want.v.data(), .absmax_m = want.absmax_m.data(),
+                                   .absmax_v = want.absmax_v.data(), .block = block},
+                                  by_columns, sigma.data(), scale.data(), out, in, r, rows, 0.25, a);
+        check_moments({d_m.download(), d_v.download(), d_am.download(), d_av.download()}, want);
+        const std::vector<float> param = to_f32(d_param.download());
+        if (pure) {
+          std::vector<float> rounded = w;
+          ops::stochastic_round_to_bf16(rounded.data(), int64_t(weights), rounding_stream_seed(seed, a.step, kRoundWeight));
+          int64_t differ = 0;
+          for (size_t i = 0; i < weights; i++) differ += param[i] != rounded[i];
+          CHECK(differ <= int64_t(weights) / 1000);
+        } else {
+          const std::vector<float> master = d_master.download();
+          CHECK(rel_error(master, w) <= 1e-5);
+          CHECK(same_bits(d_param.download(), to_bf16(master)));
+        }
+      }
 }
