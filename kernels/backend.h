@@ -30,7 +30,7 @@
 //   store_gradients (bf16 precisions)      bf16_storage (the CPU rounds; the GPU's are      test_gpu_adamw, test_gpu_model
 //                                          formed in bf16 by the ops that write them)
 //   grass_* (grass_adam_update_q8 too)     grass                                            test_gpu_grass
-//   lowrank_*, flora_*                     lowrank                                          test_gpu_lowrank
+//   lowrank_*, flora_* (and their _q8)     lowrank                                          test_gpu_lowrank
 //   galore_basis (randomized)              galore_basis (cuSOLVER)                          test_gpu_lowrank
 #pragma once
 #include <cstdint>
@@ -342,6 +342,14 @@ class Backend : public MemoryResource {
   virtual void lowrank_adam_update(WeightRef w, void* R, void* m, void* v, void* workspace,
                                    const LowRankProjection& p, double alpha, double max_rms,
                                    const AdamArgs& a, uint64_t seed) = 0;
+  // The same two with 8-bit moments (ops::lowrank_adam_update_q8, ops::flora_transfer_q8),
+  // blocked flat or down R's columns; the transfer's scratch is fp32 [r·r + 2·numel(m)].
+  virtual void lowrank_adam_update_q8(WeightRef w, void* R, const Quant8Moments& q,
+                                      bool by_columns, void* workspace, const LowRankProjection& p,
+                                      double alpha, double max_rms, const AdamArgs& a,
+                                      uint64_t seed) = 0;
+  virtual void flora_transfer_q8(const Quant8Moments& q, bool by_columns, float* scratch,
+                                 const float* P_old, const LowRankProjection& p) = 0;
 
  protected:
   explicit Backend(const Storage& storage) : storage_(storage) {}

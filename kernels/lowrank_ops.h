@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/adam_args.h"
+#include "kernels/quant8.h"
 
 namespace grass::ops {
 
@@ -80,5 +81,16 @@ void flora_transfer(T* m, T* scratch, const T* P_old, const T* P_new, int out, i
 template <typename T>
 void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, int r, bool rows,
                          double alpha, double max_rms, const AdamArgs& a);
+
+// The same step with 8-bit moments (kernels/quant8.h), in fp32: m, v are codes shaped like R,
+// blocked flat or down R's columns (by_columns). An element whose read gradient (or square) is
+// not finite gets a zero direction and zero moments.
+void lowrank_adam_update_q8(float* w, float* R, const Quant8Moments& q, bool by_columns,
+                            const float* P, int out, int in, int r, bool rows, double alpha,
+                            double max_rms, const AdamArgs& a);
+// FLORA's transfer of an 8-bit m: decoded, carried as flora_transfer does, requantized (its
+// blocks' absmax from the new values); scratch [r·r + 2·numel(m)].
+void flora_transfer_q8(const Quant8Moments& q, bool by_columns, float* scratch,
+                       const float* P_old, const float* P_new, int out, int in, int r, bool rows);
 
 }  // namespace grass::ops

@@ -158,6 +158,11 @@ void quantize_blockwise(const Quant8Map& map, const float* x, int64_t n, int blo
 // x[n] = map[codes[i]] · absmax[i / block]
 void dequantize_blockwise(const Quant8Map& map, const uint8_t* codes, const float* absmax,
                           int64_t n, int block, float* x);
+// The same for the blocks of a layout: x[rows·cols] -> codes, absmax[layout.blocks()], and back.
+void quantize_layout(const Quant8Map& map, const float* x, const Quant8Layout& layout,
+                     uint8_t* codes, float* absmax);
+void dequantize_layout(const Quant8Map& map, const uint8_t* codes, const float* absmax,
+                       const Quant8Layout& layout, float* x);
 }  // namespace ops
 
 }  // namespace grass

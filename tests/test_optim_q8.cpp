@@ -1,4 +1,5 @@
-// AdamW and GRASS with 8-bit moments (ops::adamw_update_q8, ops::grass_adam_update_q8,
+// AdamW, GRASS, GaLore and FLORA with 8-bit moments (ops::adamw_update_q8,
+// ops::grass_adam_update_q8, ops::lowrank_adam_update_q8, ops::flora_transfer_q8;
 // kernels/quant8.h) against the fp32 steps on the same, dequantized, moments: the weights they
 // write, the absmax they take from the new moments, the codes they requantize to; and the rules:
 // a non-finite gradient leaves its weight and zeroes its moments, an all-zero block is coded
@@ -14,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/lowrank_ops.h"
 #include "kernels/ops.h"
 #include "kernels/quant8.h"
 
@@ -373,4 +375,89 @@ TEST_CASE("grass q8: per-feature blocks keep an outlier feature from flattening 
   INFO("mean relative error of the other features: flat " << error[0] / (r * (in - 1))
        << ", per feature " << error[1] / (r * (in - 1)));
   CHECK(error[1] < error[0] / 2);  // 0.019 against 0.050 here
+}
+
+TEST_CASE("galore and flora q8: the fp32 step on the decoded moments, and FLORA's transfer",
+          "[quant8][lowrank]") {
+  const uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int out = 72, in = 56, r = 12;
+  for (const bool rows : {true, false})
+    for (const bool by_columns : {false, true})
+      for (const double max_rms : {0.0, 1e-3}) {  // GaLore; FLORA's bound, binding here
+        INFO((rows ? "rows" : "cols") << (by_columns ? ", per feature" : ", flat") << ", max_rms " << max_rms);
+        const int block = 64, side = rows ? out : in;
+        const grass::Quant8Layout L = grass::projected_quant8_layout(out, in, r, rows, block, by_columns);
+        const int64_t n = L.rows * L.cols, blocks = L.blocks();
+        const std::vector<float> w0 = heavy(rng, int64_t(out) * in, 0.02f), R0 = heavy(rng, n, 1e-3f);
+        std::vector<float> P = heavy(rng, int64_t(side) * r, 0.3f);
+        std::vector<float> m0 = heavy(rng, n, 1e-4f), v0 = heavy(rng, n, 1e-4f);
+        for (float& x : v0) x = x * x + 1e-12f;
+        std::vector<uint8_t> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+        std::vector<float> am(static_cast<size_t>(blocks)), av(static_cast<size_t>(blocks));
+        quantize_layout(L, m0, true, m, am);
+        quantize_layout(L, v0, false, v, av);
+        const std::vector<uint8_t> m_start = m;
+        const std::vector<float> am_start = am;
+        const std::vector<float> m_hat = dequantize_layout(L, m, am, true);
+        std::vector<float> w_ref = w0, R_ref = R0, m_ref = m_hat,
+                           v_ref = dequantize_layout(L, v, av, false);
+        const AdamArgs a = step_args(4);
+        grass::ops::lowrank_adam_update(w_ref.data(), R_ref.data(), m_ref.data(), v_ref.data(), P.data(),
+                                        out, in, r, rows, 0.25, max_rms, a);
+        std::vector<float> w = w0, R = R0;
+        const Quant8Moments q{.m = m.data(), .v = v.data(), .absmax_m = am.data(), .absmax_v = av.data(),
+                              .block = block};
+        grass::ops::lowrank_adam_update_q8(w.data(), R.data(), q, by_columns, P.data(), out, in, r, rows,
+                                           0.25, max_rms, a);
+        // the direction and the update: the fp32 step's to rounding
+        double err = 0, norm = 0;
+        for (size_t i = 0; i < w.size(); i++) {
+          err += std::pow(double(w[i]) - w_ref[i], 2);
+          norm += std::pow(double(w_ref[i]) - w0[i] * (1 - 1e-4), 2);
+        }
+        CHECK(std::sqrt(err / norm) <= 1e-5);
+        // each direction element to a few ulps of its terms (β1·m̂ and (1 − β1)·g may cancel)
+        const grass::AdamScalars sc = grass::adam_scalars(a);
+        int64_t r_off = 0;
+        for (size_t i = 0; i < R.size(); i++) {
+          const double terms = sc.beta1 * std::fabs(m_hat[i]) + sc.one_minus_beta1 * std::fabs(R0[i] * a.grad_scale);
+          const double tol = 8 * std::numeric_limits<float>::epsilon() *
+                             (std::fabs(R_ref[i]) + terms / (std::sqrt(v_ref[i]) + sc.eps));
+          r_off += std::fabs(double(R[i]) - R_ref[i]) > tol;
+        }
+        CHECK(r_off == 0);
+        std::vector<uint8_t> want_m(static_cast<size_t>(n)), want_v(static_cast<size_t>(n));
+        std::vector<float> want_am(static_cast<size_t>(blocks)), want_av(static_cast<size_t>(blocks));
+        quantize_layout(L, m_ref, true, want_m, want_am);
+        quantize_layout(L, v_ref, false, want_v, want_av);
+        int64_t differ = 0, far = 0;
+        for (int64_t i = 0; i < n; i++) {
+          differ += (m[size_t(i)] != want_m[size_t(i)]) + (v[size_t(i)] != want_v[size_t(i)]);
+          far += std::abs(m[size_t(i)] - want_m[size_t(i)]) > 1 || std::abs(v[size_t(i)] - want_v[size_t(i)]) > 1;
+        }
+        CHECK(far == 0);
+        CHECK(differ <= 2 * n / 200);
+        for (int64_t b = 0; b < blocks; b++) CHECK(am[size_t(b)] == Approx(want_am[size_t(b)]).epsilon(1e-5));
+
+        // FLORA's transfer from the starting codes: the fp32 transfer of the decoded m, requantized
+        if (max_rms == 0) continue;
+        std::vector<float> P_new = heavy(rng, int64_t(side) * r, 0.3f);
+        std::vector<float> scratch(size_t(r) * r + 2 * size_t(n), std::numeric_limits<float>::quiet_NaN());
+        std::vector<float> moved = dequantize_layout(L, m_start, am_start, true);
+        std::vector<float> ref_scratch(size_t(r) * r + size_t(n));
+        grass::ops::flora_transfer(moved.data(), ref_scratch.data(), P.data(), P_new.data(), out, in, r, rows);
+        std::vector<uint8_t> tm = m_start;
+        std::vector<float> tam = am_start;
+        grass::ops::flora_transfer_q8({.m = tm.data(), .v = v.data(), .absmax_m = tam.data(),
+                                       .absmax_v = av.data(), .block = block},
+                                      by_columns, scratch.data(), P.data(), P_new.data(), out, in, r, rows);
+        std::vector<uint8_t> want(static_cast<size_t>(n));
+        std::vector<float> want_absmax(static_cast<size_t>(blocks));
+        quantize_layout(L, moved, true, want, want_absmax);
+        CHECK(tm == want);
+        CHECK(tam == want_absmax);
+        CHECK(tm != m_start);
+      }
 }

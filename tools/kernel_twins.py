@@ -19,6 +19,7 @@ INFRASTRUCTURE = {
     "cpu": {
         "cpu_backend.cpp": "CpuBackend: calls the ops, rounds what the GPU stores in bf16",
         "blas.h": "one name for sgemm and dgemm, which the ops share",
+        "quant8_step.h": "the 8-bit optimizer steps' dequantize-step-requantize loop",
     },
     "cuda": {
         "cuda_backend.cu": "CudaBackend: memory, workspace, and the calls into the kernels",
@@ -33,6 +34,7 @@ INFRASTRUCTURE = {
         "nccl_communicator.h": "the data-parallel sums over NCCL",
         "gemm.cu": "the cuBLASLt GEMM every product goes through (the CPU's is BLAS)",
         "gemm.cuh": "the cuBLASLt GEMM every product goes through",
+        "quant8.cuh": "the 8-bit optimizer steps' dequantize-step-requantize block",
     },
 }
 OP_EXTENSION = {"cpu": ".cpp", "cuda": ".cu"}

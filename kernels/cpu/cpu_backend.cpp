@@ -261,6 +261,21 @@ class CpuBackend final : public Backend {
       ops::stochastic_round_to_bf16(f(m), int64_t(p.r) * (p.rows ? p.in : p.out),
                                     rounding_stream_seed(seed, 0, kRoundFirstMoment));
   }
+  void flora_transfer_q8(const Quant8Moments& q, bool by_columns, float* scratch,
+                         const float* P_old, const LowRankProjection& p) override {
+    ops::flora_transfer_q8(q, by_columns, scratch, P_old, p.P, p.out, p.in, p.r, p.rows);
+  }
+  void lowrank_adam_update_q8(WeightRef weight, void* R, const Quant8Moments& q, bool by_columns,
+                              void*, const LowRankProjection& p, double alpha, double max_rms,
+                              const AdamArgs& a, uint64_t seed) override {
+    float* w = weight.master ? weight.master : f(weight.weights);
+    ops::lowrank_adam_update_q8(w, f(R), q, by_columns, p.P, p.out, p.in, p.r, p.rows, alpha,
+                                max_rms, a);
+    const int64_t numel = int64_t(p.out) * p.in;
+    if (weight.master) round_from_master(f(weight.weights), weight.master, numel);
+    if (storage_.pure_bf16())
+      ops::stochastic_round_to_bf16(w, numel, rounding_stream_seed(seed, a.step, kRoundWeight));
+  }
   void lowrank_adam_update(WeightRef weight, void* R, void* m, void* v, void*,
                            const LowRankProjection& p, double alpha, double max_rms,
                            const AdamArgs& a, uint64_t seed) override {

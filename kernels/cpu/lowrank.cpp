@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/quant8_step.h"
 #include "kernels/lowrank_ops.h"
 #include "src/core/error.h"
 #include "src/core/rng.h"
@@ -74,6 +75,22 @@ double update_rms_factor(const T* N, int64_t n, const AdamScalars& s, double max
   return rms > max_rms ? max_rms / rms : 1.0;
 }
 
+// After the direction N is in R: w = (w - step_size·alpha·back(N))·decay as one GEMM,
+// galore_torch's update followed by its decay, with the decay folded into the GEMM's beta so w
+// is read and written once.
+template <typename T>
+void apply_direction(T* w, const T* R, const T* P, int out, int in, int r, bool rows, double alpha,
+                     double max_rms, const AdamScalars& s) {
+  const int64_t n = int64_t(r) * (rows ? in : out);
+  const double step_size = s.lr * s.bias_correction2_sqrt / s.bias_correction1;
+  const double decay = s.decay;
+  const T scale = T(-step_size * alpha * decay * update_rms_factor(R, n, s, max_rms));
+  if (rows)  // back(N) = P[out, r] · N[r, in]
+    cpu::gemm(false, false, out, in, r, scale, P, r, R, in, T(decay), w, in);
+  else  // back(N) = N[out, r] · P[in, r]ᵀ
+    cpu::gemm(false, true, out, in, r, scale, R, r, P, r, T(decay), w, in);
+}
+
 }  // namespace
 
 template <typename T>
@@ -95,15 +112,34 @@ void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, in
     v[i] = vi;
     R[i] = mi / (std::sqrt(vi) + e);
   }
-  // 2. w = (w - step_size·alpha·back(N))·decay as one GEMM: galore_torch's update followed by its
-  //    decay, with the decay folded into the GEMM's beta so w is read and written once.
-  const double step_size = s.lr * s.bias_correction2_sqrt / s.bias_correction1;
-  const double decay = s.decay;
-  const T scale = T(-step_size * alpha * decay * update_rms_factor(R, n, s, max_rms));
-  if (rows)  // back(N) = P[out, r] · N[r, in]
-    cpu::gemm(false, false, out, in, r, scale, P, r, R, in, T(decay), w, in);
-  else  // back(N) = N[out, r] · P[in, r]ᵀ
-    cpu::gemm(false, true, out, in, r, scale, R, r, P, r, T(decay), w, in);
+  // 2. The back-projected update and the decay.
+  apply_direction(w, R, P, out, in, r, rows, alpha, max_rms, s);
+}
+
+void lowrank_adam_update_q8(float* w, float* R, const Quant8Moments& q, bool by_columns,
+                            const float* P, int out, int in, int r, bool rows, double alpha,
+                            double max_rms, const AdamArgs& a) {
+  const AdamScalars s = adam_scalars(a);
+  const float b1 = float(s.beta1), b2 = float(s.beta2), c1 = float(s.one_minus_beta1),
+              c2 = float(s.one_minus_beta2), gs = float(host_grad_scale(a)), e = float(s.eps);
+  quant8_adam_blocks(projected_quant8_layout(out, in, r, rows, q.block, by_columns), q,
+                     [&](int64_t i, float& m, float& v) {
+                       const float g = R[i] * gs;
+                       m = b1 * m + c1 * g;
+                       v = b2 * v + c2 * g * g;
+                       R[i] = m / (std::sqrt(v) + e);
+                       if (!std::isfinite(g) || !std::isfinite(v)) m = v = R[i] = 0.0f;
+                     });
+  apply_direction(w, R, P, out, in, r, rows, alpha, max_rms, s);
+}
+
+void flora_transfer_q8(const Quant8Moments& q, bool by_columns, float* scratch,
+                       const float* P_old, const float* P_new, int out, int in, int r, bool rows) {
+  const Quant8Layout layout = projected_quant8_layout(out, in, r, rows, q.block, by_columns);
+  float* m = scratch + int64_t(r) * r + layout.rows * layout.cols;  // after flora_transfer's own
+  dequantize_layout(quant8_map(true), q.m, q.absmax_m, layout, m);
+  flora_transfer(m, scratch, P_old, P_new, out, in, r, rows);
+  quantize_layout(quant8_map(true), m, layout, q.m, q.absmax_m);
 }
 
 #define INSTANTIATE(T)                                                                         \

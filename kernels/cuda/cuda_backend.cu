@@ -455,6 +455,19 @@ class CudaBackend final : public Backend {
     const GradType state_type = storage_.state_bytes == 2 ? GradType::BF16 : GradType::F32;
     cuda::flora_transfer(ctx_, m, state_type, scratch, P_old, p.P, p.out, p.in, p.r, p.rows, seed);
   }
+  void flora_transfer_q8(const Quant8Moments& q, bool by_columns, float* scratch,
+                         const float* P_old, const LowRankProjection& p) override {
+    cuda::flora_transfer_q8(ctx_, q, by_columns, scratch, P_old, p.P, p.out, p.in, p.r, p.rows);
+  }
+  void lowrank_adam_update_q8(WeightRef w, void* R, const Quant8Moments& q, bool by_columns,
+                              void* workspace, const LowRankProjection& p, double alpha,
+                              double max_rms, const AdamArgs& a, uint64_t seed) override {
+    cuda::lowrank_adam_update_q8(ctx_, b(w.weights), w.master, R, q, by_columns, workspace,
+                                 lowrank_workspace_bytes(storage_, p.out, p.in, p.r),
+                                 static_cast<double*>(scratch_.reduce), p.P, p.out, p.in, p.r,
+                                 p.rows, alpha, max_rms, a, seed);
+    poison(scratch_.reduce, scratch_bytes_.reduce_bytes);
+  }
   void lowrank_adam_update(WeightRef w, void* R, void* m, void* v, void* workspace,
                            const LowRankProjection& p, double alpha, double max_rms,
                            const AdamArgs& a, uint64_t seed) override {

@@ -295,6 +295,16 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
                          void* v, void* workspace, int64_t workspace_bytes, double* reduce_scratch,
                          const float* P, int out, int in, int r, bool rows, double alpha,
                          double max_rms, const AdamArgs& a, uint64_t seed);
+// The same with 8-bit moments (ops::lowrank_adam_update_q8), blocked flat or down R's columns.
+void lowrank_adam_update_q8(const Context& ctx, bf16* param, float* master, const void* R,
+                            const Quant8Moments& q, bool by_columns, void* workspace,
+                            int64_t workspace_bytes, double* reduce_scratch, const float* P,
+                            int out, int in, int r, bool rows, double alpha, double max_rms,
+                            const AdamArgs& a, uint64_t seed);
+// FLORA's transfer of an 8-bit m (ops::flora_transfer_q8): decoded, carried through C in fp32,
+// requantized; scratch fp32 [r·r + 2·numel(m)].
+void flora_transfer_q8(const Context& ctx, const Quant8Moments& q, bool by_columns, float* scratch,
+                       const float* P_old, const float* P_new, int out, int in, int r, bool rows);
 
 // ---- 8-bit blockwise quantization (kernels/cuda/quant8.cu; the format: kernels/quant8.h) --------
 // ops::quantize_blockwise and ops::dequantize_blockwise on device memory, code for code the CPU's.
@@ -302,6 +312,11 @@ void quantize_blockwise(const Context& ctx, const Quant8Map& map, const float* x
                         int block, uint8_t* codes, float* absmax);
 void dequantize_blockwise(const Context& ctx, const Quant8Map& map, const uint8_t* codes,
                           const float* absmax, int64_t n, int block, float* x);
+// ops::quantize_layout and ops::dequantize_layout: the blocks of any Quant8Layout.
+void quantize_layout(const Context& ctx, const Quant8Map& map, const float* x,
+                     const Quant8Layout& layout, uint8_t* codes, float* absmax);
+void dequantize_layout(const Context& ctx, const Quant8Map& map, const uint8_t* codes,
+                       const float* absmax, const Quant8Layout& layout, float* x);
 
 // ---- GaLore's randomized refresh (kernels/cuda/galore_basis.cu) ------------------------------
 // ops::galore_basis_randomized on the device: fp32 GEMMs (gemm_f32), cuSOLVER's QR (geqrf, orgqr)

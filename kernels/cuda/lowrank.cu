@@ -23,6 +23,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/quant8.cuh"
 #include "src/core/error.h"
 #include "src/core/rng.h"
 
@@ -150,6 +151,25 @@ __global__ void lowrank_adam_direction(bf16* direction, const S* R, S* m, S* v, 
   direction[idx] = __float2bfloat16_rn(k.scale * (mi / (sqrtf(vi) + k.eps)));
 }
 
+// The same from 8-bit moments (kernels/cuda/quant8.cuh): a non-finite g leaves a zero direction
+// and zero moments. S: R's storage.
+template <typename S>
+__global__ void lowrank_adam_direction_q8(bf16* direction, const S* R, Quant8Moments q,
+                                          Quant8Layout layout, LowRankStep k,
+                                          const Quant8Map map_m, const Quant8Map map_v) {
+  __shared__ Quant8Shared sh;
+  load_quant8_maps(sh, map_m, map_v);
+  for (int64_t b = blockIdx.x; b < layout.blocks(); b += gridDim.x)
+    quant8_adam_block(layout, b, q, sh, [&](int64_t i, float& m, float& v) {
+      const float g = to_f32(R[i]) * float(grad_scale_of(k.grad_scale, k.clip));
+      m = k.beta1 * m + k.one_minus_beta1 * g;
+      v = k.beta2 * v + k.one_minus_beta2 * g * g;
+      float d = k.scale * (m / (sqrtf(v) + k.eps));
+      if (!quant8_finite(g) || !quant8_finite(v)) m = v = d = 0.0f;
+      direction[i] = __float2bfloat16_rn(d);
+    });
+}
+
 // The update's RMS bound on the direction d[n] = scale·N (scale < 0 or = 0): with *sum_squares =
 // Σ d², RMS(d) = sqrt(Σ d² / n) against limit = max_rms·|scale|·(1-b1^t)/sqrt(1-b2^t), the bound on
 // RMS(N̂) carried to d; d *= limit / RMS(d) where it exceeds the limit, so a bf16 d is rounded
@@ -254,20 +274,10 @@ void flora_transfer(const Context& ctx, void* m, GradType stype, float* scratch,
   GRASS_LAUNCH_CHECK();
 }
 
-void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const void* R, void* m,
-                         void* v, void* workspace, int64_t workspace_bytes, double* reduce_scratch,
-                         const float* P, int out, int in, int r, bool rows, double alpha,
-                         double max_rms, const AdamArgs& a, uint64_t seed) {
-  GRASS_CHECK(a.step >= 1, "lowrank_adam_update: step counts from 1");
-  GRASS_CHECK(r >= 1 && out >= 1 && in >= 1, "lowrank_adam_update: bad shape");
-  const Workspace ws = carve(workspace, workspace_bytes, out, in, r);
-  GRASS_CHECK(master || ws.update_rows >= 1,
-              "lowrank_adam_update: pure bf16 needs the workspace's fp32 back-projection rows");
-  const bool pure = master == nullptr;
-  const int side = rows ? out : in;
-  const int64_t n = int64_t(r) * (rows ? in : out);  // numel(R) = numel(m) = numel(v)
+namespace {
 
-  // The scalars as ops::lowrank_adam_update computes them (double, then narrowed).
+// The scalars as ops::lowrank_adam_update computes them (double, then narrowed).
+LowRankStep lowrank_step(const AdamArgs& a, double alpha, uint64_t seed) {
   const AdamScalars s = adam_scalars(a);
   const double step_size = s.lr * s.bias_correction2_sqrt / s.bias_correction1;
   LowRankStep k;
@@ -283,21 +293,21 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
   k.seed_param = rounding_stream_seed(seed, a.step, kRoundWeight);
   k.seed_m = rounding_stream_seed(seed, a.step, kRoundFirstMoment);
   k.seed_v = rounding_stream_seed(seed, a.step, kRoundSecondMoment);
+  return k;
+}
 
-  // 1. Adam on R; the scaled direction goes to the workspace as bf16 [r, in] or [out, r].
-  if (pure)
-    lowrank_adam_direction<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
-        ws.direction, static_cast<const bf16*>(R), static_cast<bf16*>(m), static_cast<bf16*>(v),
-        n, k);
-  else
-    lowrank_adam_direction<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
-        ws.direction, static_cast<const float*>(R), static_cast<float*>(m),
-        static_cast<float*>(v), n, k);
-  GRASS_LAUNCH_CHECK();
+// After the direction: its RMS bound (max_rms > 0) and the back-projection into the weight.
+void apply_direction(const Context& ctx, const Workspace& ws, const LowRankStep& k, bf16* param,
+                     float* master, double* reduce_scratch, const float* P, int out, int in, int r,
+                     bool rows, double alpha, double max_rms, const AdamArgs& a) {
+  const int side = rows ? out : in;
+  const int64_t n = int64_t(r) * (rows ? in : out);
   if (max_rms > 0) {  // the RMS bound, on the device: Σ d², then d scaled where it exceeds
     GRASS_CHECK(reduce_scratch != nullptr, "lowrank_adam_update: the RMS bound needs reduce_scratch");
     GRASS_CUDA_CHECK(cudaMemsetAsync(ws.sum_squares, 0, sizeof(double), ctx.stream));
     sum_squares(ctx, ws.sum_squares, ws.direction, GradType::BF16, n, reduce_scratch);
+    const AdamScalars s = adam_scalars(a);
+    const double step_size = s.lr * s.bias_correction2_sqrt / s.bias_correction1;
     const double limit = max_rms * std::abs(step_size * alpha * s.decay) * s.bias_correction1 /
                          s.bias_correction2_sqrt;
     bound_direction_rms<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
@@ -306,15 +316,15 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
   }
   write_Pt(ctx, ws.Pt, P, side, r);  // Pt bf16 [r, side]
 
-  if (!pure) {
-    // 2. master[out, in] = decay·master + back(direction): one GEMM with β = decay, then the bf16
-    //    compute copy param[out, in] = round-to-nearest(master).
+  if (master) {
+    // master[out, in] = decay·master + back(direction): one GEMM with β = decay, then the bf16
+    // compute copy param[out, in] = round-to-nearest(master).
     back_project(ctx, master, CUDA_R_32F, k.decay, ws.Pt, ws.direction, 0, out, out, in, r, rows);
     f32_to_bf16(ctx, param, master, int64_t(out) * in);
     return;
   }
-  // 2. Pure bf16, chunks of whole rows: update[rows_c, in] = back(direction) rows [o0, o0+rows_c)
-  //    in fp32, then param = SR(decay·param + update).
+  // Pure bf16, chunks of whole rows: update[rows_c, in] = back(direction) rows [o0, o0+rows_c)
+  // in fp32, then param = SR(decay·param + update).
   for (int64_t o0 = 0; o0 < out; o0 += ws.update_rows) {
     const int64_t rows_c = std::min<int64_t>(ws.update_rows, out - o0);
     back_project(ctx, ws.update, CUDA_R_32F, 0.0f, ws.Pt, ws.direction, o0, rows_c, out, in, r,
@@ -324,6 +334,77 @@ void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const v
         param, ws.update, o0 * in, chunk, k.decay, k.seed_param);
     GRASS_LAUNCH_CHECK();
   }
+}
+
+}  // namespace
+
+void lowrank_adam_update(const Context& ctx, bf16* param, float* master, const void* R, void* m,
+                         void* v, void* workspace, int64_t workspace_bytes, double* reduce_scratch,
+                         const float* P, int out, int in, int r, bool rows, double alpha,
+                         double max_rms, const AdamArgs& a, uint64_t seed) {
+  GRASS_CHECK(a.step >= 1, "lowrank_adam_update: step counts from 1");
+  GRASS_CHECK(r >= 1 && out >= 1 && in >= 1, "lowrank_adam_update: bad shape");
+  const Workspace ws = carve(workspace, workspace_bytes, out, in, r);
+  GRASS_CHECK(master || ws.update_rows >= 1,
+              "lowrank_adam_update: pure bf16 needs the workspace's fp32 back-projection rows");
+  const int64_t n = int64_t(r) * (rows ? in : out);  // numel(R) = numel(m) = numel(v)
+  const LowRankStep k = lowrank_step(a, alpha, seed);
+  // Adam on R; the scaled direction goes to the workspace as bf16 [r, in] or [out, r].
+  if (!master)
+    lowrank_adam_direction<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
+        ws.direction, static_cast<const bf16*>(R), static_cast<bf16*>(m), static_cast<bf16*>(v),
+        n, k);
+  else
+    lowrank_adam_direction<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(
+        ws.direction, static_cast<const float*>(R), static_cast<float*>(m),
+        static_cast<float*>(v), n, k);
+  GRASS_LAUNCH_CHECK();
+  apply_direction(ctx, ws, k, param, master, reduce_scratch, P, out, in, r, rows, alpha, max_rms, a);
+}
+
+void lowrank_adam_update_q8(const Context& ctx, bf16* param, float* master, const void* R,
+                            const Quant8Moments& q, bool by_columns, void* workspace,
+                            int64_t workspace_bytes, double* reduce_scratch, const float* P,
+                            int out, int in, int r, bool rows, double alpha, double max_rms,
+                            const AdamArgs& a, uint64_t seed) {
+  GRASS_CHECK(a.step >= 1, "lowrank_adam_update_q8: step counts from 1");
+  GRASS_CHECK(r >= 1 && out >= 1 && in >= 1, "lowrank_adam_update_q8: bad shape");
+  GRASS_CHECK(q.block >= 1 && q.block <= kQuant8PerThread * kQuant8Threads,
+              "lowrank_adam_update_q8: a quantization block of more than 4096 elements");
+  const Workspace ws = carve(workspace, workspace_bytes, out, in, r);
+  GRASS_CHECK(master || ws.update_rows >= 1,
+              "lowrank_adam_update_q8: pure bf16 needs the workspace's fp32 back-projection rows");
+  const LowRankStep k = lowrank_step(a, alpha, seed);
+  const Quant8Layout layout = projected_quant8_layout(out, in, r, rows, q.block, by_columns);
+  const unsigned grid = unsigned(std::min(layout.blocks(), kQuant8MaxGrid));
+  if (!master)
+    lowrank_adam_direction_q8<<<grid, kQuant8Threads, 0, ctx.stream>>>(
+        ws.direction, static_cast<const bf16*>(R), q, layout, k, quant8_map(true), quant8_map(false));
+  else
+    lowrank_adam_direction_q8<<<grid, kQuant8Threads, 0, ctx.stream>>>(
+        ws.direction, static_cast<const float*>(R), q, layout, k, quant8_map(true),
+        quant8_map(false));
+  GRASS_LAUNCH_CHECK();
+  apply_direction(ctx, ws, k, param, master, reduce_scratch, P, out, in, r, rows, alpha, max_rms, a);
+}
+
+void flora_transfer_q8(const Context& ctx, const Quant8Moments& q, bool by_columns, float* scratch,
+                       const float* P_old, const float* P_new, int out, int in, int r, bool rows) {
+  GRASS_CHECK(r >= 1 && out >= 1 && in >= 1, "flora_transfer_q8: bad shape");
+  const int side = rows ? out : in;
+  const int64_t n = int64_t(r) * (rows ? in : out);  // numel(m)
+  float* C = scratch;                                 // [r, r]
+  float* copy = scratch + int64_t(r) * r;             // m's old value, decoded
+  float* moved = copy + n;                            // the transferred m, before requantizing
+  const Quant8Layout layout = projected_quant8_layout(out, in, r, rows, q.block, by_columns);
+  projection_gram<<<grid_for(int64_t(r) * r, kThreads), kThreads, 0, ctx.stream>>>(C, P_old, P_new,
+                                                                                   side, r);
+  GRASS_LAUNCH_CHECK();
+  dequantize_layout(ctx, quant8_map(true), q.m, q.absmax_m, layout, copy);
+  transfer_moment<<<grid_for(n, kThreads), kThreads, 0, ctx.stream>>>(moved, C, copy, out, in, r,
+                                                                      rows, 0);
+  GRASS_LAUNCH_CHECK();
+  quantize_layout(ctx, quant8_map(true), moved, layout, q.m, q.absmax_m);
 }
 
 }  // namespace grass::cuda

@@ -25,10 +25,7 @@ enum class StateDtype { Auto, Fp32, Bf16, Q8 };
 // optimizer.state_blocking, how q8 cuts a projected state into blocks (kernels/quant8.h):
 // "flat" (bitsandbytes' runs of the flat array) | "feature" (down one input feature's entries).
 enum class StateBlocking { Flat, Feature };
-// The optimizers whose moments can be q8 so far (GaLore's and FLORA's projected moments: not yet).
-inline bool has_q8_states(OptimizerKind kind) {
-  return kind == OptimizerKind::AdamW || kind == OptimizerKind::Grass;
-}
+
 // The linear layers of a LLaMA layer that a projected optimizer can train.
 enum class ProjectionTarget { Q, K, V, O, Gate, Up, Down };
 // precision: "auto" (bf16-mixed on a GPU, fp32 on the CPU) | "fp32" | "bf16-mixed" | "bf16"; the

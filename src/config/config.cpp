@@ -394,10 +394,6 @@ void read_proximal(const ObjectReader& optimizer, const OptimizerConfig& o, Prox
 // resolution's question (train/run_resolution.cpp), which knows the precision "auto" becomes.
 void read_state_dtype(const ObjectReader& obj, OptimizerConfig& o) {
   o.state_dtype = read_enum(obj, "state_dtype", "state_dtype", o.state_dtype);
-  if (o.state_dtype == StateDtype::Q8 && !has_q8_states(o.kind))
-    obj.at("state_dtype")
-        .fail("q8 states are built for adamw and grass so far; " + std::string(name_of(o.kind)) +
-              "'s projected moments are not yet (issue 27)");
   for (const char* key : {"state_block", "state_blocking"})
     if (obj.find(key) && o.state_dtype != StateDtype::Q8)
       obj.at(key).fail("only q8 states (state_dtype \"q8\") have blocks");

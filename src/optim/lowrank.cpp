@@ -31,10 +31,21 @@ LowRankOptimizer::LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model
     t.hf_side = int(p.hf_shape[t.rows ? 0 : 1]);
     GRASS_CHECK(rank_ <= t.hf_side, "rank exceeds the projected side of " + p.name);
     t.r_numel = int64_t(rank_) * (t.rows ? t.in : t.out);
-    t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + "." + name + ".m",
-                            t.r_numel * storage.state_bytes);
-    t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + "." + name + ".v",
-                            t.r_numel * storage.state_bytes);
+    if (cfg.state_dtype == StateDtype::Q8 && p.numel >= kQuant8MinElements) {
+      const int64_t blocks =
+          projected_quant8_layout(t.out, t.in, rank_, t.rows, cfg.state_block,
+                                  cfg.state_blocking == StateBlocking::Feature)
+              .blocks();
+      t.m = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + "." + name + ".m_q8", t.r_numel);
+      t.v = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + "." + name + ".v_q8", t.r_numel);
+      t.absmax_m = arena.alloc<float>(MemCategory::Optimizer, p.name + "." + name + ".m_absmax", blocks);
+      t.absmax_v = arena.alloc<float>(MemCategory::Optimizer, p.name + "." + name + ".v_absmax", blocks);
+    } else {
+      t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + "." + name + ".m",
+                              t.r_numel * storage.state_bytes);
+      t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + "." + name + ".v",
+                              t.r_numel * storage.state_bytes);
+    }
     largest = std::max(largest, p.numel);
     workspace = std::max(workspace, lowrank_workspace_bytes(storage, t.out, t.in, rank_));
     target_of_tensor_[i] = int(targets_.size());
@@ -81,6 +92,12 @@ void LowRankOptimizer::update(int tensor, void* R, const double* clip, double lr
   const uint64_t seed =
       derive_seed(derive_seed(cfg_.projection.seed ^ 0x10a7, uint64_t(step_)), t.tensor_index);
   const AdamArgs args = adam_args(cfg_, clip, lr, cfg_.weight_decay, t.adam_step);
+  if (t.absmax_m) {
+    backend_.lowrank_adam_update_q8(model_.weight_ref(p), R, quant8_moments(t), quant8_by_feature(),
+                                    workspace_, view(k, projection(k)), cfg_.projection.scale,
+                                    max_update_rms(), args, seed);
+    return;
+  }
   backend_.lowrank_adam_update(model_.weight_ref(p), R, t.m, t.v, workspace_,
                                view(k, projection(k)), cfg_.projection.scale, max_update_rms(),
                                args, seed);
@@ -192,8 +209,10 @@ Flora::Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
   }
   P_ = arena.alloc<float>(MemCategory::Workspace, "flora.projection", largest_P);
   P_old_ = arena.alloc<float>(MemCategory::Workspace, "flora.previous_projection", largest_P);
+  // C, a copy of m and, for 8-bit moments, m decoded (flora_transfer_q8)
+  const bool q8 = std::any_of(targets_.begin(), targets_.end(), [](const Target& t) { return t.absmax_m; });
   transfer_ = arena.alloc<float>(MemCategory::Workspace, "flora.transfer",
-                                 int64_t(rank_) * rank_ + largest_R);
+                                 int64_t(rank_) * rank_ + (q8 ? 2 : 1) * largest_R);
 }
 
 void Flora::generate(float* P, size_t k, int64_t refresh) {
@@ -221,7 +240,11 @@ void Flora::begin_step(int64_t step) {
     generate(P_old_, k, refresh - 1);
     const uint64_t seed =
         derive_seed(derive_seed(cfg_.projection.seed ^ 0x7a45, uint64_t(step)), targets_[k].tensor_index);
-    backend_.flora_transfer(targets_[k].m, transfer_, P_old_, view(k, projection(k)), seed);
+    if (targets_[k].absmax_m)
+      backend_.flora_transfer_q8(quant8_moments(targets_[k]), quant8_by_feature(), transfer_, P_old_,
+                                 view(k, projection(k)));
+    else
+      backend_.flora_transfer(targets_[k].m, transfer_, P_old_, view(k, projection(k)), seed);
   }
 }
 

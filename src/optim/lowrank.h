@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/quant8.h"
 #include "src/config/config.h"
 #include "src/core/arena.h"
 #include "src/dist/communicator.h"
@@ -39,12 +40,20 @@ class LowRankOptimizer : public Optimizer {
     int hf_side;        // the side without a padded ffn's pad: P's rows beyond it are zero, so
                         // the update never reaches the pad
     int64_t r_numel;    // r·in or out·r
-    void* m;            // Adam moments, shaped like R (state-typed)
+    void* m;            // Adam moments, shaped like R (state-typed, or 8-bit codes with q8)
     void* v;
+    float* absmax_m = nullptr;  // q8 (a weight of at least kQuant8MinElements): the blocks'
+    float* absmax_v = nullptr;  // absmax; null otherwise
     int64_t adam_step = 0;  // updates so far; never reset (both references keep it)
   };
   const std::vector<Target>& targets() const { return targets_; }
   const Target& target_of(int tensor) const;
+  // Target t's 8-bit moments (t.absmax_m set).
+  Quant8Moments quant8_moments(const Target& t) const {
+    return {.m = static_cast<uint8_t*>(t.m), .v = static_cast<uint8_t*>(t.v),
+            .absmax_m = t.absmax_m, .absmax_v = t.absmax_v, .block = cfg_.state_block};
+  }
+  bool quant8_by_feature() const { return cfg_.state_blocking == StateBlocking::Feature; }
 
  protected:
   // Allocates every target's moments and the workspaces; full_gradients: the transient buffer

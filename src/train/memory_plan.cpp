@@ -116,8 +116,7 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   // The run's optimizer first, then every other one on the same model, batch and rank.
   std::vector<RunConfig> configs = {cfg};
   for (const ChoiceName<OptimizerKind>& c : choice_names<OptimizerKind>()) {
-    if (c.value == cfg.optimizer.kind || (is_projected(c.value) && !rank_fits(cfg, c.value)) ||
-        (cfg.optimizer.state_dtype == StateDtype::Q8 && !has_q8_states(c.value)))
+    if (c.value == cfg.optimizer.kind || (is_projected(c.value) && !rank_fits(cfg, c.value)))
       continue;
     configs.push_back(cfg);
     configs.back().optimizer.kind = c.value;
@@ -138,7 +137,7 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
          "\n";
   if (cfg.optimizer.state_dtype == StateDtype::Q8)
     out += "states  " + state_format(cfg.optimizer, storage) +
-           ", for every optimizer below (galore and flora have no q8 states yet)\n";
+           ", for every optimizer below\n";
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   out += std::string("memory  activations ") +
          (memory.checkpoint_layers ? "checkpointed per layer" : "kept for the backward") +
