@@ -40,6 +40,19 @@ GRASS_ADAM_FN double grad_scale_of(double grad_scale, const double* clip) {
 // The same on the host, where clip is host memory (the CPU backend).
 inline double host_grad_scale(const AdamArgs& a) { return grad_scale_of(a.grad_scale, a.clip); }
 
+// The Adam arguments as the AdamW and GRASS kernels take them, and their 8-bit CPU twins: every
+// scalar narrowed to fp32 first (adam_scalars() then derives the step-dependent ones from these
+// in double).
+inline AdamArgs narrowed_to_f32(const AdamArgs& a) {
+  AdamArgs narrowed = a;
+  narrowed.lr = float(a.lr);
+  narrowed.beta1 = float(a.beta1);
+  narrowed.beta2 = float(a.beta2);
+  narrowed.eps = float(a.eps);
+  narrowed.weight_decay = float(a.weight_decay);
+  return narrowed;
+}
+
 // The scalars of one Adam step, derived from AdamArgs in double by adam_scalars(), the one place
 // that says how. Every update op (AdamW, GRASS, GaLore and FLORA; the CPU's loops and the host code
 // that fills the CUDA kernels' parameters) narrows to its arithmetic's precision only what it reads,

@@ -76,6 +76,15 @@ inline const Quant8Map& quant8_map(bool is_signed) {
   return is_signed ? signed_map : unsigned_map;
 }
 
+// One Adam moment update with every rounding written out (fmaf, so no compiler contracts it
+// differently on the CPU and the GPU): the 8-bit steps' new moments, and so their codes, are the
+// same bits on both.  m = β1·m + (1 − β1)·g,  v = β2·v + ((1 − β2)·g)·g.
+GRASS_HOST_DEVICE void adam_moments_rn(float& m, float& v, float g, float b1, float c1, float b2,
+                                       float c2) {
+  m = fmaf(b1, m, c1 * g);
+  v = fmaf(b2, v, (c2 * g) * g);
+}
+
 // bitsandbytes' min_8bit_size: a tensor with fewer elements keeps its moments unquantized (an
 // RMSNorm gain; its absmax would cost more than the codes save).
 constexpr int64_t kQuant8MinElements = 4096;

@@ -124,7 +124,8 @@ TEST_CASE("adamw q8: one step is the fp32 step on the decoded moments, requantiz
     const std::vector<float> p0 = s.p, m_hat = s.decoded(true);
     std::vector<float> p = s.p, m = m_hat, v = s.decoded(false);
     const AdamArgs a = step_args(5);
-    grass::ops::adamw_update(p.data(), s.g.data(), m.data(), v.data(), n, a);
+    // (the 8-bit steps take the GPU kernels' scalars, narrowed to fp32 first: so does the reference)
+    grass::ops::adamw_update(p.data(), s.g.data(), m.data(), v.data(), n, grass::narrowed_to_f32(a));
     grass::ops::adamw_update_q8(s.p.data(), s.g.data(), s.moments(), n, a);
 
     CHECK(weights_off(s.p, p, p0, m_hat, s.g, v, a) == 0);
@@ -247,7 +248,7 @@ TEST_CASE("adamw q8: the same bits on any thread count, and with the proximal an
   a.anchor = anchor.data();
   ref.anchor = ref_anchor.data();
   a.proximal_coef = ref.proximal_coef = 0.5;
-  grass::ops::adamw_update(p.data(), s.g.data(), m.data(), v.data(), s.n(), ref);
+  grass::ops::adamw_update(p.data(), s.g.data(), m.data(), v.data(), s.n(), grass::narrowed_to_f32(ref));
   grass::ops::adamw_update_q8(s.p.data(), s.g.data(), s.moments(), s.n(), a);
   for (size_t i = 0; i < g.size(); i++) g[i] += float(0.5 / a.grad_scale) * (start.p[i] - ref_anchor[i]);
   CHECK(weights_off(s.p, p, start.p, m_hat, g, v, a) == 0);
@@ -313,7 +314,7 @@ TEST_CASE("grass q8: one step is the fp32 step on the decoded moments, flat and 
         std::vector<float> w_ref = w0, m_ref = m_hat, v_ref = dequantize_layout(L, v, av, false), g_ref = gc;
         const AdamArgs a = step_args(3);
         grass::ops::grass_adam_update(w_ref.data(), g_ref.data(), m_ref.data(), v_ref.data(), sigma.data(),
-                                      scale.data(), out, in, r, rows, 0.25, a);
+                                      scale.data(), out, in, r, rows, 0.25, grass::narrowed_to_f32(a));
         std::vector<float> w = w0;
         grass::ops::grass_adam_update_q8(w.data(), gc.data(),
                                          {.m = m.data(), .v = v.data(), .absmax_m = am.data(),
@@ -411,13 +412,19 @@ TEST_CASE("galore and flora q8: the fp32 step on the decoded moments, and FLORA'
                               .block = block};
         grass::ops::lowrank_adam_update_q8(w.data(), R.data(), q, by_columns, P.data(), out, in, r, rows,
                                            0.25, max_rms, a);
-        // the direction and the update: the fp32 step's to rounding
-        double err = 0, norm = 0;
+        // the update: the fp32 step's, but for the direction's own rounding carried through the
+        // back-projection (a linear map of it; FLORA's bound scales both alike)
+        double err = 0, norm = 0, r_err = 0, r_norm = 0;
         for (size_t i = 0; i < w.size(); i++) {
           err += std::pow(double(w[i]) - w_ref[i], 2);
           norm += std::pow(double(w_ref[i]) - w0[i] * (1 - 1e-4), 2);
         }
-        CHECK(std::sqrt(err / norm) <= 1e-5);
+        for (size_t i = 0; i < R.size(); i++) {
+          r_err += std::pow(double(R[i]) - R_ref[i], 2);
+          r_norm += double(R_ref[i]) * R_ref[i];
+        }
+        INFO("update error " << std::sqrt(err / norm) << ", direction error " << std::sqrt(r_err / r_norm));
+        CHECK(std::sqrt(err / norm) <= 4 * std::sqrt(r_err / r_norm) + 1e-6);
         // each direction element to a few ulps of its terms (β1·m̂ and (1 − β1)·g may cancel)
         const grass::AdamScalars sc = grass::adam_scalars(a);
         int64_t r_off = 0;

@@ -48,7 +48,7 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a) {
 
 void adamw_update_q8(float* p, const float* g, const Quant8Moments& s, int64_t n,
                      const AdamArgs& a) {
-  const AdamScalars sc = adam_scalars<float>(a);
+  const AdamScalars sc = adam_scalars<float>(narrowed_to_f32(a));  // the GPU kernel's scalars
   const float b1 = float(sc.beta1), b2 = float(sc.beta2), c1 = float(sc.one_minus_beta1),
               c2 = float(sc.one_minus_beta2), decay = float(sc.decay),
               step_size = float(sc.lr / sc.bias_correction1),
@@ -56,13 +56,13 @@ void adamw_update_q8(float* p, const float* g, const Quant8Moments& s, int64_t n
               gs = float(host_grad_scale(a)), pc = float(a.proximal_coef);
   float* const anchor = static_cast<float*>(a.anchor);
   quant8_adam_blocks({.rows = 1, .cols = n, .block = s.block}, s, [&](int64_t i, float& m, float& v) {
+    // every rounding as the GPU's kernel writes it (adam_moments_rn), so the codes match
     float gi = g[i] * gs;
     if (anchor && a.anchor_reset) anchor[i] = p[i];
-    else if (anchor) gi += pc * (p[i] - anchor[i]);
-    m = b1 * m + c1 * gi;
-    v = b2 * v + c2 * gi * gi;
+    else if (anchor) gi = std::fma(pc, p[i] - anchor[i], gi);
+    adam_moments_rn(m, v, gi, b1, c1, b2, c2);
     if (std::isfinite(gi) && std::isfinite(v))
-      p[i] = p[i] * decay - step_size * m / (std::sqrt(v) / bc2_sqrt + e);
+      p[i] = std::fma(p[i], decay, -((step_size * m) / (std::sqrt(v) / bc2_sqrt + e)));
     else
       m = v = 0.0f;
   });

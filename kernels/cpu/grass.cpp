@@ -116,11 +116,11 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* s
 void grass_adam_update_q8(float* w, const float* gc, const Quant8Moments& s, bool by_columns,
                           const int32_t* sigma, const float* scale, int out, int in, int r,
                           bool rows, double alpha, const AdamArgs& a) {
-  const AdamScalars sc = adam_scalars<float>(a);
+  const AdamScalars sc = adam_scalars<float>(narrowed_to_f32(a));  // the GPU kernel's scalars
   const float b1 = float(sc.beta1), b2 = float(sc.beta2), c1 = float(sc.one_minus_beta1),
               c2 = float(sc.one_minus_beta2), gs = float(host_grad_scale(a)), e = float(sc.eps),
               bc1 = float(sc.bias_correction1), bc2_sqrt = float(sc.bias_correction2_sqrt),
-              decay = float(sc.decay), step_size = float(sc.lr * alpha),
+              decay = float(sc.decay), step_size = float(sc.lr * float(alpha)),
               pc = float(a.proximal_coef);
   const bool apply_decay = a.weight_decay > 0;
   float* const anchor = static_cast<float*>(a.anchor);
@@ -128,17 +128,17 @@ void grass_adam_update_q8(float* w, const float* gc, const Quant8Moments& s, boo
   quant8_adam_blocks(layout, s, [&](int64_t i, float& m, float& v) {
     const int64_t j = rows ? i / in : i % r, c = rows ? i % in : i / r;
     float& wi = w[rows ? sigma[j] * int64_t(in) + c : c * in + sigma[j]];
+    // every rounding as the GPU's kernel writes it (adam_moments_rn), so the codes match
     float g = gc[i] * gs;
     if (anchor && a.anchor_reset) anchor[i] = wi;
-    else if (anchor) g += pc * (wi - anchor[i]);
-    m = b1 * m + c1 * g;
-    v = b2 * v + c2 * g * g;
+    else if (anchor) g = std::fma(pc, wi - anchor[i], g);
+    adam_moments_rn(m, v, g, b1, c1, b2, c2);
     if (!std::isfinite(g) || !std::isfinite(v)) {
       m = v = 0.0f;
       return;
     }
     const float delta = (m / bc1) / (std::sqrt(v) / bc2_sqrt + e);
-    wi = (apply_decay ? wi * decay : wi) - (step_size * scale[j]) * delta;
+    wi = std::fma(-(step_size * scale[j]), delta, apply_decay ? wi * decay : wi);
   });
 }
 

@@ -125,8 +125,7 @@ void lowrank_adam_update_q8(float* w, float* R, const Quant8Moments& q, bool by_
   quant8_adam_blocks(projected_quant8_layout(out, in, r, rows, q.block, by_columns), q,
                      [&](int64_t i, float& m, float& v) {
                        const float g = R[i] * gs;
-                       m = b1 * m + c1 * g;
-                       v = b2 * v + c2 * g * g;
+                       adam_moments_rn(m, v, g, b1, c1, b2, c2);  // the GPU's bits
                        R[i] = m / (std::sqrt(v) + e);
                        if (!std::isfinite(g) || !std::isfinite(v)) m = v = R[i] = 0.0f;
                      });

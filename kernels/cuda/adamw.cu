@@ -92,7 +92,8 @@ __global__ void adamw_q8_kernel(bf16* param, float* master, const S* g, Quant8Mo
     quant8_adam_block(layout, b, s, sh, [&](int64_t i, float& m, float& v) {
       const float p0 = kPure ? __bfloat162float(param[i]) : master[i];
       const float gi = read_gradient<S>(k, to_f32(g[i]), p0, i);
-      float p = adam_step(k, p0, gi, m, v);
+      adam_moments_rn(m, v, gi, k.beta1, k.one_minus_beta1, k.beta2, k.one_minus_beta2);
+      float p = fmaf(p0, k.decay, -((k.step_size * m) / (sqrtf(v) / k.bc2_sqrt + k.eps)));
       if (!quant8_finite(gi) || !quant8_finite(v)) {
         p = p0;  // a non-finite gradient leaves the weight and zeroes the moments
         m = v = 0.0f;

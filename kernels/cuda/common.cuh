@@ -97,18 +97,6 @@ __device__ T block_sum(T v) {
   return total;
 }
 
-// The Adam arguments as the AdamW and GRASS kernels take them: every scalar narrowed to fp32 first
-// (adam_scalars() then derives the step-dependent ones from these in double).
-inline AdamArgs narrowed_to_f32(const AdamArgs& a) {
-  AdamArgs narrowed = a;
-  narrowed.lr = float(a.lr);
-  narrowed.beta1 = float(a.beta1);
-  narrowed.beta2 = float(a.beta2);
-  narrowed.eps = float(a.eps);
-  narrowed.weight_decay = float(a.weight_decay);
-  return narrowed;
-}
-
 // ---- stochastic rounding (kernels/stochastic_round.h: the same bits as the CPU's emulation) ----
 __device__ __forceinline__ bf16 stochastic_round_bf16(float x, uint64_t seed, uint64_t index) {
   return __ushort_as_bfloat16(stochastic_round_bits(__float_as_uint(x), seed, index));
@@ -151,7 +139,7 @@ struct ProximalTerm {
       store_exact(a, w);
       return g;
     }
-    return g + coef * (w - to_f32(*a));
+    return fmaf(coef, w - to_f32(*a), g);  // written out: the 8-bit steps' CPU twins fma it too
   }
 };
 inline ProximalTerm proximal_term(const AdamArgs& a) {

@@ -161,12 +161,11 @@ __global__ void grass_adam_q8_kernel(bf16* param, float* master, const S* gc, Qu
       const float w0 = kPure ? __bfloat162float(param[w_index]) : master[w_index];
       const float g = k.proximal.apply<S>(to_f32(gc[i]) * float(grad_scale_of(k.grad_scale, k.clip)),
                                           w0, i);
-      m = k.beta1 * m + k.one_minus_beta1 * g;
-      v = k.beta2 * v + k.one_minus_beta2 * g * g;
+      adam_moments_rn(m, v, g, k.beta1, k.one_minus_beta1, k.beta2, k.one_minus_beta2);
       float w = w0;
       if (quant8_finite(g) && quant8_finite(v)) {
         const float delta = (m / k.bias_correction1) / (sqrtf(v) / k.bias_correction2_sqrt + k.eps);
-        w = (k.apply_decay ? w0 * k.decay : w0) - (k.step_size * scale[j]) * delta;
+        w = fmaf(-(k.step_size * scale[j]), delta, k.apply_decay ? w0 * k.decay : w0);
       } else {
         m = v = 0.0f;  // a non-finite gradient leaves the weight and zeroes the moments
       }

@@ -162,8 +162,7 @@ __global__ void lowrank_adam_direction_q8(bf16* direction, const S* R, Quant8Mom
   for (int64_t b = blockIdx.x; b < layout.blocks(); b += gridDim.x)
     quant8_adam_block(layout, b, q, sh, [&](int64_t i, float& m, float& v) {
       const float g = to_f32(R[i]) * float(grad_scale_of(k.grad_scale, k.clip));
-      m = k.beta1 * m + k.one_minus_beta1 * g;
-      v = k.beta2 * v + k.one_minus_beta2 * g * g;
+      adam_moments_rn(m, v, g, k.beta1, k.one_minus_beta1, k.beta2, k.one_minus_beta2);
       float d = k.scale * (m / (sqrtf(v) + k.eps));
       if (!quant8_finite(g) || !quant8_finite(v)) m = v = d = 0.0f;
       direction[i] = __float2bfloat16_rn(d);

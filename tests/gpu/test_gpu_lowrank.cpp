@@ -602,9 +602,9 @@ TEST_CASE("lowrank: the same calls twice give the same bits", "[gpu][lowrank]") 
 }
 
 // 8-bit moments (kernels/quant8.h): the GPU's GaLore/FLORA step and FLORA's transfer against the
-// CPU backend's, in both storage schemes, flat and per-feature blocks: the moments' codes equal or
-// one off (where the fp32 moments differ by an ulp) in at most 1 in 100, absmax to 1e-5, and the
-// weight change to bf16 accuracy (the direction is bf16 on the GPU).
+// CPU backend's, in both storage schemes, flat and per-feature blocks: the step's codes and absmax
+// bit for bit (adam_moments_rn), the transfer's codes equal or one off where its sums (fp32 in
+// another order) differ, and the weight change to bf16 accuracy (the direction is bf16 on the GPU).
 TEST_CASE("lowrank: 8-bit moments, the CPU's step and transfer", "[gpu][lowrank][quant8]") {
   for (const PrecisionChoice precision : {PrecisionChoice::Bf16Mixed, PrecisionChoice::Bf16}) {
     Backends be(precision);
@@ -618,7 +618,10 @@ TEST_CASE("lowrank: 8-bit moments, the CPU's step and transfer", "[gpu][lowrank]
         const Quant8Layout L = projected_quant8_layout(s.out, s.in, s.r, rows, block, by_columns);
         const size_t numel = size_t(s.out) * s.in, state = size_t(L.rows * L.cols),
                      blocks = size_t(L.blocks());
-        const std::vector<float> w0 = bf16_rounded(randn(numel)), P = random_projection(side, s.r),
+        // pure bf16: weights of 0.01 and alpha 1, so the steps stand well above the bf16 spacing
+        const double alpha = be.pure() ? 1.0 : 0.25;
+        const std::vector<float> w0 = bf16_rounded(randn(numel, be.pure() ? 0.01 : 1.0)),
+                                 P = random_projection(side, s.r),
                                  P_new = random_projection(side, s.r);
         std::vector<float> R0 = randn(state), m0 = randn(state, 0.1), v0 = squares(randn(state, 0.1));
         if (be.pure()) R0 = bf16_rounded(R0);
@@ -647,7 +650,9 @@ TEST_CASE("lowrank: 8-bit moments, the CPU's step and transfer", "[gpu][lowrank]
                                .block = block};
         const WeightRef gw{d_param.ptr, be.pure() ? nullptr : d_master.ptr};
         be.gpu->lowrank_adam_update_q8(gw, d_R.ptr(), dq, by_columns, workspace.ptr,
-                                       {d_P.ptr, s.out, s.in, s.r, rows}, 0.25, 0.0, a, 7);
+                                       {d_P.ptr, s.out, s.in, s.r, rows}, alpha, 0.0, a, 7);
+        const std::vector<uint8_t> step_m = d_m.download(), step_v = d_v.download();
+        const std::vector<float> step_am = d_am.download(), step_av = d_av.download();
         be.gpu->flora_transfer_q8(dq, by_columns, d_scratch.ptr, d_P.ptr,
                                   {d_P_new.ptr, s.out, s.in, s.r, rows});
 
@@ -657,7 +662,11 @@ TEST_CASE("lowrank: 8-bit moments, the CPU's step and transfer", "[gpu][lowrank]
         std::vector<float> scratch(size_t(s.r) * s.r + 2 * state);
         be.cpu->lowrank_adam_update_q8({weights.data(), be.pure() ? nullptr : master.data()}, R.data(),
                                        cq, by_columns, nullptr, {P.data(), s.out, s.in, s.r, rows},
-                                       0.25, 0.0, a, 7);
+                                       alpha, 0.0, a, 7);
+        CHECK(step_m == m);
+        CHECK(step_v == v);
+        CHECK(step_am == am);
+        CHECK(step_av == av);
         be.cpu->flora_transfer_q8(cq, by_columns, scratch.data(), P.data(),
                                   {P_new.data(), s.out, s.in, s.r, rows});
 
@@ -678,7 +687,7 @@ TEST_CASE("lowrank: 8-bit moments, the CPU's step and transfer", "[gpu][lowrank]
           change[e] = got[e] - w0[e];
           want_change[e] = want[e] - w0[e];
         }
-        CHECK(rel_error(change, want_change) <= (be.pure() ? 5e-2 : 1e-2));
+        CHECK(rel_error(change, want_change) <= (be.pure() ? 2e-2 : 1e-2));
       }
   }
 }
