@@ -679,7 +679,8 @@ json to_json(const RunConfig& c) {
                     {"eps", o.eps},
                     {"weight_decay", o.weight_decay}};
   if (o.target_lr_scale != 1.0) optimizer["target_lr_scale"] = o.target_lr_scale;
-  optimizer["state_dtype"] = name_of(o.state_dtype);
+  // only when set, so a checkpoint from before the key resumes without a warning about it
+  if (o.state_dtype != StateDtype::Auto) optimizer["state_dtype"] = name_of(o.state_dtype);
   if (o.state_dtype == StateDtype::Q8) optimizer["state_block"] = o.state_block;
   if (o.state_dtype == StateDtype::Q8 && is_projected(o.kind))
     optimizer["state_blocking"] = name_of(o.state_blocking);
