@@ -10,6 +10,17 @@ further out where the engine's rule moves a nonzero value off a code of 0 or of 
 Against its native CPU kernel (an approximation of the same rule), the differing codes are
 counted and reported, not failed. Exit 0: passed; 1: a code differs; 77: bitsandbytes missing.
 
+Then one 8-bit Adam step (bitsandbytes' optimizer_update_8bit_blockwise, "adam", blocks of 256)
+against the engine's (ops::adamw_update_q8, through quant8_codes --adam-step) from the same codes,
+weights and gradient, on its CPU kernel and, where torch sees a GPU, its CUDA one. The two round
+the step's fp32 arithmetic in different orders, and bitsandbytes' CPU requantization is its
+approximate native kernel, so against the step recomputed in fp64: every new weight within 2
+ulp, 1e-5 of its update and m's rounding (which cancellation can make most of m); every new
+absmax within 1e-6 relative; where the codes differ, the engine's decodes nearer the exact
+moment (up to rounding), or its zero-point rule moved a nonzero value off 0 or the other sign.
+The CUDA kernel decays the weight after the update (the engine and torch before it), so its step
+runs without weight decay.
+
 Usage:  build/torch2-venv/bin/python tools/peers/bitsandbytes_check.py --tool build/quant8_codes
 """
 import argparse
@@ -70,6 +81,84 @@ def engine(tool, x, block, signed, tmp):
             np.fromfile(os.path.join(tmp, "out.absmax"), dtype=np.float32))
 
 
+def adam_step_check(tool, rng, device, weight_decay, tmp):
+    """One 8-bit Adam step from the same state in bitsandbytes (on device) and in the engine."""
+    block, n = 256, 256 * 96 + 77
+    scales = np.repeat(10.0 ** rng.uniform(-5, 0, n // block + 1), block)[:n]
+    g = (rng.standard_normal(n) * scales).astype(np.float32)
+    g[::97] = 0.0  # gradients of exactly zero
+    p = (rng.standard_normal(n) * 0.02).astype(np.float32)
+    m0 = (rng.standard_normal(n) * scales * 0.3).astype(np.float32)
+    v0 = ((rng.standard_normal(n) * scales) ** 2 * 0.5).astype(np.float32)
+    hyper = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, step=7)
+    state = {}
+    for name, x, signed in (("m", m0, True), ("v", v0, False)):  # the engine's codes, shared
+        codes, absmax = engine(tool, x, block, signed, tmp)
+        state[name] = (codes, absmax)
+    # bitsandbytes
+    t = lambda a: torch.tensor(np.asarray(a)).to(device)
+    bp, bm, bv, bam, bav = t(p), t(state["m"][0]), t(state["v"][0]), t(state["m"][1]), t(state["v"][1])
+    torch.ops.bitsandbytes.optimizer_update_8bit_blockwise(
+        "adam", t(g), bp, bm, bv, hyper["beta1"], hyper["beta2"], 0.0, 0.0, hyper["eps"],
+        hyper["step"], hyper["lr"], t(F.create_dynamic_map(signed=True)),
+        t(F.create_dynamic_map(signed=False)), bam, bav, weight_decay, 1.0, False)
+    want = {k: x.cpu().numpy() for k, x in
+            dict(p=bp, m=bm, v=bv, m_absmax=bam, v_absmax=bav).items()}
+    # the engine
+    step_dir = os.path.join(tmp, "step")
+    os.makedirs(step_dir, exist_ok=True)
+    for name, x in (("p.f32", p), ("g.f32", g), ("m.codes", state["m"][0]),
+                    ("v.codes", state["v"][0]), ("m.absmax", state["m"][1]),
+                    ("v.absmax", state["v"][1])):
+        x.tofile(os.path.join(step_dir, name))
+    subprocess.run([tool, "--adam-step", step_dir, "--lr", str(hyper["lr"]), "--beta1",
+                    str(hyper["beta1"]), "--beta2", str(hyper["beta2"]), "--eps", str(hyper["eps"]),
+                    "--weight-decay", str(weight_decay), "--step", str(hyper["step"])], check=True)
+    got = dict(p=np.fromfile(os.path.join(step_dir, "p.f32"), dtype=np.float32),
+               m=np.fromfile(os.path.join(step_dir, "m.codes"), dtype=np.uint8),
+               v=np.fromfile(os.path.join(step_dir, "v.codes"), dtype=np.uint8),
+               m_absmax=np.fromfile(os.path.join(step_dir, "m.absmax"), dtype=np.float32),
+               v_absmax=np.fromfile(os.path.join(step_dir, "v.absmax"), dtype=np.float32))
+    # The step in fp64 from the same decoded moments: the value each code should be nearest to,
+    # and a bound on fp32's rounding of it (a few ulps of its terms; m cancels at times).
+    b1, b2 = hyper["beta1"], hyper["beta2"]
+    decode = lambda codes, absmax, signed: (F.create_dynamic_map(signed=signed).numpy()[codes]
+                                            .astype(np.float64) * np.repeat(absmax, block)[:n])
+    m_old, v_old = decode(*state["m"], True), decode(*state["v"], False)
+    g64 = g.astype(np.float64)
+    exact = dict(m=b1 * m_old + (1 - b1) * g64, v=b2 * v_old + (1 - b2) * g64 * g64)
+    slack = dict(m=8 * 2.0 ** -24 * (b1 * np.abs(m_old) + (1 - b1) * np.abs(g64)),
+                 v=8 * 2.0 ** -24 * (b2 * v_old + (1 - b2) * g64 * g64))
+    c1, c2 = 1 - b1 ** hyper["step"], np.sqrt(1 - b2 ** hyper["step"])
+    denom = np.sqrt(exact["v"]) / c2 + hyper["eps"]
+    update = np.abs(want["p"].astype(np.float64) - p)
+    bound = (2 * np.spacing(np.abs(want["p"])).astype(np.float64) + 1e-5 * update +
+             hyper["lr"] / c1 * slack["m"] / denom)
+    weight_bad = int((np.abs(got["p"].astype(np.float64) - want["p"]) > bound).sum())
+    absmax_bad = sum(int((np.abs(got[k].astype(np.float64) - want[k]) > 1e-6 * np.abs(want[k])).sum())
+                     for k in ("m_absmax", "v_absmax"))
+    line = ("adam step on %s (weight decay %g): %d values; weights outside the bound: %d; absmax "
+            "outside 1e-6: %d" % (device, weight_decay, n, weight_bad, absmax_bad))
+    farther = 0
+    for k, signed in (("m", True), ("v", False)):
+        # Where the codes differ, the engine's must be the nearer to the exact moment (within
+        # rounding), except where its zero-point rule moved a nonzero value off 0 or its sign.
+        mine = decode(got[k], got[k + "_absmax"], signed)
+        theirs = decode(want[k], want[k + "_absmax"], signed)
+        differ = got[k] != want[k]
+        guard = differ & (exact[k] != 0) & (np.sign(theirs) != np.sign(exact[k]))
+        worse = differ & ~guard & (np.abs(mine - exact[k]) > np.abs(theirs - exact[k]) +
+                                   slack[k] + 1e-6 * np.repeat(want[k + "_absmax"], block)[:n])
+        nearer = differ & ~guard & (np.abs(mine - exact[k]) < np.abs(theirs - exact[k]))
+        farther += int(worse.sum())
+        line += ("; %s codes equal %d, differing %d (the engine's nearer the exact moment %d, "
+                 "moved off 0 or the other sign %d, farther %d)" %
+                 (k, int((~differ).sum()), int(differ.sum()), int(nearer.sum()), int(guard.sum()),
+                  int(worse.sum())))
+    print(line)
+    return weight_bad > 0 or absmax_bad > 0 or farther > 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tool", required=True, help="the quant8_codes binary")
@@ -103,6 +192,10 @@ def main():
             for i in np.flatnonzero(other)[:5]:
                 print("  value %d: %r, engine code %d, bitsandbytes %d" % (i, float(x[i]), got[i], want[i]))
             failed = failed or other.any() or absmax_differ > 0
+        for weight_decay in (0.0, 0.1):
+            failed = adam_step_check(args.tool, rng, "cpu", weight_decay, tmp) or failed
+        if torch.cuda.is_available():
+            failed = adam_step_check(args.tool, rng, "cuda", 0.0, tmp) or failed
     print("FAILED" if failed else "passed")
     return 1 if failed else 0
 
