@@ -545,9 +545,12 @@ TEST_CASE("optimizer.state_dtype and state_block: read, printed back, checked ag
         "run.json: optimizer.state_block: 300 is not a power of two (64, 128, ..., 4096)");
   run["optimizer"] = {{"name", "adamw"}, {"state_dtype", "q8"}, {"state_block", 8192}};
   CHECK_THAT(run_error(run), Contains("run.json: optimizer.state_block:"));
-  run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"state_dtype", "q8"}, {"state_blocking", "feature"}};
+  run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"state_dtype", "q8"}};
+  CHECK(grass::parse_run_config(run, "run.json").optimizer.state_blocking ==
+        grass::StateBlocking::Feature);  // the default
+  run["optimizer"]["state_blocking"] = "flat";
   c = grass::parse_run_config(run, "run.json");
-  CHECK(c.optimizer.state_blocking == grass::StateBlocking::Feature);
+  CHECK(c.optimizer.state_blocking == grass::StateBlocking::Flat);
   CHECK(grass::parse_run_config(grass::to_json(c), "").optimizer == c.optimizer);
   run["optimizer"]["state_blocking"] = "row";
   CHECK_THAT(run_error(run), Contains("run.json: optimizer.state_blocking: unknown state_blocking \"row\""));
@@ -590,9 +593,11 @@ TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[co
   CHECK(c.fused_update == grass::Switch::On);
   CHECK(c.memory_limit == int64_t(40) << 30);
 
+  run["activation_checkpointing"] = "elementwise";
+  CHECK(grass::parse_run_config(run, "").activation_checkpointing == grass::Checkpointing::Elementwise);
   run["activation_checkpointing"] = "full";
   CHECK(run_error(run) == "run.json: activation_checkpointing: unknown mode \"full\" "
-                          "(supported: \"none\", \"layer\")");
+                          "(supported: \"none\", \"elementwise\", \"layer\")");
   run = tiny_run();
   run["micro_batch_size"] = 2;
   run["total_batch_size"] = 4;

@@ -97,16 +97,19 @@ void require_same_state(const RunRecord& a, const RunRecord& b) {
 
 }  // namespace
 
-TEST_CASE("per-layer activation checkpointing gives identical losses and weights", "[memory]") {
+TEST_CASE("activation checkpointing, elementwise or per layer, gives identical losses and weights",
+          "[memory]") {
+  for (const Checkpointing mode : {Checkpointing::Elementwise, Checkpointing::Layer})
   for (const std::string optimizer : {"adamw", "grass"})
     for (const std::string precision : {"fp32", "bf16"})
       for (const int micro_batches : {1, 2}) {
-        INFO(optimizer << " " << precision << ", " << micro_batches << " micro-batch(es)");
+        INFO(name_of(mode) << " " << optimizer << " " << precision << ", " << micro_batches
+                           << " micro-batch(es)");
         RunConfig kept = small_run(optimizer, precision);
         kept.total_batch_size = kept.micro_batch_size * micro_batches;
         kept.grad_clip = 1.0;
         RunConfig recomputed = kept;
-        recomputed.activation_checkpointing = Checkpointing::Layer;
+        recomputed.activation_checkpointing = mode;
         const RunRecord a = train(kept, 5), b = train(recomputed, 5);
         CHECK(a.losses == b.losses);
         CHECK(a.norms == b.norms);
@@ -140,14 +143,15 @@ TEST_CASE("fused per-layer updates give the same weights as the unfused step", "
 TEST_CASE("GaLore and FLORA: fused and checkpointed steps give the plain step's bits", "[memory]") {
   // Fewer combinations than above: the strategies are shared; what is new is the optimizers'
   // refreshes (an SVD at steps 0 and 3, a FLORA resampling at step 2) under both strategies.
+  for (const Checkpointing mode : {Checkpointing::Elementwise, Checkpointing::Layer})
   for (const std::string optimizer : {"galore", "flora"})
     for (const std::string precision : {"fp32", "bf16"}) {
-      INFO(optimizer << " " << precision);
+      INFO(name_of(mode) << " " << optimizer << " " << precision);
       RunConfig unfused = small_run(optimizer, precision);
       unfused.fused_update = Switch::Off;
       RunConfig fused = unfused;
       fused.fused_update = Switch::On;
-      fused.activation_checkpointing = Checkpointing::Layer;
+      fused.activation_checkpointing = mode;
       const RunRecord a = train(unfused, 5), b = train(fused, 5);
       CHECK(a.losses == b.losses);
       for (size_t i = 0; i < a.norms.size(); i++)

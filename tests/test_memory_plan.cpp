@@ -42,7 +42,7 @@ RunConfig small_run(const std::string& optimizer) {
 TEST_CASE("the memory plan equals what a run allocates, category by category", "[memory]") {
   for (const std::string optimizer : {"adamw", "grass", "galore", "flora"})
   for (const std::string precision : {"fp32", "bf16-mixed", "bf16"})
-  for (const std::string checkpointing : {"none", "layer"})
+  for (const std::string checkpointing : {"none", "elementwise", "layer"})
   for (const std::string fused : {"off", "on"}) {
     INFO(optimizer << " " << precision << ", checkpointing " << checkpointing << ", fused " << fused);
     RunConfig cfg = small_run(optimizer);
@@ -58,6 +58,24 @@ TEST_CASE("the memory plan equals what a run allocates, category by category", "
       CHECK(plan.bytes[c] == real.bytes(MemCategory(c)));
     }
     CHECK(plan.total == real.total_bytes());
+  }
+}
+
+TEST_CASE("elementwise recomputation keeps one n1, n2 and act for all layers", "[memory]") {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    INFO(precision);
+    RunConfig cfg = small_run("grass");
+    const Storage storage = storage_for(test::named<PrecisionChoice>(precision), false);
+    const MemoryPlan none = plan_memory(cfg, storage);
+    cfg.activation_checkpointing = Checkpointing::Elementwise;
+    const MemoryPlan elementwise = plan_memory(cfg, storage);
+    const int64_t N = 2 * 16, C = 32, F = 86, L = 2;  // small_run's shapes
+    for (int c = 0; c < kMemCategories; c++) {
+      INFO(mem_category_name(MemCategory(c)));
+      const int64_t saved = MemCategory(c) == MemCategory::Activations
+                                ? (L - 1) * N * (2 * C + F) * storage.act_bytes : 0;
+      CHECK(none.bytes[c] - elementwise.bytes[c] == saved);
+    }
   }
 }
 
@@ -178,6 +196,7 @@ TEST_CASE("a memory limit refuses a run that does not fit, naming the largest mi
     CHECK_THAT(message, Contains("run.json: memory_limit: the run plans " + format_bytes(plan.total) +
                                  ", over the limit of "));
     CHECK_THAT(message, Contains("the largest micro_batch_size that fits is 7 (112 tokens)"));
+    CHECK_THAT(message, Contains("with activation_checkpointing \"elementwise\": "));
     CHECK_THAT(message, Contains("with activation_checkpointing \"layer\": "));
   }
   // the boundary is exact: the largest fits, one more does not

@@ -34,8 +34,8 @@ constexpr ChoiceName<PrecisionChoice> kPrecisionNames[] = {
     {PrecisionChoice::Bf16, "bf16"}};
 constexpr ChoiceName<DeviceChoice> kDeviceNames[] = {
     {DeviceChoice::Auto, "auto"}, {DeviceChoice::Cpu, "cpu"}, {DeviceChoice::Cuda, "cuda"}};
-constexpr ChoiceName<Checkpointing> kCheckpointingNames[] = {{Checkpointing::None, "none"},
-                                                             {Checkpointing::Layer, "layer"}};
+constexpr ChoiceName<Checkpointing> kCheckpointingNames[] = {
+    {Checkpointing::None, "none"}, {Checkpointing::Elementwise, "elementwise"}, {Checkpointing::Layer, "layer"}};
 constexpr ChoiceName<Switch> kSwitchNames[] = {
     {Switch::Auto, "auto"}, {Switch::On, "on"}, {Switch::Off, "off"}};
 constexpr ChoiceName<AttentionChoice> kAttentionNames[] = {{AttentionChoice::Grass, "grass"},

@@ -33,8 +33,10 @@ enum class ProjectionTarget { Q, K, V, O, Gate, Up, Down };
 enum class PrecisionChoice { Auto, F32, Bf16Mixed, Bf16 };
 // Where a run computes: "auto" (the GPU when one is usable) | "cpu" | "cuda".
 enum class DeviceChoice { Auto, Cpu, Cuda };
-// activation_checkpointing: keep every activation ("none") or each layer's input ("layer").
-enum class Checkpointing { None, Layer };
+// activation_checkpointing: keep every activation ("none"); recompute the outputs of the
+// elementwise ops that only weight gradients read, the two norms' and SwiGLU's ("elementwise");
+// or keep only each layer's input and recompute the rest of the layer ("layer").
+enum class Checkpointing { None, Elementwise, Layer };
 // fused_update, pad_ffn: "auto" (decided by the backend and precision) | "on" | "off".
 enum class Switch { Auto, On, Off };
 // attention: the engine's own kernels ("grass") or cuDNN's fused flash attention ("cudnn").

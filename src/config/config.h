@@ -114,10 +114,11 @@ struct OptimizerConfig {
   // How the moments are stored (StateDtype; docs/configs.md): q8 keeps 1-byte codes per moment
   // element and an fp32 absmax per block of state_block elements (a power of two, 64 to 4096);
   // a tensor under kQuant8MinElements elements keeps the precision's moments. A projected
-  // optimizer's states are blocked as state_blocking says (its dense tensors' always flat).
+  // optimizer's states are blocked as state_blocking says (its dense tensors' always flat); per
+  // feature by default, which docs/memory.md's measurement chose.
   StateDtype state_dtype = StateDtype::Auto;
   int state_block = 256;
-  StateBlocking state_blocking = StateBlocking::Flat;
+  StateBlocking state_blocking = StateBlocking::Feature;
   ProjectionConfig projection;      // grass, galore, flora: their targets; the rest AdamW
   ProximalConfig proximal;          // adamw and grass only
   bool operator==(const OptimizerConfig&) const = default;

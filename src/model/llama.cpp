@@ -162,20 +162,27 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     return arena.alloc<float>(MemCategory::Activations, name, count);
   };
   const int L = cfg_.num_hidden_layers;
+  const bool per_layer = memory_.checkpointing == Checkpointing::Layer;
+  const bool elementwise = memory_.checkpointing == Checkpointing::Elementwise;
   acts_.resize(L);
   for (int l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
     const std::string p = "layer" + std::to_string(l) + ".";
     a.x_in = act(p + "x_in", N * C);
-    if (memory_.checkpoint_layers && l > 0) {  // one set of the rest, recomputed per layer
+    if (per_layer && l > 0) {  // one set of the rest, recomputed per layer
       void* x_in = a.x_in;
       a = acts_[0];
       a.x_in = x_in;
       continue;
     }
-    const std::string q = memory_.checkpoint_layers ? "layer." : p;  // the shared set's names
+    const std::string q = per_layer ? "layer." : p;  // the shared set's names
+    // n1, n2 and act: the layer's own, or with elementwise recomputation one set for all layers
+    auto recomputable = [&](void* LayerActs::*field, const char* name, int64_t count) {
+      a.*field = elementwise && l > 0 ? acts_[0].*field
+                                      : act((elementwise ? "layer." : q) + name, count);
+    };
     a.rstd1 = act_f32(q + "rstd1", N);
-    a.n1 = act(q + "n1", N * C);
+    recomputable(&LayerActs::n1, "n1", N * C);
     a.q = act(q + "q", N * QD);
     a.k = act(q + "k", N * KVD);
     a.v = act(q + "v", N * KVD);
@@ -184,9 +191,9 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     a.att = act(q + "att", N * QD);
     a.h = act(q + "h", N * C);
     a.rstd2 = act_f32(q + "rstd2", N);
-    a.n2 = act(q + "n2", N * C);
+    recomputable(&LayerActs::n2, "n2", N * C);
     a.gu = act(q + "gate_up", N * 2 * F);
-    a.act = act(q + "act", N * F);
+    recomputable(&LayerActs::act, "act", N * F);
   }
 }
 
@@ -428,7 +435,7 @@ void LlamaModel::backward_from_head(int lm_head) {
   const int B = B_, T = T_, C = cfg_.hidden_size, F = F_;
   const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
   const int64_t N = int64_t(B) * T;
-  const double theta = cfg_.rope_theta;
+  const double theta = cfg_.rope_theta, eps = cfg_.rms_norm_eps;
   const int L = cfg_.num_hidden_layers;
   // the final norm into the residual stream
   const int embed = 0, final_norm = int(tensors_.size()) - (cfg_.tie_word_embeddings ? 1 : 2);
@@ -440,14 +447,18 @@ void LlamaModel::backward_from_head(int lm_head) {
 
   for (int l = L - 1; l >= 0; l--) {
     const TraceRange layer_range(trace_names_[size_t(L + l)].c_str());
-    // Checkpointing: the shared activations hold the last layer's after the forward; the others
-    // are recomputed from their input.
-    if (memory_.checkpoint_layers && l < L - 1) layer_forward(l, B, false);
+    // The shared activations hold the last layer's after the forward; the others' are
+    // recomputed: per layer from the layer's input, elementwise each just before it is read.
+    const bool recompute = l < L - 1;
+    if (memory_.checkpointing == Checkpointing::Layer && recompute) layer_forward(l, B, false);
+    const bool elementwise = memory_.checkpointing == Checkpointing::Elementwise && recompute;
     const LayerWeights w = layer_weights(l);
     const LayerActs& a = acts_[l];
     // MLP block; dres holds d(x_next) and becomes d(h)
+    if (elementwise) be.swiglu_forward(a.act, a.gu, N, F);
     linear_backward(ws_.dact, false, l, LayerTensor::Down, w.wdown, ws_.dres, a.act, N, F, C);
     be.swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gu, N, F);
+    if (elementwise) be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
     linear_backward(ws_.dnorm, false, l, LayerTensor::Gate, w.wgate, ws_.dgate, a.n2, N, C, F);
     linear_backward(ws_.dnorm, true, l, LayerTensor::Up, w.wup, ws_.dup, a.n2, N, C, F);
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::MlpNorm)), ws_.dnorm, a.h,
@@ -457,6 +468,7 @@ void LlamaModel::backward_from_head(int lm_head) {
     linear_backward(ws_.datt, false, l, LayerTensor::O, w.wo, ws_.dres, a.att, N, NH * HD, C);
     be.attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.datt, a.att, a.saved, a.q, a.k, a.v, B, T,
                           NH, NKV, HD, theta);
+    if (elementwise) be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
     linear_backward(ws_.dnorm, false, l, LayerTensor::Q, w.wq, ws_.dq, a.n1, N, C, NH * HD);
     linear_backward(ws_.dnorm, true, l, LayerTensor::K, w.wk, ws_.dk, a.n1, N, C, NKV * HD);
     linear_backward(ws_.dnorm, true, l, LayerTensor::V, w.wv, ws_.dv, a.n1, N, C, NKV * HD);

@@ -21,11 +21,15 @@
 
 namespace grass {
 
-// How the model holds its memory (both change memory and time, never the numbers computed).
+// How the model holds its memory (all change memory and time, never the numbers computed).
 struct ModelMemoryOptions {
-  // Keep only each layer's input from the forward; the backward recomputes the rest of the
-  // layer's activations, one layer at a time.
-  bool checkpoint_layers = false;
+  // What the backward recomputes instead of keeping from the forward. Elementwise: the layer's
+  // two RMSNorm outputs and its SwiGLU product (n1, n2, act: 2C + F of a token's 8C + 3F kept
+  // values with MHA), which only weight gradients read; each is made again by the forward's own
+  // op from what the layer keeps (x_in, h, gate_up) just before it is read, into one buffer
+  // that all layers share. Layer: all but each layer's input, the layer's forward run again,
+  // one layer at a time. Neither changes a number computed.
+  Checkpointing checkpointing = Checkpointing::None;
   // No gradient buffer for the whole model: each dense gradient is formed in a buffer the size of
   // the largest dense tensor and handed to the GradientSink (one backward per optimizer step).
   bool fused_update = false;
@@ -222,7 +226,8 @@ class LlamaModel {
   int64_t off_embed_ = 0, off_norm_ = 0, off_lm_head_ = 0;
   std::vector<int64_t> off_layer_;  // offset of each layer's first tensor
 
-  // With checkpoint_layers every layer has its own x_in but shares the rest with the others.
+  // Checkpointing per layer: every layer has its own x_in and shares the rest with the others;
+  // elementwise: the layers share n1, n2 and act.
   std::vector<LayerActs> acts_;
   int32_t* inputs_ = nullptr;   // [N] backend memory
   int32_t* targets_ = nullptr;  // [N] backend memory

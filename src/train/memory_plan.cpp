@@ -72,12 +72,14 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
       largest > 0 ? "the largest micro_batch_size that fits is " + std::to_string(largest) + " (" +
                         std::to_string(int64_t(largest) * cfg.seq_len) + " tokens)"
                   : "not even micro_batch_size 1 fits";
-  if (cfg.activation_checkpointing == Checkpointing::None) {
-    RunConfig layer = cfg;
-    layer.activation_checkpointing = Checkpointing::Layer;
-    const int with_layer = largest_micro_batch(layer, storage, cfg.memory_limit);
-    if (with_layer > largest)
-      advice += "; with activation_checkpointing \"layer\": " + std::to_string(with_layer);
+  for (const Checkpointing more : {Checkpointing::Elementwise, Checkpointing::Layer}) {
+    if (more <= cfg.activation_checkpointing) continue;  // recomputes no more than the run does
+    RunConfig other = cfg;
+    other.activation_checkpointing = more;
+    const int with_more = largest_micro_batch(other, storage, cfg.memory_limit);
+    if (with_more > largest)
+      advice += std::string("; with activation_checkpointing \"") + name_of(more) +
+                "\": " + std::to_string(with_more);
   }
   throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "memory_limit: the run plans " +
                   format_bytes(plan.total) + ", over the limit of " +
@@ -140,7 +142,7 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
            ", for every optimizer below\n";
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   out += std::string("memory  activations ") +
-         (memory.checkpoint_layers ? "checkpointed per layer" : "kept for the backward") +
+         activations_kept(memory.checkpointing) +
          ", updates " + (memory.fused_update ? "fused into the backward" : "after the backward") +
          "\n";
   if (memory.attention == AttentionKernel::Cudnn)  // in workspace; the T² term dominates long T
@@ -199,7 +201,7 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"storage", storage.describe()},
       {"states", state_format(cfg.optimizer, storage)},
       {"activation_checkpointing",
-       name_of(memory.checkpoint_layers ? Checkpointing::Layer : Checkpointing::None)},
+       name_of(memory.checkpointing)},
       {"fused_update", memory.fused_update},
       {"ffn_stored", ffn_stored_width(cfg.model, memory)},
       {"attention", name_of(memory.attention == AttentionKernel::Cudnn ? AttentionChoice::Cudnn

@@ -45,7 +45,7 @@ Storage storage_for(PrecisionChoice precision, bool cuda) {
 
 ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage) {
   ModelMemoryOptions options;
-  options.checkpoint_layers = cfg.activation_checkpointing == Checkpointing::Layer;
+  options.checkpointing = cfg.activation_checkpointing;
   options.fused_update = cfg.fused_update == Switch::On ||
                          (cfg.fused_update == Switch::Auto && storage.pure_bf16() &&
                           cfg.micro_batches_per_rank() == 1);
@@ -54,6 +54,16 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
                           ? AttentionKernel::Cudnn
                           : AttentionKernel::Grass;
   return options;
+}
+
+const char* activations_kept(Checkpointing checkpointing) {
+  switch (checkpointing) {
+    case Checkpointing::None: return "kept for the backward";
+    case Checkpointing::Elementwise:
+      return "kept for the backward, but the norms' and SwiGLU's outputs (recomputed)";
+    case Checkpointing::Layer: return "checkpointed per layer (recomputed in the backward)";
+  }
+  return "";
 }
 
 }  // namespace grass

@@ -29,4 +29,7 @@ Storage storage_for(PrecisionChoice precision, bool cuda);
 // attention "cudnn" is the GPU's (the CPU computes with its reference kernels).
 ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage);
 
+// How a run keeps its activations, in words (the start-up table, `grass mem`).
+const char* activations_kept(Checkpointing checkpointing);
+
 }  // namespace grass

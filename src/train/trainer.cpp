@@ -24,6 +24,7 @@
 #include "src/train/hf_interop.h"
 #include "src/train/memory_plan.h"
 #include "src/train/metrics.h"
+#include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 
 namespace grass {
@@ -257,8 +258,7 @@ void Run::print_memory_lines() const {
   if (memory.attention == AttentionKernel::Cudnn)
     std::printf("  attention     cuDNN's fused flash attention (RoPE applied to copies of q, k)\n");
   std::printf("  activations   %s; updates %s\n",
-              memory.checkpoint_layers ? "checkpointed per layer (recomputed in the backward)"
-                                       : "kept for the backward",
+              activations_kept(memory.checkpointing),
               memory.fused_update ? "fused into the backward (per-tensor clipping)"
                                   : "after the backward (global-norm clipping)");
   if (cfg.memory_limit > 0)

@@ -537,14 +537,15 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
   // The trainer's own step (train_step). Recomputation repeats the forward's kernels on the same
   // inputs, and a fused update applies each gradient as the unfused step would (clipping on but
   // never reached), so losses, weights and master weights must be identical.
+  for (const Checkpointing mode : {Checkpointing::Elementwise, Checkpointing::Layer})
   for (const std::string optimizer : {"adamw", "grass"})
     for (const std::string precision : {"bf16-mixed", "bf16"}) {
-      INFO(optimizer << " " << precision);
+      INFO(name_of(mode) << " " << optimizer << " " << precision);
       RunConfig plain = ngram_run(optimizer);
       plain.optimizer.projection.update_interval = 4;
       plain.grad_clip = 1e6;
       RunConfig lean = plain;
-      lean.activation_checkpointing = Checkpointing::Layer;
+      lean.activation_checkpointing = mode;
       lean.fused_update = Switch::On;
       std::vector<double> losses[2];
       std::vector<float> weights[2], master[2];
@@ -577,12 +578,13 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
 TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][memory]") {
   for (const std::string optimizer : {"adamw", "grass"})
   for (const std::string precision : {"bf16-mixed", "bf16"})
-  for (const std::string lean : {"off", "on"}) {
+  for (const std::string lean : {"off", "elementwise", "layer"}) {
       INFO(optimizer << " " << precision << " checkpointing and fused " << lean);
       RunConfig cfg =
           run_config(model_config(kHd64Odd, kVocab, 0.02), kBatch, kSeq, optimizer, 1e-3);
-      cfg.fused_update = test::named<Switch>(lean);
-      cfg.activation_checkpointing = lean == "on" ? Checkpointing::Layer : Checkpointing::None;
+      cfg.fused_update = lean == "off" ? Switch::Off : Switch::On;
+      cfg.activation_checkpointing =
+          lean == "off" ? Checkpointing::None : test::named<Checkpointing>(lean);
       const Storage storage = storage_for(test::named<PrecisionChoice>(precision), true);
       const MemoryPlan plan = plan_memory(cfg, storage);
       {  // one cudaMalloc per buffer: the arena's own count
