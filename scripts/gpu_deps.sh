@@ -4,7 +4,8 @@
 #
 #   scripts/gpu_deps.sh            HERE, before a GPU session (needs apt and the network):
 #                                  downloads the .deb files into build-deps/debs (ignored by
-#                                  .gitignore's /build-*/; about 15 MiB). Then, on the device:
+#                                  .gitignore's /build-*/; about 15 MiB), and bitsandbytes into
+#                                  build-deps/python (about 10 MiB). Then, on the device:
 #                                  run(carry=[build-deps]) scripts/gpu_first_run.sh
 #   scripts/gpu_deps.sh --setup    ON THE DEVICE (gpu_first_run.sh calls it): for each dependency
 #                                  the system lacks, unpacks its .deb files with dpkg -x into
@@ -37,7 +38,7 @@ ORDER=(nlohmann_json catch2 sentencepiece openblas gfortran zlib pkgconf ninja)
 download() {
   local all=() d
   for d in "${ORDER[@]}"; do read -ra p <<<"${PKGS[$d]}"; all+=("${p[@]}"); done
-  rm -rf "$deps/root" "$deps/env.sh"  # only the .debs travel
+  rm -rf "$deps/root" "$deps/env.sh"  # the .debs travel (and bitsandbytes), not what --setup unpacked
   mkdir -p "$debs"
   echo "gpu_deps: downloading ${#all[@]} packages into $debs"
   if ! (cd "$debs" && apt-get download "${all[@]}" >/dev/null 2>"../download.log"); then
@@ -49,12 +50,32 @@ download() {
   for p in "${all[@]}"; do
     compgen -G "$debs/${p}_*.deb" >/dev/null || { echo "gpu_deps: no .deb for $p"; missing=1; }
   done
+  copy_bitsandbytes
   local mib
   mib=$(du -sm "$deps" | cut -f1)
   ls -1 "$debs" >"$deps/MANIFEST"
   echo "gpu_deps: $(wc -l <"$deps/MANIFEST") .deb files, ${mib} MiB in $deps (limit of a carry: 64 MiB with the tree)"
   [ "$mib" -le 60 ] || { echo "gpu_deps: over 60 MiB"; missing=1; }
   return $missing
+}
+
+# bitsandbytes for gpu_first_run.sh's T10 (one 8-bit Adam step against its CUDA kernel), from
+# tools/peers' torch2 environment when it exists: the package with only its CPU and CUDA 13
+# libraries (about 10 MiB; the device's PyTorch must be a CUDA 13 build for it to load).
+copy_bitsandbytes() {
+  local src
+  src=$(compgen -G "build/torch2-venv/lib/python3*/site-packages/bitsandbytes" | head -1)
+  rm -rf "$deps/python"
+  if [ -z "$src" ]; then
+    echo "gpu_deps: no bitsandbytes in build/torch2-venv (tools/peers/setup_venv.sh torch2): T10 will skip"
+    return
+  fi
+  mkdir -p "$deps/python"
+  cp -r "$src" "$deps/python/"
+  find "$deps/python/bitsandbytes" -name 'libbitsandbytes_*.so' ! -name '*_cpu.so' \
+    ! -name '*_cuda13*.so' -delete
+  find "$deps/python" -name __pycache__ -type d -prune -exec rm -rf {} +
+  echo "gpu_deps: bitsandbytes copied into $deps/python ($(du -sm "$deps/python" | cut -f1) MiB)"
 }
 
 # Whether the system already has dependency $1 (a file or a command, not the package name: the

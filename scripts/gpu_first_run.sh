@@ -35,6 +35,9 @@
 #          the engine's kernels) and the kernel lab's attention rows at 1B with --attention cudnn
 #          ($OUT/kernel_bench_cudnn.csv), when the build found cudnn.h (the CUDA install's, or
 #          PyTorch's nvidia/cudnn, whose lib/ then goes on LD_LIBRARY_PATH)
+#   T10    one 8-bit Adam step against bitsandbytes' CUDA kernel (tools/peers/bitsandbytes_check.py
+#          with build-gpu/quant8_codes; bitsandbytes from build-deps/python, which
+#          scripts/gpu_deps.sh copies out of tools/peers' torch2 environment)
 #   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv)
 #          when that target exists; last, being optional
 # It ends with a markdown table (also $OUT/summary.md, rewritten after every step) to paste
@@ -48,7 +51,7 @@
 #                    runs the Python probes' --dry-run and profile_shares' self-test, builds the
 #                    sync counter, makes the shard, runs `grass mem` for the 13B plan, and prints
 #                    each GPU step's commands instead of running them
-#     --only/--skip  comma-separated step names from: T0,T1,T4,build,T3,T5,T2,T9,T6,T7,T8,bench
+#     --only/--skip  comma-separated step names from: T0,T1,T4,build,T3,T5,T2,T9,T10,T6,T7,T8,bench
 #     --budget       seconds for the whole run (default 560: the device tool allows 600 a call)
 #     --skip-build   use the binaries already in build-gpu/
 # Environment: OUT (where results go), CUDA_ARCH (default 90), CMAKE_ARGS (more -D options),
@@ -62,7 +65,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 
 # In the order they run (docs/gpu-status.md): the GPU tests and the headline first, so a lease cut
 # short still brings them back; T1 and T4 (PyTorch probes) run beside the build.
-ALL_STEPS=(T0 T1 T4 build T3 T5 T2 T9 T6 T7 T8 bench)
+ALL_STEPS=(T0 T1 T4 build T3 T5 T2 T9 T10 T6 T7 T8 bench)
 dry=0 skip_build=0 budget=560 only="" skip=""
 usage() { sed -n '2,45p' "$0"; }
 while [ $# -gt 0 ]; do
@@ -280,7 +283,7 @@ step_build() {
   local gen=Ninja
   command -v ninja >/dev/null || gen="Unix Makefiles"
   local cfg=(-S . -B "$BUILD" -G "$gen" -DCMAKE_BUILD_TYPE=Release)
-  local targets=(grass make_synthetic_shard)
+  local targets=(grass make_synthetic_shard quant8_codes)
   if [ $dry = 1 ]; then
     cfg+=(-DGRASS_CUDA=OFF)  # the CPU-side targets only: no nvcc pass here
   else
@@ -453,6 +456,31 @@ step_t9() {
   rows=$(grep -E '^attention\.(fwd|bwd)' "$logs/t9_cudnn_bench.log" 2>/dev/null |
          awk '{printf "%s %s ms; ", $1, $(NF-6)}')
   record T9 "$(status_of $rc)" "${tail_line:-see logs/t9_cudnn.log}; cuDNN at 1B: ${rows:-no lab rows}"
+}
+
+# ---- T10 -----------------------------------------------------------------------------------------
+step_t10() {
+  local log=$logs/t10_bitsandbytes.log rc
+  begin T10 90 20 || return
+  need_build T10 || return
+  if [ ! -d build-deps/python/bitsandbytes ]; then
+    record T10 "skipped (no bitsandbytes)" "scripts/gpu_deps.sh copies it into build-deps/python from tools/peers/setup_venv.sh torch2's environment"
+    return
+  fi
+  run_cmd "$LIM" "$log" env PYTHONPATH="$PWD/build-deps/python${PYTHONPATH:+:$PYTHONPATH}" \
+    "$PY" tools/peers/bitsandbytes_check.py --tool "$BUILD"/quant8_codes
+  rc=$?
+  [ $dry = 1 ] && { record T10 dry-run "the bitsandbytes check printed"; return; }
+  if [ $rc = 77 ]; then
+    record T10 "skipped (no bitsandbytes)" "$(tail -1 "$log")"; return
+  fi
+  local cuda_line
+  cuda_line=$(grep 'adam step on cuda' "$log" | cut -c1-400)
+  if [ $rc = 0 ] && [ -z "$cuda_line" ]; then
+    record T10 "skipped (torch saw no GPU)" "the CPU kernel's step passed; logs/t10_bitsandbytes.log"
+    return
+  fi
+  record T10 "$(status_of $rc)" "${cuda_line:-see logs/t10_bitsandbytes.log}"
 }
 
 # ---- bench ---------------------------------------------------------------------------------------
@@ -748,6 +776,7 @@ step_t3  # the GPU tests: the first failures
 step_t5  # the headline: 1B's step time and MFU
 step_t2
 step_t9
+step_t10
 step_t6
 step_t7
 step_t8

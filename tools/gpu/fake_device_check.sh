@@ -101,6 +101,7 @@ esac
 EOF
 chmod +x "$fake"/bin/* "$fake/build/grass" "$fake/build/tests/grass_gpu_tests" "$fake/python"
 ln -s "$emu/make_synthetic_shard" "$fake/build/make_synthetic_shard"
+[ -x "$emu/quant8_codes" ] && ln -s "$emu/quant8_codes" "$fake/build/quant8_codes"  # T10's tool
 
 echo "fake_device_check: running scripts/gpu_first_run.sh on stand-ins in $fake"
 PATH="$fake/bin:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
@@ -119,6 +120,7 @@ expect "T3 reports Catch's totals" '^\| T3 \| pass \| (Passed|All tests)'
 expect "T5 measures tok/s, clocks, syncs and the shares" '^\| T5 \| pass \| 1B, 512x256 tokens/step.*tok/s.*SM clock min 1755 median 1980 MHz, power mean 639 W over 3 samples; host syncs/step [0-9]+.*GEMM 60\.0%, attention 30\.0%, other 10\.0%.*optimizer 0\.0%; top kernel: 60\.0%.*nvjet'
 expect "T6 runs the large-shape tests" '^\| T6 \| pass \| .*worst gradient rel error'
 expect "T7 sets the step lines beside the plan" '^\| T7 \| pass \| plan 28\.39 GiB; arena [0-9.]+ GiB; device peak [0-9.]+ GiB'
+expect "T10 skips without bitsandbytes and a GPU" '^\| T10 \| (skipped|pass)'
 expect "bench says not built" '^\| bench \| not built'
 expect "a history row" '^\| [0-9-]+ \| [^|]+ \| FAKE H100 .* \| \*\*gpu_first_run passed\.\*\*'
 if [ -s "$fake/out/first_run_logs.tar.gz" ]; then echo "ok: logs packed"; else echo "FAIL: no logs tarball"; fails=$((fails + 1)); fi
