@@ -60,7 +60,7 @@ const char* activations_kept(Checkpointing checkpointing) {
   switch (checkpointing) {
     case Checkpointing::None: return "kept for the backward";
     case Checkpointing::Elementwise:
-      return "kept for the backward, but the norms' and SwiGLU's outputs (recomputed)";
+      return "kept for the backward, except the norms' and SwiGLU's outputs (recomputed)";
     case Checkpointing::Layer: return "checkpointed per layer (recomputed in the backward)";
   }
   return "";
