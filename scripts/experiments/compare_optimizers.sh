@@ -11,6 +11,12 @@
 #   scripts/experiments/compare_optimizers.sh clipoff [--out DIR] [--jobs N] [--methods M1,...]
 #     The clip-off controls (run a first): every Table A method on both models at its best Table A
 #     rate with grad_clip 0, seeds 42, 1, 2, beside its clip-1.0 runs and how often those clipped.
+#   scripts/experiments/compare_optimizers.sh d [--out DIR] [--jobs N] [--methods M1,...]
+#     Table D, 8-bit optimizer states (issue 27): AdamW, GRASS uniform_nr and GaLore (--methods:
+#     others of Table A's) with q8 states against the precision's own, on both models. In fp32: a
+#     q8 grid at Table A's best rate and its two neighbours (seed 42, extended past an edge), seeds
+#     1 and 2 at q8's best, fp32 states at Table A's rate (3 seeds); in pure bf16: bf16 and q8
+#     states at Table A's rate (3 seeds each). Table A's rates come from DIR/a, else its table.
 #   scripts/experiments/compare_optimizers.sh b [--out DIR] [--jobs N]
 #     Table B, GRASS ablations on the quickstart model at Table A's best top_r rate (run a first):
 #     rank x K, rho in the update or not, with and without replacement, staggered refresh; 3 seeds.
@@ -42,7 +48,7 @@
 # tables on stdout and in DIR/<table>.md, the plots in docs/img/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 a|b|c|clipoff|peers|prox [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied]" >&2; exit 2; }
+usage() { echo "usage: $0 a|b|c|d|clipoff|peers|prox [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 table=$1; shift
 out=runs/compare jobs=2 only= model_list=quickstart,quickstart_tied
@@ -56,7 +62,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $table in a|b|c|clipoff|peers|prox) ;; *) usage ;; esac
+case $table in a|b|c|d|clipoff|peers|prox) ;; *) usage ;; esac
 [ -x build/grass ] || scripts/build.sh >/dev/null
 report() { /usr/bin/python3 scripts/experiments/compare_report.py "$@"; }
 
@@ -70,7 +76,7 @@ methods=(
   "galore|optimizer.name=galore"
   "flora|optimizer.name=flora"
 )
-if [ -n "$only" ] && [ "$table" != b ]; then  # --methods: keep those, in the table's order
+if [ -n "$only" ] && [ "$table" != b ] && [ "$table" != d ]; then  # --methods: keep those, in the table's order
   kept=()
   for entry in "${methods[@]}"; do
     case ",$only," in *",${entry%%|*},"*) kept+=("$entry") ;; esac
@@ -137,15 +143,35 @@ quality_prereqs() {
 }
 
 # enqueue_a MODEL METHOD LR SEED [NOTE]: one Table A run, in $a_root/MODEL/METHOD/lr<LR>_s<SEED>
-# (a_root defaults to $out/a), with the --set arguments of a_extra after the method's.
+# (a_root defaults to $out/a; a_dir, when set, replaces $a_root/MODEL/METHOD), with the --set
+# arguments of a_extra after the method's.
 enqueue_a() {
   local model=$1 name=$2 lr=$3 seed=$4 note=${5:-} root=${a_root:-$out/a} margs extra=()
-  local dir=$root/$1/$2/lr$3_s$4
+  local dir=${a_dir:-$root/$1/$2}/lr$3_s$4
   mapfile -t margs < <(method_args "$name")
   case $name in adamw*) ;; *) extra=("${projected_args[@]}") ;; esac
   enqueue "$model $name lr $lr seed $seed$note" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
     --set model=configs/models/llama_$model.json "${quality_args[@]}" "${margs[@]}" "${extra[@]}" \
     --set optimizer.lr="$lr" --set seed="$seed" ${a_extra[@]+"${a_extra[@]}"}
+}
+
+# extend_edges ROUNDS PATTERN ENQUEUE NAME...: up to ROUNDS times, for each model and NAME whose
+# best seed-42 rate in PATTERN (a folder, @MODEL@ and @NAME@ substituted) lies on its grid's edge,
+# ENQUEUE MODEL NAME LR the next rate of the ladder past it, and run them.
+extend_edges() {
+  local rounds=$1 pattern=$2 enqueue_fn=$3 round model name dir lr
+  shift 3
+  for ((round = 0; round < rounds; round++)); do
+    for model in "${models[@]}"; do
+      for name in "$@"; do
+        dir=${pattern//@MODEL@/$model}
+        lr=$(report next-lr "${dir//@NAME@/$name}" "${lr_ladder[@]}")
+        [ -z "$lr" ] || "$enqueue_fn" "$model" "$name" "$lr"
+      done
+    done
+    [ ${#queue[@]} -gt 0 ] || break
+    run_queue
+  done
 }
 
 if [ "$table" = a ]; then
@@ -157,16 +183,8 @@ if [ "$table" = a ]; then
     done
   done
   run_queue
-  for _ in 1 2 3; do
-    for model in "${models[@]}"; do
-      for entry in "${methods[@]}"; do
-        lr=$(report next-lr "$out/a/$model/${entry%%|*}" "${lr_ladder[@]}")
-        [ -z "$lr" ] || enqueue_a "$model" "${entry%%|*}" "$lr" 42 " (past the grid's edge)"
-      done
-    done
-    [ ${#queue[@]} -gt 0 ] || break
-    run_queue
-  done
+  enqueue_a_edge() { enqueue_a "$1" "$2" "$3" 42 " (past the grid's edge)"; }
+  extend_edges 3 "$out/a/@MODEL@/@NAME@" enqueue_a_edge "${methods[@]%%|*}"
   for model in "${models[@]}"; do
     for entry in "${methods[@]}"; do
       lr=$(report best-lr "$out/a/$model/${entry%%|*}")
@@ -194,6 +212,78 @@ if [ "$table" = clipoff ]; then
   done
   run_queue
   report table-clipoff "$out/a" "$out/clipoff" "${models[@]}" | tee "$out/clipoff.md"
+  exit 0
+fi
+
+if [ "$table" = d ]; then
+  quality_prereqs
+  models=(${model_list//,/ })
+  d_methods=(adamw grass_uniform_nr galore)
+  [ -z "$only" ] || d_methods=(${only//,/ })
+  for name in "${d_methods[@]}"; do method_args "$name" >/dev/null; done  # unknown names stop here
+  # Each state format: its name, then its --set arguments. q8 runs keep their last checkpoint,
+  # whose v codes the table counts (the fraction at the smallest positive code).
+  formats=(
+    "fp32|precision=fp32"
+    "fp32_q8|precision=fp32 optimizer.state_dtype=q8 checkpoint_every=$steps checkpoint_keep=1"
+    "bf16|precision=bf16"
+    "bf16_q8|precision=bf16 optimizer.state_dtype=q8 checkpoint_every=$steps checkpoint_keep=1"
+  )
+  # Table A's best rate of METHOD on MODEL: from $out/a when it holds the runs, else the rate
+  # docs/experiments.md's Table A reports.
+  a_best() {
+    if [ -d "$out/a/$1/$2" ]; then report best-lr "$out/a/$1/$2"; return; fi
+    case $1/$2 in
+      */adamw) echo 3e-3 ;;
+      quickstart/grass_uniform_nr | quickstart/galore) echo 3e-2 ;;
+      quickstart_tied/grass_uniform_nr | quickstart_tied/galore) echo 1e-2 ;;
+      *) echo "no Table A rate for $2 on $1: run table a first" >&2; exit 2 ;;
+    esac
+  }
+  enqueue_d() {  # MODEL METHOD FORMAT LR SEED: in $out/d/MODEL/METHOD/FORMAT/lr<LR>_s<SEED>
+    local entry o fargs=()
+    for entry in "${formats[@]}"; do
+      [ "${entry%%|*}" = "$3" ] || continue
+      for o in ${entry#*|}; do fargs+=(--set "$o"); done
+    done
+    case $3/$2 in  # projected q8 states blocked per feature (the default, set where it applies)
+      *_q8/adamw*) ;;
+      *_q8/*) fargs+=(--set optimizer.state_blocking=feature) ;;
+    esac
+    a_dir=$out/d/$1/$2/$3 a_extra=("${fargs[@]}")
+    enqueue_a "$1" "$2" "$4" "$5" " $3 states"
+    unset a_dir a_extra
+  }
+  ladder_around() {  # the ladder's rates next to $1, and $1
+    local i
+    for i in "${!lr_ladder[@]}"; do
+      [ "${lr_ladder[i]}" = "$1" ] && echo "${lr_ladder[i - 1]} $1 ${lr_ladder[i + 1]}"
+    done
+  }
+  # The q8 grid around Table A's best rate (seed 42) and the fp32 reference's three seeds there.
+  for model in "${models[@]}"; do
+    for name in "${d_methods[@]}"; do
+      best=$(a_best "$model" "$name")
+      for lr in $(ladder_around "$best"); do enqueue_d "$model" "$name" fp32_q8 "$lr" 42; done
+      for seed in 42 1 2; do enqueue_d "$model" "$name" fp32 "$best" "$seed"; done
+    done
+  done
+  run_queue
+  enqueue_d_edge() { enqueue_d "$1" "$2" fp32_q8 "$3" 42; }  # a best q8 rate on the edge
+  extend_edges 2 "$out/d/@MODEL@/@NAME@/fp32_q8" enqueue_d_edge "${d_methods[@]}"
+  # q8's own best rate at seeds 1 and 2; pure bf16 with bf16 and q8 states at Table A's rate.
+  for model in "${models[@]}"; do
+    for name in "${d_methods[@]}"; do
+      lr=$(report best-lr "$out/d/$model/$name/fp32_q8")
+      for seed in 1 2; do enqueue_d "$model" "$name" fp32_q8 "$lr" "$seed"; done
+      best=$(a_best "$model" "$name")
+      for format in bf16 bf16_q8; do
+        for seed in 42 1 2; do enqueue_d "$model" "$name" "$format" "$best" "$seed"; done
+      done
+    done
+  done
+  run_queue
+  report table-d "$out/d" "${models[@]}" | tee "$out/d.md"
   exit 0
 fi
 

@@ -13,6 +13,8 @@
                                                   with clipping at 1.0 (A_DIR) and off (OFF_DIR)
     compare_report.py table-prox PROX_DIR         the proximal method with and without, every rate
                                                   at seeds 42, 1, 2
+    compare_report.py table-d D_DIR MODEL...      Table D: q8 optimizer states against the
+                                                  precision's own (fp32, pure bf16)
     compare_report.py table-c-row METRICS NAME K PLAN_BYTES   one row of Table C
 
 A difference between two methods "counts" when it exceeds twice the larger of their seed spreads
@@ -280,6 +282,69 @@ def table_prox(prox_dir):
          series)
 
 
+def v_at_smallest_code(run_dir):
+    """Of the nonzero 8-bit v codes in the run's last checkpoint, the fraction at code 1 (the
+    unsigned map's smallest positive value, where the zero-point guard holds a tiny v)."""
+    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    path = os.path.join(run_dir, "checkpoints", ckpts[-1], "state.safetensors")
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+        data = f.read()
+    nonzero = smallest = 0
+    for name, t in header.items():
+        if name.endswith("v_q8"):
+            begin, end = t["data_offsets"]
+            codes = data[begin:end]
+            nonzero += len(codes) - codes.count(0)
+            smallest += codes.count(1)
+    return smallest / nonzero
+
+
+D_FORMATS = (("fp32", "fp32", "fp32"), ("fp32_q8", "q8", "fp32"),
+             ("bf16", "bf16", "bf16"), ("bf16_q8", "q8", "bf16"))
+
+
+def table_d(d_dir, models):
+    for model in models:
+        model_dir = os.path.join(d_dir, model)
+        methods = [m for m in LABELS if os.path.isdir(os.path.join(model_dir, m))]
+        grids = {(m, f): grid(os.path.join(model_dir, m, f)) for m in methods
+                 for f, _, _ in D_FORMATS if os.path.isdir(os.path.join(model_dir, m, f))}
+        rates = sorted({lr for g in grids.values() for lr in g}, key=float)
+        print(f"\n**{model}** (final validation loss; seed 42 at each rate, then seeds 42, 1, 2 at "
+              "the best; v at the smallest code: the fraction of nonzero v codes there at step 400, "
+              "mean of the 3 seeds)\n")
+        print("| method | states | precision | " + " | ".join(f"lr {r}" for r in rates) +
+              " | lr | mean of 3 seeds | spread | q8 - the precision's own | v at the smallest code |")
+        print("|---" * (len(rates) + 8) + "|")
+        series = []
+        for m in methods:
+            own = None
+            for f, states, precision in D_FORMATS:
+                if (m, f) not in grids:
+                    continue
+                method_dir = os.path.join(model_dir, m, f)
+                lr = best_lr(method_dir)
+                dirs = [os.path.join(method_dir, f"lr{lr}_s{s}") for s in SEEDS]
+                if not all(os.path.isdir(d) for d in dirs):
+                    continue
+                runs = seed_runs(dirs)
+                cells = [f"{grids[m, f][r]:.4f}" if r in grids[m, f] else "" for r in rates]
+                if states == "q8":
+                    vs = versus(runs, own) if own else "-"
+                    small = f"{statistics.fmean(v_at_smallest_code(d) for d in dirs):.2e}"
+                else:
+                    own, vs, small = runs, "-", "-"
+                print(f"| {LABELS[m]} | {states} | {precision} | " + " | ".join(cells) +
+                      f" | {lr} | {runs['mean']:.4f} | {runs['spread']:.4f} | {vs} | {small} |")
+                if precision == "fp32":
+                    series.append((f"{LABELS[m]}, {states} states (lr {lr})", runs))
+        plot(f"docs/img/compare_d_{model}.png",
+             f"Table D, {model}: fp32 against 8-bit Adam states, mean and min-max of 3 seeds",
+             series)
+
+
 def table_c_row(path, name, interval, plan):
     rows = [json.loads(l) for l in open(path) if '"step_ms"' in l]
     projected = not name.startswith("adamw")
@@ -317,6 +382,8 @@ def main():
         table_clipoff(args[0], args[1], args[2:])
     elif cmd == "table-prox":
         table_prox(*args)
+    elif cmd == "table-d":
+        table_d(args[0], args[1:])
     elif cmd == "table-c-row":
         table_c_row(args[0], args[1], int(args[2]), int(args[3]))
     else:
