@@ -134,7 +134,8 @@ TEST_CASE("row sampling: unbiased, with the variance of its formula", "[row_samp
     }
 }
 
-TEST_CASE("row sampling: a pure function of the stream; no draw of a row of weight 0", "[row_sampling]") {
+TEST_CASE("row sampling: a pure function of the stream, never drawing a row of weight 0",
+          "[row_sampling]") {
   std::vector<double> weight(100);
   for (size_t i = 0; i < weight.size(); i++) weight[i] = i % 3 == 0 ? 0.0 : 1.0 + double(i % 7);
   for (const RowSampler sampler : {RowSampler::Crs, RowSampler::WtaCrs, RowSampler::Bernoulli}) {
