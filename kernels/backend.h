@@ -22,6 +22,7 @@
 //   embedding_*                            embedding                                        test_gpu_elementwise
 //   rmsnorm_*, residual_rmsnorm_forward    rmsnorm (the GPU's one kernel, the CPU's two)    test_gpu_elementwise
 //   residual_forward                       residual                                         test_gpu_elementwise
+//   gather_rows, row_norms                 sampling                                         test_gpu_elementwise
 //   swiglu_*                               swiglu                                           test_gpu_elementwise
 //   attention_* (RoPE inside)              attention, rope                                  test_gpu_attention
 //   head_* (lm_head + cross-entropy)       cross_entropy, linear                            test_gpu_cross_entropy, test_gpu_model
@@ -224,7 +225,7 @@ class Backend : public MemoryResource {
 
   // ---- model ops --------------------------------------------------------------------------------
   virtual void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) = 0;
-  // dx = dy·w (+= when accumulate_dx); dw += dyᵀ·x unless dw is null
+  // dx = dy·w (+= when accumulate_dx) unless dx is null; dw += dyᵀ·x unless dw is null
   virtual void linear_backward(void* dx, void* dw, const void* dy, const void* x, const void* w,
                                int64_t N, int in, int out, bool accumulate_dx) = 0;
   // tokens: the backend's copy; host_tokens: the same on the host (the GPU groups them there)
@@ -259,6 +260,12 @@ class Backend : public MemoryResource {
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N,
                                int F) = 0;
   virtual void residual_forward(void* out, const void* a, const void* b, int64_t n) = 0;
+  // A sampled weight gradient's rows (model/row_sampling.h): out[k, D] = scale[j] · x[rows[j], :]
+  // (act-typed; rows int32 and scale fp32 [k] in backend memory, scale null: 1), and the
+  // sampling weights norms[N] (fp32) = ‖x[n, :]‖₂ of x [N, D].
+  virtual void gather_rows(void* out, const void* x, const int32_t* rows, const float* scale,
+                           int64_t k, int D) = 0;
+  virtual void row_norms(float* norms, const void* x, int64_t N, int D) = 0;
   // The head: logits = nf·wᵀ and *loss (one fp64 of backend memory, overwritten) = the summed
   // cross-entropy over the valid targets (target < 0 is ignored), in a fixed order: the host
   // reads it when it needs it. logits: head_rows(storage(), N, V) x V act elements, lse: N floats.

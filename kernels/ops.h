@@ -91,6 +91,15 @@ void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gu, int64_t N, in
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n);
 
+// ---- row sampling (kernels/cpu/sampling.cpp; src/model/row_sampling.h draws the rows) ---------
+// A sampled weight gradient's stored rows: out[j, :] = scale[j] · x[rows[j], :] for j < k
+// (scale null: 1); out [k, D], rows and scale [k].
+template <typename T>
+void gather_rows(T* out, const T* x, const int32_t* rows, const float* scale, int64_t k, int D);
+// norms[n] = ‖x[n, :]‖₂ in fp32 (the CPU sums in double), x [N, D]: the sampling weights.
+template <typename T>
+void row_norms(float* norms, const T* x, int64_t N, int D);
+
 // ---- cross-entropy (kernels/cpu/cross_entropy.cpp) -------------------------------------------
 // logits[N,V], targets[N] (a negative target is ignored).
 // Returns the SUM of -log softmax(logits)[target] over valid rows; lse[N] keeps logsumexp per row;

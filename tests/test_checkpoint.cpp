@@ -48,7 +48,7 @@ std::vector<json> read_rows(const std::string& path) {
 // "-proximal": the small-batch proximal method, inner loops of 3 steps (GRASS's refresh interval).
 // "-q8": 8-bit moments in blocks of 64 on a model of width 64, so the embedding, lm_head and
 // every GRASS target but k and v (32 x 64) are quantized (GRASS's per feature when lean); the
-// smaller tensors keep the precision's moments.
+// smaller tensors keep the precision's moments. "-sampled": sampled activations at keep 0.4.
 json small_run(const test::TempDir& dir, const std::string& out, std::string optimizer) {
   const auto suffix = [&](const std::string& tail) {
     if (!optimizer.ends_with(tail)) return false;
@@ -56,6 +56,7 @@ json small_run(const test::TempDir& dir, const std::string& out, std::string opt
     return true;
   };
   const bool q8 = suffix("-q8");
+  const bool sampled = suffix("-sampled");
   const bool proximal = suffix("-proximal");
   const bool padded = suffix("-padded");
   const bool lean = optimizer == "grass-lean";
@@ -88,6 +89,8 @@ json small_run(const test::TempDir& dir, const std::string& out, std::string opt
     if (optimizer == "grass") run["optimizer"]["state_blocking"] = lean ? "feature" : "flat";
     if (optimizer == "flora") run["optimizer"]["state_blocking"] = "feature";
   }
+  if (sampled)  // draws on every step but GRASS's refreshes: resumed, the same rows again
+    run["activations"] = {{"sample", optimizer == "grass" ? "wta-crs" : "bernoulli"}, {"keep", 0.4}};
   if (padded) {
     run["model"]["intermediate_size"] = 44;
     run["pad_ffn"] = "on";
@@ -109,7 +112,8 @@ TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[che
       GENERATE(as<std::string>{}, "adamw", "grass", "grass-lean", "galore", "flora",
                "adamw-padded", "grass-lean-padded", "adamw-proximal", "grass-proximal",
                "grass-lean-proximal", "adamw-q8", "adamw-proximal-q8", "grass-q8",
-               "grass-lean-q8", "grass-proximal-q8", "galore-q8", "flora-q8");
+               "grass-lean-q8", "grass-proximal-q8", "galore-q8", "flora-q8", "adamw-sampled",
+               "grass-sampled");
   const test::TempDir dir("grass_test_checkpoint");
   const RunConfig whole = parse(small_run(dir, "whole", optimizer));
   CHECK(model_memory_options(whole, storage_for(whole.precision, false)).fused_update ==

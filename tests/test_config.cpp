@@ -613,6 +613,34 @@ TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[co
     run["memory_limit"] = bad;
     CHECK_THAT(run_error(run), Contains("run.json: memory_limit: expected a size such as"));
   }
+}
+
+TEST_CASE("sampled activations: the keys, their bounds, and checkpointing none only", "[config][sampled]") {
+  json run = tiny_run();
+  CHECK_FALSE(grass::parse_run_config(run, "").activations.on());
+  run["activations"] = {{"sample", "wta-crs"}, {"keep", 0.3}};
+  const grass::RunConfig c = grass::parse_run_config(run, "");
+  CHECK(c.activations.sample == grass::ActivationSample::WtaCrs);
+  CHECK(c.activations.keep == 0.3);
+  run["activations"] = {{"sample", "bernoulli"}};
+  CHECK(grass::parse_run_config(run, "").activations.keep == 0.5);
+  run["activations"] = {{"sample", "rad"}};
+  CHECK(run_error(run) == "run.json: activations.sample: unknown sampler \"rad\" (supported: "
+                          "\"none\", \"crs\", \"wta-crs\", \"bernoulli\")");
+  for (const double keep : {0.0, 1.0, 1.5, -0.2}) {
+    run["activations"] = {{"sample", "crs"}, {"keep", keep}};
+    CHECK_THAT(run_error(run), Contains("run.json: activations.keep: must be in (0, 1): the share "
+                                        "of token rows stored, got"));
+  }
+  run["activations"] = {{"sample", "crs"}, {"ratio", 0.3}};
+  CHECK_THAT(run_error(run), Contains("run.json: activations.ratio: unknown key"));
+  run["activations"] = {{"sample", "crs"}};
+  run["activation_checkpointing"] = "elementwise";
+  CHECK(run_error(run) == "run.json: activations.sample: samples the inputs that only weight "
+                          "gradients read, which activation_checkpointing \"elementwise\" does "
+                          "not keep: sampling needs \"none\"");
+  run["activations"]["sample"] = "none";  // off: any checkpointing
+  CHECK(grass::parse_run_config(run, "").activation_checkpointing == grass::Checkpointing::Elementwise);
   run["memory_limit"] = 3.5;
   CHECK_THAT(run_error(run), Contains("got number 3.5"));
 }
@@ -662,6 +690,11 @@ TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
   reloaded.model_path = original.model_path;
   CHECK(reloaded == original);
   CHECK(grass::to_json(reloaded) == written);
+
+  original.activation_checkpointing = grass::Checkpointing::None;  // what sampling needs
+  original.activations = {grass::ActivationSample::Bernoulli, 0.25};
+  const std::string sampled = write_temp_file("config.json", grass::to_json(original).dump(2));
+  CHECK(grass::load_run_config(sampled).activations == original.activations);
 }
 
 TEST_CASE("grass optimizer keys are read and checked against the model", "[config]") {

@@ -1,5 +1,8 @@
 // `grass mem`'s plan against what a run really allocates, and against the arithmetic of
 // GRASS.md: weights, dense and compressed gradients, optimizer states.
+#include <algorithm>
+#include <cmath>
+
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -42,11 +45,12 @@ RunConfig small_run(const std::string& optimizer) {
 TEST_CASE("the memory plan equals what a run allocates, category by category", "[memory]") {
   for (const std::string optimizer : {"adamw", "grass", "galore", "flora"})
   for (const std::string precision : {"fp32", "bf16-mixed", "bf16"})
-  for (const std::string checkpointing : {"none", "elementwise", "layer"})
+  for (const std::string checkpointing : {"none", "elementwise", "layer", "sampled"})
   for (const std::string fused : {"off", "on"}) {
     INFO(optimizer << " " << precision << ", checkpointing " << checkpointing << ", fused " << fused);
     RunConfig cfg = small_run(optimizer);
-    cfg.activation_checkpointing = test::named<Checkpointing>(checkpointing);
+    if (checkpointing == "sampled") cfg.activations = {ActivationSample::Bernoulli, 0.3};
+    else cfg.activation_checkpointing = test::named<Checkpointing>(checkpointing);
     cfg.fused_update = test::named<Switch>(fused);
     const Storage cpu = storage_for(test::named<PrecisionChoice>(precision), false);
     const MemoryPlan plan = plan_memory(cfg, cpu);
@@ -77,6 +81,31 @@ TEST_CASE("elementwise recomputation keeps one n1, n2 and act for all layers", "
       CHECK(none.bytes[c] - elementwise.bytes[c] == saved);
     }
   }
+}
+
+TEST_CASE("sampled activations keep k rows of n1, n2 and act per layer but the last", "[memory]") {
+  for (const std::string precision : {"fp32", "bf16"})
+    for (const ActivationSample sampler : {ActivationSample::WtaCrs, ActivationSample::Bernoulli}) {
+      INFO(precision << " " << name_of(sampler));
+      RunConfig cfg = small_run("grass");
+      const Storage storage = storage_for(test::named<PrecisionChoice>(precision), false);
+      cfg.activation_checkpointing = Checkpointing::Elementwise;
+      const MemoryPlan elementwise = plan_memory(cfg, storage);
+      cfg.activation_checkpointing = Checkpointing::None;
+      cfg.activations = {sampler, 0.3};
+      const MemoryPlan sampled = plan_memory(cfg, storage);
+      const int64_t N = 2 * 16, C = 32, F = 86, L = 2, QD = 32;  // small_run's shapes
+      // k = round(0.3 N) = 10 rows; bernoulli's count is binomial: room for 8 deviations
+      const int64_t k = sampler == ActivationSample::Bernoulli
+                            ? std::min<int64_t>(N, int64_t(std::ceil(10 + 8 * std::sqrt(N * (10.0 / N) * (1 - 10.0 / N)))) + 1)
+                            : 10;
+      const int64_t kept = (L - 1) * (k * (2 * C + F) * storage.act_bytes + 3 * k * 4);
+      const int64_t workspace = k * 4 + N * 4 + k * std::max({QD, F, C}) * storage.act_bytes;
+      CHECK(sampled.bytes[int(MemCategory::Activations)] -
+                elementwise.bytes[int(MemCategory::Activations)] == kept);
+      CHECK(sampled.bytes[int(MemCategory::Workspace)] -
+                elementwise.bytes[int(MemCategory::Workspace)] == workspace);
+    }
 }
 
 TEST_CASE("planned weights and gradients and optimizer states follow GRASS.md's arithmetic",

@@ -135,6 +135,13 @@ class CpuBackend final : public Backend {
   void residual_forward(void* out, const void* a, const void* b, int64_t n) override {
     ops::residual_forward(f(out), f(a), f(b), n);
   }
+  void gather_rows(void* out, const void* x, const int32_t* rows, const float* scale, int64_t k,
+                   int D) override {
+    ops::gather_rows(f(out), f(x), rows, scale, k, D);
+  }
+  void row_norms(float* norms, const void* x, int64_t N, int D) override {
+    ops::row_norms(norms, f(x), N, D);
+  }
   void head_forward(void* logits, float* lse, double* loss, const void* nf, const void* w,
                     const int32_t* targets, int64_t N, int C, int V) override {
     ops::linear_forward(f(logits), f(nf), f(w), N, C, V);

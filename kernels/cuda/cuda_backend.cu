@@ -233,7 +233,7 @@ class CudaBackend final : public Backend {
   }
   void linear_backward(void* dx, void* dw, const void* dy, const void* x, const void* w, int64_t N,
                        int in, int out, bool accumulate_dx) override {
-    cuda::linear_backward_dx(ctx_, b(dx), b(dy), b(w), N, in, out, accumulate_dx);
+    if (dx) cuda::linear_backward_dx(ctx_, b(dx), b(dy), b(w), N, in, out, accumulate_dx);
     if (dw) cuda::linear_backward_dw(ctx_, dw, grad_type(), b(dy), b(x), N, in, out);
   }
   void embedding_forward(void* out, const int32_t* tokens, const void* table, int64_t N,
@@ -323,6 +323,13 @@ class CudaBackend final : public Backend {
 
   void residual_forward(void* out, const void* a, const void* c, int64_t n) override {
     cuda::residual_forward(ctx_, b(out), b(a), b(c), n);
+  }
+  void gather_rows(void* out, const void* x, const int32_t* rows, const float* scale, int64_t k,
+                   int D) override {
+    cuda::gather_rows(ctx_, b(out), b(x), rows, scale, k, D);
+  }
+  void row_norms(float* norms, const void* x, int64_t N, int D) override {
+    cuda::row_norms(ctx_, norms, b(x), N, D);
   }
   // The head in chunks of head_rows() tokens: the logits of a chunk exist only while it is worked
   // on. `lse` holds each row's loss here (0 for an ignored target), summed in a fixed order on

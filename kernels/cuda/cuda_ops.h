@@ -115,6 +115,13 @@ void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dou
 // out = a + b (out may alias a)
 void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t n);
 
+// ---- row sampling (kernels/cuda/sampling.cu) -------------------------------------------------
+// out[j, :] = scale[j] · x[rows[j], :] for j < k (scale null: 1), rounded once; out [k, D]
+void gather_rows(const Context& ctx, bf16* out, const bf16* x, const int32_t* rows,
+                 const float* scale, int64_t k, int D);
+// norms[n] = ‖x[n, :]‖₂ in fp32, x [N, D]
+void row_norms(const Context& ctx, float* norms, const bf16* x, int64_t N, int D);
+
 // ---- causal attention with GQA (kernels/cuda/attention.cu) -----------------------------------
 // q[B,T,NH,HD], k,v[B,T,NKV,HD]; query head h reads kv head h / (NH/NKV). Flash-style: the T x T
 // scores never exist in memory; the forward keeps lse[B,NH,T] (natural-log logsumexp of the scaled

@@ -36,6 +36,11 @@ constexpr ChoiceName<DeviceChoice> kDeviceNames[] = {
     {DeviceChoice::Auto, "auto"}, {DeviceChoice::Cpu, "cpu"}, {DeviceChoice::Cuda, "cuda"}};
 constexpr ChoiceName<Checkpointing> kCheckpointingNames[] = {
     {Checkpointing::None, "none"}, {Checkpointing::Elementwise, "elementwise"}, {Checkpointing::Layer, "layer"}};
+constexpr ChoiceName<ActivationSample> kActivationSampleNames[] = {
+    {ActivationSample::None, "none"},
+    {ActivationSample::Crs, "crs"},
+    {ActivationSample::WtaCrs, "wta-crs"},
+    {ActivationSample::Bernoulli, "bernoulli"}};
 constexpr ChoiceName<Switch> kSwitchNames[] = {
     {Switch::Auto, "auto"}, {Switch::On, "on"}, {Switch::Off, "off"}};
 constexpr ChoiceName<AttentionChoice> kAttentionNames[] = {{AttentionChoice::Grass, "grass"},
@@ -64,6 +69,8 @@ template <>
 std::span<const ChoiceName<DeviceChoice>> choice_names() { return kDeviceNames; }
 template <>
 std::span<const ChoiceName<Checkpointing>> choice_names() { return kCheckpointingNames; }
+template <>
+std::span<const ChoiceName<ActivationSample>> choice_names() { return kActivationSampleNames; }
 template <>
 std::span<const ChoiceName<Switch>> choice_names() { return kSwitchNames; }
 template <>

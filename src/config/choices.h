@@ -37,6 +37,10 @@ enum class DeviceChoice { Auto, Cpu, Cuda };
 // elementwise ops that only weight gradients read, the two norms' and SwiGLU's ("elementwise");
 // or keep only each layer's input and recompute the rest of the layer ("layer").
 enum class Checkpointing { None, Elementwise, Layer };
+// activations.sample: keep the inputs that only weight gradients read exactly ("none") or as a
+// sample of their token rows (model/row_sampling.h): column-row sampling ("crs"), its
+// winner-take-all variant ("wta-crs") or RAD-style Bernoulli masks ("bernoulli").
+enum class ActivationSample { None, Crs, WtaCrs, Bernoulli };
 // fused_update, pad_ffn: "auto" (decided by the backend and precision) | "on" | "off".
 enum class Switch { Auto, On, Off };
 // attention: the engine's own kernels ("grass") or cuDNN's fused flash attention ("cudnn").
@@ -73,6 +77,8 @@ template <>
 std::span<const ChoiceName<DeviceChoice>> choice_names();
 template <>
 std::span<const ChoiceName<Checkpointing>> choice_names();
+template <>
+std::span<const ChoiceName<ActivationSample>> choice_names();
 template <>
 std::span<const ChoiceName<Switch>> choice_names();
 template <>

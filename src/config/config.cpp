@@ -194,6 +194,7 @@ const std::vector<std::string> kRunKeys = {
     "precision",
     "device",
     "activation_checkpointing",
+    "activations",
     "fused_update",
     "pad_ffn",
     "attention",
@@ -491,6 +492,19 @@ void read_precision(const ObjectReader& run, RunConfig& c) {
 void read_memory(const ObjectReader& run, RunConfig& c) {
   c.activation_checkpointing =
       read_enum(run, "activation_checkpointing", "mode", c.activation_checkpointing);
+  if (const json* sampled = run.find("activations")) {
+    const ObjectReader a(*sampled, run.at("activations"));
+    a.reject_unknown_keys({"sample", "keep"});
+    c.activations.sample = read_enum(a, "sample", "sampler", c.activations.sample);
+    c.activations.keep = a.number("keep").value_or(c.activations.keep);
+    require(c.activations.keep > 0 && c.activations.keep < 1, a.at("keep"),
+            "in (0, 1): the share of token rows stored", c.activations.keep);
+    if (c.activations.on() && c.activation_checkpointing != Checkpointing::None)
+      a.at("sample").fail(std::string("samples the inputs that only weight gradients read, which "
+                                      "activation_checkpointing \"") +
+                          name_of(c.activation_checkpointing) +
+                          "\" does not keep: sampling needs \"none\"");
+  }
   c.fused_update = read_enum(run, "fused_update", "mode", c.fused_update);
   c.pad_ffn = read_enum(run, "pad_ffn", "mode", c.pad_ffn);
   c.attention = read_enum(run, "attention", "kernel", c.attention);
@@ -737,6 +751,9 @@ json to_json(const RunConfig& c) {
   };
   if (!c.init_from.empty()) run["init_from"] = c.init_from;
   if (c.memory_limit > 0) run["memory_limit"] = format_memory_size(c.memory_limit);
+  // only when on, so a checkpoint from before the key resumes without a warning about it
+  if (c.activations.on())
+    run["activations"] = {{"sample", name_of(c.activations.sample)}, {"keep", c.activations.keep}};
   return run;
 }
 

@@ -132,6 +132,15 @@ struct ScheduleConfig {
   bool operator==(const ScheduleConfig&) const = default;
 };
 
+// Sampled inputs of the weight gradients (model/row_sampling.h): the sampler, and the share of
+// a micro-batch's token rows stored (bernoulli: each row's probability).
+struct SampledActivations {
+  ActivationSample sample = ActivationSample::None;
+  double keep = 0.5;
+  bool on() const { return sample != ActivationSample::None; }
+  bool operator==(const SampledActivations&) const = default;
+};
+
 struct RunConfig {
   std::string source;               // the file this came from (for messages); "" if inline
   ModelConfig model;
@@ -155,6 +164,10 @@ struct RunConfig {
   // layer: keep only each layer's input and recompute the rest of the layer in the backward
   // (one layer's activations at a time instead of every layer's).
   Checkpointing activation_checkpointing = Checkpointing::None;
+  // activations: {"sample", "keep"}: with activation_checkpointing "none", the inputs that only
+  // weight gradients read stored as keep·N sampled token rows (the estimate, unbiased, replaces
+  // those gradients on steps without a refresh; docs/configs.md).
+  SampledActivations activations;
   // Apply each gradient as soon as the backward forms it, so no gradient buffer for the whole
   // model exists (needs one micro-batch per step; auto: on in pure bf16).
   Switch fused_update = Switch::Auto;

@@ -163,7 +163,9 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
   };
   const int L = cfg_.num_hidden_layers;
   const bool per_layer = memory_.checkpointing == Checkpointing::Layer;
-  const bool elementwise = memory_.checkpointing == Checkpointing::Elementwise;
+  // sampled: the full n1, n2 and act exist only in the forward (and an exact backward's recompute)
+  const bool elementwise =
+      memory_.checkpointing == Checkpointing::Elementwise || memory_.sampled.on();
   acts_.resize(L);
   for (int l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
@@ -195,6 +197,16 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     a.gu = act(q + "gate_up", N * 2 * F);
     recomputable(&LayerActs::act, "act", N * F);
   }
+  if (!memory_.sampled.on()) return;
+  GRASS_CHECK(memory_.checkpointing == Checkpointing::None, "sampled activations need checkpointing none");
+  const int width[SampledInputs::kInputs] = {int(C), int(C), int(F)};
+  const int widest_dy = int(std::max({QD, F, C}));  // q's, gate's and up's, down's
+  sampled_ = std::make_unique<SampledInputs>(memory_.sampled, *backend_, arena, L - 1, N, width,
+                                             widest_dy);
+}
+
+void LlamaModel::begin_sampled_step(uint64_t seed, int64_t step, int rank, bool exact) {
+  if (sampled_) sampled_->begin_step(seed, step, rank, exact);
 }
 
 namespace {
@@ -218,14 +230,20 @@ LlamaModel::LayerWeights LlamaModel::layer_weights(int l) {
 }
 
 void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, LayerTensor t, const void* w,
-                                 const void* dy, const void* x, int64_t N, int in, int out) {
+                                 const void* dy, const void* x, int64_t N, int in, int out,
+                                 const SampledInputs::Kept* kept) {
   const int index = layer_tensor_index(l, t);
+  if (kept) {  // dx from every row, then the weight gradient from the kept rows alone
+    backend_->linear_backward(dx, nullptr, dy, nullptr, w, N, in, out, accumulate_dx);
+    backend_->gather_rows(sampled_->dy_rows(), dy, kept->rows, nullptr, kept->k, out);
+    dx = nullptr, dy = sampled_->dy_rows(), x = kept->x, N = kept->k;
+  }
   if (tensors_[index].dense()) {
     backend_->linear_backward(dx, begin_gradient(index), dy, x, w, N, in, out, accumulate_dx);
     end_gradient(index);
     return;
   }
-  backend_->linear_backward(dx, nullptr, dy, x, w, N, in, out, accumulate_dx);  // dx only
+  if (dx) backend_->linear_backward(dx, nullptr, dy, x, w, N, in, out, accumulate_dx);  // dx only
   GRASS_CHECK(sink_, "a projected tensor needs a GradientSink");
   sink_->projected(index, dy, x, N);
 }
@@ -316,13 +334,18 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   be.linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
   be.linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
   be.linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
+  // a sampled pass keeps rows of each input before the next layer overwrites the shared buffer
+  const bool keep = sampled_pass_ && l < cfg_.num_hidden_layers - 1;
+  if (keep) sampled_->keep(l, SampledInputs::N1, a.n1, N);
   be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD, theta);  // RoPE inside
   be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
   // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
   be.residual_rmsnorm_forward(a.h, a.n2, a.rstd2, a.x_in, ws_.proj, w.mlp_norm, N, C, eps);
   // gate_proj and up_proj as one GEMM: their weights are adjacent, one [2F, C] matrix
   be.linear_forward(a.gu, a.n2, w.wgate, N, C, 2 * F);
+  if (keep) sampled_->keep(l, SampledInputs::N2, a.n2, N);
   be.swiglu_forward(a.act, a.gu, N, F);
+  if (keep) sampled_->keep(l, SampledInputs::Act, a.act, N);
   if (!to_output) return;
   be.linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
   // x_next and its norm: the next layer's n1, or after the last layer the final norm
@@ -357,6 +380,7 @@ std::vector<double> LlamaModel::take_losses() {
 }
 
 void LlamaModel::forward_async(const int32_t* inputs, const int32_t* targets, int B) {
+  sampled_pass_ = false;
   forward_to_head(inputs, targets, B);
   const TraceRange range("head");
   backend_->head_forward(logits_, lse_, next_loss_sum(), nf_, lm_head_weights(), targets_,
@@ -365,6 +389,7 @@ void LlamaModel::forward_async(const int32_t* inputs, const int32_t* targets, in
 
 void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets, int B,
                                   double loss_scale) {
+  sampled_pass_ = sampled_ && sampled_->begin_pass();
   forward_to_head(inputs, targets, B);
   const int64_t N = int64_t(B) * T_;
   const int C = cfg_.hidden_size, V = cfg_.vocab_size;
@@ -451,16 +476,25 @@ void LlamaModel::backward_from_head(int lm_head) {
     // recomputed: per layer from the layer's input, elementwise each just before it is read.
     const bool recompute = l < L - 1;
     if (memory_.checkpointing == Checkpointing::Layer && recompute) layer_forward(l, B, false);
-    const bool elementwise = memory_.checkpointing == Checkpointing::Elementwise && recompute;
+    // A sampled pass reads the kept rows; otherwise shared inputs are recomputed (elementwise).
+    const bool sampled = sampled_pass_ && recompute;
+    const bool elementwise = (memory_.checkpointing == Checkpointing::Elementwise || sampled_) &&
+                             recompute && !sampled;
+    auto kept = [&](SampledInputs::Input input) {
+      return sampled ? &sampled_->kept(l, input) : nullptr;
+    };
     const LayerWeights w = layer_weights(l);
     const LayerActs& a = acts_[l];
     // MLP block; dres holds d(x_next) and becomes d(h)
     if (elementwise) be.swiglu_forward(a.act, a.gu, N, F);
-    linear_backward(ws_.dact, false, l, LayerTensor::Down, w.wdown, ws_.dres, a.act, N, F, C);
+    linear_backward(ws_.dact, false, l, LayerTensor::Down, w.wdown, ws_.dres, a.act, N, F, C,
+                    kept(SampledInputs::Act));
     be.swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gu, N, F);
     if (elementwise) be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
-    linear_backward(ws_.dnorm, false, l, LayerTensor::Gate, w.wgate, ws_.dgate, a.n2, N, C, F);
-    linear_backward(ws_.dnorm, true, l, LayerTensor::Up, w.wup, ws_.dup, a.n2, N, C, F);
+    linear_backward(ws_.dnorm, false, l, LayerTensor::Gate, w.wgate, ws_.dgate, a.n2, N, C, F,
+                    kept(SampledInputs::N2));
+    linear_backward(ws_.dnorm, true, l, LayerTensor::Up, w.wup, ws_.dup, a.n2, N, C, F,
+                    kept(SampledInputs::N2));
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::MlpNorm)), ws_.dnorm, a.h,
                         w.mlp_norm, a.rstd2, N, C);
     end_gradient(layer_tensor_index(l, LayerTensor::MlpNorm));
@@ -469,9 +503,12 @@ void LlamaModel::backward_from_head(int lm_head) {
     be.attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.datt, a.att, a.saved, a.q, a.k, a.v, B, T,
                           NH, NKV, HD, theta);
     if (elementwise) be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
-    linear_backward(ws_.dnorm, false, l, LayerTensor::Q, w.wq, ws_.dq, a.n1, N, C, NH * HD);
-    linear_backward(ws_.dnorm, true, l, LayerTensor::K, w.wk, ws_.dk, a.n1, N, C, NKV * HD);
-    linear_backward(ws_.dnorm, true, l, LayerTensor::V, w.wv, ws_.dv, a.n1, N, C, NKV * HD);
+    linear_backward(ws_.dnorm, false, l, LayerTensor::Q, w.wq, ws_.dq, a.n1, N, C, NH * HD,
+                    kept(SampledInputs::N1));
+    linear_backward(ws_.dnorm, true, l, LayerTensor::K, w.wk, ws_.dk, a.n1, N, C, NKV * HD,
+                    kept(SampledInputs::N1));
+    linear_backward(ws_.dnorm, true, l, LayerTensor::V, w.wv, ws_.dv, a.n1, N, C, NKV * HD,
+                    kept(SampledInputs::N1));
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::AttnNorm)), ws_.dnorm,
                         a.x_in, w.attn_norm, a.rstd1, N, C);
     end_gradient(layer_tensor_index(l, LayerTensor::AttnNorm));
@@ -480,6 +517,7 @@ void LlamaModel::backward_from_head(int lm_head) {
   end_gradient(embed);
   if (!memory_.fused_update) be.store_gradients(grads_, num_dense_grads());
   B_ = 0;  // on the CPU the logits now hold their gradient: a second backward() needs a forward()
+  sampled_pass_ = false;
 }
 
 }  // namespace grass

@@ -18,10 +18,12 @@
 #include "src/core/arena.h"
 #include "src/model/gradient_sink.h"
 #include "src/model/parameter_set.h"
+#include "src/model/sampled_inputs.h"
 
 namespace grass {
 
-// How the model holds its memory (all change memory and time, never the numbers computed).
+// How the model holds its memory (all but `sampled` change memory and time, never the numbers
+// computed).
 struct ModelMemoryOptions {
   // What the backward recomputes instead of keeping from the forward. Elementwise: the layer's
   // two RMSNorm outputs and its SwiGLU product (n1, n2, act: 2C + F of a token's 8C + 3F kept
@@ -40,6 +42,10 @@ struct ModelMemoryOptions {
   bool pad_ffn = false;
   // Which kernels the GPU computes attention with (they size the backend's scratch).
   AttentionKernel attention = AttentionKernel::Grass;
+  // With checkpointing None: n1, n2 and act kept as sampled token rows, shared in the forward as
+  // with Elementwise (model/sampled_inputs.h). Changes the weight gradients of the steps that
+  // draw (begin_sampled_step) to unbiased estimates; nothing else.
+  SampledActivations sampled = {};
 };
 constexpr int kFfnRowMultiple = 8;
 // The ffn width a model with these options stores (cfg.intermediate_size, padded with pad_ffn).
@@ -149,6 +155,10 @@ class LlamaModel {
   // The same numbers as the two calls.
   void forward_backward(const int32_t* inputs, const int32_t* targets, int B, double loss_scale);
   int64_t valid_targets() const { return valid_; }
+  // Sampled activations (ModelMemoryOptions::sampled; nothing without them): the draws of the
+  // training micro-batches of `step` on this rank, or none when `exact` (a refresh step). Before
+  // each step's first forward_backward; forward() and backward() never draw.
+  void begin_sampled_step(uint64_t seed, int64_t step, int rank, bool exact);
 
   // FLOPs of one forward+backward per token, counted as the engine does them: 6 per weight
   // element of every matmul, plus attention's 2·(2·T·C) per layer forward, times 3.
@@ -201,8 +211,11 @@ class LlamaModel {
   };
   StreamNorm stream_norm(int l);
   // dx (overwritten, or accumulated) and the weight gradient of layer l's tensor t, y = x·wᵀ
+  // With `kept` (a sampled pass), dx from every row and the weight gradient estimated from the
+  // kept rows of x.
   void linear_backward(void* dx, bool accumulate_dx, int l, LayerTensor t, const void* w,
-                       const void* dy, const void* x, int64_t N, int in, int out);
+                       const void* dy, const void* x, int64_t N, int in, int out,
+                       const SampledInputs::Kept* kept = nullptr);
   // Where tensors_[index]'s gradient is to be formed (fused: the shared buffer, zeroed), and the
   // signal that it is complete (fused: rounded to its storage and handed to the sink's
   // dense_ready).
@@ -227,8 +240,10 @@ class LlamaModel {
   std::vector<int64_t> off_layer_;  // offset of each layer's first tensor
 
   // Checkpointing per layer: every layer has its own x_in and shares the rest with the others;
-  // elementwise: the layers share n1, n2 and act.
+  // elementwise and sampled: the layers share n1, n2 and act.
   std::vector<LayerActs> acts_;
+  std::unique_ptr<SampledInputs> sampled_;  // the kept rows of layers 0 .. L-2; null: none
+  bool sampled_pass_ = false;               // the last forward drew rows: its backward uses them
   int32_t* inputs_ = nullptr;   // [N] backend memory
   int32_t* targets_ = nullptr;  // [N] backend memory
   std::vector<int32_t> host_inputs_;  // the same on the host

@@ -94,6 +94,11 @@ void Grass::begin_step(int64_t step) {
     if (step >= t.phase && (step - t.phase) % K == 0) t.needs_selection = true;
 }
 
+bool Grass::needs_exact_activations() const {
+  return std::any_of(targets_.begin(), targets_.end(),
+                     [](const Target& t) { return t.needs_selection; });
+}
+
 void Grass::accumulate(int tensor, void* gc, const void* dy, const void* x, int64_t N) {
   Target& t = target(tensor);
   if (t.needs_selection) select(t, dy, x, N);

@@ -54,6 +54,7 @@ class Grass final : public Optimizer {
     return cfg_.projection.selection != Selection::Uniform &&
            cfg_.projection.selection != Selection::UniformNR;
   }
+  bool needs_exact_activations() const override;  // a target selects this step
 
   // Per target: the steps since its refresh, whether it is due to select and, when repeated
   // draws were merged, the draw counts, in "grass_targets".

@@ -179,6 +179,10 @@ void GaLore::begin_step(int64_t step) {
     std::fill(needs_refresh_.begin(), needs_refresh_.end(), true);
 }
 
+bool GaLore::needs_exact_activations() const {
+  return std::find(needs_refresh_.begin(), needs_refresh_.end(), true) != needs_refresh_.end();
+}
+
 void GaLore::refresh_from(size_t k, const float* g) {
   const Target& t = targets_[k];
   GaloreBasisMethod how = method_;  // the test matrix: a stream per refresh and target

@@ -110,6 +110,7 @@ class GaLore final : public LowRankOptimizer {
   std::string describe() const override;
   bool refresh_sums_full_gradients() const override { return true; }  // the SVD's input
   void begin_step(int64_t step) override;
+  bool needs_exact_activations() const override;  // a refresh step
   const char* state_key() const override { return "galore_targets"; }
   // The projection of a target tensor (backend memory, fp32 [side, r]).
   const float* basis(int tensor) const { return P_[index_of(tensor)]; }

@@ -110,4 +110,10 @@ double OptimizerSet::flops_saved_per_token() const {
   return saved;
 }
 
+bool OptimizerSet::needs_exact_activations() const {
+  for (const auto& o : all_)
+    if (o->needs_exact_activations()) return true;
+  return false;
+}
+
 }  // namespace grass

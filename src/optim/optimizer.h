@@ -95,6 +95,9 @@ class Optimizer {
   // Whether a refresh sums every target's full gradient (fp32) over the ranks (the memory plan's
   // refresh figure).
   virtual bool refresh_sums_full_gradients() const { return false; }
+  // After begin_step: whether this step's backward must hand it exact dy and x (a refresh that
+  // selects from or decomposes the full gradient); sampled activations then draw nothing.
+  virtual bool needs_exact_activations() const { return false; }
 
   // Checkpoints: what lives outside its buffers goes into state.json under state_key().
   virtual const char* state_key() const { return nullptr; }  // null: nothing beyond the buffers
@@ -129,6 +132,7 @@ class OptimizerSet {
     return nullptr;
   }
   double flops_saved_per_token() const;
+  bool needs_exact_activations() const;  // any of them, this step
 
  private:
   std::vector<std::unique_ptr<Optimizer>> all_;

@@ -8,6 +8,7 @@
 
 #include "src/core/error.h"
 #include "kernels/backend.h"
+#include "src/config/json_check.h"
 #include "src/core/format.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
@@ -105,6 +106,31 @@ int64_t cudnn_workspace_bytes(const RunConfig& cfg) {
                                          m.head_dim());
 }
 
+// The run with its activations kept each way: the three checkpointing modes, then sampled at
+// keep 0.5 and 0.3 (and the run's own keep), with the run's sampler or else wta-crs.
+struct ActivationMode {
+  std::string name;
+  RunConfig cfg;
+};
+std::vector<ActivationMode> activation_modes(const RunConfig& cfg) {
+  std::vector<ActivationMode> modes;
+  for (const ChoiceName<Checkpointing>& c : choice_names<Checkpointing>()) {
+    modes.push_back({c.name, cfg});
+    modes.back().cfg.activation_checkpointing = c.value;
+    modes.back().cfg.activations.sample = ActivationSample::None;
+  }
+  std::vector<double> keeps = {0.5, 0.3};
+  if (cfg.activations.on() && std::find(keeps.begin(), keeps.end(), cfg.activations.keep) == keeps.end())
+    keeps.insert(keeps.begin(), cfg.activations.keep);
+  const ActivationSample sampler = cfg.activations.on() ? cfg.activations.sample : ActivationSample::WtaCrs;
+  for (const double keep : keeps) {
+    modes.push_back({std::string("sampled (") + name_of(sampler) + ", keep " + json_check::format_number(keep) + ")", cfg});
+    modes.back().cfg.activation_checkpointing = Checkpointing::None;
+    modes.back().cfg.activations = {sampler, keep};
+  }
+  return modes;
+}
+
 std::string plan_label(const RunConfig& cfg) {
   std::string label = name_of(cfg.optimizer.kind);
   if (is_projected(cfg.optimizer.kind))
@@ -142,7 +168,7 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
            ", for every optimizer below\n";
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   out += std::string("memory  activations ") +
-         activations_kept(memory.checkpointing) +
+         activations_kept(memory) +
          ", updates " + (memory.fused_update ? "fused into the backward" : "after the backward") +
          "\n";
   if (memory.attention == AttentionKernel::Cudnn)  // in workspace; the T² term dominates long T
@@ -171,6 +197,17 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   table_row("+ at a refresh", [&](size_t i) {
     return plans[i].refresh_sum_bytes > 0 ? format_bytes(plans[i].refresh_sum_bytes) : std::string("-");
   });
+  // What each way of keeping activations takes, for the run's optimizer (the rest is the same).
+  std::snprintf(line, sizeof line, "%-34s %14s %14s\n",
+                ("activations kept, " + plan_label(cfg) + ":").c_str(), "activations", "total");
+  out += line;
+  for (const ActivationMode& mode : activation_modes(cfg)) {
+    const MemoryPlan p = plan_memory(mode.cfg, storage);
+    std::snprintf(line, sizeof line, "  %-32s %14s %14s\n", mode.name.c_str(),
+                  format_bytes(p.bytes[int(MemCategory::Activations)]).c_str(),
+                  format_bytes(p.total).c_str());
+    out += line;
+  }
   const MemoryPlan& run = plans[0];
   if (cfg.memory_limit > 0) {
     const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
@@ -213,6 +250,16 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"flops_per_token", plan.flops_per_token},
   };
   if (is_projected(cfg.optimizer.kind)) out["rank"] = cfg.optimizer.projection.rank;
+  if (cfg.activations.on())
+    out["activations"] = {{"sample", name_of(cfg.activations.sample)}, {"keep", cfg.activations.keep}};
+  nlohmann::json modes = nlohmann::json::array();
+  for (const ActivationMode& mode : activation_modes(cfg)) {
+    const MemoryPlan p = plan_memory(mode.cfg, storage);
+    modes.push_back({{"mode", mode.name},
+                     {"activations", p.bytes[int(MemCategory::Activations)]},
+                     {"total", p.total}});
+  }
+  out["activation_modes"] = modes;
   if (memory.attention == AttentionKernel::Cudnn)
     out["cudnn_workspace_bytes"] = cudnn_workspace_bytes(cfg);
   if (storage.cuda) out["gpu_headroom_bytes"] = kGpuHeadroomBytes;

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "src/config/json_check.h"
 #include "src/core/error.h"
 
 namespace grass {
@@ -46,6 +47,7 @@ Storage storage_for(PrecisionChoice precision, bool cuda) {
 ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage) {
   ModelMemoryOptions options;
   options.checkpointing = cfg.activation_checkpointing;
+  options.sampled = cfg.activations;
   options.fused_update = cfg.fused_update == Switch::On ||
                          (cfg.fused_update == Switch::Auto && storage.pure_bf16() &&
                           cfg.micro_batches_per_rank() == 1);
@@ -56,8 +58,12 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
   return options;
 }
 
-const char* activations_kept(Checkpointing checkpointing) {
-  switch (checkpointing) {
+std::string activations_kept(const ModelMemoryOptions& memory) {
+  if (memory.sampled.on())
+    return "kept for the backward, the inputs only weight gradients read as " +
+           json_check::format_number(memory.sampled.keep * 100) + "% of their token rows (" +
+           name_of(memory.sampled.sample) + ", exact at refresh steps)";
+  switch (memory.checkpointing) {
     case Checkpointing::None: return "kept for the backward";
     case Checkpointing::Elementwise:
       return "kept for the backward, except the norms' and SwiGLU's outputs (recomputed)";

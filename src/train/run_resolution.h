@@ -3,6 +3,8 @@
 // activation_checkpointing, attention). The backend choice, the trainer, `grass mem` and the plan
 // JSON all read these answers, so a plan describes the run that `grass train` would make.
 #pragma once
+#include <string>
+
 #include "kernels/storage.h"
 #include "src/config/config.h"
 #include "src/model/llama.h"
@@ -30,6 +32,6 @@ Storage storage_for(PrecisionChoice precision, bool cuda);
 ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage);
 
 // How a run keeps its activations, in words (the start-up table, `grass mem`).
-const char* activations_kept(Checkpointing checkpointing);
+std::string activations_kept(const ModelMemoryOptions& memory);
 
 }  // namespace grass

@@ -53,7 +53,8 @@ double flops_per_token(const TrainingState& s) {
 StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, double lr,
                        const std::function<void(int32_t*, int32_t*)>& next_batch) {
   LlamaModel& model = *s.model;
-  s.step->begin(step, lr);
+  s.step->begin(step, lr);  // the optimizers' begin_step: they know whether this step refreshes
+  model.begin_sampled_step(cfg.seed, step, s.comm->rank(), s.optimizers->needs_exact_activations());
   const int world = s.comm->world();
   GRASS_CHECK(cfg.ranks == world, "a run config checked for another number of ranks");
   const int accum = cfg.micro_batches_per_rank();

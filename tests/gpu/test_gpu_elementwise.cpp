@@ -401,3 +401,44 @@ TEST_CASE("gpu residual + rmsnorm in one kernel gives the two kernels' bits", "[
     CHECK(rel_error(rstd, want_rstd) <= 1e-3);
   }
 }
+
+TEST_CASE("gpu gather_rows and row_norms match the CPU, repeated rows included", "[gpu]") {
+  gputest::TestContext tc;
+  static std::mt19937 rng(std::random_device{}());
+  for (const int D : {5461, 1024}) {
+    const int64_t N = 3 * 77, k = 50;
+    CAPTURE(D);
+    const std::vector<float> x = gputest::bf16_rounded(gputest::randn(size_t(N) * D));
+    std::vector<int32_t> rows(k);
+    std::uniform_int_distribution<int32_t> row_of(0, int32_t(N) - 1);
+    for (int32_t& r : rows) r = row_of(rng);
+    rows[1] = rows[0];      // with replacement: a row drawn twice
+    rows[k - 1] = int32_t(N) - 1;  // the last row
+    std::vector<float> scale = gputest::randn(size_t(k), 4.0);
+    DeviceBuffer<bf16> d_x(size_t(N) * D), d_out(size_t(k) * D);
+    DeviceBuffer<int32_t> d_rows{size_t(k)};
+    DeviceBuffer<float> d_scale{size_t(k)}, d_norms{size_t(N)};
+    put(d_x, x);
+    d_rows.upload(rows);
+    d_scale.upload(scale);
+    for (const bool scaled : {true, false}) {
+      CAPTURE(scaled);
+      d_out.poison();
+      cuda::gather_rows(tc.ctx, d_out.ptr, d_x.ptr, d_rows.ptr, scaled ? d_scale.ptr : nullptr, k, D);
+      std::vector<float> want(size_t(k) * D);
+      ops::gather_rows<float>(want.data(), x.data(), rows.data(), scaled ? scale.data() : nullptr,
+                              k, D);
+      // one product rounded once to bf16 on both sides (the CPU's rounded here): the same bits
+      CHECK(count_misses(get(d_out), gputest::bf16_rounded(want), 0.0, 0.0) == 0);
+    }
+    d_norms.poison();
+    cuda::row_norms(tc.ctx, d_norms.ptr, d_x.ptr, N, D);
+    const std::vector<float> norms = d_norms.download();
+    std::vector<float> want(static_cast<size_t>(N));
+    ops::row_norms<float>(want.data(), x.data(), N, D);
+    // fp32 sums of D squares against the CPU's double: D·2^-24 relative at worst
+    CHECK(count_misses(norms, want, D * 6e-8, 0.0) == 0);
+    cuda::row_norms(tc.ctx, d_norms.ptr, d_x.ptr, N, D);
+    CHECK(same_bits(d_norms.download(), norms));
+  }
+}

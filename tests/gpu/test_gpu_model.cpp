@@ -586,13 +586,15 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
 TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][memory]") {
   for (const std::string optimizer : {"adamw", "grass"})
   for (const std::string precision : {"bf16-mixed", "bf16"})
-  for (const std::string lean : {"off", "elementwise", "layer"}) {
+  for (const std::string lean : {"off", "elementwise", "layer", "sampled"}) {
       INFO(optimizer << " " << precision << " checkpointing and fused " << lean);
       RunConfig cfg =
           run_config(model_config(kHd64Odd, kVocab, 0.02), kBatch, kSeq, optimizer, 1e-3);
       cfg.fused_update = lean == "off" ? Switch::Off : Switch::On;
-      cfg.activation_checkpointing =
-          lean == "off" ? Checkpointing::None : test::named<Checkpointing>(lean);
+      cfg.activation_checkpointing = lean == "off" || lean == "sampled"
+                                         ? Checkpointing::None
+                                         : test::named<Checkpointing>(lean);
+      if (lean == "sampled") cfg.activations = {ActivationSample::Bernoulli, 0.3};
       const Storage storage = storage_for(test::named<PrecisionChoice>(precision), true);
       const MemoryPlan plan = plan_memory(cfg, storage);
       {  // one cudaMalloc per buffer: the arena's own count
