@@ -17,6 +17,13 @@
 #     q8 grid at Table A's best rate and its two neighbours (seed 42, extended past an edge), seeds
 #     1 and 2 at q8's best, fp32 states at Table A's rate (3 seeds); in pure bf16: bf16 and q8
 #     states at Table A's rate (3 seeds each). Table A's rates come from DIR/a, else its table.
+#   scripts/experiments/compare_optimizers.sh e [--out DIR] [--jobs N] [--methods M1,...]
+#     Table E, activations at equal activation memory (issue 28): the budget is the plan's
+#     activations with sampled rows at keep 0.5 and Table A's 16 sequences; each way of keeping
+#     activations (none, elementwise, layer, wta-crs at keep 0.5 and 0.3) trains at the largest
+#     micro-batch (one per step) whose activations fit it, AdamW (--methods: others of Table A's)
+#     on both models: a grid at Table A's best rate and its two neighbours (seed 42, extended once
+#     past an edge), then seeds 1 and 2 at each mode's best.
 #   scripts/experiments/compare_optimizers.sh b [--out DIR] [--jobs N]
 #     Table B, GRASS ablations on the quickstart model at Table A's best top_r rate (run a first):
 #     rank x K, rho in the update or not, with and without replacement, staggered refresh; 3 seeds.
@@ -48,7 +55,7 @@
 # tables on stdout and in DIR/<table>.md, the plots in docs/img/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 a|b|c|d|clipoff|peers|prox [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied]" >&2; exit 2; }
+usage() { echo "usage: $0 a|b|c|d|e|clipoff|peers|prox [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 table=$1; shift
 out=runs/compare jobs=2 only= model_list=quickstart,quickstart_tied
@@ -62,7 +69,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $table in a|b|c|d|clipoff|peers|prox) ;; *) usage ;; esac
+case $table in a|b|c|d|e|clipoff|peers|prox) ;; *) usage ;; esac
 [ -x build/grass ] || scripts/build.sh >/dev/null
 report() { /usr/bin/python3 scripts/experiments/compare_report.py "$@"; }
 
@@ -76,7 +83,7 @@ methods=(
   "galore|optimizer.name=galore"
   "flora|optimizer.name=flora"
 )
-if [ -n "$only" ] && [ "$table" != b ] && [ "$table" != d ]; then  # --methods: keep those, in the table's order
+if [ -n "$only" ] && [ "$table" != b ] && [ "$table" != d ] && [ "$table" != e ]; then  # --methods: keep those, in the table's order
   kept=()
   for entry in "${methods[@]}"; do
     case ",$only," in *",${entry%%|*},"*) kept+=("$entry") ;; esac
@@ -215,6 +222,23 @@ if [ "$table" = clipoff ]; then
   exit 0
 fi
 
+# Table A's best rate of METHOD on MODEL: from $out/a when it holds the runs, else the rate
+# docs/experiments.md's Table A reports.
+a_best() {
+  if [ -d "$out/a/$1/$2" ]; then report best-lr "$out/a/$1/$2"; return; fi
+  case $1/$2 in
+    */adamw) echo 3e-3 ;;
+    quickstart/grass_uniform_nr | quickstart/galore) echo 3e-2 ;;
+    quickstart_tied/grass_uniform_nr | quickstart_tied/galore) echo 1e-2 ;;
+    *) echo "no Table A rate for $2 on $1: run table a first" >&2; exit 2 ;;
+  esac
+}
+ladder_around() {  # the ladder's rates next to $1, and $1
+  local i
+  for i in "${!lr_ladder[@]}"; do
+    [ "${lr_ladder[i]}" = "$1" ] && echo "${lr_ladder[i - 1]} $1 ${lr_ladder[i + 1]}"
+  done
+}
 if [ "$table" = d ]; then
   quality_prereqs
   models=(${model_list//,/ })
@@ -229,17 +253,6 @@ if [ "$table" = d ]; then
     "bf16|precision=bf16"
     "bf16_q8|precision=bf16 optimizer.state_dtype=q8 checkpoint_every=$steps checkpoint_keep=1"
   )
-  # Table A's best rate of METHOD on MODEL: from $out/a when it holds the runs, else the rate
-  # docs/experiments.md's Table A reports.
-  a_best() {
-    if [ -d "$out/a/$1/$2" ]; then report best-lr "$out/a/$1/$2"; return; fi
-    case $1/$2 in
-      */adamw) echo 3e-3 ;;
-      quickstart/grass_uniform_nr | quickstart/galore) echo 3e-2 ;;
-      quickstart_tied/grass_uniform_nr | quickstart_tied/galore) echo 1e-2 ;;
-      *) echo "no Table A rate for $2 on $1: run table a first" >&2; exit 2 ;;
-    esac
-  }
   enqueue_d() {  # MODEL METHOD FORMAT LR SEED: in $out/d/MODEL/METHOD/FORMAT/lr<LR>_s<SEED>
     local entry o fargs=()
     for entry in "${formats[@]}"; do
@@ -253,12 +266,6 @@ if [ "$table" = d ]; then
     a_dir=$out/d/$1/$2/$3 a_extra=("${fargs[@]}")
     enqueue_a "$1" "$2" "$4" "$5" " $3 states"
     unset a_dir a_extra
-  }
-  ladder_around() {  # the ladder's rates next to $1, and $1
-    local i
-    for i in "${!lr_ladder[@]}"; do
-      [ "${lr_ladder[i]}" = "$1" ] && echo "${lr_ladder[i - 1]} $1 ${lr_ladder[i + 1]}"
-    done
   }
   # The q8 grid around Table A's best rate (seed 42) and the fp32 reference's three seeds there.
   for model in "${models[@]}"; do
@@ -284,6 +291,86 @@ if [ "$table" = d ]; then
   done
   run_queue
   report table-d "$out/d" "${models[@]}" | tee "$out/d.md"
+  exit 0
+fi
+
+if [ "$table" = e ]; then
+  quality_prereqs
+  models=(${model_list//,/ })
+  e_methods=(adamw)
+  [ -z "$only" ] || e_methods=(${only//,/ })
+  for name in "${e_methods[@]}"; do method_args "$name" >/dev/null; done
+  # Each way of keeping activations: its name, then its --set arguments.
+  modes=(
+    "none|activation_checkpointing=none"
+    "elementwise|activation_checkpointing=elementwise"
+    "layer|activation_checkpointing=layer"
+    "wta-crs_0.5|activations.sample=wta-crs activations.keep=0.5"
+    "wta-crs_0.3|activations.sample=wta-crs activations.keep=0.3"
+  )
+  mode_sets() {  # the --set arguments of mode $1
+    local entry o
+    for entry in "${modes[@]}"; do
+      [ "${entry%%|*}" = "$1" ] || continue
+      for o in ${entry#*|}; do printf -- '--set\n%s\n' "$o"; done
+    done
+  }
+  activation_bytes() {  # MODEL MODE MICRO: the plan's activation bytes
+    local sets
+    mapfile -t sets < <(mode_sets "$2")
+    build/grass mem configs/runs/quickstart.json --set model=configs/models/llama_$1.json \
+      --set micro_batch_size="$3" --set total_batch_size="$3" "${sets[@]}" --json |
+      /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["bytes"]["activations"])'
+  }
+  # The budget: the activations of sampled rows at keep 0.5 with Table A's 16 sequences; each
+  # mode gets the largest micro-batch (at most 64) whose activations fit it.
+  enqueue_e() {  # MODEL METHOD MODE LR SEED: in $out/e/MODEL/METHOD/MODE/lr<LR>_s<SEED>
+    local sets micro
+    mapfile -t sets < <(mode_sets "$3")
+    micro=$(awk -v m="$3" '$1 == m { print $2 }' "$out/e/$1/batches.txt")
+    a_dir=$out/e/$1/$2/$3 a_extra=("${sets[@]}" --set micro_batch_size="$micro" --set total_batch_size="$micro")
+    enqueue_a "$1" "$2" "$4" "$5" " $3, $micro sequences"
+    unset a_dir a_extra
+  }
+  for model in "${models[@]}"; do
+    mkdir -p "$out/e/$model"
+    if [ ! -f "$out/e/$model/batches.txt" ]; then
+      budget=$(activation_bytes "$model" wta-crs_0.5 16)
+      for entry in "${modes[@]}"; do
+        mode=${entry%%|*} micro=1
+        while [ $micro -lt 64 ] && [ "$(activation_bytes "$model" "$mode" $((micro + 1)))" -le "$budget" ]; do
+          micro=$((micro + 1))
+        done
+        echo "$mode $micro $(activation_bytes "$model" "$mode" $micro) $budget"
+      done >"$out/e/$model/batches.txt.tmp"
+      mv "$out/e/$model/batches.txt.tmp" "$out/e/$model/batches.txt"
+    fi
+    echo "[e] $model: mode, micro-batch, activation bytes, budget:" >&2
+    cat "$out/e/$model/batches.txt" >&2
+    for name in "${e_methods[@]}"; do
+      for entry in "${modes[@]}"; do
+        for lr in $(ladder_around "$(a_best "$model" "$name")"); do
+          enqueue_e "$model" "$name" "${entry%%|*}" "$lr" 42
+        done
+      done
+    done
+  done
+  run_queue
+  for entry in "${modes[@]}"; do  # a best rate on the grid's edge: one more rate past it
+    e_mode=${entry%%|*}
+    enqueue_e_edge() { enqueue_e "$1" "$2" "$e_mode" "$3" 42; }
+    extend_edges 1 "$out/e/@MODEL@/@NAME@/$e_mode" enqueue_e_edge "${e_methods[@]}"
+  done
+  for model in "${models[@]}"; do
+    for name in "${e_methods[@]}"; do
+      for entry in "${modes[@]}"; do
+        lr=$(report best-lr "$out/e/$model/$name/${entry%%|*}")
+        for seed in 1 2; do enqueue_e "$model" "$name" "${entry%%|*}" "$lr" "$seed"; done
+      done
+    done
+  done
+  run_queue
+  report table-e "$out/e" "${models[@]}" | tee "$out/e.md"
   exit 0
 fi
 

@@ -15,6 +15,8 @@
                                                   at seeds 42, 1, 2
     compare_report.py table-d D_DIR MODEL...      Table D: q8 optimizer states against the
                                                   precision's own (fp32, pure bf16)
+    compare_report.py table-e E_DIR MODEL...      Table E: ways of keeping activations at equal
+                                                  activation memory
     compare_report.py table-c-row METRICS NAME K PLAN_BYTES   one row of Table C
 
 A difference between two methods "counts" when it exceeds twice the larger of their seed spreads
@@ -345,6 +347,60 @@ def table_d(d_dir, models):
              series)
 
 
+E_MODES = (("none", "kept"), ("elementwise", "kept, n1 n2 act recomputed"),
+           ("layer", "checkpointed per layer"), ("wta-crs_0.5", "sampled, wta-crs keep 0.5"),
+           ("wta-crs_0.3", "sampled, wta-crs keep 0.3"))
+
+
+def table_e(e_dir, models):
+    for model in models:
+        model_dir = os.path.join(e_dir, model)
+        batches = {}
+        with open(os.path.join(model_dir, "batches.txt")) as f:
+            for line in f:
+                mode, micro, used, budget = line.split()
+                batches[mode] = (int(micro), int(used), int(budget))
+        budget = next(iter(batches.values()))[2]
+        methods = [m for m in LABELS if os.path.isdir(os.path.join(model_dir, m))]
+        print(f"\n**{model}** (activation budget {budget / 2**20:.1f} MiB; one micro-batch of "
+              "128-token sequences per step, 400 steps; final validation loss, seed 42 at each "
+              "rate, then seeds 42, 1, 2 at the best; tok/s: the median step of the best rate's "
+              "3 runs, two runs sharing the machine)\n")
+        for m in methods:
+            grids = {mode: grid(os.path.join(model_dir, m, mode)) for mode, _ in E_MODES
+                     if os.path.isdir(os.path.join(model_dir, m, mode))}
+            rates = sorted({lr for g in grids.values() for lr in g}, key=float)
+            print(f"{LABELS[m]}:\n")
+            print("| activations | sequences | activation MiB | " +
+                  " | ".join(f"lr {r}" for r in rates) +
+                  " | lr | mean of 3 seeds | spread | - kept (none) | tok/s |")
+            print("|---" * (len(rates) + 8) + "|")
+            series, none = [], None
+            for mode, words in E_MODES:
+                if mode not in grids:
+                    continue
+                method_dir = os.path.join(model_dir, m, mode)
+                lr = best_lr(method_dir)
+                dirs = [os.path.join(method_dir, f"lr{lr}_s{s}") for s in SEEDS]
+                if not all(os.path.isdir(d) for d in dirs):
+                    continue
+                runs = seed_runs(dirs)
+                micro, used, _ = batches[mode]
+                if mode == "none":
+                    none, vs = runs, "-"
+                else:
+                    vs = versus(runs, none) if none else "-"
+                tok_s = statistics.median(micro * 128 * 1000 / median_step_ms(d) for d in dirs)
+                cells = [f"{grids[mode][r]:.4f}" if r in grids[mode] else "" for r in rates]
+                print(f"| {words} | {micro} | {used / 2**20:.1f} | " + " | ".join(cells) +
+                      f" | {lr} | {runs['mean']:.4f} | {runs['spread']:.4f} | {vs} | {tok_s:.0f} |")
+                series.append((f"{words}, {micro} seq (lr {lr})", runs))
+            print()
+            plot(f"docs/img/compare_e_{model}_{m}.png",
+                 f"Table E, {model}, {LABELS[m]}: equal activation memory, mean and min-max of 3 seeds",
+                 series)
+
+
 def table_c_row(path, name, interval, plan):
     rows = [json.loads(l) for l in open(path) if '"step_ms"' in l]
     projected = not name.startswith("adamw")
@@ -384,6 +440,8 @@ def main():
         table_prox(*args)
     elif cmd == "table-d":
         table_d(args[0], args[1:])
+    elif cmd == "table-e":
+        table_e(args[0], args[1:])
     elif cmd == "table-c-row":
         table_c_row(args[0], args[1], int(args[2]), int(args[3]))
     else:
