@@ -96,6 +96,13 @@ def seed_runs(dirs):
     }
 
 
+def best_seed_dirs(method_dir):
+    """The grid's best rate and its runs at seeds 42, 1, 2 (empty until all three exist)."""
+    lr = best_lr(method_dir)
+    dirs = [os.path.join(method_dir, f"lr{lr}_s{s}") for s in SEEDS]
+    return lr, dirs if all(os.path.isdir(d) for d in dirs) else []
+
+
 def versus(a, b):
     """a's mean minus b's, and whether it exceeds twice the larger seed spread."""
     delta = a["mean"] - b["mean"]
@@ -327,9 +334,8 @@ def table_d(d_dir, models):
                 if (m, f) not in grids:
                     continue
                 method_dir = os.path.join(model_dir, m, f)
-                lr = best_lr(method_dir)
-                dirs = [os.path.join(method_dir, f"lr{lr}_s{s}") for s in SEEDS]
-                if not all(os.path.isdir(d) for d in dirs):
+                lr, dirs = best_seed_dirs(method_dir)
+                if not dirs:
                     continue
                 runs = seed_runs(dirs)
                 cells = [f"{grids[m, f][r]:.4f}" if r in grids[m, f] else "" for r in rates]
@@ -380,9 +386,8 @@ def table_e(e_dir, models):
                 if mode not in grids:
                     continue
                 method_dir = os.path.join(model_dir, m, mode)
-                lr = best_lr(method_dir)
-                dirs = [os.path.join(method_dir, f"lr{lr}_s{s}") for s in SEEDS]
-                if not all(os.path.isdir(d) for d in dirs):
+                lr, dirs = best_seed_dirs(method_dir)
+                if not dirs:
                     continue
                 runs = seed_runs(dirs)
                 micro, used, _ = batches[mode]
