@@ -49,7 +49,7 @@ for model in "${models[@]}"; do
   while read -r mode micro _; do
     read -r -a ms <<<"${times[$model/$mode]}"
     median=$(printf '%s\n' "${ms[@]}" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-    awk -v m="$model" -v mode="$mode" -v b="$micro" -v all="${ms[*]}" -v med="$median" \
+    awk -v m="$model" -v mode="$mode" -v b="$micro" -v all="$(printf '%.0f ' "${ms[@]}")" -v med="$median" \
       'BEGIN { printf "| %s | %s | %d | %s | %.0f |\n", m, mode, b, all, b * 128 * 1000 / med }'
   done <"$out/e/$model/batches.txt"
 done

@@ -370,8 +370,7 @@ def table_e(e_dir, models):
         methods = [m for m in LABELS if os.path.isdir(os.path.join(model_dir, m))]
         print(f"\n**{model}** (activation budget {budget / 2**20:.1f} MiB; one micro-batch of "
               "128-token sequences per step, 400 steps; final validation loss, seed 42 at each "
-              "rate, then seeds 42, 1, 2 at the best; tok/s: the median step of the best rate's "
-              "3 runs, two runs sharing the machine)\n")
+              "rate, then seeds 42, 1, 2 at the best)\n")
         for m in methods:
             grids = {mode: grid(os.path.join(model_dir, m, mode)) for mode, _ in E_MODES
                      if os.path.isdir(os.path.join(model_dir, m, mode))}
@@ -379,8 +378,8 @@ def table_e(e_dir, models):
             print(f"{LABELS[m]}:\n")
             print("| activations | sequences | activation MiB | " +
                   " | ".join(f"lr {r}" for r in rates) +
-                  " | lr | mean of 3 seeds | spread | - kept (none) | tok/s |")
-            print("|---" * (len(rates) + 8) + "|")
+                  " | lr | mean of 3 seeds | spread | minus all kept (none) |")
+            print("|---" * (len(rates) + 7) + "|")
             series, none = [], None
             for mode, words in E_MODES:
                 if mode not in grids:
@@ -395,10 +394,9 @@ def table_e(e_dir, models):
                     none, vs = runs, "-"
                 else:
                     vs = versus(runs, none) if none else "-"
-                tok_s = statistics.median(micro * 128 * 1000 / median_step_ms(d) for d in dirs)
                 cells = [f"{grids[mode][r]:.4f}" if r in grids[mode] else "" for r in rates]
                 print(f"| {words} | {micro} | {used / 2**20:.1f} | " + " | ".join(cells) +
-                      f" | {lr} | {runs['mean']:.4f} | {runs['spread']:.4f} | {vs} | {tok_s:.0f} |")
+                      f" | {lr} | {runs['mean']:.4f} | {runs['spread']:.4f} | {vs} |")
                 series.append((f"{words}, {micro} seq (lr {lr})", runs))
             print()
             plot(f"docs/img/compare_e_{model}_{m}.png",
