@@ -93,15 +93,20 @@ if [ -n "$only" ] && [ "$table" != b ] && [ "$table" != d ] && [ "$table" != e ]
   done
   methods=("${kept[@]}")
 fi
-method_args() {  # the --set arguments of method $1
-  local entry
-  for entry in "${methods[@]}"; do
-    [ "${entry%%|*}" = "$1" ] || continue
-    local o
+# entry_sets NAME ENTRY...: the --set arguments (one per line) of the entry "NAME|k=v k=v" among
+# ENTRY... (the tables of methods, formats and modes below); fails when none is named NAME.
+entry_sets() {
+  local name=$1 entry o
+  shift
+  for entry in "$@"; do
+    [ "${entry%%|*}" = "$name" ] || continue
     for o in ${entry#*|}; do printf -- '--set\n%s\n' "$o"; done
-    return
+    return 0
   done
-  echo "unknown method $1" >&2; exit 2
+  return 1
+}
+method_args() {  # the --set arguments of method $1
+  entry_sets "$1" "${methods[@]}" || { echo "unknown method $1" >&2; exit 2; }
 }
 
 # --- Tables A and B: quality runs on the bundled sample ---------------------------------------
@@ -254,11 +259,8 @@ if [ "$table" = d ]; then
     "bf16_q8|precision=bf16 optimizer.state_dtype=q8 checkpoint_every=$steps checkpoint_keep=1"
   )
   enqueue_d() {  # MODEL METHOD FORMAT LR SEED: in $out/d/MODEL/METHOD/FORMAT/lr<LR>_s<SEED>
-    local entry o fargs=()
-    for entry in "${formats[@]}"; do
-      [ "${entry%%|*}" = "$3" ] || continue
-      for o in ${entry#*|}; do fargs+=(--set "$o"); done
-    done
+    local fargs
+    mapfile -t fargs < <(entry_sets "$3" "${formats[@]}")
     case $3/$2 in  # projected q8 states blocked per feature (the default, set where it applies)
       *_q8/adamw*) ;;
       *_q8/*) fargs+=(--set optimizer.state_blocking=feature) ;;
@@ -308,16 +310,9 @@ if [ "$table" = e ]; then
     "wta-crs_0.5|activations.sample=wta-crs activations.keep=0.5"
     "wta-crs_0.3|activations.sample=wta-crs activations.keep=0.3"
   )
-  mode_sets() {  # the --set arguments of mode $1
-    local entry o
-    for entry in "${modes[@]}"; do
-      [ "${entry%%|*}" = "$1" ] || continue
-      for o in ${entry#*|}; do printf -- '--set\n%s\n' "$o"; done
-    done
-  }
   activation_bytes() {  # MODEL MODE MICRO: the plan's activation bytes
     local sets
-    mapfile -t sets < <(mode_sets "$2")
+    mapfile -t sets < <(entry_sets "$2" "${modes[@]}")
     build/grass mem configs/runs/quickstart.json --set model=configs/models/llama_$1.json \
       --set micro_batch_size="$3" --set total_batch_size="$3" "${sets[@]}" --json |
       /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["bytes"]["activations"])'
@@ -326,7 +321,7 @@ if [ "$table" = e ]; then
   # mode gets the largest micro-batch (at most 64) whose activations fit it.
   enqueue_e() {  # MODEL METHOD MODE LR SEED: in $out/e/MODEL/METHOD/MODE/lr<LR>_s<SEED>
     local sets micro
-    mapfile -t sets < <(mode_sets "$3")
+    mapfile -t sets < <(entry_sets "$3" "${modes[@]}")
     micro=$(awk -v m="$3" '$1 == m { print $2 }' "$out/e/$1/batches.txt")
     a_dir=$out/e/$1/$2/$3 a_extra=("${sets[@]}" --set micro_batch_size="$micro" --set total_batch_size="$micro")
     enqueue_a "$1" "$2" "$4" "$5" " $3, $micro sequences"

@@ -198,7 +198,8 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     recomputable(&LayerActs::act, "act", N * F);
   }
   if (!memory_.sampled.on()) return;
-  GRASS_CHECK(memory_.checkpointing == Checkpointing::None, "sampled activations need checkpointing none");
+  GRASS_CHECK(memory_.checkpointing == Checkpointing::None,
+              "sampled activations need checkpointing none");
   const int width[SampledInputs::kInputs] = {int(C), int(C), int(F)};
   const int widest_dy = int(std::max({QD, F, C}));  // q's, gate's and up's, down's
   sampled_ = std::make_unique<SampledInputs>(memory_.sampled, *backend_, arena, L - 1, N, width,
