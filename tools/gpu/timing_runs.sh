@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Step times of the features added after the first GPU run, on a lent GPU, after
+# scripts/gpu_first_run.sh has built build-gpu/ (docs/gpu-status.md). Each run is LLaMA-1B in
+# bf16-mixed, 16 x 256 tokens a step, a few steps; the table gives each step's time, tok/s, host
+# waits and device memory from metrics.jsonl, so a refresh step stands beside a plain one.
+#
+#   tools/gpu/timing_runs.sh [--budget SECONDS]
+#
+#   plain        AdamW, activation_checkpointing "none"  (the reference for the next three)
+#   elementwise  activation_checkpointing "elementwise"  (n1, n2 and SwiGLU recomputed)
+#   wta-crs      activations {"sample": "wta-crs", "keep": 0.5}: 3 host waits a layer a
+#                micro-batch for the row norms (issue 28)
+#   q8           optimizer.state_dtype "q8" (8-bit moments; issue 27's kernels)
+#   galore       GaLore r=512, a device refresh (cuSOLVER) at steps 0, 2 and 4
+# Output: one line per step on stdout and in $OUT/timing_runs.log when OUT is set.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+budget=150
+[ "${1:-}" = --budget ] && budget=${2:?--budget needs seconds}
+BUILD=${GRASS_BUILD_DIR:-build-gpu}
+shard=$BUILD/first_run_v32000.bin
+work=$BUILD/timing_runs
+log=${OUT:-$work}/timing_runs.log
+mkdir -p "$work" "$(dirname "$log")"
+: >"$log"
+[ -x "$BUILD/grass" ] || { echo "timing_runs: no $BUILD/grass (run scripts/gpu_first_run.sh first)" | tee -a "$log"; exit 1; }
+[ -s "$shard" ] || "$BUILD"/make_synthetic_shard --out "$shard" --vocab 32000 --tokens 4000000 >/dev/null ||
+  { echo "timing_runs: no shard" | tee -a "$log"; exit 1; }
+deadline=$((SECONDS + budget))
+base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json --set "data.train=$shard"
+      --set device=cuda --set precision=bf16-mixed --set micro_batch_size=16
+      --set total_batch_size=16 --set seq_len=256 --set log_every=1 --set steps=4
+      --set activation_checkpointing=none)
+runs=(
+  "plain|"
+  "elementwise|--set activation_checkpointing=elementwise"
+  "wta-crs|--set activations.sample=wta-crs --set activations.keep=0.5"
+  "q8|--set optimizer.state_dtype=q8"
+  "galore|--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=2 --set steps=5"
+)
+printf '%-12s %4s %10s %9s %6s %s\n' run step step_ms tok/s waits loss | tee -a "$log"
+for r in "${runs[@]}"; do
+  name=${r%%|*}
+  read -ra extra <<<"${r#*|}"
+  left=$((deadline - SECONDS))
+  [ "$left" -lt 20 ] && { echo "$name: skipped (budget)" | tee -a "$log"; continue; }
+  rm -rf "${work:?}/$name"
+  timeout -k 5 "$left" "$BUILD"/grass train "${base[@]}" "${extra[@]}" --set "out_dir=$work/$name" \
+    >"$work/$name.out" 2>&1
+  rc=$?
+  if [ $rc != 0 ]; then
+    echo "$name: exit $rc: $(grep -v '^step' "$work/$name.out" | tail -3 | tr '\n' ' ')" | tee -a "$log"
+    continue
+  fi
+  python3 - "$name" "$work/$name/metrics.jsonl" <<'EOF' | tee -a "$log"
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+for line in open(path):
+    m = json.loads(line)
+    if "step_ms" not in m:
+        continue
+    print(f"{name:<12} {m['step']:>4} {m['step_ms']:>10.1f} {m.get('tokens_per_s', 0):>9.0f} "
+          f"{m.get('host_waits', -1):>6} {m.get('loss', float('nan')):.4f}")
+EOF
+  grep -E 'memory in use|late allocation|warning' "$work/$name.out" | head -2 | sed "s/^/$name: /" | tee -a "$log"
+done
