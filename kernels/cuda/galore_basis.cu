@@ -164,9 +164,12 @@ const int* galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver
   GRASS_CHECK(power_iters >= 0 && oversample >= 0, "galore_basis: negative parameters");
   const int k = std::min({r + oversample, m, n});
   const Workspace ws = carve(workspace, workspace_bytes, std::max(out, in), k, r);
-  GRASS_CHECK(solver_work_floats(solver, m, k) <= ws.work_floats,
+  // both sides are orthonormalised: an m x k and an n x k QR
+  GRASS_CHECK(std::max(solver_work_floats(solver, m, k), solver_work_floats(solver, n, k)) <=
+                  ws.work_floats,
               "galore_basis: cuSOLVER asks for more work space than galore_solver_work_floats "
-              "plans for " + std::to_string(m) + " x " + std::to_string(k));
+              "plans for " + std::to_string(m) + " x " + std::to_string(n) + ", k = " +
+                  std::to_string(k));
   // op(G) for A (Zt = Qt·A) and Aᵀ (Qt = Zt·Aᵀ): G[out, in] is A for rows, Aᵀ for cols
   const auto times_a = [&](const float* Qt, float* Zt) {  // Zt[k, n] = Qt[k, m]·A[m, n]
     gemm_f32(ctx, false, !rows, k, n, m, Qt, m, G, in, 0.0f, Zt, n);

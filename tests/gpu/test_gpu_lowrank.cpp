@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -266,6 +268,31 @@ TEST_CASE("lowrank: the randomized galore_basis refuses a workspace smaller than
   CHECK_NOTHROW(cuda::galore_basis_randomized(tc.ctx, solver, d_P.ptr, d_g.ptr, s.out, s.in, s.r,
                                               true, 1, 2, 8, workspace.ptr, bytes));
   check(cudaDeviceSynchronize(), "galore_basis");
+  cuda::destroy_solver_handle(solver);
+}
+
+TEST_CASE("lowrank: cuSOLVER's work space fits the plan", "[gpu][lowrank]") {
+  // Sides from the tests' toy shapes to 13B's widths, k from a toy rank + oversample to 1024 + 8.
+  // Each side's figures are printed: on a GPU they are cuSOLVER's own, what the plan's formula
+  // (galore_solver_work_floats) must cover.
+  TestContext tc;
+  const cusolverDnHandle_t solver = cuda::create_solver_handle(tc.ctx.stream);
+  const int sides[] = {8, 16, 40, 43, 64, 70, 100, 128, 256, 344, 512, 1000, 1376,
+                       2048, 4096, 5120, 5464, 8192, 13824};
+  const int ks[] = {8, 14, 16, 64, 136, 264, 520, 1032};
+  for (const int m : sides) {
+    std::string line = "cuSOLVER work floats at side " + std::to_string(m) + ":";
+    for (const int k : ks) {
+      if (k > m) continue;
+      const int64_t asked = cuda::solver_work_floats(solver, m, k);
+      const int64_t planned = galore_solver_work_floats(m, k);
+      line += " k " + std::to_string(k) + " asks " + std::to_string(asked) + ";";
+      INFO("side " << m << ", k " << k << ": cuSOLVER asks " << asked << " floats, the plan has "
+                   << planned);
+      CHECK(asked <= planned);
+    }
+    std::printf("%s\n", line.c_str());
+  }
   cuda::destroy_solver_handle(solver);
 }
 
