@@ -57,7 +57,8 @@ inline RunConfig pad_ffn_run(const std::string& optimizer, const std::string& pr
 // ‖padded - unpadded‖ / ‖unpadded‖ after the run. A reordered fp32 sum of K terms moves by at most
 // 2·K·u of its absolute terms (u = 2^-24, K ≤ 5464 here); the loss and the norm follow such sums
 // closely: measured within 1.1e-8 over OpenBLAS's SkylakeX, Haswell, Sandybridge and Nehalem
-// kernels. A tensor after 5 Adam steps is looser: Adam divides each moment by its own scale, so an
+// kernels, but 1.7e-6 (GaLore bf16-mixed, ffn 341) over its Prescott kernels (what OpenBLAS 0.3.21
+// picks on a CPU it does not know), so 1e-5, under the bound's 4e-5 at K = 344. A tensor after 5 Adam steps is looser: Adam divides each moment by its own scale, so an
 // element whose gradient is a near-cancelled sum moves by lr-sized amounts on last-bit differences
 // (measured within 3.4e-5 in norm, GaLore bf16-mixed on Haswell's kernels). Layout bugs fail by
 // far: with P's pad rows left unzeroed, or GRASS's or GaLore's side chosen on the stored shape, the
@@ -67,7 +68,7 @@ struct PadTolerance {
   double grad_norm;
   double tensor;
 };
-inline constexpr PadTolerance kPadReordered = {1e-6, 1e-6, 2e-4};  // fp32 and bf16-mixed
+inline constexpr PadTolerance kPadReordered = {1e-5, 1e-5, 2e-4};  // fp32 and bf16-mixed
 // pure bf16: every update's rounding draws from another random stream (measured: losses within
 // 1.4e-4, gradient norms 4.3e-3, tensors 2.7e-2)
 inline constexpr PadTolerance kPadStochastic = {1e-3, 2e-2, 5e-2};
@@ -76,9 +77,9 @@ inline constexpr PadTolerance kPadStochastic = {1e-3, 2e-2, 5e-2};
 // elements that sit within the fp32 error (up to 2·K·u of the terms) of a rounding boundary: a
 // one-ulp (2^-8) change of a few of them per GEMM, the size of perturbation pure bf16's
 // stochastic rounding gives everywhere. So the pure-bf16 bounds, until a GPU measures its own
-// figures. The emulator's cuBLAS sums the two widths in different orders, as cuBLAS would
-// (tests/cuda_emu/cublas.cpp), and shows it: one relative difference of 4.2e-6 there, over
-// kPadReordered's 1.1e-6 bound for it, and exact equality fails in every case.
+// figures (the H100 passed them, 2026-11-26). The emulator's cuBLAS sums the two widths in
+// different orders, as cuBLAS would (tests/cuda_emu/cublas.cpp), and shows it: exact equality
+// fails there in every case.
 inline constexpr PadTolerance kPadBf16Outputs = kPadStochastic;
 
 struct PadCase {

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "kernels/cpu/blas_kernels.h"
+
 namespace {
 
 // GFLOP/s of y[M,N] = x[M,K] · w[N,K]ᵀ, the linear layer's layout, median of 5 after a warm-up
@@ -29,7 +31,8 @@ double sgemm_gflops(int M, int N, int K) {
 
 }  // namespace
 
-int main() {
+int main(int, char** argv) {
+  grass::reload_with_supported_openblas_kernels(argv);  // the kernels grass itself runs
   struct Shape { int M, N, K; const char* what; };
   const Shape shapes[] = {{1024, 512, 512, "q/k/v/o_proj"},
                           {1024, 1376, 512, "gate/up_proj"},

@@ -19,6 +19,8 @@ INFRASTRUCTURE = {
     "cpu": {
         "cpu_backend.cpp": "CpuBackend: calls the ops, rounds what the GPU stores in bf16",
         "blas.h": "one name for sgemm and dgemm, which the ops share",
+        "blas_kernels.cpp": "which OpenBLAS kernels run, and the reload with supported ones",
+        "blas_kernels.h": "which OpenBLAS kernels run, and the reload with supported ones",
         "quant8_step.h": "the 8-bit optimizer steps' dequantize-step-requantize loop",
     },
     "cuda": {

@@ -11,6 +11,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/clip_rule.h"
+#include "kernels/cpu/blas_kernels.h"
 #include "kernels/lowrank_ops.h"
 #include "kernels/ops.h"
 #include "kernels/stochastic_round.h"
@@ -34,7 +35,7 @@ class CpuBackend final : public Backend {
 
   std::string describe() const override {
     return "cpu, " + std::to_string(omp_get_max_threads()) + " threads (" + storage_.describe() +
-           ", OpenMP + OpenBLAS)";
+           ", OpenMP + OpenBLAS, " + describe_openblas_kernels() + " kernels)";
   }
 
   double peak_flops() const override { return 0; }  // no agreed CPU peak: MFU is a GPU figure

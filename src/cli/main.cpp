@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/blas_kernels.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 #include "src/core/gpu_environment.h"
@@ -72,6 +73,7 @@ int fail(const char* kind, const char* what, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  grass::reload_with_supported_openblas_kernels(argv);  // before anything: it may exec again
   grass::request_eager_module_loading();  // before MPI, which may start CUDA
   std::unique_ptr<grass::Communicator> launched;
   try {

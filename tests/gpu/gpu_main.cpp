@@ -6,9 +6,11 @@
 
 #include <cstdio>
 
+#include "kernels/cpu/blas_kernels.h"
 #include "kernels/cuda/device.h"
 
 int main(int argc, char** argv) {
+  grass::reload_with_supported_openblas_kernels(argv);  // the CPU references' GEMMs
   const grass::cuda::DeviceProbe probe = grass::cuda::probe_device();
   if (!probe.usable) {
     std::fprintf(stderr, "skipped: %s\n", probe.description.c_str());

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "kernels/cpu/blas_kernels.h"
 #include "src/core/error.h"
 #include "src/train/run_resolution.h"
 #include "tools/kernel_lab/lab.h"
@@ -148,6 +149,7 @@ bool selected(const Options& o, const Op& op) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  grass::reload_with_supported_openblas_kernels(argv);  // the CPU reference's kernels, as grass's
   Options options;
   try {
     options = parse(argc, argv);
