@@ -255,10 +255,12 @@ class Backend : public MemoryResource {
                                   const void* saved, const void* q, const void* k, const void* v,
                                   int B, int T, int NH, int NKV, int HD, double theta) = 0;
   // out[N,F] = silu(gate)·up, gate and up the halves of gu[N,2F] (row n: gate's F values, then
-  // up's), as one GEMM of gate_proj and up_proj stacked gives them; dgate, dup [N,F] overwritten.
+  // up's), as one GEMM of gate_proj and up_proj stacked gives them; dgate, dup: N rows of F
+  // overwritten at a row pitch of ld (F: two buffers; 2F with dup = dgate + F: packed as gu, for
+  // the stacked weights' backward as one GEMM).
   virtual void swiglu_forward(void* out, const void* gu, int64_t N, int F) = 0;
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N,
-                               int F) = 0;
+                               int F, int64_t ld) = 0;
   virtual void residual_forward(void* out, const void* a, const void* b, int64_t n) = 0;
   // A sampled weight gradient's rows (model/row_sampling.h): out[k, D] = scale[j] · x[rows[j], :]
   // (act-typed; rows int32 and scale fp32 [k] in backend memory, scale null: 1), and the

@@ -82,9 +82,11 @@ void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T*
 // values, then up's (gate_proj and up_proj computed as one GEMM of the stacked weights).
 template <typename T>
 void swiglu_forward(T* out, const T* gu, int64_t N, int F);
-// dgate[N,F], dup[N,F] overwritten, from dout[N,F] and gu[N,2F]
+// dgate, dup: N rows of F overwritten, each at a row pitch of ld ≥ F elements (F: two [N,F]
+// buffers; 2F with dup = dgate + F: one [N,2F] buffer laid out as gu, for gate_proj and up_proj's
+// backward as one GEMM), from dout[N,F] and gu[N,2F]
 template <typename T>
-void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gu, int64_t N, int F);
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gu, int64_t N, int F, int64_t ld);
 
 // ---- residual (kernels/cpu/residual.cpp) -----------------------------------------------------
 // out = a + b   (out may alias a). The backward of a residual add is the identity on both sides.

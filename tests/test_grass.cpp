@@ -326,10 +326,14 @@ TEST_CASE("at full rank GRASS reproduces dense AdamW step for step", "[grass]") 
         dense.update();
         sparse.update();
       }
+      // Not the same bits: with gate and up dense the backward runs them as one stacked GEMM
+      // (LlamaModel::gate_up_backward), projected as two, so the sums are reordered, and Adam moves
+      // an element whose gradient nearly cancels by lr-sized amounts on last-bit differences
+      // (measured 9.2e-6 after 4 steps over OpenBLAS's Haswell kernels, as the pad test's bound)
       for (const ParamTensor& p : dense.model->tensors()) {
         INFO(p.name);
         CHECK(rel_err(test::params(*sparse.model) + p.offset, test::params(*dense.model) + p.offset,
-                      p.numel) < 1e-6);
+                      p.numel) < 1e-4);
       }
     }
   }

@@ -66,13 +66,10 @@ struct Rig {
 
   Rig(const ModelConfig& cfg, const OptimizerConfig& o, int max_batch, int T_, bool projected)
       : opt(o), T(T_) {
-    const std::vector<ProjectionTarget> all = {ProjectionTarget::Q, ProjectionTarget::K,
-                                               ProjectionTarget::V, ProjectionTarget::O,
-                                               ProjectionTarget::Gate, ProjectionTarget::Up,
-                                               ProjectionTarget::Down};
     model = std::make_unique<LlamaModel>(
         cfg, arena, max_batch, T,
-        projected ? projection_tensor_names(cfg.num_hidden_layers, all) : std::vector<std::string>{});
+        projected ? projection_tensor_names(cfg.num_hidden_layers, o.projection.targets)
+                  : std::vector<std::string>{});
     model->init_weights(5);
     optimizers = std::make_unique<OptimizerSet>(model->tensors().size());
     optimizers->add(std::make_unique<AdamW>(o, *model, arena, 5));
@@ -181,6 +178,11 @@ TEST_CASE("GaLore: svd \"randomized\" refreshes P by the range finder, seeded pe
   o.projection.svd = GaloreSvd::Randomized;
   o.projection.svd_power_iters = 1;
   o.projection.svd_oversample = 4;
+  // gate_proj and up_proj dense in both rigs: their backward is then one packed computation in
+  // both (LlamaModel::gate_up_backward), so the dense rig's gradients are GaLore's to the bit
+  // (both sides of the range finder and its seeds: test_lowrank.cpp)
+  o.projection.targets = {ProjectionTarget::Q, ProjectionTarget::K, ProjectionTarget::V,
+                          ProjectionTarget::O, ProjectionTarget::Down};
   Rig dense(small_config(), o, B, T, false), galore(small_config(), o, B, T, true);
   const auto* g = dynamic_cast<const GaLore*>(galore.lowrank);
   REQUIRE(g != nullptr);

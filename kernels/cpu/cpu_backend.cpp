@@ -128,9 +128,9 @@ class CpuBackend final : public Backend {
   void swiglu_forward(void* out, const void* gu, int64_t N, int F) override {
     ops::swiglu_forward(f(out), f(gu), N, F);
   }
-  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N,
-                       int F) override {
-    ops::swiglu_backward(f(dgate), f(dup), f(dout), f(gu), N, F);
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N, int F,
+                       int64_t ld) override {
+    ops::swiglu_backward(f(dgate), f(dup), f(dout), f(gu), N, F, ld);
   }
 
   void residual_forward(void* out, const void* a, const void* b, int64_t n) override {

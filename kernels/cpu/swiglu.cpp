@@ -61,30 +61,32 @@ void swiglu_forward(T* out, const T* gu, int64_t N, int F) {
 }
 
 template <typename T>
-void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gu, int64_t N, int F) {
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gu, int64_t N, int F, int64_t ld) {
 #pragma omp parallel for
   for (int64_t r = 0; r < N; r++) {
     const T* gate = gu + r * 2 * F;
     const T* up = gate + F;
-    const int64_t row = r * F;
+    const T* d_out = dout + r * F;
+    T* d_gate = dgate + r * ld;
+    T* d_up = dup + r * ld;
     int c0 = 0;
     for (; c0 + kChunk <= F; c0 += kChunk)
-      backward_chunk(dgate + row + c0, dup + row + c0, dout + row + c0, gate + c0, up + c0);
+      backward_chunk(d_gate + c0, d_up + c0, d_out + c0, gate + c0, up + c0);
     if (const int n = F - c0; n > 0) {
       T g[kChunk] = {}, u[kChunk] = {}, d[kChunk] = {}, dg[kChunk], du[kChunk];
       std::copy(gate + c0, gate + F, g);
       std::copy(up + c0, up + F, u);
-      std::copy(dout + row + c0, dout + row + F, d);
+      std::copy(d_out + c0, d_out + F, d);
       backward_chunk(dg, du, d, g, u);
-      std::copy(dg, dg + n, dgate + row + c0);
-      std::copy(du, du + n, dup + row + c0);
+      std::copy(dg, dg + n, d_gate + c0);
+      std::copy(du, du + n, d_up + c0);
     }
   }
 }
 
 #define INSTANTIATE(T)                                                   \
   template void swiglu_forward<T>(T*, const T*, int64_t, int);          \
-  template void swiglu_backward<T>(T*, T*, const T*, const T*, int64_t, int);
+  template void swiglu_backward<T>(T*, T*, const T*, const T*, int64_t, int, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)
 

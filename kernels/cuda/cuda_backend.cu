@@ -316,9 +316,9 @@ class CudaBackend final : public Backend {
   void swiglu_forward(void* out, const void* gu, int64_t N, int F) override {
     cuda::swiglu_forward(ctx_, b(out), b(gu), N, F);
   }
-  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N,
-                       int F) override {
-    cuda::swiglu_backward(ctx_, b(dgate), b(dup), b(dout), b(gu), N, F);
+  void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N, int F,
+                       int64_t ld) override {
+    cuda::swiglu_backward(ctx_, b(dgate), b(dup), b(dout), b(gu), N, F, ld);
   }
 
   void residual_forward(void* out, const void* a, const void* c, int64_t n) override {

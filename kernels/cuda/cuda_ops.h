@@ -106,10 +106,11 @@ void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, fl
 void rope_table(const Context& ctx, float* table, int T, int HD, float theta);
 
 // ---- SwiGLU (kernels/cuda/swiglu.cu) ---------------------------------------------------------
-// gate and up are the halves of gu[N, 2F] (ops.h); out, dout, dgate, dup are [N, F]
+// gate and up are the halves of gu[N, 2F] (ops.h); out, dout are [N, F], dgate and dup N rows
+// of F at a pitch of ld (F, or 2F packed as gu with dup = dgate + F)
 void swiglu_forward(const Context& ctx, bf16* out, const bf16* gu, int64_t N, int F);
 void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gu,
-                     int64_t N, int F);
+                     int64_t N, int F, int64_t ld);
 
 // ---- residual (kernels/cuda/residual.cu) -----------------------------------------------------
 // out = a + b (out may alias a)

@@ -43,10 +43,10 @@ __global__ void swiglu_forward_kernel(bf16* out, const bf16* gu, int64_t packs, 
 
 // dup = dout·silu(gate);  dgate = dout·up·silu'(gate),  silu'(g) = s·(1 + g·(1 - s)),
 // s = sigmoid(g)
-//   dgate[N,F], dup[N,F] overwritten; dout[N,F], gu[N,2F]
+//   dgate, dup: N rows of F at a pitch of ld_packs packs, overwritten; dout[N,F], gu[N,2F]
 template <int VEC>
 __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gu,
-                                       int64_t packs, int row_packs) {
+                                       int64_t packs, int row_packs, int64_t ld_packs) {
   using Pack = BF16Pack<VEC>;
   const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= packs) return;
@@ -65,8 +65,8 @@ __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout,
     const float u = __bfloat162float(up_p.v[j]);
     dgate_p.v[j] = __float2bfloat16_rn(d * u * s * (1.0f + g * (1.0f - s)));
   }
-  reinterpret_cast<Pack*>(dgate)[p] = dgate_p;
-  reinterpret_cast<Pack*>(dup)[p] = dup_p;
+  reinterpret_cast<Pack*>(dgate)[r * ld_packs + c] = dgate_p;
+  reinterpret_cast<Pack*>(dup)[r * ld_packs + c] = dup_p;
 }
 
 }  // namespace
@@ -84,15 +84,15 @@ void swiglu_forward(const Context& ctx, bf16* out, const bf16* gu, int64_t N, in
 }
 
 void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gu,
-                     int64_t N, int F) {
-  GRASS_CHECK(N >= 0 && F >= 0, "swiglu_backward: negative size");
+                     int64_t N, int F, int64_t ld) {
+  GRASS_CHECK(N >= 0 && F >= 0 && ld >= F, "swiglu_backward: negative size or pitch below F");
   if (N == 0 || F == 0) return;
-  if (vectorizable(F, dgate, dup, dout, gu))
+  if (vectorizable(F, dgate, dup, dout, gu) && ld % 8 == 0)
     swiglu_backward_kernel<8><<<grid_for(N * F / 8, kThreads), kThreads, 0, ctx.stream>>>(
-        dgate, dup, dout, gu, N * F / 8, F / 8);
+        dgate, dup, dout, gu, N * F / 8, F / 8, ld / 8);
   else
-    swiglu_backward_kernel<1>
-        <<<grid_for(N * F, kThreads), kThreads, 0, ctx.stream>>>(dgate, dup, dout, gu, N * F, F);
+    swiglu_backward_kernel<1><<<grid_for(N * F, kThreads), kThreads, 0, ctx.stream>>>(
+        dgate, dup, dout, gu, N * F, F, ld);
   GRASS_LAUNCH_CHECK();
 }
 

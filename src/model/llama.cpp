@@ -102,11 +102,17 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
     grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradients",
                                num_dense_grads * storage.grad_bytes);
   } else {
-    // One dense gradient at a time; tied embeddings hold the table's from lm_head to embedding.
+    // One dense gradient at a time (gate_proj's and up_proj's together when both are dense:
+    // gate_up_backward); tied embeddings hold the table's from lm_head to embedding.
     int64_t largest = 0;
     for (const ParamTensor& t : tensors_)
       if (t.dense() && !(cfg.tie_word_embeddings && t.offset == off_embed_))
         largest = std::max(largest, t.numel);
+    for (int l = 0; l < cfg.num_hidden_layers; l++) {
+      const ParamTensor& gate = tensors_[layer_tensor_index(l, LayerTensor::Gate)];
+      const ParamTensor& up = tensors_[layer_tensor_index(l, LayerTensor::Up)];
+      if (gate.dense() && up.dense()) largest = std::max(largest, gate.numel + up.numel);
+    }
     grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradient (one tensor at a time)",
                                largest * storage.grad_bytes);
     if (cfg.tie_word_embeddings && tensors_[0].dense())
@@ -142,8 +148,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   ws_.dk = wsp("dk", N * KVD);
   ws_.dv = wsp("dv", N * KVD);
   ws_.dact = wsp("dact", N * Fs);
-  ws_.dgate = wsp("dgate", N * Fs);
-  ws_.dup = wsp("dup", N * Fs);
+  ws_.dgu = wsp("dgate_up", N * 2 * Fs);
   const WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
                              cfg.num_key_value_heads, int(HD), cfg.rope_theta, memory.attention};
   backend_scratch_ = backend.plan_scratch(arena, shape);
@@ -201,7 +206,10 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
   GRASS_CHECK(memory_.checkpointing == Checkpointing::None,
               "sampled activations need checkpointing none");
   const int width[SampledInputs::kInputs] = {int(C), int(C), int(F)};
-  const int widest_dy = int(std::max({QD, F, C}));  // q's, gate's and up's, down's
+  // q's, gate's and up's (2F when both are dense: packed, gate_up_backward), down's
+  const bool packed = tensors_[layer_tensor_index(0, LayerTensor::Gate)].dense() &&
+                      tensors_[layer_tensor_index(0, LayerTensor::Up)].dense();
+  const int widest_dy = int(std::max({QD, (packed ? 2 : 1) * F, C}));
   sampled_ = std::make_unique<SampledInputs>(memory_.sampled, *backend_, arena, L - 1, N, width,
                                              widest_dy);
 }
@@ -249,6 +257,45 @@ void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, LayerTenso
   sink_->projected(index, dy, x, N);
 }
 
+void LlamaModel::gate_up_backward(int l, const LayerWeights& w, const LayerActs& a, int64_t N,
+                                  const SampledInputs::Kept* kept) {
+  Backend& be = *backend_;
+  const int C = cfg_.hidden_size, F = F_;
+  const int gate = layer_tensor_index(l, LayerTensor::Gate), up = gate + 1;
+  const int bytes = storage().act_bytes;
+  if (!tensors_[gate].dense() || !tensors_[up].dense()) {
+    // A projected tensor's optimizer reads its dy whole: dgate and dup as two [N, F] buffers,
+    // each tensor's own backward
+    void* dgate = ws_.dgu;
+    void* dup = at(ws_.dgu, N * F, bytes);
+    be.swiglu_backward(dgate, dup, ws_.dact, a.gu, N, F, F);
+    linear_backward(ws_.dnorm, false, l, LayerTensor::Gate, w.wgate, dgate, a.n2, N, C, F, kept);
+    linear_backward(ws_.dnorm, true, l, LayerTensor::Up, w.wup, dup, a.n2, N, C, F, kept);
+    return;
+  }
+  // Both dense: dgate|dup packed as gu [N, 2F], so the stacked weights [2F, C] (adjacent, as in
+  // the forward) take one dx GEMM over K = 2F and one weight-gradient GEMM into both gradients,
+  // which lie next to each other in the gradient buffer (or the fused one, sized for the pair).
+  be.swiglu_backward(ws_.dgu, at(ws_.dgu, F, bytes), ws_.dact, a.gu, N, F, 2 * int64_t(F));
+  const ParamTensor& t_gate = tensors_[gate];
+  void* g_gate = grad(t_gate);
+  void* g_up = at(g_gate, t_gate.numel, storage().grad_bytes);
+  if (memory_.fused_update)
+    be.zero(g_gate, size_t(t_gate.numel + tensors_[up].numel) * storage().grad_bytes);
+  else
+    GRASS_CHECK(g_up == grad(tensors_[up]), "gate_proj's and up_proj's gradients are not adjacent");
+  if (kept) {  // dx from every row, the weight gradients from the kept rows (linear_backward's way)
+    be.linear_backward(ws_.dnorm, nullptr, ws_.dgu, nullptr, w.wgate, N, C, 2 * F, false);
+    be.gather_rows(sampled_->dy_rows(), ws_.dgu, kept->rows, nullptr, kept->k, 2 * F);
+    be.linear_backward(nullptr, g_gate, sampled_->dy_rows(), kept->x, w.wgate, kept->k, C, 2 * F,
+                       false);
+  } else {
+    be.linear_backward(ws_.dnorm, g_gate, ws_.dgu, a.n2, w.wgate, N, C, 2 * F, false);
+  }
+  end_gradient(gate, g_gate);
+  end_gradient(up, g_up);
+}
+
 void* LlamaModel::begin_gradient(int index) {
   const ParamTensor& t = tensors_[index];
   void* g = grad(t);
@@ -258,9 +305,10 @@ void* LlamaModel::begin_gradient(int index) {
   return g;
 }
 
-void LlamaModel::end_gradient(int index) {
+void LlamaModel::end_gradient(int index) { end_gradient(index, grad(tensors_[index])); }
+
+void LlamaModel::end_gradient(int index, void* g) {
   const ParamTensor& t = tensors_[index];
-  void* g = grad(t);
   if (!memory_.fused_update) {  // the whole buffer is stored after the backward
     if (sink_) sink_->dense_ready(index, g);
     return;
@@ -490,12 +538,8 @@ void LlamaModel::backward_from_head(int lm_head) {
     if (elementwise) be.swiglu_forward(a.act, a.gu, N, F);
     linear_backward(ws_.dact, false, l, LayerTensor::Down, w.wdown, ws_.dres, a.act, N, F, C,
                     kept(SampledInputs::Act));
-    be.swiglu_backward(ws_.dgate, ws_.dup, ws_.dact, a.gu, N, F);
     if (elementwise) be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
-    linear_backward(ws_.dnorm, false, l, LayerTensor::Gate, w.wgate, ws_.dgate, a.n2, N, C, F,
-                    kept(SampledInputs::N2));
-    linear_backward(ws_.dnorm, true, l, LayerTensor::Up, w.wup, ws_.dup, a.n2, N, C, F,
-                    kept(SampledInputs::N2));
+    gate_up_backward(l, w, a, N, kept(SampledInputs::N2));
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::MlpNorm)), ws_.dnorm, a.h,
                         w.mlp_norm, a.rstd2, N, C);
     end_gradient(layer_tensor_index(l, LayerTensor::MlpNorm));

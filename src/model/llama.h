@@ -221,6 +221,11 @@ class LlamaModel {
   // dense_ready).
   void* begin_gradient(int index);
   void end_gradient(int index);
+  void end_gradient(int index, void* g);  // the gradient formed at g (fused: not at the buffer's start)
+  // gate_proj's and up_proj's backward from d(act) in ws_.dact: dx into ws_.dnorm, their weight
+  // gradients (or their projected optimizers' accumulation; with `kept`, a sampled pass's).
+  void gate_up_backward(int l, const LayerWeights& w, const LayerActs& a, int64_t N,
+                        const SampledInputs::Kept* kept);
 
   ModelConfig cfg_;
   int max_B_, T_;
@@ -267,7 +272,8 @@ class LlamaModel {
     void *dnorm;      // [N, C] gradient of a norm's output
     void *datt;       // [N, NH*HD]
     void *dq, *dk, *dv;
-    void *dact, *dgate, *dup;  // [N, F]
+    void *dact;  // [N, F]
+    void *dgu;   // [N, 2F] dgate and dup: two [N, F] halves, or packed as gu (gate_up_backward)
   } ws_{};
   // The backend's own scratch for this model's shapes, in use while the model lives.
   std::unique_ptr<ScratchLease> backend_scratch_;

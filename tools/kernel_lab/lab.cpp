@@ -76,9 +76,10 @@ std::vector<LinearShape> linear_shapes(const Model& m, bool model_gemms) {
     add(padded, m.C(), "up(padded)");
     add(m.C(), padded, "down(padded)");
   }
-  if (model_gemms) {  // the forward's one GEMM of gate_proj and up_proj stacked; the head
-    add(2 * F, m.C(), "gate+up", /*forward_only=*/true);
-    if (F != padded) add(2 * padded, m.C(), "gate+up(padded)", /*forward_only=*/true);
+  if (model_gemms) {  // gate_proj and up_proj stacked (the forward's one GEMM, and the backward's
+                      // when both gradients are dense: LlamaModel::gate_up_backward); the head
+    add(2 * F, m.C(), "gate+up");
+    if (F != padded) add(2 * padded, m.C(), "gate+up(padded)");
     add(m.V(), m.C(), "lm_head");
   }
   return shapes;

@@ -250,13 +250,13 @@ void bench_swiglu(Lab& lab, const Model& m) {
                  .bytes = 3.0 * A * n, .err = fwd_err, .tol = kTolBf16});
 
   auto backward = [&] {
-    gpu.swiglu_backward(gdgate.ptr(), gdup.ptr(), gdout.ptr(), ggu.ptr(), N, F);
+    gpu.swiglu_backward(gdgate.ptr(), gdup.ptr(), gdout.ptr(), ggu.ptr(), N, F, F);
   };
   gdgate.poison();
   gdup.poison();
   backward();
   std::vector<float> dgate_ref(static_cast<size_t>(n)), dup_ref(static_cast<size_t>(n));
-  cpu.swiglu_backward(dgate_ref.data(), dup_ref.data(), dout.data(), gu.data(), N, F);
+  cpu.swiglu_backward(dgate_ref.data(), dup_ref.data(), dout.data(), gu.data(), N, F, F);
   const double bwd_err =
       worst({max_row_error(gdgate.get(), dgate_ref, F), max_row_error(gdup.get(), dup_ref, F)});
   lab.report(m, {.op = "swiglu.bwd", .shape = shape, .ms = lab.time_ms(backward),
