@@ -85,30 +85,30 @@ TEST_CASE("elementwise recomputation keeps one n1, n2 and act for all layers", "
 
 TEST_CASE("sampled activations keep k rows of n1, n2 and act per layer but the last", "[memory]") {
   for (const std::string precision : {"fp32", "bf16"})
-    for (const ActivationSample sampler : {ActivationSample::WtaCrs, ActivationSample::Bernoulli})
-    for (const std::string optimizer : {"grass", "adamw"}) {
-      INFO(precision << " " << name_of(sampler) << " " << optimizer);
-      RunConfig cfg = small_run(optimizer);
-      const Storage storage = storage_for(test::named<PrecisionChoice>(precision), false);
-      cfg.activation_checkpointing = Checkpointing::Elementwise;
-      const MemoryPlan elementwise = plan_memory(cfg, storage);
-      cfg.activation_checkpointing = Checkpointing::None;
-      cfg.activations = {sampler, 0.3};
-      const MemoryPlan sampled = plan_memory(cfg, storage);
-      const int64_t N = 2 * 16, C = 32, F = 86, L = 2, QD = 32;  // small_run's shapes
-      // k = round(0.3 N) = 10 rows; bernoulli's count is binomial: room for 8 deviations
-      const int64_t k = sampler == ActivationSample::Bernoulli
-                            ? std::min<int64_t>(N, int64_t(std::ceil(10 + 8 * std::sqrt(N * (10.0 / N) * (1 - 10.0 / N)))) + 1)
-                            : 10;
-      const int64_t kept = (L - 1) * (k * (2 * C + F) * storage.act_bytes + 3 * k * 4);
-      // the widest dy whose rows are gathered: gate's and up's packed (2F) when both are dense
-      const int64_t dy_width = std::max({QD, (optimizer == "adamw" ? 2 : 1) * F, C});
-      const int64_t workspace = k * 4 + N * 4 + k * dy_width * storage.act_bytes;
-      CHECK(sampled.bytes[int(MemCategory::Activations)] -
-                elementwise.bytes[int(MemCategory::Activations)] == kept);
-      CHECK(sampled.bytes[int(MemCategory::Workspace)] -
-                elementwise.bytes[int(MemCategory::Workspace)] == workspace);
-    }
+    for (const std::string optimizer : {"grass", "adamw"})
+      for (const ActivationSample sampler : {ActivationSample::WtaCrs, ActivationSample::Bernoulli}) {
+        INFO(precision << " " << name_of(sampler) << " " << optimizer);
+        RunConfig cfg = small_run(optimizer);
+        const Storage storage = storage_for(test::named<PrecisionChoice>(precision), false);
+        cfg.activation_checkpointing = Checkpointing::Elementwise;
+        const MemoryPlan elementwise = plan_memory(cfg, storage);
+        cfg.activation_checkpointing = Checkpointing::None;
+        cfg.activations = {sampler, 0.3};
+        const MemoryPlan sampled = plan_memory(cfg, storage);
+        const int64_t N = 2 * 16, C = 32, F = 86, L = 2, QD = 32;  // small_run's shapes
+        // k = round(0.3 N) = 10 rows; bernoulli's count is binomial: room for 8 deviations
+        const int64_t k = sampler == ActivationSample::Bernoulli
+                              ? std::min<int64_t>(N, int64_t(std::ceil(10 + 8 * std::sqrt(N * (10.0 / N) * (1 - 10.0 / N)))) + 1)
+                              : 10;
+        const int64_t kept = (L - 1) * (k * (2 * C + F) * storage.act_bytes + 3 * k * 4);
+        // the widest dy whose rows are gathered: gate's and up's packed (2F) when both are dense
+        const int64_t dy_width = std::max({QD, (optimizer == "adamw" ? 2 : 1) * F, C});
+        const int64_t workspace = k * 4 + N * 4 + k * dy_width * storage.act_bytes;
+        CHECK(sampled.bytes[int(MemCategory::Activations)] -
+                  elementwise.bytes[int(MemCategory::Activations)] == kept);
+        CHECK(sampled.bytes[int(MemCategory::Workspace)] -
+                  elementwise.bytes[int(MemCategory::Workspace)] == workspace);
+      }
 }
 
 TEST_CASE("planned weights and gradients and optimizer states follow GRASS.md's arithmetic",

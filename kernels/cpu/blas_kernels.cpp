@@ -18,12 +18,13 @@ std::string openblas_kernels() {
   return name ? name : "unknown";
 }
 
+bool sse_only_openblas_kernels(const std::string& kernels) {
+  return kernels == "Prescott" || kernels == "Core2" || kernels == "Penryn" ||
+         kernels == "Dunnington" || kernels == "Nehalem" || kernels == "Atom";
+}
+
 std::string better_openblas_kernels() {
-  const std::string chosen = openblas_kernels();
-  // OpenBLAS's SSE-only x86-64 kernels, which it falls back to on a CPU it does not know
-  const bool sse_only = chosen == "Prescott" || chosen == "Core2" || chosen == "Penryn" ||
-                        chosen == "Dunnington" || chosen == "Nehalem" || chosen == "Atom";
-  if (!sse_only) return "";
+  if (!sse_only_openblas_kernels(openblas_kernels())) return "";
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))

@@ -9,6 +9,9 @@ namespace grass {
 
 // The kernels OpenBLAS chose ("SkylakeX", "Haswell", "Prescott", ...).
 std::string openblas_kernels();
+// Whether `kernels` names one of OpenBLAS's SSE-only x86-64 kernel families, which it falls back
+// to on a CPU it does not know.
+bool sse_only_openblas_kernels(const std::string& kernels);
 // The OPENBLAS_CORETYPE this CPU supports when OpenBLAS fell back to SSE-only kernels on a CPU
 // with AVX2 or AVX-512 ("SkylakeX", "Haswell"), else "".
 std::string better_openblas_kernels();
