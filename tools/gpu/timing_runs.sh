@@ -4,7 +4,7 @@
 # bf16-mixed, 16 x 256 tokens a step, a few steps; the table gives each step's time, tok/s, host
 # waits and device memory from metrics.jsonl, so a refresh step stands beside a plain one.
 #
-#   tools/gpu/timing_runs.sh [--budget SECONDS]
+#   tools/gpu/timing_runs.sh [--budget SECONDS] [--runs NAME,...]
 #
 #   plain        AdamW, activation_checkpointing "none"  (the reference for the next three)
 #   elementwise  activation_checkpointing "elementwise"  (n1, n2 and SwiGLU recomputed)
@@ -12,11 +12,19 @@
 #                micro-batch for the row norms (issue 28)
 #   q8           optimizer.state_dtype "q8" (8-bit moments; issue 27's kernels)
 #   galore       GaLore r=512, a device refresh (cuSOLVER) at steps 0, 2 and 4
+# --runs keeps the named runs only (e.g. plain,wta-crs: an A/B against another tree's build, this
+# script copied there and the two run in turn).
 # Output: one line per step on stdout and in $OUT/timing_runs.log when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
-budget=150
-[ "${1:-}" = --budget ] && budget=${2:?--budget needs seconds}
+budget=150 only=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
+    --runs) only=${2:?--runs needs names}; shift 2 ;;
+    *) echo "timing_runs: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
 BUILD=${GRASS_BUILD_DIR:-build-gpu}
 shard=$BUILD/first_run_v32000.bin
 work=$BUILD/timing_runs
@@ -41,6 +49,7 @@ runs=(
 printf '%-12s %4s %10s %9s %6s %s\n' run step step_ms tok/s waits loss | tee -a "$log"
 for r in "${runs[@]}"; do
   name=${r%%|*}
+  [ -n "$only" ] && [[ ",$only," != *",$name,"* ]] && continue
   read -ra extra <<<"${r#*|}"
   left=$((deadline - SECONDS))
   [ "$left" -lt 20 ] && { echo "$name: skipped (budget)" | tee -a "$log"; continue; }
