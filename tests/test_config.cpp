@@ -1,6 +1,7 @@
 // Config parsing: shipped configs load, parameter counts match the published models, and every
 // documented error message (docs/configs.md) appears as one line naming the file and key.
 #include <catch2/catch.hpp>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -645,6 +646,45 @@ TEST_CASE("sampled activations: the keys, their bounds, and checkpointing none o
   CHECK_THAT(run_error(run), Contains("got number 3.5"));
 }
 
+TEST_CASE("selected columns: the key, and \"on\" refused where nothing is kept", "[config][memory]") {
+  json run = tiny_run();
+  CHECK(grass::parse_run_config(run, "").activations.selected_columns == grass::Switch::Auto);
+  run["activations"] = {{"selected_columns", "off"}};
+  CHECK(grass::parse_run_config(run, "").activations.selected_columns == grass::Switch::Off);
+  run["activations"] = {{"selected_columns", true}};
+  CHECK_THAT(run_error(run), Contains("run.json: activations.selected_columns:"));
+  run["activations"] = {{"selected_columns", "always"}};
+  CHECK_THAT(run_error(run), Contains("run.json: activations.selected_columns: unknown mode"));
+  // GRASS selecting gate's and up's input side (ffn > hidden under "auto"): n2 is kept so
+  run["activations"] = {{"selected_columns", "on"}};
+  run["optimizer"] = {{"name", "grass"}, {"rank", 4}, {"targets", {"gate", "up"}}};
+  grass::RunConfig c = grass::parse_run_config(run, "run.json");
+  CHECK(grass::inputs_kept_as_columns(c.model, grass::resolve(c, false).memory) ==
+        std::array<bool, 3>{false, true, false});
+  CHECK_THAT(grass::activations_kept(c.model, grass::resolve(c, false).memory),
+             Contains("n2 (gate, up) as the GRASS targets' selected columns"));
+  c.activations.selected_columns = grass::Switch::Auto;  // the same where it saves memory
+  CHECK(grass::resolve(c, false).memory.columns.rank == 4);
+  // ... and "on" is refused where it would keep nothing: up dense, rows, another optimizer
+  for (const json& optimizer : {json{{"name", "grass"}, {"rank", 4}, {"targets", {"gate"}}},
+                                json{{"name", "grass"}, {"rank", 4}, {"select_dim", "rows"}},
+                                json{{"name", "galore"}, {"rank", 4}}}) {
+    INFO(optimizer.dump());
+    run["optimizer"] = optimizer;
+    c = grass::parse_run_config(run, "run.json");
+    CHECK_THAT(user_error([&] { grass::resolve(c, false); }),
+               Contains("run.json: activations.selected_columns \"on\": no layer input of this "
+                        "run is read only by GRASS targets that select columns"));
+    c.activations.selected_columns = grass::Switch::Auto;  // auto: whole inputs, no error
+    CHECK(grass::inputs_kept_as_columns(c.model, grass::resolve(c, false).memory) ==
+          std::array<bool, 3>{});
+  }
+  run["optimizer"] = {{"name", "grass"}, {"rank", 4}, {"targets", {"gate", "up"}}};
+  run["activation_checkpointing"] = "elementwise";
+  c = grass::parse_run_config(run, "run.json");
+  CHECK_THAT(user_error([&] { grass::resolve(c, false); }), Contains("needs optimizer"));
+}
+
 TEST_CASE("memory sizes parse and print back exactly", "[config][memory]") {
   using grass::format_memory_size;
   using grass::parse_memory_size;
@@ -695,6 +735,10 @@ TEST_CASE("to_json round-trips through parse_run_config", "[config]") {
   original.activations = {grass::ActivationSample::Bernoulli, 0.25};
   const std::string sampled = write_temp_file("config.json", grass::to_json(original).dump(2));
   CHECK(grass::load_run_config(sampled).activations == original.activations);
+  original.activations = {};
+  original.activations.selected_columns = grass::Switch::Off;
+  const std::string whole = write_temp_file("config.json", grass::to_json(original).dump(2));
+  CHECK(grass::load_run_config(whole).activations == original.activations);
 }
 
 TEST_CASE("grass optimizer keys are read and checked against the model", "[config]") {

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
 #include "src/config/config.h"
 #include "src/core/arena.h"
 #include "src/optim/grass.h"
+#include "src/train/memory_plan.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 #include "tests/named_choice.h"
@@ -49,9 +51,28 @@ RunConfig small_run(const std::string& optimizer, const std::string& precision) 
   return c;
 }
 
+// The step strategy's sink, counting the projected gradients formed from kept columns.
+class CountingSink final : public GradientSink {
+ public:
+  explicit CountingSink(GradientSink& inner) : inner_(inner) {}
+  int64_t from_columns = 0;
+  void projected(int tensor, const void* dy, const void* x, int64_t N, bool x_selected) override {
+    from_columns += x_selected;
+    inner_.projected(tensor, dy, x, N, x_selected);
+  }
+  bool selected_columns(int tensor, SelectedColumns* columns) const override {
+    return inner_.selected_columns(tensor, columns);
+  }
+  void dense_ready(int tensor, void* grad) override { inner_.dense_ready(tensor, grad); }
+
+ private:
+  GradientSink& inner_;
+};
+
 // What a run leaves: its losses and norms per step, and every byte of its state.
 struct RunRecord {
   std::vector<double> losses, norms, clip_coefs;
+  std::vector<int64_t> from_columns;  // per step: projected gradients formed from kept columns
   std::vector<int> clipped;
   std::vector<std::vector<char>> state;  // the weights and optimizer blocks, in order
   std::vector<std::string> state_names;
@@ -63,6 +84,8 @@ RunRecord train(const RunConfig& cfg, int steps) {
   Arena arena(false, *backend);
   TrainingState s = build_training_state(cfg, arena, *backend);
   s.model->init_weights(3);
+  CountingSink sink(*s.step);
+  s.model->set_gradient_sink(&sink);
   const test::NgramBatches data;
   RunRecord record;
   int64_t batch = 0;
@@ -75,6 +98,7 @@ RunRecord train(const RunConfig& cfg, int steps) {
     });
     record.losses.push_back(out.loss);
     record.norms.push_back(out.grad_norm);
+    record.from_columns.push_back(std::exchange(sink.from_columns, 0));
     record.clipped.push_back(s.step->clipped_tensors());
     record.clip_coefs.push_back(out.clip_coef);
   }
@@ -116,6 +140,76 @@ TEST_CASE("activation checkpointing, elementwise or per layer, gives identical l
         require_same_state(a, b);
         CHECK(a.losses.back() < a.losses.front());  // it trained
       }
+}
+
+TEST_CASE("inputs kept as GRASS's selected columns give the whole inputs' bits", "[memory]") {
+  // cols: every input kept as columns (n1 for q, k, v; n2 for gate, up; act for down); auto:
+  // gate and up select their input side (86 x 32), so n2 alone. Refreshes at steps 0 and 3 read
+  // the whole inputs on their first micro-batch: the backward recomputes them.
+  struct Case {
+    const char* select_dim;
+    std::initializer_list<const char*> targets;
+    int readers;  // the targets that read kept columns
+  };
+  for (const Case c : {Case{"cols", {"q", "k", "v", "gate", "up", "down"}, 6},
+                       Case{"auto", {"q", "gate", "up", "down"}, 2}})
+    for (const std::string precision : {"fp32", "bf16-mixed", "bf16"})
+      for (const int micro_batches : {1, 2})
+        for (const bool stagger : {false, true}) {
+          INFO(c.select_dim << " " << precision << ", " << micro_batches << " micro-batch(es)"
+                            << (stagger ? ", staggered refreshes" : ""));
+          RunConfig whole = small_run("grass", precision);
+          whole.optimizer.projection.targets = test::named_targets(c.targets);
+          whole.optimizer.projection.select_dim = test::named<SelectDim>(c.select_dim);
+          whole.optimizer.projection.refresh_stagger = stagger;
+          // multinomial: ρ ≠ 1 scales the kept columns
+          if (micro_batches == 2) whole.optimizer.projection.selection = Selection::Multinomial;
+          whole.total_batch_size = whole.micro_batch_size * micro_batches;
+          whole.grad_clip = 1.0;
+          whole.activations.selected_columns = Switch::Off;
+          RunConfig columns = whole;
+          columns.activations.selected_columns = Switch::On;
+          const RunRecord a = train(whole, 5), b = train(columns, 5);
+          CHECK(a.losses == b.losses);
+          CHECK(a.norms == b.norms);
+          require_same_state(a, b);
+          CHECK(a.losses.back() < a.losses.front());  // it trained
+          CHECK(a.from_columns == std::vector<int64_t>(5, 0));
+          // layers 0 and 1 keep columns (the last layer's inputs are whole in the shared buffers)
+          const int64_t per_pass = 2 * c.readers;
+          if (!stagger) {
+            const int64_t refresh = (micro_batches - 1) * per_pass, plain = micro_batches * per_pass;
+            CHECK(b.from_columns == std::vector<int64_t>{refresh, plain, plain, refresh, plain});
+          } else {  // some targets refresh at each step: fewer, but never none after step 0
+            for (size_t step = 1; step < 5; step++) {
+              CHECK(b.from_columns[step] > 0);
+              CHECK(b.from_columns[step] <= micro_batches * per_pass);
+            }
+          }
+        }
+}
+
+TEST_CASE("selected columns: the plan keeps r columns of each kept input per layer", "[memory]") {
+  RunConfig cfg = small_run("grass", "bf16-mixed");
+  cfg.optimizer.projection.targets = test::named_targets({"q", "k", "v", "gate", "up", "down"});
+  cfg.optimizer.projection.select_dim = SelectDim::Cols;
+  const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, true);  // ffn padded to 88
+  RunConfig whole = cfg;
+  whole.activations.selected_columns = Switch::Off;
+  const int64_t saved = plan_memory(whole, storage).bytes[int(MemCategory::Activations)] -
+                        plan_memory(cfg, storage).bytes[int(MemCategory::Activations)];
+  const int64_t N = 2 * 16, C = 32, F = 88, r = 4, L = 3;
+  // each layer but the last: n1 as 3 x r columns, n2 as 2 x r, act as r; one whole set shared
+  CHECK(saved == (L - 1) * N * ((C - 3 * r) + (C - 2 * r) + (F - r)) * 2);
+  // inputs whose readers' columns together are not fewer than the width stay whole
+  RunConfig wide = cfg;
+  wide.optimizer.projection.rank = 11;  // n1: 33 columns of 32; n2: 22; act: 11
+  const ModelMemoryOptions memory = model_memory_options(wide, storage);
+  CHECK(inputs_kept_as_columns(wide.model, memory) == std::array<bool, 3>{false, true, true});
+  RunConfig layer = cfg;
+  layer.activation_checkpointing = Checkpointing::Elementwise;
+  CHECK(inputs_kept_as_columns(layer.model, model_memory_options(layer, storage)) ==
+        std::array<bool, 3>{});
 }
 
 TEST_CASE("fused per-layer updates give the same weights as the unfused step", "[memory]") {

@@ -63,7 +63,8 @@ class GrassSink final : public GradientSink {
     std::vector<float> gc;
   };
   std::vector<Target> targets;  // by tensor index (in = 0: not projected)
-  void projected(int tensor, const void* dy, const void* x, int64_t N) override {
+  void projected(int tensor, const void* dy, const void* x, int64_t N, bool x_selected) override {
+    REQUIRE_FALSE(x_selected);
     Target& t = targets.at(size_t(tensor));
     const int r = int(t.sigma.size());
     std::vector<float> scratch(size_t(N) * r + 1);

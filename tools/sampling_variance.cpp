@@ -59,7 +59,9 @@ class VarianceSink final : public GradientSink {
   std::map<std::string, Tally> tallies;  // "q_proj, p ~ |x|"
   int batch = 0;
 
-  void projected(int tensor, const void* dy_v, const void* x_v, int64_t N) override {
+  void projected(int tensor, const void* dy_v, const void* x_v, int64_t N,
+                 bool x_selected) override {
+    GRASS_CHECK(!x_selected, "the variance tool reads whole inputs");
     const ParamTensor& t = model_.tensors()[size_t(tensor)];
     const int out = int(t.shape[0]), in = int(t.shape[1]);
     const float* dy = static_cast<const float*>(dy_v);

@@ -194,6 +194,15 @@ class CpuBackend final : public Backend {
     ops::grass_compressed_grad(f(gc), f(scratch), f(dy), f(x), sigma, rho, N, in, out, r, rows);
     if (storage_.pure_bf16()) ops::round_to_bf16(f(gc), int64_t(r) * (rows ? in : out));
   }
+  void grass_gather_columns(void* xs, const void* x, const int32_t* sigma, const float* rho,
+                            int64_t N, int width, int r) override {
+    ops::grass_gather_columns(f(xs), f(x), sigma, rho, N, width, r);
+  }
+  void grass_selected_cols_grad(void* gc, const void* dy, const void* xs, int64_t N, int out,
+                                int r) override {
+    ops::grass_selected_cols_grad(f(gc), f(dy), f(xs), N, out, r);
+    if (storage_.pure_bf16()) ops::round_to_bf16(f(gc), int64_t(r) * out);
+  }
   void full_weight_grad(float* g, const void* dy, const void* x, int64_t N, int in, int out,
                         int row0, int rows) override {
     ops::linear_full_grad(g, f(dy), f(x), N, in, out, row0, rows);

@@ -12,18 +12,27 @@
 namespace grass::ops {
 
 template <typename T>
+void grass_gather_columns(T* dst, const T* source, const int32_t* sigma, const T* rho, int64_t N,
+                          int width, int r) {
+#pragma omp parallel for
+  for (int64_t n = 0; n < N; n++)
+    for (int j = 0; j < r; j++) dst[n * r + j] = source[n * width + sigma[j]] * rho[j];
+}
+
+template <typename T>
+void grass_selected_cols_grad(T* gc, const T* dy, const T* xs, int64_t N, int out, int r) {
+  cpu::gemm(true, false, out, r, int(N), T(1), dy, out, xs, r, T(1), gc, r);
+}
+
+template <typename T>
 void grass_compressed_grad(T* gc, T* scratch, const T* dy, const T* x, const int32_t* sigma,
                            const T* rho, int64_t N, int in, int out, int r, bool rows) {
   // scratch[N, r]: the selected columns of dy (rows) or of x (cols), times ρ
-  const T* source = rows ? dy : x;
-  const int width = rows ? out : in;
-#pragma omp parallel for
-  for (int64_t n = 0; n < N; n++)
-    for (int j = 0; j < r; j++) scratch[n * r + j] = source[n * width + sigma[j]] * rho[j];
+  grass_gather_columns(scratch, rows ? dy : x, sigma, rho, N, rows ? out : in, r);
   if (rows)  // gc[r, in] += scratchᵀ · x
     cpu::gemm(true, false, r, in, int(N), T(1), scratch, r, x, in, T(1), gc, in);
   else       // gc[out, r] += dyᵀ · scratch
-    cpu::gemm(true, false, out, r, int(N), T(1), dy, out, scratch, r, T(1), gc, r);
+    grass_selected_cols_grad(gc, dy, scratch, N, out, r);
 }
 
 template <typename T>
@@ -145,6 +154,9 @@ void grass_adam_update_q8(float* w, const float* gc, const Quant8Moments& s, boo
 #define INSTANTIATE(T)                                                                            \
   template void grass_compressed_grad<T>(T*, T*, const T*, const T*, const int32_t*, const T*,   \
                                          int64_t, int, int, int, bool);                          \
+  template void grass_gather_columns<T>(T*, const T*, const int32_t*, const T*, int64_t, int,    \
+                                        int);                                                    \
+  template void grass_selected_cols_grad<T>(T*, const T*, const T*, int64_t, int, int);          \
   template void grass_slice_norms<T>(double*, const T*, int, int, bool);                         \
   template void grass_adam_update<T>(T*, T*, T*, T*, const int32_t*, const T*, int, int, int,    \
                                      bool, double, const AdamArgs&);

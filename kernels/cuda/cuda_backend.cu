@@ -391,6 +391,14 @@ class CudaBackend final : public Backend {
     cuda::grass_compressed_grad(ctx_, gc, grad_type(), b(scratch), b(dy), b(x), sigma, rho, N, in,
                                 out, r, rows);
   }
+  void grass_gather_columns(void* xs, const void* x, const int32_t* sigma, const float* rho,
+                            int64_t N, int width, int r) override {
+    cuda::grass_gather_columns(ctx_, b(xs), b(x), sigma, rho, N, width, r);
+  }
+  void grass_selected_cols_grad(void* gc, const void* dy, const void* xs, int64_t N, int out,
+                                int r) override {
+    cuda::grass_selected_cols_grad(ctx_, gc, grad_type(), b(dy), b(xs), N, out, r);
+  }
   void grass_adam_update_q8(WeightRef w, const void* gc, const Quant8Moments& q, bool by_columns,
                             const GrassSlices& s, double alpha, const AdamArgs& a,
                             uint64_t seed) override {

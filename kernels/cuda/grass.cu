@@ -204,23 +204,35 @@ AdamStep adam_step_of(const AdamArgs& a, double alpha, uint64_t seed) {
 
 }  // namespace
 
+void grass_gather_columns(const Context& ctx, bf16* xs, const bf16* source, const int32_t* sigma,
+                          const float* rho, int64_t N, int width, int r) {
+  if (N == 0 || r == 0) return;
+  const int64_t total = N * r;
+  if (total <= int64_t(UINT32_MAX))
+    gather_scaled_columns<uint32_t><<<ceil_div(total, kThreads), kThreads, 0, ctx.stream>>>(
+        xs, source, sigma, rho, uint32_t(total), width, r);
+  else
+    gather_scaled_columns<int64_t><<<ceil_div(total, kThreads), kThreads, 0, ctx.stream>>>(
+        xs, source, sigma, rho, total, width, r);
+  GRASS_LAUNCH_CHECK();
+}
+
+void grass_selected_cols_grad(const Context& ctx, void* gc, GradType gtype, const bf16* dy,
+                              const bf16* xs, int64_t N, int out, int r) {
+  if (N == 0 || r == 0) return;
+  gemm_bf16(ctx, true, false, out, r, N, dy, out, xs, r, 1.0f, gc, cuda_type(gtype), r);
+}
+
 void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* scratch,
                            const bf16* dy, const bf16* x, const int32_t* sigma, const float* rho,
                            int64_t N, int in, int out, int r, bool rows) {
   if (N == 0 || r == 0) return;
   // scratch[N, r]: the selected columns of dy[N, out] (rows) or x[N, in] (cols), times ρ
-  const int64_t total = N * r;
-  if (total <= int64_t(UINT32_MAX))
-    gather_scaled_columns<uint32_t><<<ceil_div(total, kThreads), kThreads, 0, ctx.stream>>>(
-        scratch, rows ? dy : x, sigma, rho, uint32_t(total), rows ? out : in, r);
-  else
-    gather_scaled_columns<int64_t><<<ceil_div(total, kThreads), kThreads, 0, ctx.stream>>>(
-        scratch, rows ? dy : x, sigma, rho, total, rows ? out : in, r);
-  GRASS_LAUNCH_CHECK();
+  grass_gather_columns(ctx, scratch, rows ? dy : x, sigma, rho, N, rows ? out : in, r);
   if (rows)  // gc[r, in] += scratch[N, r]ᵀ · x[N, in]
     gemm_bf16(ctx, true, false, r, in, N, scratch, r, x, in, 1.0f, gc, cuda_type(gtype), in);
   else  // gc[out, r] += dy[N, out]ᵀ · scratch[N, r]
-    gemm_bf16(ctx, true, false, out, r, N, dy, out, scratch, r, 1.0f, gc, cuda_type(gtype), r);
+    grass_selected_cols_grad(ctx, gc, gtype, dy, scratch, N, out, r);
 }
 
 void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int out, int in,

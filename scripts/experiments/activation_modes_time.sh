@@ -2,15 +2,19 @@
 # Table E's time column (docs/experiments.md): the step time of each way of keeping activations at
 # its Table E micro-batch (runs/compare/e/MODEL/batches.txt, written by compare_optimizers.sh e),
 # AdamW on the bundled sample, one thread, 14 steps (median of steps 5-14), in alternating rounds
-# so that the machine's drift falls on every mode alike.
-#   scripts/experiments/activation_modes_time.sh [--out DIR] [--rounds 3] [model ...]
+# so that the machine's drift falls on every mode alike. --set passes a run key to every run (another
+# optimizer: --set optimizer.name=grass ...), --tag names that variant's folder (DIR/e_time<TAG>).
+#   scripts/experiments/activation_modes_time.sh [--out DIR] [--rounds 3] [--tag T] [--set k=v ...]
+#                                                [model ...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=runs/compare rounds=3 models=()
+out=runs/compare rounds=3 models=() extra=() tag=
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift ;;
     --rounds) rounds=$2; shift ;;
+    --tag) tag=$2; shift ;;
+    --set) extra+=(--set "$2"); shift ;;
     *) models+=("$1") ;;
   esac
   shift
@@ -30,14 +34,17 @@ for model in "${models[@]}"; do
     while read -r mode micro _; do
       case $mode in
         wta-crs_*) sets=(--set activations.sample=wta-crs --set activations.keep="${mode#wta-crs_}") ;;
+        none) sets=(--set activation_checkpointing=none --set activations.selected_columns=off) ;;
+        columns) sets=(--set activation_checkpointing=none --set activations.selected_columns=on) ;;
         *) sets=(--set activation_checkpointing="$mode") ;;
       esac
-      dir=$out/e_time/$model/$mode
+      dir=$out/e_time$tag/$model/$mode
       rm -rf "$dir"
       OMP_NUM_THREADS=1 build/grass train configs/runs/quickstart.json \
         --set model=configs/models/llama_$model.json --set micro_batch_size="$micro" \
         --set total_batch_size="$micro" --set steps=14 --set eval_every=0 --set eval_tokens=1 \
-        --set log_every=100 --set checkpoint_every=0 --set out_dir="$dir" "${sets[@]}" >/dev/null
+        --set log_every=100 --set checkpoint_every=0 --set out_dir="$dir" ${extra[@]+"${extra[@]}"} \
+        "${sets[@]}" >/dev/null
       times[$model/$mode]+=" $(median_ms "$dir/metrics.jsonl")"
       echo "[e time] $model $mode round $round: ${times[$model/$mode]##* } ms" >&2
     done <"$batches"

@@ -18,12 +18,14 @@
 #     1 and 2 at q8's best, fp32 states at Table A's rate (3 seeds); in pure bf16: bf16 and q8
 #     states at Table A's rate (3 seeds each). Table A's rates come from DIR/a, else its table.
 #   scripts/experiments/compare_optimizers.sh e [--out DIR] [--jobs N] [--methods M1,...]
+#                                               [--modes MODE1,...]
 #     Table E, activations at equal activation memory (issue 28): the budget is the plan's
 #     activations with sampled rows at keep 0.5 and Table A's 16 sequences; each way of keeping
-#     activations (none, elementwise, layer, wta-crs at keep 0.5 and 0.3) trains at the largest
-#     micro-batch (one per step) whose activations fit it, AdamW (--methods: others of Table A's)
-#     on both models: a grid at Table A's best rate and its two neighbours (seed 42, extended once
-#     past an edge), then seeds 1 and 2 at each mode's best.
+#     activations (none, elementwise, layer, wta-crs at keep 0.5 and 0.3, and for GRASS methods
+#     columns: the inputs of its `cols` targets kept as their selected columns) trains at the
+#     largest micro-batch (one per step) whose activations fit it, AdamW (--methods: others of
+#     Table A's; --modes: only those modes) on both models: a grid at Table A's best rate and its
+#     two neighbours (seed 42, extended once past an edge), then seeds 1 and 2 at each mode's best.
 #   scripts/experiments/compare_optimizers.sh b [--out DIR] [--jobs N]
 #     Table B, GRASS ablations on the quickstart model at Table A's best top_r rate (run a first):
 #     rank x K, rho in the update or not, with and without replacement, staggered refresh; 3 seeds.
@@ -55,16 +57,17 @@
 # tables on stdout and in DIR/<table>.md, the plots in docs/img/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 a|b|c|d|e|clipoff|peers|prox [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied]" >&2; exit 2; }
+usage() { echo "usage: $0 a|b|c|d|e|clipoff|peers|prox [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied] [--modes MODE1,...]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 table=$1; shift
-out=runs/compare jobs=2 only= model_list=quickstart,quickstart_tied
+out=runs/compare jobs=2 only= model_list=quickstart,quickstart_tied mode_list=
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift ;;
     --jobs) jobs=$2; shift ;;
     --methods) only=$2; shift ;;
     --models) model_list=$2; shift ;;
+    --modes) mode_list=$2; shift ;;
     *) usage ;;
   esac
   shift
@@ -302,20 +305,37 @@ if [ "$table" = e ]; then
   e_methods=(adamw)
   [ -z "$only" ] || e_methods=(${only//,/ })
   for name in "${e_methods[@]}"; do method_args "$name" >/dev/null; done
-  # Each way of keeping activations: its name, then its --set arguments.
+  # Each way of keeping activations: its name, then its --set arguments. columns: GRASS only
+  # (its activations planned with grass_top_r's arguments, which any GRASS method shares).
   modes=(
-    "none|activation_checkpointing=none"
+    "none|activation_checkpointing=none activations.selected_columns=off"
     "elementwise|activation_checkpointing=elementwise"
     "layer|activation_checkpointing=layer"
     "wta-crs_0.5|activations.sample=wta-crs activations.keep=0.5"
     "wta-crs_0.3|activations.sample=wta-crs activations.keep=0.3"
+    "columns|activation_checkpointing=none activations.selected_columns=on"
   )
+  if [ -n "$mode_list" ]; then
+    kept=()
+    for entry in "${modes[@]}"; do
+      case ",$mode_list," in *",${entry%%|*},"*) kept+=("$entry") ;; esac
+    done
+    [ ${#kept[@]} -gt 0 ] || { echo "no mode of table e is named in --modes $mode_list" >&2; exit 2; }
+    modes=("${kept[@]}")
+  fi
   activation_bytes() {  # MODEL MODE MICRO: the plan's activation bytes
-    local sets
+    local sets grass=()
     mapfile -t sets < <(entry_sets "$2" "${modes[@]}")
+    [ "$2" = columns ] && mapfile -t grass < <(method_args grass_top_r; printf -- '%s\n' "${projected_args[@]}")
     build/grass mem configs/runs/quickstart.json --set model=configs/models/llama_$1.json \
-      --set micro_batch_size="$3" --set total_batch_size="$3" "${sets[@]}" --json |
+      --set micro_batch_size="$3" --set total_batch_size="$3" ${grass[@]+"${grass[@]}"} "${sets[@]}" --json |
       /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["bytes"]["activations"])'
+  }
+  # whether METHOD runs MODE: columns is GRASS's
+  runs_mode() {
+    [ "$2" != columns ] && return 0
+    case " $(method_args "$1" | tr '\n' ' ') " in *" optimizer.name=grass "*) return 0 ;; esac
+    return 1
   }
   # The budget: the activations of sampled rows at keep 0.5 with Table A's 16 sequences; each
   # mode gets the largest micro-batch (at most 64) whose activations fit it.
@@ -329,8 +349,10 @@ if [ "$table" = e ]; then
   }
   for model in "${models[@]}"; do
     mkdir -p "$out/e/$model"
-    if [ ! -f "$out/e/$model/batches.txt" ]; then
-      budget=$(activation_bytes "$model" wta-crs_0.5 16)
+    if [ ! -f "$out/e/$model/batches.txt" ] || ! awk '{ print $1 }' "$out/e/$model/batches.txt" |
+        diff -q - <(for entry in "${modes[@]}"; do echo "${entry%%|*}"; done) >/dev/null; then
+      budget=$(modes=("wta-crs_0.5|activations.sample=wta-crs activations.keep=0.5")
+               activation_bytes "$model" wta-crs_0.5 16)
       for entry in "${modes[@]}"; do
         mode=${entry%%|*} micro=1
         while [ $micro -lt 64 ] && [ "$(activation_bytes "$model" "$mode" $((micro + 1)))" -le "$budget" ]; do
@@ -344,6 +366,7 @@ if [ "$table" = e ]; then
     cat "$out/e/$model/batches.txt" >&2
     for name in "${e_methods[@]}"; do
       for entry in "${modes[@]}"; do
+        runs_mode "$name" "${entry%%|*}" || continue
         for lr in $(ladder_around "$(a_best "$model" "$name")"); do
           enqueue_e "$model" "$name" "${entry%%|*}" "$lr" 42
         done
@@ -352,13 +375,16 @@ if [ "$table" = e ]; then
   done
   run_queue
   for entry in "${modes[@]}"; do  # a best rate on the grid's edge: one more rate past it
-    e_mode=${entry%%|*}
+    e_mode=${entry%%|*} e_names=()
+    for name in "${e_methods[@]}"; do runs_mode "$name" "$e_mode" && e_names+=("$name"); done
+    [ ${#e_names[@]} -gt 0 ] || continue
     enqueue_e_edge() { enqueue_e "$1" "$2" "$e_mode" "$3" 42; }
-    extend_edges 1 "$out/e/@MODEL@/@NAME@/$e_mode" enqueue_e_edge "${e_methods[@]}"
+    extend_edges 1 "$out/e/@MODEL@/@NAME@/$e_mode" enqueue_e_edge "${e_names[@]}"
   done
   for model in "${models[@]}"; do
     for name in "${e_methods[@]}"; do
       for entry in "${modes[@]}"; do
+        runs_mode "$name" "${entry%%|*}" || continue
         lr=$(report best-lr "$out/e/$model/$name/${entry%%|*}")
         for seed in 1 2; do enqueue_e "$model" "$name" "${entry%%|*}" "$lr" "$seed"; done
       done

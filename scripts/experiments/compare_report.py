@@ -355,7 +355,8 @@ def table_d(d_dir, models):
 
 E_MODES = (("none", "kept"), ("elementwise", "kept, n1 n2 act recomputed"),
            ("layer", "checkpointed per layer"), ("wta-crs_0.5", "sampled, wta-crs keep 0.5"),
-           ("wta-crs_0.3", "sampled, wta-crs keep 0.3"))
+           ("wta-crs_0.3", "sampled, wta-crs keep 0.3"),
+           ("columns", "kept, GRASS `cols` targets' inputs as their selected columns"))
 
 
 def table_e(e_dir, models):

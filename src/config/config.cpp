@@ -494,8 +494,10 @@ void read_memory(const ObjectReader& run, RunConfig& c) {
       read_enum(run, "activation_checkpointing", "mode", c.activation_checkpointing);
   if (const json* sampled = run.find("activations")) {
     const ObjectReader a(*sampled, run.at("activations"));
-    a.reject_unknown_keys({"sample", "keep"});
+    a.reject_unknown_keys({"sample", "keep", "selected_columns"});
     c.activations.sample = read_enum(a, "sample", "sampler", c.activations.sample);
+    c.activations.selected_columns =
+        read_enum(a, "selected_columns", "mode", c.activations.selected_columns);
     c.activations.keep = a.number("keep").value_or(c.activations.keep);
     require(c.activations.keep > 0 && c.activations.keep < 1, a.at("keep"),
             "in (0, 1): the share of token rows stored", c.activations.keep);
@@ -754,6 +756,8 @@ json to_json(const RunConfig& c) {
   // only when on, so a checkpoint from before the key resumes without a warning about it
   if (c.activations.on())
     run["activations"] = {{"sample", name_of(c.activations.sample)}, {"keep", c.activations.keep}};
+  if (c.activations.selected_columns != Switch::Auto)
+    run["activations"]["selected_columns"] = name_of(c.activations.selected_columns);
   return run;
 }
 

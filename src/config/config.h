@@ -137,6 +137,10 @@ struct ScheduleConfig {
 struct SampledActivations {
   ActivationSample sample = ActivationSample::None;
   double keep = 0.5;
+  // activations.selected_columns: GRASS `cols` targets' inputs kept as their selected columns
+  // (model/llama.h, ModelMemoryOptions::columns; exact). auto: wherever that saves memory; on:
+  // the same, and an error where it saves nothing; off: the inputs kept whole.
+  Switch selected_columns = Switch::Auto;
   bool on() const { return sample != ActivationSample::None; }
   bool operator==(const SampledActivations&) const = default;
 };

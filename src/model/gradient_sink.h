@@ -5,13 +5,30 @@
 
 namespace grass {
 
+// The columns σ of its input that a projected tensor's gradient reads, each scaled by ρ (backend
+// memory, `count` of each): GRASS `cols` between refreshes.
+struct SelectedColumns {
+  const int32_t* sigma = nullptr;
+  const float* rho = nullptr;
+  int count = 0;
+};
+
 class GradientSink {
  public:
   virtual ~GradientSink() = default;
   // A projected tensor's layer y = x·wᵀ: its upstream gradient dy[N, out] and input x[N, in]
   // (act-typed backend memory, valid until this returns). The tensor's optimizer forms its
-  // low-rank gradient from them; the out x in gradient is never formed here.
-  virtual void projected(int tensor, const void* dy, const void* x, int64_t N) = 0;
+  // low-rank gradient from them; the out x in gradient is never formed here. With x_selected,
+  // x is only the columns selected_columns() gave, xs[N, count] = x[:, σ]·ρ
+  // (Backend::grass_gather_columns), kept by the forward.
+  virtual void projected(int tensor, const void* dy, const void* x, int64_t N,
+                         bool x_selected) = 0;
+  // Whether the gradient of `tensor` reads only some columns of its input this step, fixed until
+  // its next refresh (then `columns` says which): the forward may keep those alone.
+  virtual bool selected_columns(int tensor, SelectedColumns* columns) const {
+    (void)tensor, (void)columns;
+    return false;
+  }
   // The backward's part of the dense gradient of `tensor` is in `grad` (grad-typed). With fused
   // updates (one backward per step) it is the whole gradient, rounded to its storage, in a buffer
   // reused for the next tensor as soon as this returns. Otherwise it has been added to the

@@ -14,22 +14,54 @@ namespace {
 // tensors_ index of layer l's tensor i (tensors_[0] is the embedding)
 int layer_tensor_index(int l, int i) { return 1 + l * kTensorsPerLayer + i; }
 int layer_tensor_index(int l, LayerTensor t) { return layer_tensor_index(l, int(t)); }
+
+LayerTensor layer_tensor(ProjectionTarget target) {
+  switch (target) {
+    case ProjectionTarget::Q: return LayerTensor::Q;
+    case ProjectionTarget::K: return LayerTensor::K;
+    case ProjectionTarget::V: return LayerTensor::V;
+    case ProjectionTarget::O: return LayerTensor::O;
+    case ProjectionTarget::Gate: return LayerTensor::Gate;
+    case ProjectionTarget::Up: return LayerTensor::Up;
+    case ProjectionTarget::Down: return LayerTensor::Down;
+  }
+  throw InternalError("layer_tensor: unknown projection target");
+}
+
+// The tensors whose weight gradients alone read each input (SampledInputs::Input order)
+struct InputReaders {
+  LayerTensor tensor[3];
+  int count;
+};
+constexpr InputReaders kInputReaders[SampledInputs::kInputs] = {
+    {{LayerTensor::Q, LayerTensor::K, LayerTensor::V}, 3},                    // n1
+    {{LayerTensor::Gate, LayerTensor::Up, LayerTensor::Count}, 2},            // n2
+    {{LayerTensor::Down, LayerTensor::Count, LayerTensor::Count}, 1}};        // act
+constexpr const char* kInputNames[SampledInputs::kInputs] = {"n1", "n2", "act"};
 }  // namespace
+
+std::array<bool, 3> inputs_kept_as_columns(const ModelConfig& cfg,
+                                           const ModelMemoryOptions& memory) {
+  std::array<bool, 3> kept{};
+  const ColumnTargets& c = memory.columns;
+  if (c.rank <= 0 || memory.checkpointing != Checkpointing::None || memory.sampled.on())
+    return kept;
+  const int64_t width[SampledInputs::kInputs] = {cfg.hidden_size, cfg.hidden_size,
+                                                 cfg.intermediate_size};
+  for (int i = 0; i < SampledInputs::kInputs; i++) {
+    const InputReaders& readers = kInputReaders[i];
+    bool all = true;
+    for (int j = 0; j < readers.count; j++)
+      all = all && std::any_of(c.targets.begin(), c.targets.end(), [&](ProjectionTarget t) {
+              return layer_tensor(t) == readers.tensor[j];
+            });
+    kept[size_t(i)] = all && int64_t(readers.count) * c.rank < width[i];
+  }
+  return kept;
+}
 
 std::vector<std::string> projection_tensor_names(int num_layers,
                                                  const std::vector<ProjectionTarget>& targets) {
-  const auto layer_tensor = [](ProjectionTarget target) {
-    switch (target) {
-      case ProjectionTarget::Q: return LayerTensor::Q;
-      case ProjectionTarget::K: return LayerTensor::K;
-      case ProjectionTarget::V: return LayerTensor::V;
-      case ProjectionTarget::O: return LayerTensor::O;
-      case ProjectionTarget::Gate: return LayerTensor::Gate;
-      case ProjectionTarget::Up: return LayerTensor::Up;
-      case ProjectionTarget::Down: return LayerTensor::Down;
-    }
-    throw InternalError("projection_tensor_names: unknown target");
-  };
   std::vector<std::string> names;
   for (int l = 0; l < num_layers; l++)
     for (const ProjectionTarget target : targets)
@@ -168,9 +200,11 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
   };
   const int L = cfg_.num_hidden_layers;
   const bool per_layer = memory_.checkpointing == Checkpointing::Layer;
-  // sampled: the full n1, n2 and act exist only in the forward (and an exact backward's recompute)
+  // sampled: the full n1, n2 and act exist only in the forward (and an exact backward's
+  // recompute); so does an input kept as selected columns
   const bool elementwise =
       memory_.checkpointing == Checkpointing::Elementwise || memory_.sampled.on();
+  columns_inputs_ = inputs_kept_as_columns(cfg_, memory_);
   acts_.resize(L);
   for (int l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
@@ -184,12 +218,13 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     }
     const std::string q = per_layer ? "layer." : p;  // the shared set's names
     // n1, n2 and act: the layer's own, or with elementwise recomputation one set for all layers
-    auto recomputable = [&](void* LayerActs::*field, const char* name, int64_t count) {
-      a.*field = elementwise && l > 0 ? acts_[0].*field
-                                      : act((elementwise ? "layer." : q) + name, count);
+    auto recomputable = [&](void* LayerActs::*field, SampledInputs::Input input, int64_t count) {
+      const bool shared = elementwise || columns_inputs_[input];
+      a.*field = shared && l > 0 ? acts_[0].*field
+                                 : act((shared ? "layer." : q) + kInputNames[input], count);
     };
     a.rstd1 = act_f32(q + "rstd1", N);
-    recomputable(&LayerActs::n1, "n1", N * C);
+    recomputable(&LayerActs::n1, SampledInputs::N1, N * C);
     a.q = act(q + "q", N * QD);
     a.k = act(q + "k", N * KVD);
     a.v = act(q + "v", N * KVD);
@@ -198,10 +233,21 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     a.att = act(q + "att", N * QD);
     a.h = act(q + "h", N * C);
     a.rstd2 = act_f32(q + "rstd2", N);
-    recomputable(&LayerActs::n2, "n2", N * C);
+    recomputable(&LayerActs::n2, SampledInputs::N2, N * C);
     a.gu = act(q + "gate_up", N * 2 * F);
-    recomputable(&LayerActs::act, "act", N * F);
+    recomputable(&LayerActs::act, SampledInputs::Act, N * F);
   }
+  // the selected columns of layers 0 .. L-2 (the last layer's inputs are still whole in the
+  // shared buffers when the backward starts)
+  if (std::any_of(columns_inputs_.begin(), columns_inputs_.end(), [](bool b) { return b; }))
+    columns_.resize(size_t(std::max(L - 1, 0)));
+  for (size_t l = 0; l < columns_.size(); l++)
+    for (int i = 0; i < SampledInputs::kInputs; i++)
+      for (int j = 0; columns_inputs_[size_t(i)] && j < kInputReaders[i].count; j++)
+        columns_[l][size_t(i)].xs[j] =
+            act("layer" + std::to_string(l) + "." + kInputNames[i] + " columns of " +
+                    kLayerTensors[int(kInputReaders[i].tensor[j])].name,
+                N * memory_.columns.rank);
   if (!memory_.sampled.on()) return;
   GRASS_CHECK(memory_.checkpointing == Checkpointing::None,
               "sampled activations need checkpointing none");
@@ -216,6 +262,35 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
 
 void LlamaModel::begin_sampled_step(uint64_t seed, int64_t step, int rank, bool exact) {
   if (sampled_) sampled_->begin_step(seed, step, rank, exact);
+}
+
+void LlamaModel::begin_columns_pass(bool training) {
+  columns_pass_ = training && sink_ && !columns_.empty();
+  for (auto& layer : columns_)
+    for (KeptColumns& k : layer) k.kept = false;
+}
+
+void LlamaModel::keep_columns(int l, SampledInputs::Input input, const void* x, int64_t N,
+                              int width) {
+  KeptColumns& k = columns_[size_t(l)][input];
+  const InputReaders& readers = kInputReaders[input];
+  SelectedColumns selected[3];
+  k.kept = true;
+  for (int j = 0; j < readers.count; j++)
+    k.kept = k.kept && sink_->selected_columns(layer_tensor_index(l, readers.tensor[j]),
+                                               &selected[j]);
+  if (!k.kept) return;  // a reader refreshes this step: the backward recomputes x
+  for (int j = 0; j < readers.count; j++)
+    backend_->grass_gather_columns(k.xs[j], x, selected[j].sigma, selected[j].rho, N, width,
+                                   selected[j].count);
+}
+
+const void* LlamaModel::kept_columns(int l, SampledInputs::Input input, LayerTensor reader) const {
+  if (size_t(l) >= columns_.size() || !columns_[size_t(l)][input].kept) return nullptr;
+  const InputReaders& readers = kInputReaders[input];
+  for (int j = 0; j < readers.count; j++)
+    if (readers.tensor[j] == reader) return columns_[size_t(l)][input].xs[j];
+  throw InternalError("kept_columns: not a reader of the input");
 }
 
 namespace {
@@ -240,8 +315,9 @@ LlamaModel::LayerWeights LlamaModel::layer_weights(int l) {
 
 void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, LayerTensor t, const void* w,
                                  const void* dy, const void* x, int64_t N, int in, int out,
-                                 const SampledInputs::Kept* kept) {
+                                 const SampledInputs::Kept* kept, const void* xs) {
   const int index = layer_tensor_index(l, t);
+  GRASS_CHECK(!kept || !xs, "a weight gradient from sampled rows and from kept columns at once");
   if (kept) {  // dx from every row, then the weight gradient from the kept rows alone
     backend_->linear_backward(dx, nullptr, dy, nullptr, w, N, in, out, accumulate_dx);
     backend_->gather_rows(sampled_->dy_rows(), dy, kept->rows, nullptr, kept->k, out);
@@ -252,9 +328,10 @@ void LlamaModel::linear_backward(void* dx, bool accumulate_dx, int l, LayerTenso
     end_gradient(index);
     return;
   }
-  if (dx) backend_->linear_backward(dx, nullptr, dy, x, w, N, in, out, accumulate_dx);  // dx only
+  if (dx)  // dx only
+    backend_->linear_backward(dx, nullptr, dy, xs ? nullptr : x, w, N, in, out, accumulate_dx);
   GRASS_CHECK(sink_, "a projected tensor needs a GradientSink");
-  sink_->projected(index, dy, x, N);
+  sink_->projected(index, dy, xs ? xs : x, N, xs != nullptr);
 }
 
 void LlamaModel::gate_up_backward(int l, const LayerWeights& w, const LayerActs& a, int64_t N,
@@ -269,8 +346,10 @@ void LlamaModel::gate_up_backward(int l, const LayerWeights& w, const LayerActs&
     void* dgate = ws_.dgu;
     void* dup = at(ws_.dgu, N * F, bytes);
     be.swiglu_backward(dgate, dup, ws_.dact, a.gu, N, F, F);
-    linear_backward(ws_.dnorm, false, l, LayerTensor::Gate, w.wgate, dgate, a.n2, N, C, F, kept);
-    linear_backward(ws_.dnorm, true, l, LayerTensor::Up, w.wup, dup, a.n2, N, C, F, kept);
+    linear_backward(ws_.dnorm, false, l, LayerTensor::Gate, w.wgate, dgate, a.n2, N, C, F, kept,
+                    kept_columns(l, SampledInputs::N2, LayerTensor::Gate));
+    linear_backward(ws_.dnorm, true, l, LayerTensor::Up, w.wup, dup, a.n2, N, C, F, kept,
+                    kept_columns(l, SampledInputs::N2, LayerTensor::Up));
     return;
   }
   // Both dense: dgate|dup packed as gu [N, 2F], so the stacked weights [2F, C] (adjacent, as in
@@ -383,9 +462,12 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   be.linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
   be.linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
   be.linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
-  // a sampled pass keeps rows of each input before the next layer overwrites the shared buffer
+  // a sampled pass keeps rows of each input before the next layer overwrites the shared buffer,
+  // a training pass the selected columns of those kept so
   const bool keep = sampled_pass_ && l < cfg_.num_hidden_layers - 1;
+  const bool keep_cols = columns_pass_ && size_t(l) < columns_.size();
   if (keep) sampled_->keep(l, SampledInputs::N1, a.n1, N);
+  if (keep_cols && columns_inputs_[SampledInputs::N1]) keep_columns(l, SampledInputs::N1, a.n1, N, C);
   be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD, theta);  // RoPE inside
   be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
   // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
@@ -393,8 +475,11 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   // gate_proj and up_proj as one GEMM: their weights are adjacent, one [2F, C] matrix
   be.linear_forward(a.gu, a.n2, w.wgate, N, C, 2 * F);
   if (keep) sampled_->keep(l, SampledInputs::N2, a.n2, N);
+  if (keep_cols && columns_inputs_[SampledInputs::N2]) keep_columns(l, SampledInputs::N2, a.n2, N, C);
   be.swiglu_forward(a.act, a.gu, N, F);
   if (keep) sampled_->keep(l, SampledInputs::Act, a.act, N);
+  if (keep_cols && columns_inputs_[SampledInputs::Act])
+    keep_columns(l, SampledInputs::Act, a.act, N, F);
   if (!to_output) return;
   be.linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
   // x_next and its norm: the next layer's n1, or after the last layer the final norm
@@ -430,6 +515,7 @@ std::vector<double> LlamaModel::take_losses() {
 
 void LlamaModel::forward_async(const int32_t* inputs, const int32_t* targets, int B) {
   sampled_pass_ = false;
+  begin_columns_pass(false);
   forward_to_head(inputs, targets, B);
   const TraceRange range("head");
   backend_->head_forward(logits_, lse_, next_loss_sum(), nf_, lm_head_weights(), targets_,
@@ -439,6 +525,7 @@ void LlamaModel::forward_async(const int32_t* inputs, const int32_t* targets, in
 void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets, int B,
                                   double loss_scale) {
   sampled_pass_ = sampled_ && sampled_->begin_pass();
+  begin_columns_pass(true);
   forward_to_head(inputs, targets, B);
   const int64_t N = int64_t(B) * T_;
   const int C = cfg_.hidden_size, V = cfg_.vocab_size;
@@ -532,13 +619,19 @@ void LlamaModel::backward_from_head(int lm_head) {
     auto kept = [&](SampledInputs::Input input) {
       return sampled ? &sampled_->kept(l, input) : nullptr;
     };
+    // an input in a shared buffer is made again unless its readers have its kept columns
+    auto recomputed = [&](SampledInputs::Input input) {
+      return elementwise || (recompute && columns_inputs_[input] &&
+                             !(size_t(l) < columns_.size() && columns_[size_t(l)][input].kept));
+    };
     const LayerWeights w = layer_weights(l);
     const LayerActs& a = acts_[l];
     // MLP block; dres holds d(x_next) and becomes d(h)
-    if (elementwise) be.swiglu_forward(a.act, a.gu, N, F);
+    if (recomputed(SampledInputs::Act)) be.swiglu_forward(a.act, a.gu, N, F);
     linear_backward(ws_.dact, false, l, LayerTensor::Down, w.wdown, ws_.dres, a.act, N, F, C,
-                    kept(SampledInputs::Act));
-    if (elementwise) be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
+                    kept(SampledInputs::Act),
+                    kept_columns(l, SampledInputs::Act, LayerTensor::Down));
+    if (recomputed(SampledInputs::N2)) be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
     gate_up_backward(l, w, a, N, kept(SampledInputs::N2));
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::MlpNorm)), ws_.dnorm, a.h,
                         w.mlp_norm, a.rstd2, N, C);
@@ -547,13 +640,13 @@ void LlamaModel::backward_from_head(int lm_head) {
     linear_backward(ws_.datt, false, l, LayerTensor::O, w.wo, ws_.dres, a.att, N, NH * HD, C);
     be.attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.datt, a.att, a.saved, a.q, a.k, a.v, B, T,
                           NH, NKV, HD, theta);
-    if (elementwise) be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
+    if (recomputed(SampledInputs::N1)) be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
     linear_backward(ws_.dnorm, false, l, LayerTensor::Q, w.wq, ws_.dq, a.n1, N, C, NH * HD,
-                    kept(SampledInputs::N1));
+                    kept(SampledInputs::N1), kept_columns(l, SampledInputs::N1, LayerTensor::Q));
     linear_backward(ws_.dnorm, true, l, LayerTensor::K, w.wk, ws_.dk, a.n1, N, C, NKV * HD,
-                    kept(SampledInputs::N1));
+                    kept(SampledInputs::N1), kept_columns(l, SampledInputs::N1, LayerTensor::K));
     linear_backward(ws_.dnorm, true, l, LayerTensor::V, w.wv, ws_.dv, a.n1, N, C, NKV * HD,
-                    kept(SampledInputs::N1));
+                    kept(SampledInputs::N1), kept_columns(l, SampledInputs::N1, LayerTensor::V));
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::AttnNorm)), ws_.dnorm,
                         a.x_in, w.attn_norm, a.rstd1, N, C);
     end_gradient(layer_tensor_index(l, LayerTensor::AttnNorm));
@@ -563,6 +656,7 @@ void LlamaModel::backward_from_head(int lm_head) {
   if (!memory_.fused_update) be.store_gradients(grads_, num_dense_grads());
   B_ = 0;  // on the CPU the logits now hold their gradient: a second backward() needs a forward()
   sampled_pass_ = false;
+  begin_columns_pass(false);
 }
 
 }  // namespace grass

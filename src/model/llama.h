@@ -6,6 +6,7 @@
 // Shapes: B micro-batch, T seq_len, N = B*T tokens, C hidden, F ffn, V vocab,
 //         NH query heads, NKV kv heads, HD head dim.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <iterator>
 #include <memory>
@@ -21,6 +22,13 @@
 #include "src/model/sampled_inputs.h"
 
 namespace grass {
+
+// GRASS targets trained by columns (select_dim resolved to `cols`) at rank r: between refreshes
+// their weight gradients read r columns of their input, x[:, σ]·ρ, and nothing else of it.
+struct ColumnTargets {
+  int rank = 0;
+  std::vector<ProjectionTarget> targets;
+};
 
 // How the model holds its memory (all but `sampled` change memory and time, never the numbers
 // computed).
@@ -46,8 +54,19 @@ struct ModelMemoryOptions {
   // with Elementwise (model/sampled_inputs.h). Changes the weight gradients of the steps that
   // draw (begin_sampled_step) to unbiased estimates; nothing else.
   SampledActivations sampled = {};
+  // With checkpointing None and nothing sampled: an input that only these targets read (n1: q,
+  // k, v; n2: gate, up; act: down: inputs_kept_as_columns) is kept for layers 0 .. L-2 as each
+  // reader's selected columns, N x r, instead of N x width, and exists in full only in one
+  // buffer the layers share. A pass that needs it whole (a refresh of one of its readers, or a
+  // forward() then backward()) recomputes it there, as elementwise does. The same numbers.
+  ColumnTargets columns = {};
 };
 constexpr int kFfnRowMultiple = 8;
+// Which of a layer's inputs (SampledInputs::Input order: n1, n2, act) `memory` keeps as their
+// readers' selected columns: each whose readers are all memory.columns targets and whose r
+// columns together are fewer than its width, with checkpointing None and nothing sampled.
+std::array<bool, 3> inputs_kept_as_columns(const ModelConfig& cfg,
+                                           const ModelMemoryOptions& memory);
 // The ffn width a model with these options stores (cfg.intermediate_size, padded with pad_ffn).
 int ffn_stored_width(const ModelConfig& cfg, const ModelMemoryOptions& memory);
 
@@ -213,9 +232,19 @@ class LlamaModel {
   // dx (overwritten, or accumulated) and the weight gradient of layer l's tensor t, y = x·wᵀ
   // With `kept` (a sampled pass), dx from every row and the weight gradient estimated from the
   // kept rows of x.
+  // With `xs` (the columns the forward kept of x: keep_columns), a projected tensor's gradient
+  // reads xs instead of x.
   void linear_backward(void* dx, bool accumulate_dx, int l, LayerTensor t, const void* w,
                        const void* dy, const void* x, int64_t N, int in, int out,
-                       const SampledInputs::Kept* kept = nullptr);
+                       const SampledInputs::Kept* kept = nullptr, const void* xs = nullptr);
+  // Layer l's input `input` (x [N, width]) kept as its readers' selected columns, when every
+  // reader's are fixed this step (GradientSink::selected_columns); otherwise nothing is kept and
+  // the backward recomputes the input.
+  void keep_columns(int l, SampledInputs::Input input, const void* x, int64_t N, int width);
+  // A forward begins: a training one keeps selected columns; none are kept from before.
+  void begin_columns_pass(bool training);
+  // The columns of x kept for layer l's `reader` this pass, or null (it reads x whole).
+  const void* kept_columns(int l, SampledInputs::Input input, LayerTensor reader) const;
   // Where tensors_[index]'s gradient is to be formed (fused: the shared buffer, zeroed), and the
   // signal that it is complete (fused: rounded to its storage and handed to the sink's
   // dense_ready).
@@ -249,6 +278,16 @@ class LlamaModel {
   std::vector<LayerActs> acts_;
   std::unique_ptr<SampledInputs> sampled_;  // the kept rows of layers 0 .. L-2; null: none
   bool sampled_pass_ = false;               // the last forward drew rows: its backward uses them
+  // Selected columns (ModelMemoryOptions::columns): which inputs are kept so, and per layer
+  // 0 .. L-2 and input, each reader's xs [N, r] (readers in LayerTensor order) and whether this
+  // pass's forward kept them.
+  struct KeptColumns {
+    void* xs[3] = {};
+    bool kept = false;
+  };
+  std::array<bool, 3> columns_inputs_ = {};
+  std::vector<std::array<KeptColumns, 3>> columns_;
+  bool columns_pass_ = false;  // a training forward: it keeps columns for its backward
   int32_t* inputs_ = nullptr;   // [N] backend memory
   int32_t* targets_ = nullptr;  // [N] backend memory
   std::vector<int32_t> host_inputs_;  // the same on the host

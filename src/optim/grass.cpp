@@ -99,11 +99,25 @@ bool Grass::needs_exact_activations() const {
                      [](const Target& t) { return t.needs_selection; });
 }
 
-void Grass::accumulate(int tensor, void* gc, const void* dy, const void* x, int64_t N) {
+void Grass::accumulate(int tensor, void* gc, const void* dy, const void* x, int64_t N,
+                       bool x_selected) {
   Target& t = target(tensor);
+  if (x_selected) {  // the forward kept x[:, σ]·ρ: the cols GEMM alone, grass_compressed_grad's
+    GRASS_CHECK(!t.rows && !t.needs_selection,
+                "selected columns handed for a GRASS target that reads x whole");
+    backend_->grass_selected_cols_grad(gc, dy, x, N, t.out, t.slices);
+    return;
+  }
   if (t.needs_selection) select(t, dy, x, N);
   backend_->grass_compressed_grad(gc, scratch_, dy, x, t.sigma, t.rho, N, t.in, t.out, t.slices,
                                   t.rows);
+}
+
+bool Grass::selected_columns(int tensor, SelectedColumns* columns) const {
+  const Target& t = target_of(tensor);
+  if (t.rows || t.needs_selection) return false;
+  *columns = {t.sigma, t.rho, t.slices};
+  return true;
 }
 
 std::vector<double> Grass::slice_norms(const Target& t, const void* dy, const void* x, int64_t N) {

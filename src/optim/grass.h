@@ -40,7 +40,10 @@ class Grass final : public Optimizer {
     return int64_t(rank_) * (t.rows ? t.in : t.out);
   }
   void begin_step(int64_t step) override;  // a refresh step re-selects on the next accumulate
-  void accumulate(int tensor, void* gc, const void* dy, const void* x, int64_t N) override;
+  void accumulate(int tensor, void* gc, const void* dy, const void* x, int64_t N,
+                  bool x_selected) override;
+  // A `cols` target between refreshes: its σ and ρ.
+  bool selected_columns(int tensor, SelectedColumns* columns) const override;
   // The sparse Adam update of the target; the targets use lr·scale. Precision as in AdamW
   // (optim/adamw.h): the master copy's rows change and the weights re-round them, or, in pure
   // bf16, the weights and the moments are stored with stochastic rounding.

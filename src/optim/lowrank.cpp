@@ -70,7 +70,9 @@ const LowRankOptimizer::Target& LowRankOptimizer::target_of(int tensor) const {
   return targets_[index_of(tensor)];
 }
 
-void LowRankOptimizer::accumulate(int tensor, void* R, const void* dy, const void* x, int64_t N) {
+void LowRankOptimizer::accumulate(int tensor, void* R, const void* dy, const void* x, int64_t N,
+                                  bool x_selected) {
+  GRASS_CHECK(!x_selected, "GaLore and FLORA read their targets' inputs whole");
   const size_t k = index_of(tensor);
   const Target& t = targets_[k];
   if (needs_full_gradient(k)) {  // the refresh's transient full gradient, one weight at a time

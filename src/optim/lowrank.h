@@ -22,7 +22,8 @@ namespace grass {
 class LowRankOptimizer : public Optimizer {
  public:
   int64_t projected_numel(int tensor) const override { return target_of(tensor).r_numel; }
-  void accumulate(int tensor, void* R, const void* dy, const void* x, int64_t N) override;
+  void accumulate(int tensor, void* R, const void* dy, const void* x, int64_t N,
+                  bool x_selected) override;
   void update(int tensor, void* R, const double* clip, double lr) override;
   // Σ over targets of 2·out·in - 2·r·(out + in): R from the activations instead of dyᵀ·x.
   double flops_saved_per_token() const override;

@@ -68,7 +68,7 @@ AdamArgs proximal_args(AdamArgs args, double lambda, double lr, int64_t inner, v
   return args;
 }
 
-void Optimizer::accumulate(int, void*, const void*, const void*, int64_t) {
+void Optimizer::accumulate(int, void*, const void*, const void*, int64_t, bool) {
   throw InternalError(std::string(name()) + " has no projected tensors");
 }
 

@@ -23,6 +23,7 @@
 #include "kernels/adam_args.h"
 #include "kernels/storage.h"
 #include "src/config/config.h"
+#include "src/model/gradient_sink.h"
 
 namespace grass {
 
@@ -79,8 +80,16 @@ class Optimizer {
   virtual int64_t projected_numel(int tensor) const { (void)tensor; return 0; }
   // Before the step's first forward; step counts from 0.
   virtual void begin_step(int64_t step) = 0;
-  // Projected tensors: pg += the low-rank gradient formed from dy[N, out] and x[N, in].
-  virtual void accumulate(int tensor, void* pg, const void* dy, const void* x, int64_t N);
+  // Projected tensors: pg += the low-rank gradient formed from dy[N, out] and x[N, in], or with
+  // x_selected from xs[N, count] = x[:, σ]·ρ, the columns selected_columns() gave.
+  virtual void accumulate(int tensor, void* pg, const void* dy, const void* x, int64_t N,
+                          bool x_selected);
+  // GradientSink::selected_columns: the columns of its input tensor t's gradient reads alone
+  // until its next refresh, if it reads only some.
+  virtual bool selected_columns(int tensor, SelectedColumns* columns) const {
+    (void)tensor, (void)columns;
+    return false;
+  }
   // One update of tensor t from its gradient g (dense, or its projected gradient, which may be
   // overwritten) read as g·(*clip), clip being the clipping coefficient in backend memory (the
   // host never reads it), at learning rate lr.

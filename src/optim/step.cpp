@@ -14,6 +14,10 @@ int64_t projected_numel(const OptimizerSet& optimizers, int tensor) {
 }
 }  // namespace
 
+bool StepStrategy::selected_columns(int tensor, SelectedColumns* columns) const {
+  return optimizers_.of(tensor).selected_columns(tensor, columns);
+}
+
 StepStrategy::StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, double max_norm,
                            Arena& arena, Communicator& comm)
     : model_(model), optimizers_(optimizers), comm_(comm), max_norm_(max_norm),
@@ -57,9 +61,10 @@ void DeferredStep::begin(int64_t step, double lr) {
   begin_scalars(step);
 }
 
-void DeferredStep::projected(int tensor, const void* dy, const void* x, int64_t N) {
+void DeferredStep::projected(int tensor, const void* dy, const void* x, int64_t N,
+                             bool x_selected) {
   void* gc = projected_.at(size_t(tensor));
-  optimizers_.of(tensor).accumulate(tensor, gc, dy, x, N);
+  optimizers_.of(tensor).accumulate(tensor, gc, dy, x, N, x_selected);
   if (summing_) {
     comm_.start_sum(gc, projected_numel(optimizers_, tensor), grad_element(model_.storage()));
     sums_started_++;
@@ -117,10 +122,11 @@ void FusedStep::apply(int tensor, void* g, int64_t numel) {
   update(tensor, g);
 }
 
-void FusedStep::projected(int tensor, const void* dy, const void* x, int64_t N) {
+void FusedStep::projected(int tensor, const void* dy, const void* x, int64_t N,
+                          bool x_selected) {
   const int64_t numel = projected_numel(optimizers_, tensor);
   model_.backend().zero(projected_, size_t(numel) * model_.storage().grad_bytes);
-  optimizers_.of(tensor).accumulate(tensor, projected_, dy, x, N);
+  optimizers_.of(tensor).accumulate(tensor, projected_, dy, x, N, x_selected);
   apply(tensor, projected_, numel);
 }
 

@@ -45,6 +45,8 @@ class StepStrategy : public GradientSink {
                Communicator& comm);
   // Before the step's first forward; step counts from 0.
   virtual void begin(int64_t step, double lr) = 0;
+  // The tensor's optimizer's (Optimizer::selected_columns).
+  bool selected_columns(int tensor, SelectedColumns* columns) const override;
   // Before the step's last forward: from here each gradient is complete when the backward hands
   // it over, and its sum over the ranks can start.
   void last_micro_batch() { summing_ = launched(); }
@@ -95,7 +97,7 @@ class DeferredStep final : public StepStrategy {
   DeferredStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena,
                Communicator& comm = single_process());
   void begin(int64_t step, double lr) override;
-  void projected(int tensor, const void* dy, const void* x, int64_t N) override;
+  void projected(int tensor, const void* dy, const void* x, int64_t N, bool x_selected) override;
   void dense_ready(int tensor, void* grad) override;
   double finish() override;
   // Tensor t's projected gradient as accumulated so far (grad-typed; null for a dense tensor).
@@ -112,7 +114,7 @@ class FusedStep final : public StepStrategy {
   FusedStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena,
             Communicator& comm = single_process());
   void begin(int64_t step, double lr) override;
-  void projected(int tensor, const void* dy, const void* x, int64_t N) override;
+  void projected(int tensor, const void* dy, const void* x, int64_t N, bool x_selected) override;
   void dense_ready(int tensor, void* grad) override;
   double finish() override;
 

@@ -1,6 +1,7 @@
 #include "src/train/memory_plan.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 
@@ -106,18 +107,29 @@ int64_t cudnn_workspace_bytes(const RunConfig& cfg) {
                                          m.head_dim());
 }
 
-// The run with its activations kept each way: the three checkpointing modes, then sampled at
-// keep 0.5 and 0.3 (and the run's own keep), with the run's sampler or else wta-crs.
+// The run with its activations kept each way: the three checkpointing modes ("none" with every
+// input whole, then, for GRASS targets selecting columns, with their inputs kept as those), then
+// sampled at keep 0.5 and 0.3 (and the run's own keep), with the run's sampler or else wta-crs.
 struct ActivationMode {
   std::string name;
   RunConfig cfg;
 };
-std::vector<ActivationMode> activation_modes(const RunConfig& cfg) {
+std::vector<ActivationMode> activation_modes(const RunConfig& cfg, const Storage& storage) {
   std::vector<ActivationMode> modes;
   for (const ChoiceName<Checkpointing>& c : choice_names<Checkpointing>()) {
     modes.push_back({c.name, cfg});
     modes.back().cfg.activation_checkpointing = c.value;
     modes.back().cfg.activations.sample = ActivationSample::None;
+    if (c.value != Checkpointing::None) continue;
+    modes.back().cfg.activations.selected_columns = Switch::Off;
+    ActivationMode columns{"none, selected columns (", modes.back().cfg};
+    columns.cfg.activations.selected_columns = Switch::On;
+    const std::array<bool, 3> kept =
+        inputs_kept_as_columns(cfg.model, model_memory_options(columns.cfg, storage));
+    const char* names[3] = {"n1", "n2", "act"};
+    for (int i = 0; i < 3; i++)
+      if (kept[size_t(i)]) columns.name += std::string(columns.name.back() == '(' ? "" : ", ") + names[i];
+    if (columns.name.back() != '(') modes.push_back({columns.name + ")", columns.cfg});
   }
   std::vector<double> keeps = {0.5, 0.3};
   if (cfg.activations.on() && std::find(keeps.begin(), keeps.end(), cfg.activations.keep) == keeps.end())
@@ -168,7 +180,7 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
            ", for every optimizer below\n";
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   out += std::string("memory  activations ") +
-         activations_kept(memory) +
+         activations_kept(cfg.model, memory) +
          ", updates " + (memory.fused_update ? "fused into the backward" : "after the backward") +
          "\n";
   if (memory.attention == AttentionKernel::Cudnn)  // in workspace; the T² term dominates long T
@@ -201,7 +213,7 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
   std::snprintf(line, sizeof line, "%-34s %14s %14s\n",
                 ("activations kept, " + plan_label(cfg) + ":").c_str(), "activations", "total");
   out += line;
-  for (const ActivationMode& mode : activation_modes(cfg)) {
+  for (const ActivationMode& mode : activation_modes(cfg, storage)) {
     const MemoryPlan p = plan_memory(mode.cfg, storage);
     std::snprintf(line, sizeof line, "  %-32s %14s %14s\n", mode.name.c_str(),
                   format_bytes(p.bytes[int(MemCategory::Activations)]).c_str(),
@@ -250,10 +262,15 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
       {"flops_per_token", plan.flops_per_token},
   };
   if (is_projected(cfg.optimizer.kind)) out["rank"] = cfg.optimizer.projection.rank;
+  const std::array<bool, 3> columns = inputs_kept_as_columns(cfg.model, memory);
+  nlohmann::json kept_as_columns = nlohmann::json::array();
+  for (int i = 0; i < 3; i++)
+    if (columns[size_t(i)]) kept_as_columns.push_back(std::array{"n1", "n2", "act"}[size_t(i)]);
+  out["inputs_kept_as_columns"] = kept_as_columns;
   if (cfg.activations.on())
     out["activations"] = {{"sample", name_of(cfg.activations.sample)}, {"keep", cfg.activations.keep}};
   nlohmann::json modes = nlohmann::json::array();
-  for (const ActivationMode& mode : activation_modes(cfg)) {
+  for (const ActivationMode& mode : activation_modes(cfg, storage)) {
     const MemoryPlan p = plan_memory(mode.cfg, storage);
     modes.push_back({{"mode", mode.name},
                      {"activations", p.bytes[int(MemCategory::Activations)]},

@@ -1,5 +1,6 @@
 #include "src/train/run_resolution.h"
 
+#include <array>
 #include <string>
 
 #include "src/config/json_check.h"
@@ -23,6 +24,19 @@ void check_state_dtype(const RunConfig& cfg, const Storage& storage) {
                   "\" or \"q8\" (other pairings are not built)");
 }
 
+// "on" promises a saving: refused where no input is kept as columns.
+void check_selected_columns(const RunConfig& cfg, const ModelMemoryOptions& memory) {
+  if (cfg.activations.selected_columns != Switch::On) return;
+  const std::array<bool, 3> kept = inputs_kept_as_columns(cfg.model, memory);
+  if (kept[0] || kept[1] || kept[2]) return;
+  throw UserError((cfg.source.empty() ? std::string("run config") : cfg.source) +
+                  ": activations.selected_columns \"on\": no layer input of this run is read "
+                  "only by GRASS targets that select columns, fewer together than its width (it "
+                  "needs optimizer \"grass\", activation_checkpointing \"none\", no sampling, "
+                  "and gate+up, q+k+v or down among the targets with select_dim \"cols\", or "
+                  "\"auto\" where the input side is the smaller)");
+}
+
 }  // namespace
 
 ResolvedRun resolve(const RunConfig& cfg, bool gpu_usable) {
@@ -31,7 +45,9 @@ ResolvedRun resolve(const RunConfig& cfg, bool gpu_usable) {
                      cfg.precision != PrecisionChoice::F32);
   const Storage storage = storage_for(cfg.precision, cuda);
   check_state_dtype(cfg, storage);
-  return {storage, model_memory_options(cfg, storage)};
+  const ModelMemoryOptions memory = model_memory_options(cfg, storage);
+  check_selected_columns(cfg, memory);
+  return {storage, memory};
 }
 
 Storage storage_for(PrecisionChoice precision, bool cuda) {
@@ -55,14 +71,31 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
   options.attention = cfg.attention == AttentionChoice::Cudnn && storage.cuda
                           ? AttentionKernel::Cudnn
                           : AttentionKernel::Grass;
+  const ProjectionConfig& g = cfg.optimizer.projection;
+  if (cfg.optimizer.kind == OptimizerKind::Grass && cfg.activations.selected_columns != Switch::Off) {
+    options.columns.rank = g.rank;
+    for (const ProjectionTarget target : g.targets) {
+      const auto [out, in] = cfg.model.linear_shape(target);
+      if (!projects_rows(OptimizerKind::Grass, g, out, in)) options.columns.targets.push_back(target);
+    }
+  }
   return options;
 }
 
-std::string activations_kept(const ModelMemoryOptions& memory) {
+std::string activations_kept(const ModelConfig& model, const ModelMemoryOptions& memory) {
   if (memory.sampled.on())
     return "kept for the backward, the inputs only weight gradients read as " +
            json_check::format_number(memory.sampled.keep * 100) + "% of their token rows (" +
            name_of(memory.sampled.sample) + ", exact at refresh steps)";
+  const std::array<bool, 3> columns = inputs_kept_as_columns(model, memory);
+  if (columns[0] || columns[1] || columns[2]) {
+    std::string inputs;
+    const char* names[3] = {"n1 (q, k, v)", "n2 (gate, up)", "act (down)"};
+    for (int i = 0; i < 3; i++)
+      if (columns[size_t(i)]) inputs += (inputs.empty() ? "" : ", ") + std::string(names[i]);
+    return "kept for the backward; " + inputs + " as the GRASS targets' selected columns " +
+           "(exact; whole at their refresh steps)";
+  }
   switch (memory.checkpointing) {
     case Checkpointing::None: return "kept for the backward";
     case Checkpointing::Elementwise:

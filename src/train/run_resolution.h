@@ -32,6 +32,6 @@ Storage storage_for(PrecisionChoice precision, bool cuda);
 ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage);
 
 // How a run keeps its activations, in words (the start-up table, `grass mem`).
-std::string activations_kept(const ModelMemoryOptions& memory);
+std::string activations_kept(const ModelConfig& model, const ModelMemoryOptions& memory);
 
 }  // namespace grass

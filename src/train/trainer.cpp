@@ -258,7 +258,7 @@ void Run::print_memory_lines() const {
   if (memory.attention == AttentionKernel::Cudnn)
     std::printf("  attention     cuDNN's fused flash attention (RoPE applied to copies of q, k)\n");
   std::printf("  activations   %s; updates %s\n",
-              activations_kept(memory).c_str(),
+              activations_kept(cfg.model, memory).c_str(),
               memory.fused_update ? "fused into the backward (per-tensor clipping)"
                                   : "after the backward (global-norm clipping)");
   if (cfg.memory_limit > 0)

@@ -143,6 +143,46 @@ TEST_CASE("grass: compressed gradient accumulates rho-scaled selected slices", "
     }
 }
 
+TEST_CASE("grass: the cols gradient from kept columns gives grass_compressed_grad's bits",
+          "[gpu]") {
+  // What the model does with an input kept as selected columns: the gather in the forward, the
+  // GEMM in the backward, against the one call that does both.
+  TestContext tc;
+  const std::vector<int32_t> sigma = sigma_with_repeats(kRank, kIn);
+  const std::vector<float> rho = random_rho(kRank);
+  const std::vector<float> dy = bf16_rounded(randn(kTokens * kOut));
+  const std::vector<float> x = bf16_rounded(randn(kTokens * kIn));
+  DeviceBuffer<bf16> d_dy(dy.size()), d_x(x.size()), scratch(kTokens * kRank),
+      xs(kTokens * kRank);
+  DeviceBuffer<int32_t> d_sigma(kRank);
+  DeviceBuffer<float> d_rho(kRank);
+  upload(d_dy, dy);
+  upload(d_x, x);
+  upload(d_sigma, sigma);
+  upload(d_rho, rho);
+  xs.poison();
+  cuda::grass_gather_columns(tc.ctx, xs.ptr, d_x.ptr, d_sigma.ptr, d_rho.ptr, kTokens, kIn, kRank);
+  std::vector<float> want_xs(size_t(kTokens) * kRank);  // x·ρ in fp32, rounded once to bf16
+  ops::grass_gather_columns<float>(want_xs.data(), x.data(), sigma.data(), rho.data(), kTokens,
+                                   kIn, kRank);
+  CHECK(same_bits(to_f32(xs.download()), bf16_rounded(want_xs)));
+  for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
+    INFO("fp32=" << (gtype == cuda::GradType::F32));
+    const size_t gc_size = size_t(kOut) * kRank;
+    GradBuffer whole(gtype, gc_size), kept(gtype, gc_size);
+    const std::vector<float> earlier = whole.representable(randn(gc_size));
+    whole.upload(earlier);
+    kept.upload(earlier);
+    scratch.poison();
+    cuda::grass_compressed_grad(tc.ctx, whole.ptr(), gtype, scratch.ptr, d_dy.ptr, d_x.ptr,
+                                d_sigma.ptr, d_rho.ptr, kTokens, kIn, kOut, kRank, false);
+    cuda::grass_selected_cols_grad(tc.ctx, kept.ptr(), gtype, d_dy.ptr, xs.ptr, kTokens, kOut,
+                                   kRank);
+    CHECK(same_bits(whole.download(), kept.download()));
+    CHECK_FALSE(same_bits(whole.download(), earlier));
+  }
+}
+
 TEST_CASE("grass: slice norms match the CPU in double", "[gpu]") {
   TestContext tc;
   const std::vector<float> g = randn(size_t(kOut) * kIn);

@@ -537,22 +537,36 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
   // The trainer's own step (train_step). Recomputation repeats the forward's kernels on the same
   // inputs, and a fused update applies each gradient as the unfused step would (clipping on but
   // never reached), so losses, weights and master weights must be identical.
-  struct Case { Checkpointing mode; const char* optimizer; const char* precision; };
+  struct Case {
+    Checkpointing mode;
+    const char* optimizer;
+    const char* precision;
+    bool columns = false;  // GRASS's inputs kept as selected columns (no recomputation)
+  };
   // per layer with both optimizers and precisions; elementwise (the same ops again, nothing new
-  // on the GPU) once per optimizer
+  // on the GPU) once per optimizer; selected columns in both precisions
   for (const Case c : {Case{Checkpointing::Layer, "adamw", "bf16-mixed"},
                        Case{Checkpointing::Layer, "adamw", "bf16"},
                        Case{Checkpointing::Layer, "grass", "bf16-mixed"},
                        Case{Checkpointing::Layer, "grass", "bf16"},
                        Case{Checkpointing::Elementwise, "adamw", "bf16-mixed"},
-                       Case{Checkpointing::Elementwise, "grass", "bf16"}}) {
+                       Case{Checkpointing::Elementwise, "grass", "bf16"},
+                       Case{Checkpointing::None, "grass", "bf16-mixed", true},
+                       Case{Checkpointing::None, "grass", "bf16", true}}) {
       const Checkpointing mode = c.mode;
       const std::string optimizer = c.optimizer, precision = c.precision;
-      INFO(name_of(mode) << " " << optimizer << " " << precision);
+      INFO(name_of(mode) << " " << optimizer << " " << precision << (c.columns ? " columns" : ""));
       RunConfig plain = ngram_run(optimizer);
       plain.optimizer.projection.update_interval = 4;
       plain.grad_clip = 1e6;
+      if (c.columns) {  // every input kept as columns in `lean` (steps 0 and 4 refresh)
+        plain.optimizer.projection.select_dim = SelectDim::Cols;
+        plain.optimizer.projection.targets = test::named_targets({"q", "k", "v", "gate", "up", "down"});
+        plain.optimizer.projection.selection = Selection::Multinomial;  // ρ ≠ 1
+        plain.activations.selected_columns = Switch::Off;
+      }
       RunConfig lean = plain;
+      if (c.columns) lean.activations.selected_columns = Switch::On;
       lean.activation_checkpointing = mode;
       lean.fused_update = Switch::On;
       std::vector<double> losses[2];
@@ -586,15 +600,19 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
 TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][memory]") {
   for (const std::string optimizer : {"adamw", "grass"})
   for (const std::string precision : {"bf16-mixed", "bf16"})
-  for (const std::string lean : {"off", "elementwise", "layer", "sampled"}) {
+  for (const std::string lean : {"off", "elementwise", "layer", "sampled", "columns"}) {
       INFO(optimizer << " " << precision << " checkpointing and fused " << lean);
       RunConfig cfg =
           run_config(model_config(kHd64Odd, kVocab, 0.02), kBatch, kSeq, optimizer, 1e-3);
       cfg.fused_update = lean == "off" ? Switch::Off : Switch::On;
-      cfg.activation_checkpointing = lean == "off" || lean == "sampled"
+      cfg.activation_checkpointing = lean == "off" || lean == "sampled" || lean == "columns"
                                          ? Checkpointing::None
                                          : test::named<Checkpointing>(lean);
       if (lean == "sampled") cfg.activations = {ActivationSample::Bernoulli, 0.3};
+      if (lean == "columns") {  // GRASS's `cols` targets: gate and up's n2 kept as columns
+        cfg.optimizer.projection.select_dim = SelectDim::Cols;
+        cfg.activations.selected_columns = optimizer == "grass" ? Switch::On : Switch::Off;
+      }
       const Storage storage = storage_for(test::named<PrecisionChoice>(precision), true);
       const MemoryPlan plan = plan_memory(cfg, storage);
       {  // one cudaMalloc per buffer: the arena's own count
