@@ -646,7 +646,8 @@ TEST_CASE("sampled activations: the keys, their bounds, and checkpointing none o
   CHECK_THAT(run_error(run), Contains("got number 3.5"));
 }
 
-TEST_CASE("selected columns: the key, and \"on\" refused where nothing is kept", "[config][memory]") {
+TEST_CASE("selected columns: the key, and \"on\" refused where nothing is kept",
+          "[config][memory]") {
   json run = tiny_run();
   CHECK(grass::parse_run_config(run, "").activations.selected_columns == grass::Switch::Auto);
   run["activations"] = {{"selected_columns", "off"}};

@@ -178,7 +178,8 @@ TEST_CASE("inputs kept as GRASS's selected columns give the whole inputs' bits",
           // layers 0 and 1 keep columns (the last layer's inputs are whole in the shared buffers)
           const int64_t per_pass = 2 * c.readers;
           if (!stagger) {
-            const int64_t refresh = (micro_batches - 1) * per_pass, plain = micro_batches * per_pass;
+            const int64_t refresh = (micro_batches - 1) * per_pass;
+            const int64_t plain = micro_batches * per_pass;
             CHECK(b.from_columns == std::vector<int64_t>{refresh, plain, plain, refresh, plain});
           } else {  // some targets refresh at each step: fewer, but never none after step 0
             for (size_t step = 1; step < 5; step++) {

@@ -96,6 +96,16 @@ if [ -n "$only" ] && [ "$table" != b ] && [ "$table" != d ] && [ "$table" != e ]
   done
   methods=("${kept[@]}")
 fi
+# named_entries LIST WHAT ENTRY...: the entries "NAME|..." among ENTRY... whose NAME the
+# comma-separated LIST holds, one a line, in ENTRY's order; fails naming WHAT when none.
+named_entries() {
+  local list=$1 what=$2 entry found=0
+  shift 2
+  for entry in "$@"; do
+    case ",$list," in *",${entry%%|*},"*) printf '%s\n' "$entry"; found=1 ;; esac
+  done
+  [ $found = 1 ] || { echo "no $what is named in $list" >&2; return 1; }
+}
 # entry_sets NAME ENTRY...: the --set arguments (one per line) of the entry "NAME|k=v k=v" among
 # ENTRY... (the tables of methods, formats and modes below); fails when none is named NAME.
 entry_sets() {
@@ -316,12 +326,8 @@ if [ "$table" = e ]; then
     "columns|activation_checkpointing=none activations.selected_columns=on"
   )
   if [ -n "$mode_list" ]; then
-    kept=()
-    for entry in "${modes[@]}"; do
-      case ",$mode_list," in *",${entry%%|*},"*) kept+=("$entry") ;; esac
-    done
-    [ ${#kept[@]} -gt 0 ] || { echo "no mode of table e is named in --modes $mode_list" >&2; exit 2; }
-    modes=("${kept[@]}")
+    kept=$(named_entries "$mode_list" "mode of table e" "${modes[@]}") || exit 2
+    mapfile -t modes <<<"$kept"
   fi
   activation_bytes() {  # MODEL MODE MICRO: the plan's activation bytes
     local sets grass=()
@@ -415,12 +421,8 @@ if [ "$table" = b ]; then
   done
   variants+=("top_r_stagger|optimizer.selection=top_r optimizer.refresh_stagger=true")
   if [ -n "$only" ]; then  # --methods names variants here
-    kept=()
-    for variant in "${variants[@]}"; do
-      case ",$only," in *",${variant%%|*},"*) kept+=("$variant") ;; esac
-    done
-    [ ${#kept[@]} -gt 0 ] || { echo "no variant of table b is named in --methods $only" >&2; exit 2; }
-    variants=("${kept[@]}")
+    kept=$(named_entries "$only" "variant of table b" "${variants[@]}") || exit 2
+    mapfile -t variants <<<"$kept"
   fi
   for variant in "${variants[@]}"; do
     name=${variant%%|*}

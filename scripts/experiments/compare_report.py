@@ -54,16 +54,28 @@ def read_run(run_dir):
     return [(s * tokens_per_step, v) for s, v in evals]
 
 
+def finished(run_dir):
+    """Whether the run evaluated after its last step (config.json's steps): a run still going, or
+    one that stopped, is left out of every table until it has."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            steps = json.load(f)["steps"]
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            return any(r.get("eval") and r["step"] == steps for r in map(json.loads, f))
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def final_val(run_dir):
     return read_run(run_dir)[-1][1]
 
 
 def grid(method_dir):
-    """{lr string: final validation loss} of the seed-42 grid runs."""
+    """{lr string: final validation loss} of the finished seed-42 grid runs."""
     out = {}
     for name in os.listdir(method_dir):
         path = os.path.join(method_dir, name)
-        if name.startswith("lr") and name.endswith("_s42") and os.path.isdir(path):
+        if name.startswith("lr") and name.endswith("_s42") and finished(path):
             out[name[2:-4]] = final_val(path)
     return dict(sorted(out.items(), key=lambda kv: float(kv[0])))
 
@@ -97,10 +109,12 @@ def seed_runs(dirs):
 
 
 def best_seed_dirs(method_dir):
-    """The grid's best rate and its runs at seeds 42, 1, 2 (empty until all three exist)."""
+    """The grid's best rate and its runs at seeds 42, 1, 2 (empty until all three finished)."""
+    if not grid(method_dir):
+        return None, []
     lr = best_lr(method_dir)
     dirs = [os.path.join(method_dir, f"lr{lr}_s{s}") for s in SEEDS]
-    return lr, dirs if all(os.path.isdir(d) for d in dirs) else []
+    return lr, dirs if all(finished(d) for d in dirs) else []
 
 
 def versus(a, b):
@@ -148,13 +162,14 @@ def table_a(a_dir, models):
     for model in models:
         model_dir = os.path.join(a_dir, model)
         methods = [m for m in LABELS if os.path.isdir(os.path.join(model_dir, m))]
+        results = {}
+        for m in methods:  # a method whose runs have not all finished is left out
+            lr, dirs = best_seed_dirs(os.path.join(model_dir, m))
+            if dirs:
+                results[m] = (lr, seed_runs(dirs))
+        methods = [m for m in methods if m in results]
         grids = {m: grid(os.path.join(model_dir, m)) for m in methods}
         rates = sorted({lr for g in grids.values() for lr in g}, key=float)
-        results = {}
-        for m in methods:
-            lr = best_lr(os.path.join(model_dir, m))
-            dirs = [os.path.join(model_dir, m, f"lr{lr}_s{s}") for s in SEEDS]
-            results[m] = (lr, seed_runs(dirs))
         print(f"\n**{model}** (final validation loss; grid at seed 42, then seeds 42, 1, 2 at the best rate)\n")
         print("| method | " + " | ".join(f"lr {r}" for r in rates) +
               " | best lr | mean of 3 seeds | spread | vs AdamW | vs AdamW, split rates |")
@@ -245,10 +260,11 @@ def table_clipoff(a_dir, off_dir, models):
             off_method = os.path.join(off_dir, model, m)
             if not os.path.isdir(off_method):
                 continue
-            lr = best_lr(os.path.join(a_dir, model, m))
-            on_dirs = [os.path.join(a_dir, model, m, f"lr{lr}_s{s}") for s in SEEDS]
-            on = seed_runs(on_dirs)
-            off = seed_runs([os.path.join(off_method, f"lr{lr}_s{s}") for s in SEEDS])
+            lr, on_dirs = best_seed_dirs(os.path.join(a_dir, model, m))
+            off_dirs = [os.path.join(off_method, f"lr{lr}_s{s}") for s in SEEDS]
+            if not on_dirs or not all(finished(d) for d in off_dirs):
+                continue  # not all finished
+            on, off = seed_runs(on_dirs), seed_runs(off_dirs)
             clipped = statistics.fmean(clip_rate(d) for d in on_dirs)
             print(f"| {LABELS[m]} | {lr} | {cell(on)} | {clipped:.0%} | {cell(off)} | "
                   f"{versus(off, on)} |")

@@ -467,7 +467,8 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   const bool keep = sampled_pass_ && l < cfg_.num_hidden_layers - 1;
   const bool keep_cols = columns_pass_ && size_t(l) < columns_.size();
   if (keep) sampled_->keep(l, SampledInputs::N1, a.n1, N);
-  if (keep_cols && columns_inputs_[SampledInputs::N1]) keep_columns(l, SampledInputs::N1, a.n1, N, C);
+  if (keep_cols && columns_inputs_[SampledInputs::N1])
+    keep_columns(l, SampledInputs::N1, a.n1, N, C);
   be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD, theta);  // RoPE inside
   be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
   // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
@@ -475,7 +476,8 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   // gate_proj and up_proj as one GEMM: their weights are adjacent, one [2F, C] matrix
   be.linear_forward(a.gu, a.n2, w.wgate, N, C, 2 * F);
   if (keep) sampled_->keep(l, SampledInputs::N2, a.n2, N);
-  if (keep_cols && columns_inputs_[SampledInputs::N2]) keep_columns(l, SampledInputs::N2, a.n2, N, C);
+  if (keep_cols && columns_inputs_[SampledInputs::N2])
+    keep_columns(l, SampledInputs::N2, a.n2, N, C);
   be.swiglu_forward(a.act, a.gu, N, F);
   if (keep) sampled_->keep(l, SampledInputs::Act, a.act, N);
   if (keep_cols && columns_inputs_[SampledInputs::Act])
@@ -631,7 +633,8 @@ void LlamaModel::backward_from_head(int lm_head) {
     linear_backward(ws_.dact, false, l, LayerTensor::Down, w.wdown, ws_.dres, a.act, N, F, C,
                     kept(SampledInputs::Act),
                     kept_columns(l, SampledInputs::Act, LayerTensor::Down));
-    if (recomputed(SampledInputs::N2)) be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
+    if (recomputed(SampledInputs::N2))
+      be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
     gate_up_backward(l, w, a, N, kept(SampledInputs::N2));
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::MlpNorm)), ws_.dnorm, a.h,
                         w.mlp_norm, a.rstd2, N, C);
@@ -640,7 +643,8 @@ void LlamaModel::backward_from_head(int lm_head) {
     linear_backward(ws_.datt, false, l, LayerTensor::O, w.wo, ws_.dres, a.att, N, NH * HD, C);
     be.attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.datt, a.att, a.saved, a.q, a.k, a.v, B, T,
                           NH, NKV, HD, theta);
-    if (recomputed(SampledInputs::N1)) be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
+    if (recomputed(SampledInputs::N1))
+      be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
     linear_backward(ws_.dnorm, false, l, LayerTensor::Q, w.wq, ws_.dq, a.n1, N, C, NH * HD,
                     kept(SampledInputs::N1), kept_columns(l, SampledInputs::N1, LayerTensor::Q));
     linear_backward(ws_.dnorm, true, l, LayerTensor::K, w.wk, ws_.dk, a.n1, N, C, NKV * HD,

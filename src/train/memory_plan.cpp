@@ -128,7 +128,8 @@ std::vector<ActivationMode> activation_modes(const RunConfig& cfg, const Storage
         inputs_kept_as_columns(cfg.model, model_memory_options(columns.cfg, storage));
     const char* names[3] = {"n1", "n2", "act"};
     for (int i = 0; i < 3; i++)
-      if (kept[size_t(i)]) columns.name += std::string(columns.name.back() == '(' ? "" : ", ") + names[i];
+      if (kept[size_t(i)])
+        columns.name += std::string(columns.name.back() == '(' ? "" : ", ") + names[i];
     if (columns.name.back() != '(') modes.push_back({columns.name + ")", columns.cfg});
   }
   std::vector<double> keeps = {0.5, 0.3};

@@ -72,11 +72,13 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
                           ? AttentionKernel::Cudnn
                           : AttentionKernel::Grass;
   const ProjectionConfig& g = cfg.optimizer.projection;
-  if (cfg.optimizer.kind == OptimizerKind::Grass && cfg.activations.selected_columns != Switch::Off) {
+  if (cfg.optimizer.kind == OptimizerKind::Grass &&
+      cfg.activations.selected_columns != Switch::Off) {
     options.columns.rank = g.rank;
     for (const ProjectionTarget target : g.targets) {
       const auto [out, in] = cfg.model.linear_shape(target);
-      if (!projects_rows(OptimizerKind::Grass, g, out, in)) options.columns.targets.push_back(target);
+      if (!projects_rows(OptimizerKind::Grass, g, out, in))
+        options.columns.targets.push_back(target);
     }
   }
   return options;

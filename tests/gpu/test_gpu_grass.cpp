@@ -97,6 +97,25 @@ void upload(DeviceBuffer<T>& d, const std::vector<T>& x) {
 }
 void upload(DeviceBuffer<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
 
+// One target's compressed-gradient inputs, fresh and random, on the host and the device: σ (with
+// repeats) over `selectable` slices, ρ, dy [kTokens, kOut] and x [kTokens, kIn] (bf16 values).
+struct CompressInputs {
+  std::vector<int32_t> sigma;
+  std::vector<float> rho, dy, x;
+  DeviceBuffer<bf16> d_dy, d_x;
+  DeviceBuffer<int32_t> d_sigma;
+  DeviceBuffer<float> d_rho;
+  explicit CompressInputs(int selectable)
+      : sigma(sigma_with_repeats(kRank, selectable)), rho(random_rho(kRank)),
+        dy(bf16_rounded(randn(kTokens * kOut))), x(bf16_rounded(randn(kTokens * kIn))),
+        d_dy(dy.size()), d_x(x.size()), d_sigma(kRank), d_rho(kRank) {
+    upload(d_dy, dy);
+    upload(d_x, x);
+    upload(d_sigma, sigma);
+    upload(d_rho, rho);
+  }
+};
+
 // The Adam hyperparameters of the update tests: step 3 (bias corrections not 1), clipping on,
 // weight decay on.
 // The update's scalars as the GPU narrows them (fp32), widened exactly for the calls.
@@ -117,28 +136,20 @@ TEST_CASE("grass: compressed gradient accumulates rho-scaled selected slices", "
   for (const bool rows : {true, false})
     for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
       INFO("rows=" << rows << " fp32=" << (gtype == cuda::GradType::F32));
-      const std::vector<int32_t> sigma = sigma_with_repeats(kRank, rows ? kOut : kIn);
-      const std::vector<float> rho = random_rho(kRank);
-      const std::vector<float> dy = bf16_rounded(randn(kTokens * kOut));
-      const std::vector<float> x = bf16_rounded(randn(kTokens * kIn));
-      DeviceBuffer<bf16> d_dy(dy.size()), d_x(x.size()), scratch(kTokens * kRank);
-      DeviceBuffer<int32_t> d_sigma(kRank);
-      DeviceBuffer<float> d_rho(kRank);
-      upload(d_dy, dy);
-      upload(d_x, x);
-      upload(d_sigma, sigma);
-      upload(d_rho, rho);
+      const CompressInputs in(rows ? kOut : kIn);
+      DeviceBuffer<bf16> scratch(kTokens * kRank);
       scratch.poison();
       const size_t gc_size = size_t(kRank) * (rows ? kIn : kOut);
       GradBuffer gc(gtype, gc_size);
       // The earlier micro-batches' sum, as large as this one's: dropping it fails the bound.
       std::vector<float> want = gc.representable(randn(gc_size, std::sqrt(double(kTokens))));
       gc.upload(want);
-      cuda::grass_compressed_grad(tc.ctx, gc.ptr(), gtype, scratch.ptr, d_dy.ptr, d_x.ptr,
-                                  d_sigma.ptr, d_rho.ptr, kTokens, kIn, kOut, kRank, rows);
+      cuda::grass_compressed_grad(tc.ctx, gc.ptr(), gtype, scratch.ptr, in.d_dy.ptr, in.d_x.ptr,
+                                  in.d_sigma.ptr, in.d_rho.ptr, kTokens, kIn, kOut, kRank, rows);
       std::vector<float> cpu_scratch(kTokens * kRank);
-      ops::grass_compressed_grad<float>(want.data(), cpu_scratch.data(), dy.data(), x.data(),
-                                        sigma.data(), rho.data(), kTokens, kIn, kOut, kRank, rows);
+      ops::grass_compressed_grad<float>(want.data(), cpu_scratch.data(), in.dy.data(),
+                                        in.x.data(), in.sigma.data(), in.rho.data(), kTokens, kIn,
+                                        kOut, kRank, rows);
       CHECK(rel_error(gc.download(), want) <= 1e-2);
     }
 }
@@ -148,23 +159,14 @@ TEST_CASE("grass: the cols gradient from kept columns gives grass_compressed_gra
   // What the model does with an input kept as selected columns: the gather in the forward, the
   // GEMM in the backward, against the one call that does both.
   TestContext tc;
-  const std::vector<int32_t> sigma = sigma_with_repeats(kRank, kIn);
-  const std::vector<float> rho = random_rho(kRank);
-  const std::vector<float> dy = bf16_rounded(randn(kTokens * kOut));
-  const std::vector<float> x = bf16_rounded(randn(kTokens * kIn));
-  DeviceBuffer<bf16> d_dy(dy.size()), d_x(x.size()), scratch(kTokens * kRank),
-      xs(kTokens * kRank);
-  DeviceBuffer<int32_t> d_sigma(kRank);
-  DeviceBuffer<float> d_rho(kRank);
-  upload(d_dy, dy);
-  upload(d_x, x);
-  upload(d_sigma, sigma);
-  upload(d_rho, rho);
+  const CompressInputs in(kIn);
+  DeviceBuffer<bf16> scratch(kTokens * kRank), xs(kTokens * kRank);
   xs.poison();
-  cuda::grass_gather_columns(tc.ctx, xs.ptr, d_x.ptr, d_sigma.ptr, d_rho.ptr, kTokens, kIn, kRank);
+  cuda::grass_gather_columns(tc.ctx, xs.ptr, in.d_x.ptr, in.d_sigma.ptr, in.d_rho.ptr, kTokens,
+                             kIn, kRank);
   std::vector<float> want_xs(size_t(kTokens) * kRank);  // x·ρ in fp32, rounded once to bf16
-  ops::grass_gather_columns<float>(want_xs.data(), x.data(), sigma.data(), rho.data(), kTokens,
-                                   kIn, kRank);
+  ops::grass_gather_columns<float>(want_xs.data(), in.x.data(), in.sigma.data(), in.rho.data(),
+                                   kTokens, kIn, kRank);
   CHECK(same_bits(to_f32(xs.download()), bf16_rounded(want_xs)));
   for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
     INFO("fp32=" << (gtype == cuda::GradType::F32));
@@ -174,9 +176,9 @@ TEST_CASE("grass: the cols gradient from kept columns gives grass_compressed_gra
     whole.upload(earlier);
     kept.upload(earlier);
     scratch.poison();
-    cuda::grass_compressed_grad(tc.ctx, whole.ptr(), gtype, scratch.ptr, d_dy.ptr, d_x.ptr,
-                                d_sigma.ptr, d_rho.ptr, kTokens, kIn, kOut, kRank, false);
-    cuda::grass_selected_cols_grad(tc.ctx, kept.ptr(), gtype, d_dy.ptr, xs.ptr, kTokens, kOut,
+    cuda::grass_compressed_grad(tc.ctx, whole.ptr(), gtype, scratch.ptr, in.d_dy.ptr, in.d_x.ptr,
+                                in.d_sigma.ptr, in.d_rho.ptr, kTokens, kIn, kOut, kRank, false);
+    cuda::grass_selected_cols_grad(tc.ctx, kept.ptr(), gtype, in.d_dy.ptr, xs.ptr, kTokens, kOut,
                                    kRank);
     CHECK(same_bits(whole.download(), kept.download()));
     CHECK_FALSE(same_bits(whole.download(), earlier));

@@ -561,7 +561,8 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
       plain.grad_clip = 1e6;
       if (c.columns) {  // every input kept as columns in `lean` (steps 0 and 4 refresh)
         plain.optimizer.projection.select_dim = SelectDim::Cols;
-        plain.optimizer.projection.targets = test::named_targets({"q", "k", "v", "gate", "up", "down"});
+        plain.optimizer.projection.targets =
+            test::named_targets({"q", "k", "v", "gate", "up", "down"});
         plain.optimizer.projection.selection = Selection::Multinomial;  // ρ ≠ 1
         plain.activations.selected_columns = Switch::Off;
       }

@@ -12,6 +12,8 @@
 #                micro-batch for the row norms (issue 28)
 #   q8           optimizer.state_dtype "q8" (8-bit moments; issue 27's kernels)
 #   galore       GaLore r=512, a device refresh (cuSOLVER) at steps 0, 2 and 4
+#   grass-whole  GRASS r=512 (its refresh at step 0), inputs kept whole
+#   grass-columns the same, n2 kept as gate's and up's selected columns (issue 28)
 # --runs keeps the named runs only (e.g. plain,wta-crs: an A/B against another tree's build, this
 # script copied there and the two run in turn).
 # Output: one line per step on stdout and in $OUT/timing_runs.log when OUT is set.
@@ -45,8 +47,10 @@ runs=(
   "wta-crs|--set activations.sample=wta-crs --set activations.keep=0.5"
   "q8|--set optimizer.state_dtype=q8"
   "galore|--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=2 --set steps=5"
+  "grass-whole|--set optimizer.name=grass --set optimizer.rank=512 --set activations.selected_columns=off"
+  "grass-columns|--set optimizer.name=grass --set optimizer.rank=512 --set activations.selected_columns=on"
 )
-printf '%-12s %4s %10s %9s %6s %s\n' run step step_ms tok/s waits loss | tee -a "$log"
+printf '%-14s %4s %10s %9s %6s %s\n' run step step_ms tok/s waits loss | tee -a "$log"
 for r in "${runs[@]}"; do
   name=${r%%|*}
   [ -n "$only" ] && [[ ",$only," != *",$name,"* ]] && continue
@@ -68,7 +72,7 @@ for line in open(path):
     m = json.loads(line)
     if "step_ms" not in m:
         continue
-    print(f"{name:<12} {m['step']:>4} {m['step_ms']:>10.1f} {m.get('tokens_per_s', 0):>9.0f} "
+    print(f"{name:<14} {m['step']:>4} {m['step_ms']:>10.1f} {m.get('tokens_per_s', 0):>9.0f} "
           f"{m.get('host_waits', -1):>6} {m.get('loss', float('nan')):.4f}")
 EOF
   grep -E 'memory in use|late allocation|warning' "$work/$name.out" | head -2 | sed "s/^/$name: /" | tee -a "$log"
