@@ -37,7 +37,6 @@ constexpr InputReaders kInputReaders[SampledInputs::kInputs] = {
     {{LayerTensor::Q, LayerTensor::K, LayerTensor::V}, 3},                    // n1
     {{LayerTensor::Gate, LayerTensor::Up, LayerTensor::Count}, 2},            // n2
     {{LayerTensor::Down, LayerTensor::Count, LayerTensor::Count}, 1}};        // act
-constexpr const char* kInputNames[SampledInputs::kInputs] = {"n1", "n2", "act"};
 }  // namespace
 
 std::array<bool, 3> inputs_kept_as_columns(const ModelConfig& cfg,
@@ -221,7 +220,7 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     auto recomputable = [&](void* LayerActs::*field, SampledInputs::Input input, int64_t count) {
       const bool shared = elementwise || columns_inputs_[input];
       a.*field = shared && l > 0 ? acts_[0].*field
-                                 : act((shared ? "layer." : q) + kInputNames[input], count);
+                                 : act((shared ? "layer." : q) + SampledInputs::kInputNames[input], count);
     };
     a.rstd1 = act_f32(q + "rstd1", N);
     recomputable(&LayerActs::n1, SampledInputs::N1, N * C);
@@ -245,7 +244,7 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     for (int i = 0; i < SampledInputs::kInputs; i++)
       for (int j = 0; columns_inputs_[size_t(i)] && j < kInputReaders[i].count; j++)
         columns_[l][size_t(i)].xs[j] =
-            act("layer" + std::to_string(l) + "." + kInputNames[i] + " columns of " +
+            act("layer" + std::to_string(l) + "." + SampledInputs::kInputNames[i] + " columns of " +
                     kLayerTensors[int(kInputReaders[i].tensor[j])].name,
                 N * memory_.columns.rank);
   if (!memory_.sampled.on()) return;
@@ -660,7 +659,6 @@ void LlamaModel::backward_from_head(int lm_head) {
   if (!memory_.fused_update) be.store_gradients(grads_, num_dense_grads());
   B_ = 0;  // on the CPU the logits now hold their gradient: a second backward() needs a forward()
   sampled_pass_ = false;
-  begin_columns_pass(false);
 }
 
 }  // namespace grass

@@ -13,7 +13,6 @@ namespace grass {
 namespace {
 
 constexpr uint64_t kSampleStreamTag = 0x52414d504c45ull;  // the activation draws' own stream
-constexpr const char* kInputNames[SampledInputs::kInputs] = {"n1", "n2", "act"};
 
 RowSampler row_sampler(ActivationSample sample) {
   switch (sample) {
@@ -42,7 +41,7 @@ SampledInputs::SampledInputs(const SampledActivations& cfg, Backend& backend, Ar
   const int act_bytes = backend.storage().act_bytes;
   for (int l = 0; l < layers; l++)
     for (int i = 0; i < kInputs; i++) {
-      const std::string name = "layer" + std::to_string(l) + "." + kInputNames[i] + " (kept rows)";
+      const std::string name = "layer" + std::to_string(l) + "." + SampledInputs::kInputNames[i] + " (kept rows)";
       Kept& k = kept_[size_t(l)][size_t(i)];
       k.x = arena.alloc_bytes(MemCategory::Activations, name, capacity_ * width[i] * act_bytes);
       k.rows = arena.alloc<int32_t>(MemCategory::Activations, name + ", row indices", capacity_);

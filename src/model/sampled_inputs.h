@@ -30,6 +30,7 @@ namespace grass {
 class SampledInputs {
  public:
   enum Input { N1, N2, Act, kInputs };
+  static constexpr const char* kInputNames[kInputs] = {"n1", "n2", "act"};
   struct Kept {          // one input's kept rows this micro-batch
     void* x = nullptr;   // [capacity, D] act-typed: row j is scale_j · x[rows_j]
     int32_t* rows = nullptr;  // [capacity] backend memory

@@ -107,6 +107,15 @@ int64_t cudnn_workspace_bytes(const RunConfig& cfg) {
                                          m.head_dim());
 }
 
+// "n2" or "n1, act": the inputs marked in `kept`
+std::string kept_input_names(const std::array<bool, 3>& kept) {
+  std::string names;
+  for (int i = 0; i < SampledInputs::kInputs; i++)
+    if (kept[size_t(i)])
+      names += (names.empty() ? "" : ", ") + std::string(SampledInputs::kInputNames[i]);
+  return names;
+}
+
 // The run with its activations kept each way: the three checkpointing modes ("none" with every
 // input whole, then, for GRASS targets selecting columns, with their inputs kept as those), then
 // sampled at keep 0.5 and 0.3 (and the run's own keep), with the run's sampler or else wta-crs.
@@ -122,15 +131,11 @@ std::vector<ActivationMode> activation_modes(const RunConfig& cfg, const Storage
     modes.back().cfg.activations.sample = ActivationSample::None;
     if (c.value != Checkpointing::None) continue;
     modes.back().cfg.activations.selected_columns = Switch::Off;
-    ActivationMode columns{"none, selected columns (", modes.back().cfg};
-    columns.cfg.activations.selected_columns = Switch::On;
-    const std::array<bool, 3> kept =
-        inputs_kept_as_columns(cfg.model, model_memory_options(columns.cfg, storage));
-    const char* names[3] = {"n1", "n2", "act"};
-    for (int i = 0; i < 3; i++)
-      if (kept[size_t(i)])
-        columns.name += std::string(columns.name.back() == '(' ? "" : ", ") + names[i];
-    if (columns.name.back() != '(') modes.push_back({columns.name + ")", columns.cfg});
+    RunConfig columns = modes.back().cfg;
+    columns.activations.selected_columns = Switch::On;
+    const std::string kept =
+        kept_input_names(inputs_kept_as_columns(cfg.model, model_memory_options(columns, storage)));
+    if (!kept.empty()) modes.push_back({"none, selected columns (" + kept + ")", columns});
   }
   std::vector<double> keeps = {0.5, 0.3};
   if (cfg.activations.on() && std::find(keeps.begin(), keeps.end(), cfg.activations.keep) == keeps.end())
@@ -265,8 +270,8 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
   if (is_projected(cfg.optimizer.kind)) out["rank"] = cfg.optimizer.projection.rank;
   const std::array<bool, 3> columns = inputs_kept_as_columns(cfg.model, memory);
   nlohmann::json kept_as_columns = nlohmann::json::array();
-  for (int i = 0; i < 3; i++)
-    if (columns[size_t(i)]) kept_as_columns.push_back(std::array{"n1", "n2", "act"}[size_t(i)]);
+  for (int i = 0; i < SampledInputs::kInputs; i++)
+    if (columns[size_t(i)]) kept_as_columns.push_back(SampledInputs::kInputNames[i]);
   out["inputs_kept_as_columns"] = kept_as_columns;
   if (cfg.activations.on())
     out["activations"] = {{"sample", name_of(cfg.activations.sample)}, {"keep", cfg.activations.keep}};
