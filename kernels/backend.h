@@ -41,6 +41,7 @@
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
+#include "kernels/qkv_rows.h"
 #include "kernels/quant8.h"
 #include "kernels/storage.h"
 #include "src/core/arena.h"
@@ -103,6 +104,7 @@ struct WorkspaceShape {
   int B = 0, T = 0, C = 0, F = 0, V = 0, NH = 0, NKV = 0, HD = 0;
   double rope_theta = 10000.0;
   AttentionKernel attention = AttentionKernel::Grass;
+  bool qkv_grads_packed = true;  // dq, dk, dv packed as q, k, v (else three buffers)
 };
 
 // The backend's own scratch, sized from the storage alone (kernels/backend_sizes.cpp), so that a
@@ -116,8 +118,9 @@ struct BackendScratch {
   int64_t gemm_bytes = 0;       // cuBLASLt workspace
   int64_t tokens_bytes = 0;     // embedding backward's token groups
   int64_t slice_norms_bytes = 0;  // a GRASS refresh's slice norms (doubles)
-  int64_t rope_bytes = 0;         // RoPE: GPU, the cos/sin table [2,T,HD/2] fp32 (written by
-                                  // init_scratch); CPU and cuDNN, the rotated copies of q and k
+  int64_t rope_bytes = 0;         // RoPE: the GPU kernels' cos/sin table [2,T,HD/2] fp32 (written
+                                  // by init_scratch); none on the CPU and with cuDNN, which rotate
+                                  // q and k in place
 };
 struct BackendScratchPointers {
   void *attention = nullptr, *norm = nullptr, *reduce = nullptr, *gemm = nullptr,
@@ -191,9 +194,10 @@ class Backend : public MemoryResource {
   virtual void reserve(int64_t total, int64_t buffers) = 0;
   // Before reserve(): builds what the attention kernels keep per shape of a micro-batch of B
   // sequences of T tokens (cuDNN's graphs, whose plans put kernels on the device), so that it
-  // takes its memory before the reservation. Nothing on the CPU or with the engine's own kernels.
-  virtual void prepare_attention(int B, int T, int NH, int NKV, int HD) {
-    (void)B, (void)T, (void)NH, (void)NKV, (void)HD;
+  // takes its memory before the reservation; for a packed q, k, v and dq, dk, dv packed too
+  // (grads_packed) or three buffers. Nothing on the CPU or with the engine's own kernels.
+  virtual void prepare_attention(int B, int T, int NH, int NKV, int HD, bool grads_packed) {
+    (void)B, (void)T, (void)NH, (void)NKV, (void)HD, (void)grads_packed;
   }
   // Before reserve(): what GaLore's randomized refresh needs that takes device memory of its own
   // (cuSOLVER's handle), for targets of up to max_side rows or columns and k = r + oversample
@@ -243,17 +247,19 @@ class Backend : public MemoryResource {
   virtual void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
                                 const float* rstd, int64_t N, int C) = 0;
   // Causal attention with RoPE: q[B,T,NH,HD] and k[B,T,NKV,HD] as the projections give them,
-  // rotated (HF rotate-half, angle t / theta^(2i/HD)) inside the op; dq, dk (overwritten) are the
-  // gradients of the unrotated q and k. The GPU rotates the tiles as its kernels load them (RoPE
-  // is never a pass of its own over q and k); the CPU rotates copies in its scratch. theta must be
-  // the bound WorkspaceShape's. saved: attention_saved_bytes(storage(), B, T, NH) bytes, written
-  // by the forward for the backward.
-  virtual void attention_forward(void* out, void* saved, const void* q, const void* k,
-                                 const void* v, int B, int T, int NH, int NKV, int HD,
-                                 double theta) = 0;
-  virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
-                                  const void* saved, const void* q, const void* k, const void* v,
-                                  int B, int T, int NH, int NKV, int HD, double theta) = 0;
+  // rotated (HF rotate-half, angle t / theta^(2i/HD)) by the forward; dq, dk (overwritten) are the
+  // gradients of the unrotated q and k. q, k, v and dq, dk, dv lie at their row pitches
+  // (kernels/qkv_rows.h): the model's q, k, v are one GEMM's packed output, and so are its dq, dk,
+  // dv when one GEMM forms the three weight gradients. The GPU's kernels rotate the tiles as they
+  // load them and leave qkv as it was; the CPU and cuDNN rotate q and k in place, once, so the
+  // backward must be given qkv as the forward left it. theta must be the bound WorkspaceShape's.
+  // saved: attention_saved_bytes(storage(), B, T, NH) bytes, written by the forward for the
+  // backward.
+  virtual void attention_forward(void* out, void* saved, QkvRows<void*> qkv, int B, int T, int NH,
+                                 int NKV, int HD, double theta) = 0;
+  virtual void attention_backward(QkvRows<void*> d, const void* dout, const void* out,
+                                  const void* saved, QkvRows<const void*> qkv, int B, int T,
+                                  int NH, int NKV, int HD, double theta) = 0;
   // out[N,F] = silu(gate)·up, gate and up the halves of gu[N,2F] (row n: gate's F values, then
   // up's), as one GEMM of gate_proj and up_proj stacked gives them; dgate, dup: N rows of F
   // overwritten at a row pitch of ld (F: two buffers; 2F with dup = dgate + F: packed as gu, for

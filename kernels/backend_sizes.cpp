@@ -86,14 +86,13 @@ BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) 
   const int64_t N = int64_t(s.B) * s.T;
   if (!storage.cuda) {
     scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T * s.T;  // dscores
-    scratch.rope_bytes = 4 * N * (s.NH + s.NKV) * s.HD;             // rotated q and k
-    return scratch;
+    return scratch;  // (RoPE rotates q and k in place)
   }
   scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T;  // D = rowsum(dout ⊙ out)
   scratch.rope_bytes = 4 * int64_t(s.T) * s.HD;               // cos and sin [T, HD/2]
   if (s.attention == AttentionKernel::Cudnn) {
-    // bf16 rotated copies of q and k, and cuDNN's workspace
-    scratch.rope_bytes = 2 * N * (s.NH + s.NKV) * s.HD;
+    // cuDNN's workspace; q and k are rotated in place, with no table
+    scratch.rope_bytes = 0;
     scratch.attention_bytes = cudnn_attention_workspace_bytes(s.B, s.T, s.NH, s.HD);
   }
   scratch.norm_bytes = 4 * std::min<int64_t>(N, kNormRowBlocks) * s.C;

@@ -16,6 +16,7 @@
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
+#include "kernels/qkv_rows.h"
 #include "kernels/quant8.h"
 
 namespace grass::ops {
@@ -59,23 +60,29 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
 // ---- RoPE (kernels/cpu/rope.cpp) -------------------------------------------------------------
 // HF rotate-half layout on x[B,T,H,HD], position = t:  out = x·cos + rotate_half(x)·sin,
 // rotate_half(x) = [-x[HD/2:], x[:HD/2]],  angle(t, i) = t / theta^(2i/HD).  out may alias x.
+// Rows (b, t) of H·HD elements at pitches of ld_out and ld_x elements (0: H·HD), so q and k are
+// read from, and dq and dk rotated within, a packed q, k, v (kernels/qkv_rows.h).
 template <typename T>
-void rope_forward(T* out, const T* x, int B, int T_, int H, int HD, double theta);
+void rope_forward(T* out, const T* x, int B, int T_, int H, int HD, double theta,
+                  int64_t ld_out = 0, int64_t ld_x = 0);
 // dx = the transpose rotation of dout (dx may alias dout)
 template <typename T>
-void rope_backward(T* dx, const T* dout, int B, int T_, int H, int HD, double theta);
+void rope_backward(T* dx, const T* dout, int B, int T_, int H, int HD, double theta,
+                   int64_t ld_dx = 0, int64_t ld_dout = 0);
 
 // ---- causal attention with GQA (kernels/cpu/attention.cpp) -----------------------------------
-// q[B,T,NH,HD], k,v[B,T,NKV,HD]; query head h reads kv head h / (NH/NKV) by indexing (no copies).
+// q[B,T,NH,HD], k,v[B,T,NKV,HD] at their row pitches (QkvRows: three buffers or one packed);
+// query head h reads kv head h / (NH/NKV) by indexing (no copies).
 // probs[B,NH,T,T] = softmax(q·kᵀ/sqrt(HD) + causal mask) (upper triangle stored as 0)
 // out[B,T,NH,HD] = probs·v
 template <typename T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, int B, int T_, int NH,
-                       int NKV, int HD);
-// dq[B,T,NH,HD], dk,dv[B,T,NKV,HD] overwritten.  scratch: [B, NH, T, T]
+void attention_forward(T* out, T* probs, QkvRows<const T*> qkv, int B, int T_, int NH, int NKV,
+                       int HD);
+// d.q[B,T,NH,HD], d.k, d.v[B,T,NKV,HD] overwritten (their rows at d's pitches; the rest of a
+// packed row is left alone).  scratch: [B, NH, T, T]
 template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, T* scratch, const T* dout, const T* q, const T* k,
-                        const T* v, const T* probs, int B, int T_, int NH, int NKV, int HD);
+void attention_backward(QkvRows<T*> d, T* scratch, const T* dout, QkvRows<const T*> qkv,
+                        const T* probs, int B, int T_, int NH, int NKV, int HD);
 
 // ---- SwiGLU (kernels/cpu/swiglu.cpp) ---------------------------------------------------------
 // out[N,F] = silu(gate) * up, where gate and up are the halves of gu[N, 2F]: row n holds gate's F

@@ -68,7 +68,12 @@ struct PadTolerance {
   double grad_norm;
   double tensor;
 };
-inline constexpr PadTolerance kPadReordered = {1e-5, 1e-5, 2e-4};  // fp32 and bf16-mixed
+inline constexpr PadTolerance kPadReordered = {1e-5, 1e-5, 2e-4};  // fp32
+// bf16-mixed: the forward reads the master weights rounded to bf16, and a master weight within a
+// reordered sum's error of a rounding boundary rounds the other way, a one-ulp (2^-8) change of
+// that weight, which the gradient norm follows more than the loss (measured, OpenBLAS's Haswell
+// kernels: losses within 3.8e-7, gradient norms within 1.1e-5 at ffn 341; SkylakeX's: equal)
+inline constexpr PadTolerance kPadReorderedBf16Weights = {1e-5, 1e-4, 2e-4};
 // pure bf16: every update's rounding draws from another random stream (measured: losses within
 // 1.4e-4, gradient norms 4.3e-3, tensors 2.7e-2)
 inline constexpr PadTolerance kPadStochastic = {1e-3, 2e-2, 5e-2};

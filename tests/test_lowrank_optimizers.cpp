@@ -178,11 +178,10 @@ TEST_CASE("GaLore: svd \"randomized\" refreshes P by the range finder, seeded pe
   o.projection.svd = GaloreSvd::Randomized;
   o.projection.svd_power_iters = 1;
   o.projection.svd_oversample = 4;
-  // gate_proj and up_proj dense in both rigs: their backward is then one packed computation in
-  // both (LlamaModel::gate_up_backward), so the dense rig's gradients are GaLore's to the bit
+  // q, k, v and gate, up dense in both rigs: each group's backward is then one packed computation
+  // in both (LlamaModel::stacked_backward), so the dense rig's gradients are GaLore's to the bit
   // (both sides of the range finder and its seeds: test_lowrank.cpp)
-  o.projection.targets = {ProjectionTarget::Q, ProjectionTarget::K, ProjectionTarget::V,
-                          ProjectionTarget::O, ProjectionTarget::Down};
+  o.projection.targets = {ProjectionTarget::O, ProjectionTarget::Down};
   Rig dense(small_config(), o, B, T, false), galore(small_config(), o, B, T, true);
   const auto* g = dynamic_cast<const GaLore*>(galore.lowrank);
   REQUIRE(g != nullptr);

@@ -95,14 +95,16 @@ TEST_CASE("sampled activations keep k rows of n1, n2 and act per layer but the l
         cfg.activation_checkpointing = Checkpointing::None;
         cfg.activations = {sampler, 0.3};
         const MemoryPlan sampled = plan_memory(cfg, storage);
-        const int64_t N = 2 * 16, C = 32, F = 86, L = 2, QD = 32;  // small_run's shapes
+        const int64_t N = 2 * 16, C = 32, F = 86, L = 2, QD = 32, KVD = 16;  // small_run's shapes
         // k = round(0.3 N) = 10 rows; bernoulli's count is binomial: room for 8 deviations
         const int64_t k = sampler == ActivationSample::Bernoulli
                               ? std::min<int64_t>(N, int64_t(std::ceil(10 + 8 * std::sqrt(N * (10.0 / N) * (1 - 10.0 / N)))) + 1)
                               : 10;
         const int64_t kept = (L - 1) * (k * (2 * C + F) * storage.act_bytes + 3 * k * 4);
-        // the widest dy whose rows are gathered: gate's and up's packed (2F) when both are dense
-        const int64_t dy_width = std::max({QD, (optimizer == "adamw" ? 2 : 1) * F, C});
+        // the widest dy whose rows are gathered: q's, k's and v's packed and gate's and up's
+        // packed when each group is dense
+        const bool dense = optimizer == "adamw";
+        const int64_t dy_width = std::max({dense ? QD + 2 * KVD : QD, (dense ? 2 : 1) * F, C});
         const int64_t workspace = k * 4 + N * 4 + k * dy_width * storage.act_bytes;
         CHECK(sampled.bytes[int(MemCategory::Activations)] -
                   elementwise.bytes[int(MemCategory::Activations)] == kept);

@@ -6,6 +6,7 @@
 // instantiation is also compared with its double one on the same inputs (fp32 tolerance).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -167,18 +168,41 @@ TEST_CASE("rope backward matches finite differences and is a rotation", "[ops][g
     CHECK(out[base + i] == Approx(std::cos(angle)));
     CHECK(out[base + HD / 2 + i] == Approx(std::sin(angle)));
   }
+
+  SECTION("rows at a pitch: in place inside wider rows, the other columns left alone") {
+    const int64_t width = int64_t(H) * HD, ld = width + 7;
+    Vec wide = randn(size_t(B) * T * ld);
+    for (int64_t r = 0; r < B * T; r++)
+      std::copy_n(x.begin() + r * width, width, wide.begin() + r * ld);
+    const Vec before = wide;
+    ops::rope_forward(wide.data(), wide.data(), B, T, H, HD, theta, ld, ld);
+    for (int64_t r = 0; r < B * T; r++)
+      for (int64_t c = 0; c < ld; c++)  // the same arithmetic per element: the same bits
+        REQUIRE(wide[size_t(r * ld + c)] == (c < width ? y[size_t(r * width + c)]
+                                                       : before[size_t(r * ld + c)]));
+    Vec back(n);  // and from the wide rows back into contiguous ones
+    ops::rope_backward(back.data(), wide.data(), B, T, H, HD, theta, 0, ld);
+    CHECK(rel_err(back, x) < 1e-12);
+  }
 }
 
 namespace {
 
-// Causal rows that sum to 1, then q, k, v gradients against finite differences.
-void check_attention(int B, int T, int NH, int NKV, int HD) {
+// Causal rows that sum to 1, then q, k, v gradients against finite differences: q, k, v as three
+// buffers, or packed as one [N, NH·HD + 2·NKV·HD] (the model's q_proj, k_proj, v_proj GEMM), and
+// their gradients packed (the model's when the three are dense) or as three buffers.
+void check_attention(int B, int T, int NH, int NKV, int HD, bool packed = false,
+                     bool grads_packed = false) {
   const size_t nq = size_t(B) * T * NH * HD, nkv = size_t(B) * T * NKV * HD;
   Vec q = randn(nq), k = randn(nkv), v = randn(nkv), R = randn(nq);
+  Vec qkv = randn(nq + 2 * nkv);  // packed: each row q, k and v
+  const QkvRows<const double*> in =
+      packed ? packed_qkv(static_cast<const double*>(qkv.data()), NH, NKV, HD, 8)
+             : separate_qkv<const double*>(q.data(), k.data(), v.data(), NH, NKV, HD);
   Vec probs = poisoned(size_t(B) * NH * T * T);
   auto loss = [&] {
     Vec y = poisoned(nq);
-    ops::attention_forward(y.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+    ops::attention_forward(y.data(), probs.data(), in, B, T, NH, NKV, HD);
     return dot(y, R);
   };
   loss();
@@ -193,19 +217,50 @@ void check_attention(int B, int T, int NH, int NKV, int HD) {
       }
       REQUIRE(row == Approx(1.0));
     }
-  Vec dq = poisoned(nq), dk = poisoned(nkv), dv = poisoned(nkv);
+  Vec dq = poisoned(nq), dk = poisoned(nkv), dv = poisoned(nkv), dqkv = poisoned(qkv.size());
   Vec scratch = poisoned(size_t(B) * NH * T * T);
-  ops::attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), R.data(), q.data(),
-                          k.data(), v.data(), probs.data(), B, T, NH, NKV, HD);
-  CHECK(rel_err(dq, numeric_grad(loss, q)) < kGradTol);
-  CHECK(rel_err(dk, numeric_grad(loss, k)) < kGradTol);
-  CHECK(rel_err(dv, numeric_grad(loss, v)) < kGradTol);
+  const QkvRows<double*> d = grads_packed
+                                 ? packed_qkv(dqkv.data(), NH, NKV, HD, 8)
+                                 : separate_qkv(dq.data(), dk.data(), dv.data(), NH, NKV, HD);
+  ops::attention_backward(d, scratch.data(), R.data(), in, probs.data(), B, T, NH, NKV, HD);
+  // the finite differences of q, k and v, as three buffers
+  Vec want_q, want_k, want_v;
+  if (packed) {
+    const Vec g = numeric_grad(loss, qkv);
+    const QkvRows<const double*> rows = packed_qkv(g.data(), NH, NKV, HD, 8);
+    for (int64_t r = 0; r < int64_t(B) * T; r++) {
+      want_q.insert(want_q.end(), rows.q + r * rows.ldq, rows.q + r * rows.ldq + NH * HD);
+      want_k.insert(want_k.end(), rows.k + r * rows.ldk, rows.k + r * rows.ldk + NKV * HD);
+      want_v.insert(want_v.end(), rows.v + r * rows.ldv, rows.v + r * rows.ldv + NKV * HD);
+    }
+  } else {
+    want_q = numeric_grad(loss, q), want_k = numeric_grad(loss, k), want_v = numeric_grad(loss, v);
+  }
+  if (grads_packed) {  // the packed rows, every element written (poisoned first)
+    Vec want(qkv.size());
+    const QkvRows<double*> rows = packed_qkv(want.data(), NH, NKV, HD, 8);
+    for (int64_t r = 0; r < int64_t(B) * T; r++) {
+      std::copy_n(want_q.begin() + r * NH * HD, NH * HD, rows.q + r * rows.ldq);
+      std::copy_n(want_k.begin() + r * NKV * HD, NKV * HD, rows.k + r * rows.ldk);
+      std::copy_n(want_v.begin() + r * NKV * HD, NKV * HD, rows.v + r * rows.ldv);
+    }
+    CHECK(rel_err(dqkv, want) < kGradTol);
+    return;
+  }
+  CHECK(rel_err(dq, want_q) < kGradTol);
+  CHECK(rel_err(dk, want_k) < kGradTol);
+  CHECK(rel_err(dv, want_v) < kGradTol);
 }
 
 }  // namespace
 
 TEST_CASE("attention backward matches finite differences (GQA, causal)", "[ops][gradcheck]") {
   check_attention(2, 5, 4, 2, 4);
+}
+
+TEST_CASE("attention backward matches finite differences on a packed q, k, v", "[ops][gradcheck]") {
+  check_attention(2, 5, 4, 2, 4, /*packed=*/true, /*grads_packed=*/true);
+  check_attention(2, 5, 4, 2, 4, /*packed=*/true, /*grads_packed=*/false);
 }
 
 TEST_CASE("attention backward matches finite differences across query blocks", "[ops][gradcheck]") {
@@ -218,8 +273,12 @@ TEST_CASE("attention in float matches double", "[ops]") {
   Vec q = randn(nq), k = randn(nkv), v = randn(nkv), y(nq), probs(size_t(B) * NH * T * T);
   auto qf = to_f32(q), kf = to_f32(k), vf = to_f32(v);
   std::vector<float> yf(nq), pf(probs.size());
-  ops::attention_forward(yf.data(), pf.data(), qf.data(), kf.data(), vf.data(), B, T, NH, NKV, HD);
-  ops::attention_forward(y.data(), probs.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, HD);
+  ops::attention_forward(yf.data(), pf.data(),
+                         separate_qkv<const float*>(qf.data(), kf.data(), vf.data(), NH, NKV, HD),
+                         B, T, NH, NKV, HD);
+  ops::attention_forward(y.data(), probs.data(),
+                         separate_qkv<const double*>(q.data(), k.data(), v.data(), NH, NKV, HD),
+                         B, T, NH, NKV, HD);
   CHECK(rel_err(to_f64(yf), y) < kF32Tol);
 }
 

@@ -24,6 +24,9 @@ namespace {
 
 float* f(void* p) { return static_cast<float*>(p); }
 const float* f(const void* p) { return static_cast<const float*>(p); }
+QkvRows<const float*> floats(QkvRows<const void*> r) {
+  return {f(r.q), f(r.k), f(r.v), r.ldq, r.ldk, r.ldv};
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -74,8 +77,6 @@ class CpuBackend final : public Backend {
         lease ? backend_scratch(storage_, lease->shape()) : BackendScratch{};
     attention_scratch_ = lease ? f(lease->scratch().attention) : nullptr;
     attention_scratch_floats_ = sizes.attention_bytes / 4;
-    rope_scratch_ = lease ? f(lease->scratch().rope) : nullptr;
-    rope_scratch_floats_ = sizes.rope_bytes / 4;
   }
 
   // ---- model ops ------------------------------------------------------------------------------
@@ -106,24 +107,25 @@ class CpuBackend final : public Backend {
                         const float* rstd, int64_t N, int C) override {
     ops::rmsnorm_backward(f(dx), f(dw), f(dout), f(x), f(w), rstd, N, C);
   }
-  // RoPE, then attention on the rotated copies; the backward rotates dq and dk back in place.
-  void attention_forward(void* out, void* saved, const void* q, const void* k, const void* v, int B,
-                         int T, int NH, int NKV, int HD, double theta) override {
-    const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
-    ops::attention_forward(f(out), f(saved), qr, kr, f(v), B, T, NH, NKV, HD);
+  // RoPE on q and k in place, then attention; the backward rotates dq and dk back in place.
+  void attention_forward(void* out, void* saved, QkvRows<void*> qkv, int B, int T, int NH,
+                         int NKV, int HD, double theta) override {
+    ops::rope_forward(f(qkv.q), f(qkv.q), B, T, NH, HD, theta, qkv.ldq, qkv.ldq);
+    ops::rope_forward(f(qkv.k), f(qkv.k), B, T, NKV, HD, theta, qkv.ldk, qkv.ldk);
+    ops::attention_forward(f(out), f(saved), floats(read_only(qkv)), B, T, NH, NKV, HD);
   }
-  void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void*,
-                          const void* saved, const void* q, const void* k, const void* v, int B,
-                          int T, int NH, int NKV, int HD, double theta) override {
+  void attention_backward(QkvRows<void*> d, const void* dout, const void*, const void* saved,
+                          QkvRows<const void*> qkv, int B, int T, int NH, int NKV, int HD,
+                          double theta) override {
     GRASS_CHECK(attention_scratch_ &&
                     int64_t(B) * NH * T * T <= attention_scratch_floats_,
                 "attention_backward: the attention scratch is unbound or smaller than this batch "
                 "(Backend::plan_scratch)");
-    const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
-    ops::attention_backward(f(dq), f(dk), f(dv), attention_scratch_, f(dout), qr, kr, f(v),
-                            f(saved), B, T, NH, NKV, HD);
-    ops::rope_backward(f(dq), f(dq), B, T, NH, HD, theta);
-    ops::rope_backward(f(dk), f(dk), B, T, NKV, HD, theta);
+    const QkvRows<float*> df{f(d.q), f(d.k), f(d.v), d.ldq, d.ldk, d.ldv};
+    ops::attention_backward(df, attention_scratch_, f(dout), floats(qkv), f(saved), B, T, NH, NKV,
+                            HD);
+    ops::rope_backward(df.q, df.q, B, T, NH, HD, theta, df.ldq, df.ldq);
+    ops::rope_backward(df.k, df.k, B, T, NKV, HD, theta, df.ldk, df.ldk);
   }
   void swiglu_forward(void* out, const void* gu, int64_t N, int F) override {
     ops::swiglu_forward(f(out), f(gu), N, F);
@@ -322,20 +324,6 @@ class CpuBackend final : public Backend {
 
   float* attention_scratch_ = nullptr;  // [B,NH,T,T] dscores
   int64_t attention_scratch_floats_ = 0;
-  float* rope_scratch_ = nullptr;  // [B,T,NH,HD] rotated q, then [B,T,NKV,HD] rotated k
-  int64_t rope_scratch_floats_ = 0;
-  // q and k rotated by RoPE into rope_scratch_
-  std::pair<const float*, const float*> rotated(const void* q, const void* k, int B, int T, int NH,
-                                                int NKV, int HD, double theta) {
-    const int64_t q_floats = int64_t(B) * T * NH * HD;
-    GRASS_CHECK(rope_scratch_ && q_floats + int64_t(B) * T * NKV * HD <= rope_scratch_floats_,
-                "attention: the RoPE scratch is unbound or smaller than this batch");
-    float* qr = rope_scratch_;
-    float* kr = rope_scratch_ + q_floats;
-    ops::rope_forward(qr, f(q), B, T, NH, HD, theta);
-    ops::rope_forward(kr, f(k), B, T, NKV, HD, theta);
-    return {qr, kr};
-  }
   std::vector<double> slice_norms_, chunk_norms_;  // grass_slice_norms' buffer and a chunk's
 };
 

@@ -2,8 +2,8 @@
 // global memory. Matrix products run on bf16 tensor cores through WMMA (16x16x16 tiles, fp32
 // accumulate; sm_80+), elementwise work on CUDA cores in fp32.
 //
-// Shapes: q[B,T,NH,HD], k,v[B,T,NKV,HD], out[B,T,NH,HD] (bf16, row stride NH*HD resp. NKV*HD),
-// lse[B,NH,T] (fp32). Query head h reads kv head h / (NH/NKV) by indexing (no K/V copies).
+// Shapes: q[B,T,NH,HD], k,v[B,T,NKV,HD] (bf16, each at its row pitch: QkvRows, three buffers or
+// one packed q, k, v), out[B,T,NH,HD] (bf16, row stride NH*HD), lse[B,NH,T] (fp32). Query head h reads kv head h / (NH/NKV) by indexing (no K/V copies).
 // Scores s = q·k / sqrt(HD), query t sees keys 0..t. lse = ln Σ exp(s) over those keys.
 //
 // Tiling. Every kernel runs 256 threads (8 warps) on one tile of Br query rows or Bc key rows of
@@ -259,20 +259,19 @@ __device__ __forceinline__ float row_sum(float x) {
 // so the exponentials are exp2f.
 template <int Br, int Bc>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                             int T, int NH, int NKV, int HD, int HDP, float scale_log2,
-                             Rotation rot) {
+    attention_forward_kernel(bf16* out, float* lse, QkvRows<const bf16*> qkv, int T, int NH,
+                             int NKV, int HD, int HDP, float scale_log2, Rotation rot) {
   constexpr int kTpr = kThreads / Br;  // threads per row in the row pass
   constexpr int kCols = Bc / kTpr;     // score columns per thread
   static_assert(kTpr <= 32 && kThreads % Br == 0 && Bc % kTpr == 0, "row pass tiling");
   // The longest rows (most key blocks) first, so they do not finish last.
   const int q0 = (gridDim.x - 1 - blockIdx.x) * Br;
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
-  const int64_t q_stride = int64_t(NH) * HD, kv_stride = int64_t(NKV) * HD;
-  const bf16* qh = q + (int64_t(b) * T * NH + h) * HD;     // [T,HD], row stride q_stride
-  const bf16* kg = k + (int64_t(b) * T * NKV + kvh) * HD;  // [T,HD], row stride kv_stride
-  const bf16* vg = v + (int64_t(b) * T * NKV + kvh) * HD;
-  bf16* oh = out + (int64_t(b) * T * NH + h) * HD;
+  const int64_t row0 = int64_t(b) * T, o_stride = int64_t(NH) * HD;  // the batch's first row
+  const bf16* qh = qkv.q + row0 * qkv.ldq + h * HD;    // [T,HD], row stride ldq
+  const bf16* kg = qkv.k + row0 * qkv.ldk + kvh * HD;  // [T,HD], row stride ldk
+  const bf16* vg = qkv.v + row0 * qkv.ldv + kvh * HD;
+  bf16* oh = out + row0 * o_stride + h * HD;
 
   const SmemLayout L = smem_layout(Br, Bc, HDP, false);
   extern __shared__ __align__(128) unsigned char smem[];
@@ -283,7 +282,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* p_s = reinterpret_cast<bf16*>(smem + L.s);    // [Br,Bc] probabilities, over the scores
   float* o_s = reinterpret_cast<float*>(smem + L.o);  // [Br,HDP] unnormalised output
 
-  load_rows(q_s, L.ld_hd, qh + q0 * q_stride, q_stride, T - q0, Br, HD, HDP, rot, q0);
+  load_rows(q_s, L.ld_hd, qh + q0 * qkv.ldq, qkv.ldq, T - q0, Br, HD, HDP, rot, q0);
   for (int i = threadIdx.x; i < Br * HDP; i += kThreads) o_s[(i / HDP) * L.ld_f32 + i % HDP] = 0.0f;
 
   // The row pass: this thread's row and its columns lane_in_row + kTpr·e of the score tile.
@@ -293,8 +292,8 @@ __global__ void __launch_bounds__(kThreads)
   float l = 0.0f;           // running Σ 2^(s - m)
   const int kv_end = min(T, q0 + Br);  // the block's queries see keys [0, kv_end)
   for (int k0 = 0; k0 < kv_end; k0 += Bc) {
-    load_rows(k_s, L.ld_hd, kg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP, rot, k0);
-    load_rows(v_s, L.ld_hd, vg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP);
+    load_rows(k_s, L.ld_hd, kg + k0 * qkv.ldk, qkv.ldk, T - k0, Bc, HD, HDP, rot, k0);
+    load_rows(v_s, L.ld_hd, vg + k0 * qkv.ldv, qkv.ldv, T - k0, Bc, HD, HDP);
     __syncthreads();
     // S[Br,Bc] = Q·Kᵀ (K row-major is Kᵀ column-major)
     gemm_smem<wmma::row_major, wmma::col_major>(s_s, L.ld_s, false, q_s, L.ld_hd, k_s, L.ld_hd, Br,
@@ -337,7 +336,7 @@ __global__ void __launch_bounds__(kThreads)
   if (lane_in_row == 0 && qi < T)
     lse[(int64_t(b) * NH + h) * T + qi] = (m + log2f(l)) * float(kLn2);
   __syncthreads();
-  store_rows(oh + q0 * q_stride, q_stride, o_s, L.ld_f32, min(Br, T - q0), HD);
+  store_rows(oh + q0 * o_stride, o_stride, o_s, L.ld_f32, min(Br, T - q0), HD);
 }
 
 // ---- backward ---------------------------------------------------------------------------------
@@ -372,16 +371,16 @@ __global__ void __launch_bounds__(kThreads)
 // that reach the key block. scale = 1/sqrt(HD), scale_log2 = scale·log2(e).
 template <int Br, int Bc>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dkdv_kernel(bf16* dk, bf16* dv, const float* d, const bf16* dout,
-                                   const float* lse, const bf16* q, const bf16* k, const bf16* v,
-                                   int T, int NH, int NKV, int HD, int HDP, float scale,
-                                   float scale_log2, Rotation rot) {
+    attention_backward_dkdv_kernel(QkvRows<bf16*> dqkv, const float* d, const bf16* dout,
+                                   const float* lse, QkvRows<const bf16*> qkv, int T, int NH,
+                                   int NKV, int HD, int HDP, float scale, float scale_log2,
+                                   Rotation rot) {
   constexpr int kTpr = kThreads / Br;
   constexpr int kCols = Bc / kTpr;
   static_assert(kTpr <= 32 && kThreads % Br == 0 && Bc % kTpr == 0, "row pass tiling");
   const int k0 = blockIdx.x * Bc, kvh = blockIdx.y, b = blockIdx.z, group = NH / NKV;
-  const int64_t q_stride = int64_t(NH) * HD, kv_stride = int64_t(NKV) * HD;
-  const int64_t kv_offset = (int64_t(b) * T * NKV + kvh) * HD + k0 * kv_stride;  // row k0 of k, v
+  const int64_t row0 = int64_t(b) * T, o_stride = int64_t(NH) * HD;  // the batch's first row
+  const int64_t key_row = row0 + k0;  // row k0 of k, v, dk, dv
 
   const SmemLayout L = smem_layout(Br, Bc, HDP, true);
   extern __shared__ __align__(128) unsigned char smem[];
@@ -395,20 +394,21 @@ __global__ void __launch_bounds__(kThreads)
   bf16* ds_s = reinterpret_cast<bf16*>(smem + L.dp);    // [Br,Bc] dS, over dP
   float* stage = reinterpret_cast<float*>(smem + L.k);  // [Bc,HDP] fp32, over k and v at the end
 
-  load_rows(k_s, L.ld_hd, k + kv_offset, kv_stride, T - k0, Bc, HD, HDP, rot, k0);
-  load_rows(v_s, L.ld_hd, v + kv_offset, kv_stride, T - k0, Bc, HD, HDP);
+  load_rows(k_s, L.ld_hd, qkv.k + key_row * qkv.ldk + kvh * HD, qkv.ldk, T - k0, Bc, HD, HDP, rot,
+            k0);
+  load_rows(v_s, L.ld_hd, qkv.v + key_row * qkv.ldv + kvh * HD, qkv.ldv, T - k0, Bc, HD, HDP);
   Acc dk_acc[kMaxAccTiles], dv_acc[kMaxAccTiles];  // this warp's tiles of dK, dV [Bc,HDP]
   acc_zero(dk_acc);
   acc_zero(dv_acc);
 
   const int row = threadIdx.x / kTpr, lane_in_row = threadIdx.x % kTpr;
   for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-    const int64_t q_offset = (int64_t(b) * T * NH + h) * HD;  // row 0 of q, dout for head h
+    const bf16* qh = qkv.q + row0 * qkv.ldq + h * HD;  // row 0 of q, dout for head h
+    const bf16* doh = dout + row0 * o_stride + h * HD;
     // The first query block holding a query ≥ k0; every later one, to the end of T.
     for (int q0 = k0 / Br * Br; q0 < T; q0 += Br) {
-      load_rows(q_s, L.ld_hd, q + q_offset + q0 * q_stride, q_stride, T - q0, Br, HD, HDP, rot,
-                q0);
-      load_rows(do_s, L.ld_hd, dout + q_offset + q0 * q_stride, q_stride, T - q0, Br, HD, HDP);
+      load_rows(q_s, L.ld_hd, qh + q0 * qkv.ldq, qkv.ldq, T - q0, Br, HD, HDP, rot, q0);
+      load_rows(do_s, L.ld_hd, doh + q0 * o_stride, o_stride, T - q0, Br, HD, HDP);
       const int qi = q0 + row;
       const bool real_row = qi < T;
       const float row_lse2 = real_row ? lse[(int64_t(b) * NH + h) * T + qi] * float(kLog2e) : 0.0f;
@@ -447,18 +447,19 @@ __global__ void __launch_bounds__(kThreads)
   const int valid_rows = min(Bc, T - k0);
   store_acc(stage, L.ld_f32, dv_acc, Bc, HDP);
   __syncthreads();
-  store_rows(dv + kv_offset, kv_stride, stage, L.ld_f32, valid_rows, HD);
+  store_rows(dqkv.v + key_row * dqkv.ldv + kvh * HD, dqkv.ldv, stage, L.ld_f32, valid_rows, HD);
   __syncthreads();
   store_acc(stage, L.ld_f32, dk_acc, Bc, HDP);
   __syncthreads();
-  store_rows(dk + kv_offset, kv_stride, stage, L.ld_f32, valid_rows, HD, rot, k0);
+  store_rows(dqkv.k + key_row * dqkv.ldk + kvh * HD, dqkv.ldk, stage, L.ld_f32, valid_rows, HD,
+             rot, k0);
 }
 
 // dQ of one query block of one head: Σ over the key blocks up to the diagonal.
 template <int Br, int Bc>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dq_kernel(bf16* dq, const float* d, const bf16* dout, const float* lse,
-                                 const bf16* q, const bf16* k, const bf16* v, int T, int NH,
+    attention_backward_dq_kernel(QkvRows<bf16*> dqkv, const float* d, const bf16* dout,
+                                 const float* lse, QkvRows<const bf16*> qkv, int T, int NH,
                                  int NKV, int HD, int HDP, float scale, float scale_log2,
                                  Rotation rot) {
   constexpr int kTpr = kThreads / Br;
@@ -466,10 +467,10 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kTpr <= 32 && kThreads % Br == 0 && Bc % kTpr == 0, "row pass tiling");
   const int q0 = (gridDim.x - 1 - blockIdx.x) * Br;  // the longest rows first
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
-  const int64_t q_stride = int64_t(NH) * HD, kv_stride = int64_t(NKV) * HD;
-  const int64_t q_offset = (int64_t(b) * T * NH + h) * HD + q0 * q_stride;  // row q0 of q, dout
-  const bf16* kg = k + (int64_t(b) * T * NKV + kvh) * HD;  // [T,HD], row stride kv_stride
-  const bf16* vg = v + (int64_t(b) * T * NKV + kvh) * HD;
+  const int64_t row0 = int64_t(b) * T, o_stride = int64_t(NH) * HD;  // the batch's first row
+  const int64_t query_row = row0 + q0;  // row q0 of q, dout, dq
+  const bf16* kg = qkv.k + row0 * qkv.ldk + kvh * HD;  // [T,HD], row stride ldk
+  const bf16* vg = qkv.v + row0 * qkv.ldv + kvh * HD;
 
   const SmemLayout L = smem_layout(Br, Bc, HDP, true);
   extern __shared__ __align__(128) unsigned char smem[];
@@ -482,8 +483,9 @@ __global__ void __launch_bounds__(kThreads)
   bf16* ds_s = reinterpret_cast<bf16*>(smem + L.dp);    // [Br,Bc] dS, over dP
   float* stage = reinterpret_cast<float*>(smem + L.q);  // [Br,HDP] fp32, over q and dout at the end
 
-  load_rows(q_s, L.ld_hd, q + q_offset, q_stride, T - q0, Br, HD, HDP, rot, q0);
-  load_rows(do_s, L.ld_hd, dout + q_offset, q_stride, T - q0, Br, HD, HDP);
+  load_rows(q_s, L.ld_hd, qkv.q + query_row * qkv.ldq + h * HD, qkv.ldq, T - q0, Br, HD, HDP, rot,
+            q0);
+  load_rows(do_s, L.ld_hd, dout + query_row * o_stride + h * HD, o_stride, T - q0, Br, HD, HDP);
   const int row = threadIdx.x / kTpr, lane_in_row = threadIdx.x % kTpr;
   const int qi = q0 + row;
   const bool real_row = qi < T;
@@ -494,8 +496,8 @@ __global__ void __launch_bounds__(kThreads)
 
   const int kv_end = min(T, q0 + Br);
   for (int k0 = 0; k0 < kv_end; k0 += Bc) {
-    load_rows(k_s, L.ld_hd, kg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP, rot, k0);
-    load_rows(v_s, L.ld_hd, vg + k0 * kv_stride, kv_stride, T - k0, Bc, HD, HDP);
+    load_rows(k_s, L.ld_hd, kg + k0 * qkv.ldk, qkv.ldk, T - k0, Bc, HD, HDP, rot, k0);
+    load_rows(v_s, L.ld_hd, vg + k0 * qkv.ldv, qkv.ldv, T - k0, Bc, HD, HDP);
     __syncthreads();
     // S = Q·Kᵀ, dP = dO·Vᵀ  [Br,Bc]
     gemm_smem<wmma::row_major, wmma::col_major>(s_s, L.ld_s, false, q_s, L.ld_hd, k_s, L.ld_hd, Br,
@@ -522,7 +524,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   store_acc(stage, L.ld_f32, dq_acc, Br, HDP);
   __syncthreads();
-  store_rows(dq + q_offset, q_stride, stage, L.ld_f32, min(Br, T - q0), HD, rot, q0);
+  store_rows(dqkv.q + query_row * dqkv.ldq + h * HD, dqkv.ldq, stage, L.ld_f32, min(Br, T - q0),
+             HD, rot, q0);
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -544,6 +547,18 @@ int padded_head_dim(int B, int T, int NH, int NKV, int HD) {
 void check_aligned(const void* p, const char* name) {
   GRASS_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
               std::string("attention (CUDA): ") + name + " is not 16-byte aligned");
+}
+
+// Every row of q, k and v (or their gradients) 16-byte aligned: the pointers, and pitches of a
+// multiple of 8 elements.
+template <typename P>
+void check_rows(QkvRows<P> rows, const char* names) {
+  check_aligned(rows.q, names);
+  check_aligned(rows.k, names);
+  check_aligned(rows.v, names);
+  GRASS_CHECK(rows.ldq % 8 == 0 && rows.ldk % 8 == 0 && rows.ldv % 8 == 0,
+              std::string("attention (CUDA): the row pitches of ") + names +
+                  " are not multiples of 8 elements");
 }
 
 // Opts kernel in to `bytes` of dynamic shared memory (needed above 48 KiB); throws if the device
@@ -577,23 +592,21 @@ Rotation rotation(RopeTable rope, int T, int HD) {
 }
 
 template <int Br, int Bc>
-void launch_forward(const Context& ctx, bf16* out, float* lse, const bf16* q, const bf16* k,
-                    const bf16* v, int B, int T, int NH, int NKV, int HD, int HDP, Rotation rot) {
+void launch_forward(const Context& ctx, bf16* out, float* lse, QkvRows<const bf16*> qkv, int B,
+                    int T, int NH, int NKV, int HD, int HDP, Rotation rot) {
   const int bytes = smem_layout(Br, Bc, HDP, false).bytes;
   allow_smem(attention_forward_kernel<Br, Bc>, bytes, "attention_forward_kernel");
   const float scale_log2 = float(kLog2e / std::sqrt(double(HD)));
   const dim3 grid(unsigned(ceil_div(T, Br)), unsigned(NH), unsigned(B));
   attention_forward_kernel<Br, Bc>
-      <<<grid, kThreads, bytes, ctx.stream>>>(out, lse, q, k, v, T, NH, NKV, HD, HDP, scale_log2,
-                                              rot);
+      <<<grid, kThreads, bytes, ctx.stream>>>(out, lse, qkv, T, NH, NKV, HD, HDP, scale_log2, rot);
   GRASS_LAUNCH_CHECK();
 }
 
 template <int BrKV, int BcKV, int BrQ, int BcQ>
-void launch_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, const float* d,
-                     const bf16* dout, const float* lse, const bf16* q, const bf16* k,
-                     const bf16* v, int B, int T, int NH, int NKV, int HD, int HDP,
-                     Rotation rot) {
+void launch_backward(const Context& ctx, QkvRows<bf16*> dqkv, const float* d, const bf16* dout,
+                     const float* lse, QkvRows<const bf16*> qkv, int B, int T, int NH, int NKV,
+                     int HD, int HDP, Rotation rot) {
   check_acc_tiles(BcKV, HDP);
   check_acc_tiles(BrQ, HDP);
   const float scale = float(1.0 / std::sqrt(double(HD)));
@@ -604,14 +617,14 @@ void launch_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, const flo
              "attention_backward_dkdv_kernel");
   const dim3 kv_grid(unsigned(ceil_div(T, BcKV)), unsigned(NKV), unsigned(B));
   attention_backward_dkdv_kernel<BrKV, BcKV><<<kv_grid, kThreads, kv_bytes, ctx.stream>>>(
-      dk, dv, d, dout, lse, q, k, v, T, NH, NKV, HD, HDP, scale, scale_log2, rot);
+      dqkv, d, dout, lse, qkv, T, NH, NKV, HD, HDP, scale, scale_log2, rot);
   GRASS_LAUNCH_CHECK();
 
   const int q_bytes = smem_layout(BrQ, BcQ, HDP, true).bytes;
   allow_smem(attention_backward_dq_kernel<BrQ, BcQ>, q_bytes, "attention_backward_dq_kernel");
   const dim3 q_grid(unsigned(ceil_div(T, BrQ)), unsigned(NH), unsigned(B));
   attention_backward_dq_kernel<BrQ, BcQ><<<q_grid, kThreads, q_bytes, ctx.stream>>>(
-      dq, d, dout, lse, q, k, v, T, NH, NKV, HD, HDP, scale, scale_log2, rot);
+      dqkv, d, dout, lse, qkv, T, NH, NKV, HD, HDP, scale, scale_log2, rot);
   GRASS_LAUNCH_CHECK();
 }
 
@@ -620,18 +633,16 @@ void launch_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, const flo
 // Tile sizes: [Br query rows, Bc key rows] per block. Shared memory at HDP = 128 / 256:
 // forward 64x64: 101 KiB / (64x32) 140 KiB; dK,dV 64x64: 102 KiB / (64x32) 117 KiB;
 // dQ 64x64: 102 KiB / (32x64) 116 KiB — all under sm_80's 163 KiB.
-void attention_forward(const Context& ctx, bf16* out, float* lse, const bf16* q, const bf16* k,
-                       const bf16* v, int B, int T, int NH, int NKV, int HD, RopeTable rope) {
+void attention_forward(const Context& ctx, bf16* out, float* lse, QkvRows<const bf16*> qkv, int B,
+                       int T, int NH, int NKV, int HD, RopeTable rope) {
   const int HDP = padded_head_dim(B, T, NH, NKV, HD);
   check_aligned(out, "out");
-  check_aligned(q, "q");
-  check_aligned(k, "k");
-  check_aligned(v, "v");
+  check_rows(qkv, "q, k, v");
   const Rotation rot = rotation(rope, T, HD);
   if (HDP <= 128)
-    launch_forward<64, 64>(ctx, out, lse, q, k, v, B, T, NH, NKV, HD, HDP, rot);
+    launch_forward<64, 64>(ctx, out, lse, qkv, B, T, NH, NKV, HD, HDP, rot);
   else
-    launch_forward<64, 32>(ctx, out, lse, q, k, v, B, T, NH, NKV, HD, HDP, rot);
+    launch_forward<64, 32>(ctx, out, lse, qkv, B, T, NH, NKV, HD, HDP, rot);
 }
 
 // scratch holds D[B,NH,T]; dK and dV accumulate in registers, so they need none.
@@ -639,31 +650,24 @@ int64_t attention_scratch_floats(int B, int T, int NH, int /*NKV*/, int /*HD*/) 
   return int64_t(B) * NH * T;
 }
 
-void attention_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, float* scratch,
-                        const bf16* dout, const bf16* out, const float* lse, const bf16* q,
-                        const bf16* k, const bf16* v, int B, int T, int NH, int NKV, int HD,
-                        RopeTable rope) {
+void attention_backward(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch, const bf16* dout,
+                        const bf16* out, const float* lse, QkvRows<const bf16*> qkv, int B, int T,
+                        int NH, int NKV, int HD, RopeTable rope) {
   const int HDP = padded_head_dim(B, T, NH, NKV, HD);
   const Rotation rot = rotation(rope, T, HD);
-  check_aligned(dq, "dq");
-  check_aligned(dk, "dk");
-  check_aligned(dv, "dv");
+  check_rows(dqkv, "dq, dk, dv");
   check_aligned(dout, "dout");
   check_aligned(out, "out");
-  check_aligned(q, "q");
-  check_aligned(k, "k");
-  check_aligned(v, "v");
+  check_rows(qkv, "q, k, v");
   float* d = scratch;  // [B,NH,T]
   const int64_t rows = int64_t(B) * T * NH;
   attention_row_dot_kernel<<<unsigned(ceil_div(rows, kWarps)), kThreads, 0, ctx.stream>>>(
       d, dout, out, B, T, NH, HD);
   GRASS_LAUNCH_CHECK();
   if (HDP <= 128)
-    launch_backward<64, 64, 64, 64>(ctx, dq, dk, dv, d, dout, lse, q, k, v, B, T, NH, NKV, HD, HDP,
-                                    rot);
+    launch_backward<64, 64, 64, 64>(ctx, dqkv, d, dout, lse, qkv, B, T, NH, NKV, HD, HDP, rot);
   else
-    launch_backward<64, 32, 32, 64>(ctx, dq, dk, dv, d, dout, lse, q, k, v, B, T, NH, NKV, HD, HDP,
-                                    rot);
+    launch_backward<64, 32, 32, 64>(ctx, dqkv, d, dout, lse, qkv, B, T, NH, NKV, HD, HDP, rot);
 }
 
 }  // namespace grass::cuda

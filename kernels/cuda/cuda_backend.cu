@@ -27,6 +27,9 @@ using cuda::GradType;
 
 bf16* b(void* p) { return static_cast<bf16*>(p); }
 const bf16* b(const void* p) { return static_cast<const bf16*>(p); }
+QkvRows<const bf16*> bf16_rows(QkvRows<const void*> r) {
+  return {b(r.q), b(r.k), b(r.v), r.ldq, r.ldk, r.ldv};
+}
 // act- or weight-typed pointer + elements
 void* at(void* p, int64_t elements) { return static_cast<bf16*>(p) + elements; }
 const void* at(const void* p, int64_t elements) { return static_cast<const bf16*>(p) + elements; }
@@ -109,8 +112,9 @@ class CudaBackend final : public Backend {
     pool_bytes_ = bytes;
     pool_used_ = 0;
   }
-  void prepare_attention(int B, int T, int NH, int NKV, int HD) override {
-    if (cudnn_) cudnn_->workspace_bytes(B, T, NH, NKV, HD);  // builds both graphs and keeps them
+  void prepare_attention(int B, int T, int NH, int NKV, int HD, bool grads_packed) override {
+    // builds both graphs and keeps them
+    if (cudnn_) cudnn_->workspace_bytes(B, T, NH, NKV, HD, grads_packed);
   }
   void prepare_galore_basis(int max_side, int k) override {
     if (!solver_) solver_ = cuda::create_solver_handle(ctx_.stream);
@@ -213,7 +217,8 @@ class CudaBackend final : public Backend {
     const BackendScratchPointers& scratch = lease.scratch();
     const WorkspaceShape& s = lease.shape();
     if (cudnn_) {  // its graphs for the largest micro-batch, and whether their workspace fits
-      const int64_t need = cudnn_->workspace_bytes(s.B, s.T, s.NH, s.NKV, s.HD);
+      const int64_t need =
+          cudnn_->workspace_bytes(s.B, s.T, s.NH, s.NKV, s.HD, s.qkv_grads_packed);
       const int64_t have = backend_scratch(storage_, s).attention_bytes;
       if (need > have)
         throw InternalError("cuDNN attention needs " + std::to_string(need) +
@@ -281,36 +286,35 @@ class CudaBackend final : public Backend {
     poison(scratch_.norm, scratch_bytes_.norm_bytes);
   }
   // The engine's kernels rotate q and k as they load them; cuDNN's take them rotated, so for
-  // those the backend rotates copies (scratch_.rope) and turns dq, dk back afterwards.
-  void attention_forward(void* out, void* saved, const void* q, const void* k, const void* v, int B,
-                         int T, int NH, int NKV, int HD, double theta) override {
+  // those the backend rotates q and k in place, once, and turns dq, dk back afterwards.
+  void attention_forward(void* out, void* saved, QkvRows<void*> qkv, int B, int T, int NH,
+                         int NKV, int HD, double theta) override {
     if (cudnn_) {
-      const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
-      cudnn_->forward(b(out), static_cast<float*>(saved), qr, kr, b(v), B, T, NH, NKV, HD,
-                      scratch_.attention, attention_bytes_);
+      cuda::rope_forward(ctx_, b(qkv.q), B, T, NH, HD, float(theta), qkv.ldq);
+      cuda::rope_forward(ctx_, b(qkv.k), B, T, NKV, HD, float(theta), qkv.ldk);
+      cudnn_->forward(b(out), static_cast<float*>(saved), bf16_rows(read_only(qkv)), B, T, NH,
+                      NKV, HD, scratch_.attention, attention_bytes_);
       poison(scratch_.attention, attention_bytes_);
-      poison(scratch_.rope, scratch_bytes_.rope_bytes);  // the rotated copies
       return;
     }
-    cuda::attention_forward(ctx_, b(out), static_cast<float*>(saved), b(q), b(k), b(v), B, T, NH,
-                            NKV, HD, rope_table(HD, theta));
+    cuda::attention_forward(ctx_, b(out), static_cast<float*>(saved), bf16_rows(read_only(qkv)),
+                            B, T, NH, NKV, HD, rope_table(HD, theta));
   }
-  void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
-                          const void* saved, const void* q, const void* k, const void* v, int B,
-                          int T, int NH, int NKV, int HD, double theta) override {
+  void attention_backward(QkvRows<void*> d, const void* dout, const void* out, const void* saved,
+                          QkvRows<const void*> qkv, int B, int T, int NH, int NKV, int HD,
+                          double theta) override {
+    const QkvRows<bf16*> dq{b(d.q), b(d.k), b(d.v), d.ldq, d.ldk, d.ldv};
     if (cudnn_) {
-      const auto [qr, kr] = rotated(q, k, B, T, NH, NKV, HD, theta);
-      cudnn_->backward(b(dq), b(dk), b(dv), b(dout), b(out), static_cast<const float*>(saved), qr,
-                       kr, b(v), B, T, NH, NKV, HD, scratch_.attention, attention_bytes_);
-      cuda::rope_backward(ctx_, b(dq), B, T, NH, HD, float(theta));
-      cuda::rope_backward(ctx_, b(dk), B, T, NKV, HD, float(theta));
+      cudnn_->backward(dq, b(dout), b(out), static_cast<const float*>(saved), bf16_rows(qkv), B,
+                       T, NH, NKV, HD, scratch_.attention, attention_bytes_);
+      cuda::rope_backward(ctx_, dq.q, B, T, NH, HD, float(theta), dq.ldq);
+      cuda::rope_backward(ctx_, dq.k, B, T, NKV, HD, float(theta), dq.ldk);
       poison(scratch_.attention, attention_bytes_);
-      poison(scratch_.rope, scratch_bytes_.rope_bytes);
       return;
     }
-    cuda::attention_backward(ctx_, b(dq), b(dk), b(dv), static_cast<float*>(scratch_.attention),
-                             b(dout), b(out), static_cast<const float*>(saved), b(q), b(k), b(v),
-                             B, T, NH, NKV, HD, rope_table(HD, theta));
+    cuda::attention_backward(ctx_, dq, static_cast<float*>(scratch_.attention), b(dout), b(out),
+                             static_cast<const float*>(saved), bf16_rows(qkv), B, T, NH, NKV, HD,
+                             rope_table(HD, theta));
     poison(scratch_.attention, attention_bytes_);
   }
   void swiglu_forward(void* out, const void* gu, int64_t N, int F) override {
@@ -538,18 +542,6 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
   cusolverDnHandle_t solver_ = nullptr;  // GaLore's randomized refresh: prepare_galore_basis
   int64_t attention_bytes_ = 0;
-  // q and k rotated by RoPE into scratch_.rope (bf16 [B,T,NH,HD], then [B,T,NKV,HD])
-  std::pair<const bf16*, const bf16*> rotated(const void* q, const void* k, int B, int T, int NH,
-                                              int NKV, int HD, double theta) {
-    const size_t q_bytes = size_t(B) * T * NH * HD * 2, k_bytes = size_t(B) * T * NKV * HD * 2;
-    bf16* qr = static_cast<bf16*>(scratch_.rope);
-    bf16* kr = qr + q_bytes / 2;
-    GRASS_CUDA_CHECK(cudaMemcpyAsync(qr, q, q_bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
-    GRASS_CUDA_CHECK(cudaMemcpyAsync(kr, k, k_bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
-    cuda::rope_forward(ctx_, qr, B, T, NH, HD, float(theta));
-    cuda::rope_forward(ctx_, kr, B, T, NKV, HD, float(theta));
-    return {qr, kr};
-  }
   cuda::RopeTable rope_table(int HD, double theta) const {
     GRASS_CHECK(rope_.table && HD == rope_HD_ && theta == rope_theta_,
                 "attention: no RoPE table bound for this head dim and theta");

@@ -24,6 +24,7 @@
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
+#include "kernels/qkv_rows.h"
 #include "kernels/quant8.h"
 
 struct cusolverDnContext;  // cuSOLVER's handle, as cusolverDn.h declares it
@@ -96,10 +97,13 @@ void rmsnorm_backward(const Context& ctx, bf16* dx, void* dw, GradType gtype, co
                       int C);
 
 // ---- RoPE (kernels/cuda/rope.cu), HF rotate-half on x[B,T,H,HD], in place ----------------------
-// The model's attention applies RoPE itself (RopeTable below); these two are the unfused
-// reference its tests compare with.
-void rope_forward(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta);
-void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, float theta);
+// Rows at a pitch of ld elements (0: H·HD). The engine's attention kernels apply RoPE as they load
+// q and k (RopeTable below), and these two are the unfused reference their tests compare with;
+// cuDNN's attention takes q and k rotated by these, in place in the packed q, k, v.
+void rope_forward(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta,
+                  int64_t ld = 0);
+void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, float theta,
+                   int64_t ld = 0);
 // table[2·T·HD/2] = cos then sin of the angle t / theta^(2i/HD), t < T, i < HD/2 ([T, HD/2] each),
 // computed as rope_forward computes them (double, narrowed to fp32), so a rotation by the table
 // gives rope_forward's bits.
@@ -124,8 +128,9 @@ void gather_rows(const Context& ctx, bf16* out, const bf16* x, const int32_t* ro
 void row_norms(const Context& ctx, float* norms, const bf16* x, int64_t N, int D);
 
 // ---- causal attention with GQA (kernels/cuda/attention.cu) -----------------------------------
-// q[B,T,NH,HD], k,v[B,T,NKV,HD]; query head h reads kv head h / (NH/NKV). Flash-style: the T x T
-// scores never exist in memory; the forward keeps lse[B,NH,T] (natural-log logsumexp of the scaled
+// q[B,T,NH,HD], k,v[B,T,NKV,HD] at their row pitches (kernels/qkv_rows.h: three buffers or one
+// packed q, k, v; pitches of a multiple of 8); query head h reads kv head h / (NH/NKV).
+// Flash-style: the T x T scores never exist in memory; the forward keeps lse[B,NH,T] (natural-log logsumexp of the scaled
 // scores) for the backward, which recomputes them. HD ∈ {64, 128} (and any multiple of 8 ≤ 256).
 // With a RoPE table, q and k are the projections' outputs and the kernels rotate them as they load
 // them (the rotated tiles are rope_forward's bits), and dq, dk are the gradients of the unrotated
@@ -135,37 +140,37 @@ struct RopeTable {
   const float* table = nullptr;  // rope_table() of at least T positions and this HD
   int T = 0;                     // the positions it holds
 };
-void attention_forward(const Context& ctx, bf16* out, float* lse, const bf16* q, const bf16* k,
-                       const bf16* v, int B, int T, int NH, int NKV, int HD, RopeTable rope = {});
-// dq, dk, dv overwritten. scratch[attention_scratch_floats(...)] holds D = rowsum(dout ⊙ out),
+void attention_forward(const Context& ctx, bf16* out, float* lse, QkvRows<const bf16*> qkv, int B,
+                       int T, int NH, int NKV, int HD, RopeTable rope = {});
+// dq, dk, dv overwritten at dqkv's pitches (the rest of a packed row left alone). scratch[attention_scratch_floats(...)] holds D = rowsum(dout ⊙ out),
 // [B,NH,T] fp32; dK/dV accumulate in registers over the query heads sharing a kv head.
 int64_t attention_scratch_floats(int B, int T, int NH, int NKV, int HD);
-void attention_backward(const Context& ctx, bf16* dq, bf16* dk, bf16* dv, float* scratch,
-                        const bf16* dout, const bf16* out, const float* lse, const bf16* q,
-                        const bf16* k, const bf16* v, int B, int T, int NH, int NKV, int HD,
-                        RopeTable rope = {});
+void attention_backward(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch, const bf16* dout,
+                        const bf16* out, const float* lse, QkvRows<const bf16*> qkv, int B, int T,
+                        int NH, int NKV, int HD, RopeTable rope = {});
 
 // ---- cuDNN's fused flash attention (kernels/cudnn/attention_cudnn.cpp) -----------------------
 // The `attention: "cudnn"` option: the same contract as attention_forward/backward without RoPE
 // (q and k already rotated), stats [B,NH,T] fp32 in place of lse, and a cuDNN workspace of at
-// least workspace_bytes(shape) (its graphs are built at the first call of a shape and kept).
-// libcudnn.so.9 is loaded at run time: make_cudnn_attention throws a UserError where it is missing.
+// least workspace_bytes(shape) (its graphs are built at the first call of a shape and of its row
+// pitches, and kept). libcudnn.so.9 is loaded at run time: make_cudnn_attention throws a UserError
+// where it is missing.
 class CudnnAttention {
  public:
   virtual ~CudnnAttention() = default;
-  virtual int64_t workspace_bytes(int B, int T, int NH, int NKV, int HD) = 0;
-  virtual void forward(bf16* out, float* stats, const bf16* q, const bf16* k, const bf16* v, int B,
-                       int T, int NH, int NKV, int HD, void* workspace,
-                       int64_t workspace_bytes) = 0;
-  virtual void backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
-                        const float* stats, const bf16* q, const bf16* k, const bf16* v, int B,
-                        int T, int NH, int NKV, int HD, void* workspace,
-                        int64_t workspace_bytes) = 0;
+  // Builds the graphs of the shape for a packed q, k, v, and dq, dk, dv packed or three buffers.
+  virtual int64_t workspace_bytes(int B, int T, int NH, int NKV, int HD, bool grads_packed) = 0;
+  virtual void forward(bf16* out, float* stats, QkvRows<const bf16*> qkv, int B, int T, int NH,
+                       int NKV, int HD, void* workspace, int64_t workspace_bytes) = 0;
+  virtual void backward(QkvRows<bf16*> d, const bf16* dout, const bf16* out, const float* stats,
+                        QkvRows<const bf16*> qkv, int B, int T, int NH, int NKV, int HD,
+                        void* workspace, int64_t workspace_bytes) = 0;
 };
 std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream);
 // The frontend's own checks (graph.validate(): shapes, strides, the mask, the deterministic
 // backward) of the forward and backward graphs of one shape for GPUs of `sm_version` (90: Hopper),
-// without a GPU: "" or what fails. A UserError where libcudnn.so.9 does not load.
+// without a GPU, for the model's layouts (a packed q, k, v; dq, dk, dv packed and as three
+// buffers): "" or what fails. A UserError where libcudnn.so.9 does not load.
 std::string validate_cudnn_attention(int B, int T, int NH, int NKV, int HD, int sm_version);
 // Which of `libraries` do not load here (dlopen), as dlerror's lines joined by "; "; empty when
 // all do. cuDNN's shim opens its engine libraries at run time, and its runtime-compiled engines

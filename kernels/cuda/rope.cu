@@ -18,9 +18,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// x[B, T, H, HD] ← R(sign·angle) x. Block = (HD/2 pair indices) × (a few (b, t) positions);
-// consecutive threads read consecutive channels of a head. sign = -1 is the transpose rotation.
-__global__ void rope_kernel(bf16* x, int64_t BT, int T, int H, int HD, double theta, float sign) {
+// x[B, T, H, HD] (rows at a pitch of ld) ← R(sign·angle) x. Block = (HD/2 pair indices) × (a few
+// (b, t) positions); consecutive threads read consecutive channels of a head. sign = -1 is the
+// transpose rotation.
+__global__ void rope_kernel(bf16* x, int64_t ld, int64_t BT, int T, int H, int HD, double theta,
+                            float sign) {
   const int half = HD / 2;
   const int i = threadIdx.x;
   const int64_t bt = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -30,7 +32,7 @@ __global__ void rope_kernel(bf16* x, int64_t BT, int T, int H, int HD, double th
   double sin_d, cos_d;
   sincos(angle, &sin_d, &cos_d);
   const float c = float(cos_d), s = sign * float(sin_d);
-  bf16* row = x + bt * H * HD;
+  bf16* row = x + bt * ld;
   for (int h = 0; h < H; h++) {
     bf16* head = row + int64_t(h) * HD;
     const float2 y = rope_rotate(__bfloat162float(head[i]), __bfloat162float(head[half + i]), c, s);
@@ -39,16 +41,16 @@ __global__ void rope_kernel(bf16* x, int64_t BT, int T, int H, int HD, double th
   }
 }
 
-void rope_launch(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta,
-                 float sign) {
+void rope_launch(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta, float sign,
+                 int64_t ld) {
   GRASS_CHECK(B >= 0 && T >= 0 && H > 0 && HD > 0 && HD % 2 == 0 && HD / 2 <= kThreads,
               "rope: HD must be even and at most " + std::to_string(2 * kThreads));
   const int64_t BT = int64_t(B) * T;
   if (BT == 0) return;
   const int half = HD / 2;
   const dim3 block(half, kThreads / half);
-  rope_kernel<<<unsigned(ceil_div(BT, block.y)), block, 0, ctx.stream>>>(x, BT, T, H, HD,
-                                                                         double(theta), sign);
+  rope_kernel<<<unsigned(ceil_div(BT, block.y)), block, 0, ctx.stream>>>(
+      x, ld == 0 ? int64_t(H) * HD : ld, BT, T, H, HD, double(theta), sign);
   GRASS_LAUNCH_CHECK();
 }
 
@@ -76,12 +78,14 @@ void rope_table(const Context& ctx, float* table, int T, int HD, float theta) {
   GRASS_LAUNCH_CHECK();
 }
 
-void rope_forward(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta) {
-  rope_launch(ctx, x, B, T, H, HD, theta, 1.0f);
+void rope_forward(const Context& ctx, bf16* x, int B, int T, int H, int HD, float theta,
+                  int64_t ld) {
+  rope_launch(ctx, x, B, T, H, HD, theta, 1.0f, ld);
 }
 
-void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, float theta) {
-  rope_launch(ctx, dx, B, T, H, HD, theta, -1.0f);
+void rope_backward(const Context& ctx, bf16* dx, int B, int T, int H, int HD, float theta,
+                   int64_t ld) {
+  rope_launch(ctx, dx, B, T, H, HD, theta, -1.0f, ld);
 }
 
 }  // namespace grass::cuda

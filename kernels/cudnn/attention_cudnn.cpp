@@ -5,7 +5,8 @@
 // libcudnn loaded at run time (dlopen), so the binary links without it and a machine without it
 // fails here with one line. One forward and one backward graph per shape (B, T, NH, NKV, HD),
 // built at first use and kept: q [B,T,NH,HD], k and v [B,T,NKV,HD] in bf16 read in place through
-// strides (the BSHD layout the projections write), GQA by cuDNN's own indexing, the causal mask,
+// strides (the BSHD layout at the row pitches of the packed q, k, v the projections write; dq, dk,
+// dv at theirs), GQA by cuDNN's own indexing, the causal mask,
 // scale 1/sqrt(HD), fp32 stats [B,NH,T] (natural-log logsumexp per query row, what the forward
 // keeps for the backward), and a deterministic backward (the engine's runs repeat bit for bit).
 #include <cuda_runtime_api.h>
@@ -45,19 +46,41 @@ void check(fe::error_t e, const std::string& what) {
   if (!e.is_good()) throw InternalError("cuDNN attention: " + what + ": " + e.get_message());
 }
 
+// Row pitches (elements) of q, k, v or of dq, dk, dv; all 0 in a forward graph's grads
+struct Pitches {
+  int64_t q = 0, k = 0, v = 0;
+  auto key() const { return std::tie(q, k, v); }
+};
+template <typename P>
+Pitches pitches(const QkvRows<P>& rows) {
+  return {rows.ldq, rows.ldk, rows.ldv};
+}
+
 struct Shape {
   int B, T, NH, NKV, HD;
-  auto key() const { return std::tie(B, T, NH, NKV, HD); }
+  Pitches in, grads;
+  auto key() const { return std::tuple_cat(std::tie(B, T, NH, NKV, HD), in.key(), grads.key()); }
   bool operator<(const Shape& o) const { return key() < o.key(); }
 };
 
-// [B, H, T, HD] dims with the strides of the engine's [B, T, H, HD] layout.
-fe::graph::Tensor_attributes bshd(const char* name, int64_t uid, const Shape& s, int H) {
+// The model's layouts: q, k, v packed; dq, dk, dv packed or three buffers.
+Shape model_shape(int B, int T, int NH, int NKV, int HD, bool grads_packed) {
+  const Pitches packed = pitches(packed_qkv(static_cast<const bf16*>(nullptr), NH, NKV, HD, 2));
+  const Pitches separate =
+      pitches(separate_qkv<const bf16*>(nullptr, nullptr, nullptr, NH, NKV, HD));
+  return {B, T, NH, NKV, HD, packed, grads_packed ? packed : separate};
+}
+
+// [B, H, T, HD] dims with the strides of the engine's [B, T, H, HD] layout, rows at a pitch of ld
+// (0: H·HD).
+fe::graph::Tensor_attributes bshd(const char* name, int64_t uid, const Shape& s, int H,
+                                  int64_t ld = 0) {
+  if (ld == 0) ld = int64_t(H) * s.HD;
   return fe::graph::Tensor_attributes()
       .set_name(name)
       .set_uid(uid)
       .set_dim({s.B, H, s.T, s.HD})
-      .set_stride({int64_t(s.T) * H * s.HD, s.HD, int64_t(H) * s.HD, 1});
+      .set_stride({int64_t(s.T) * ld, s.HD, ld, 1});
 }
 
 // stats [B, NH, T, 1] fp32, contiguous: the engine's lse [B, NH, T]
@@ -125,9 +148,9 @@ void build(fe::graph::Graph& g, cudnnHandle_t handle, const std::string& what) {
 // cuda_ops.h), the causal mask, scale 1/sqrt(HD), fp32 stats kept for the backward.
 std::shared_ptr<fe::graph::Graph> forward_graph_of(const Shape& s, int sm_version = 0) {
   auto g = new_graph(sm_version);
-  auto q = g->tensor(bshd("q", kQ, s, s.NH));
-  auto k = g->tensor(bshd("k", kK, s, s.NKV));
-  auto v = g->tensor(bshd("v", kV, s, s.NKV));
+  auto q = g->tensor(bshd("q", kQ, s, s.NH, s.in.q));
+  auto k = g->tensor(bshd("k", kK, s, s.NKV, s.in.k));
+  auto v = g->tensor(bshd("v", kV, s, s.NKV, s.in.v));
   auto options = fe::graph::SDPA_attributes()
                      .set_name("attention_forward")
                      .set_generate_stats(true)
@@ -148,9 +171,9 @@ std::shared_ptr<fe::graph::Graph> forward_graph_of(const Shape& s, int sm_versio
 // The backward graph of one shape, not yet built: deterministic (runs repeat bit for bit).
 std::shared_ptr<fe::graph::Graph> backward_graph_of(const Shape& s, int sm_version = 0) {
   auto g = new_graph(sm_version);
-  auto q = g->tensor(bshd("q", kQ, s, s.NH));
-  auto k = g->tensor(bshd("k", kK, s, s.NKV));
-  auto v = g->tensor(bshd("v", kV, s, s.NKV));
+  auto q = g->tensor(bshd("q", kQ, s, s.NH, s.in.q));
+  auto k = g->tensor(bshd("k", kK, s, s.NKV, s.in.k));
+  auto v = g->tensor(bshd("v", kV, s, s.NKV, s.in.v));
   auto o = g->tensor(bshd("o", kO, s, s.NH));
   auto dout = g->tensor(bshd("dout", kDO, s, s.NH));
   auto stats = g->tensor(stats_tensor(s));
@@ -160,9 +183,10 @@ std::shared_ptr<fe::graph::Graph> backward_graph_of(const Shape& s, int sm_versi
                      .set_attn_scale(float(1.0 / std::sqrt(double(s.HD))))
                      .set_deterministic_algorithm(true);
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
-  for (auto [t, uid, heads] : {std::tuple{dq, kDQ, s.NH}, std::tuple{dk, kDK, s.NKV},
-                               std::tuple{dv, kDV, s.NKV}}) {
-    const fe::graph::Tensor_attributes attr = bshd("grad", uid, s, heads);
+  for (auto [t, uid, heads, ld] :
+       {std::tuple{dq, kDQ, s.NH, s.grads.q}, std::tuple{dk, kDK, s.NKV, s.grads.k},
+        std::tuple{dv, kDV, s.NKV, s.grads.v}}) {
+    const fe::graph::Tensor_attributes attr = bshd("grad", uid, s, heads, ld);
     t->set_output(true).set_uid(uid).set_dim(attr.get_dim()).set_stride(attr.get_stride());
   }
   return g;
@@ -196,39 +220,39 @@ class FrontendAttention final : public CudnnAttention {
   }
   ~FrontendAttention() override { fe::detail::destroy_handle(handle_); }
 
-  int64_t workspace_bytes(int B, int T, int NH, int NKV, int HD) override {
-    const Shape s{B, T, NH, NKV, HD};
+  int64_t workspace_bytes(int B, int T, int NH, int NKV, int HD, bool grads_packed) override {
+    const Shape s = model_shape(B, T, NH, NKV, HD, grads_packed);
     int64_t fwd = 0, bwd = 0;
     check(forward_graph(s).get_workspace_size(fwd), "forward workspace size");
     check(backward_graph(s).get_workspace_size(bwd), "backward workspace size");
     return std::max(fwd, bwd);
   }
 
-  void forward(bf16* out, float* stats, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-               int NH, int NKV, int HD, void* workspace, int64_t workspace_bytes) override {
-    const Shape s{B, T, NH, NKV, HD};
+  void forward(bf16* out, float* stats, QkvRows<const bf16*> qkv, int B, int T, int NH, int NKV,
+               int HD, void* workspace, int64_t workspace_bytes) override {
+    const Shape s{B, T, NH, NKV, HD, pitches(qkv), {}};
     fe::graph::Graph& g = forward_graph(s);
     check_workspace(g, workspace_bytes, "forward");
-    std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<bf16*>(q)},
-                                               {kK, const_cast<bf16*>(k)},
-                                               {kV, const_cast<bf16*>(v)},
+    std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<bf16*>(qkv.q)},
+                                               {kK, const_cast<bf16*>(qkv.k)},
+                                               {kV, const_cast<bf16*>(qkv.v)},
                                                {kO, out},
                                                {kStats, stats}};
     check(g.execute(handle_, pack, workspace), "forward execute");
   }
 
-  void backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* out,
-                const float* stats, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-                int NH, int NKV, int HD, void* workspace, int64_t workspace_bytes) override {
-    const Shape s{B, T, NH, NKV, HD};
+  void backward(QkvRows<bf16*> d, const bf16* dout, const bf16* out, const float* stats,
+                QkvRows<const bf16*> qkv, int B, int T, int NH, int NKV, int HD, void* workspace,
+                int64_t workspace_bytes) override {
+    const Shape s{B, T, NH, NKV, HD, pitches(qkv), pitches(d)};
     fe::graph::Graph& g = backward_graph(s);
     check_workspace(g, workspace_bytes, "backward");
     std::unordered_map<int64_t, void*> pack = {
-        {kQ, const_cast<bf16*>(q)},      {kK, const_cast<bf16*>(k)},
-        {kV, const_cast<bf16*>(v)},      {kO, const_cast<bf16*>(out)},
+        {kQ, const_cast<bf16*>(qkv.q)},  {kK, const_cast<bf16*>(qkv.k)},
+        {kV, const_cast<bf16*>(qkv.v)},  {kO, const_cast<bf16*>(out)},
         {kDO, const_cast<bf16*>(dout)},  {kStats, const_cast<float*>(stats)},
-        {kDQ, dq},                       {kDK, dk},
-        {kDV, dv}};
+        {kDQ, d.q},                      {kDK, d.k},
+        {kDV, d.v}};
     check(g.execute(handle_, pack, workspace), "backward execute");
   }
 
@@ -242,7 +266,8 @@ class FrontendAttention final : public CudnnAttention {
                           std::to_string(have) + " (kernels/backend_sizes.cpp)");
   }
 
-  fe::graph::Graph& forward_graph(const Shape& s) {
+  fe::graph::Graph& forward_graph(Shape s) {
+    s.grads = {};  // the forward's graph does not depend on them
     auto& slot = forward_[s];
     if (!slot) {
       slot = forward_graph_of(s);
@@ -268,10 +293,13 @@ class FrontendAttention final : public CudnnAttention {
 
 std::string validate_cudnn_attention(int B, int T, int NH, int NKV, int HD, int sm_version) {
   load_cudnn();
-  const Shape s{B, T, NH, NKV, HD};
+  const Shape packed = model_shape(B, T, NH, NKV, HD, true);
+  const Shape separate = model_shape(B, T, NH, NKV, HD, false);
   std::string problems;
-  for (auto [what, graph] : {std::pair{"forward", forward_graph_of(s, sm_version)},
-                             std::pair{"backward", backward_graph_of(s, sm_version)}}) {
+  for (auto [what, graph] :
+       {std::pair{"forward", forward_graph_of(packed, sm_version)},
+        std::pair{"backward", backward_graph_of(packed, sm_version)},
+        std::pair{"backward (three gradient buffers)", backward_graph_of(separate, sm_version)}}) {
     fe::error_t e = graph->validate();
     if (!e.is_good())
       problems += (problems.empty() ? "" : "; ") + std::string(what) + ": " + e.get_message();

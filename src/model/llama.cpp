@@ -37,6 +37,10 @@ constexpr InputReaders kInputReaders[SampledInputs::kInputs] = {
     {{LayerTensor::Q, LayerTensor::K, LayerTensor::V}, 3},                    // n1
     {{LayerTensor::Gate, LayerTensor::Up, LayerTensor::Count}, 2},            // n2
     {{LayerTensor::Down, LayerTensor::Count, LayerTensor::Count}, 1}};        // act
+
+// The tensors the forward multiplies as one stacked matrix (adjacent in the weights): the first
+// and how many
+constexpr std::pair<LayerTensor, int> kStacks[] = {{LayerTensor::Q, 3}, {LayerTensor::Gate, 2}};
 }  // namespace
 
 std::array<bool, 3> inputs_kept_as_columns(const ModelConfig& cfg,
@@ -57,6 +61,12 @@ std::array<bool, 3> inputs_kept_as_columns(const ModelConfig& cfg,
     kept[size_t(i)] = all && int64_t(readers.count) * c.rank < width[i];
   }
   return kept;
+}
+
+bool qkv_gradients_packed(const std::vector<ProjectionTarget>& projected) {
+  return std::none_of(projected.begin(), projected.end(), [](ProjectionTarget t) {
+    return t == ProjectionTarget::Q || t == ProjectionTarget::K || t == ProjectionTarget::V;
+  });
 }
 
 std::vector<std::string> projection_tensor_names(int num_layers,
@@ -118,10 +128,14 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
     ts.add("lm_head.weight", {V, C}, false);
   }
   GRASS_CHECK(ts.num_params() == cfg.num_parameters(), "parameter layout disagrees with the config");
-  for (int l = 0; l < L; l++)  // the forward's one gate-and-up GEMM reads them as one matrix
-    GRASS_CHECK(ts[size_t(layer_tensor_index(l, LayerTensor::Up))].offset ==
-                    ts[size_t(layer_tensor_index(l, LayerTensor::Gate))].offset + Fs * C,
+  for (int l = 0; l < L; l++) {  // the forward's q-k-v and gate-up GEMMs read them as one matrix
+    const auto offset = [&](LayerTensor t) { return ts[size_t(layer_tensor_index(l, t))].offset; };
+    GRASS_CHECK(offset(LayerTensor::K) == offset(LayerTensor::Q) + QD * C &&
+                    offset(LayerTensor::V) == offset(LayerTensor::K) + KVD * C,
+                "q_proj, k_proj and v_proj must be adjacent in the weights");
+    GRASS_CHECK(offset(LayerTensor::Up) == offset(LayerTensor::Gate) + Fs * C,
                 "gate_proj and up_proj must be adjacent in the weights");
+  }
   ts.set_projected(projected);
   const int64_t num_stored = ts.num_stored(), num_dense_grads = ts.num_dense_grads();
 
@@ -139,11 +153,13 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
     for (const ParamTensor& t : tensors_)
       if (t.dense() && !(cfg.tie_word_embeddings && t.offset == off_embed_))
         largest = std::max(largest, t.numel);
-    for (int l = 0; l < cfg.num_hidden_layers; l++) {
-      const ParamTensor& gate = tensors_[layer_tensor_index(l, LayerTensor::Gate)];
-      const ParamTensor& up = tensors_[layer_tensor_index(l, LayerTensor::Up)];
-      if (gate.dense() && up.dense()) largest = std::max(largest, gate.numel + up.numel);
-    }
+    for (int l = 0; l < cfg.num_hidden_layers; l++)
+      for (const auto [first, count] : kStacks)
+        if (stacked_dense(l, first, count)) {  // stacked_backward forms them at once
+          int64_t numel = 0;
+          for (int i = 0; i < count; i++) numel += tensors_[layer_tensor_index(l, first) + i].numel;
+          largest = std::max(largest, numel);
+        }
     grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradient (one tensor at a time)",
                                largest * storage.grad_bytes);
     if (cfg.tie_word_embeddings && tensors_[0].dense())
@@ -175,13 +191,12 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   ws_.dres = wsp("dres", N * C);
   ws_.dnorm = wsp("dnorm", N * C);
   ws_.datt = wsp("datt", N * QD);
-  ws_.dq = wsp("dq", N * QD);
-  ws_.dk = wsp("dk", N * KVD);
-  ws_.dv = wsp("dv", N * KVD);
+  ws_.dqkv = wsp("dqkv", N * (QD + 2 * KVD));
   ws_.dact = wsp("dact", N * Fs);
   ws_.dgu = wsp("dgate_up", N * 2 * Fs);
-  const WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
-                             cfg.num_key_value_heads, int(HD), cfg.rope_theta, memory.attention};
+  WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
+                       cfg.num_key_value_heads, int(HD), cfg.rope_theta, memory.attention};
+  shape.qkv_grads_packed = stacked_dense(0, LayerTensor::Q, 3);
   backend_scratch_ = backend.plan_scratch(arena, shape);
   for (const char* pass : {"forward", "backward"})
     for (int l = 0; l < L; l++) trace_names_.push_back("layer " + std::to_string(l) + " " + pass);
@@ -224,9 +239,7 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
     };
     a.rstd1 = act_f32(q + "rstd1", N);
     recomputable(&LayerActs::n1, SampledInputs::N1, N * C);
-    a.q = act(q + "q", N * QD);
-    a.k = act(q + "k", N * KVD);
-    a.v = act(q + "v", N * KVD);
+    a.qkv = act(q + "qkv", N * (QD + 2 * KVD));
     a.saved = arena.alloc_bytes(MemCategory::Activations, q + "attention_saved",
                                 attention_saved_bytes(storage, max_B_, T_, NH));
     a.att = act(q + "att", N * QD);
@@ -251,12 +264,15 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
   GRASS_CHECK(memory_.checkpointing == Checkpointing::None,
               "sampled activations need checkpointing none");
   const int width[SampledInputs::kInputs] = {int(C), int(C), int(F)};
-  // q's, gate's and up's (2F when both are dense: packed, gate_up_backward), down's
-  const bool packed = tensors_[layer_tensor_index(0, LayerTensor::Gate)].dense() &&
-                      tensors_[layer_tensor_index(0, LayerTensor::Up)].dense();
-  const int widest_dy = int(std::max({QD, (packed ? 2 : 1) * F, C}));
+  // q's (q, k and v's when the three are dense: packed, qkv_backward), gate's and up's (2F when
+  // both are dense: packed, gate_up_backward), down's
+  int64_t widest_dy = std::max({QD, F, C});
+  for (int l = 0; l < L; l++) {
+    if (stacked_dense(l, LayerTensor::Q, 3)) widest_dy = std::max(widest_dy, QD + 2 * KVD);
+    if (stacked_dense(l, LayerTensor::Gate, 2)) widest_dy = std::max(widest_dy, 2 * F);
+  }
   sampled_ = std::make_unique<SampledInputs>(memory_.sampled, *backend_, arena, L - 1, N, width,
-                                             widest_dy);
+                                             int(widest_dy));
 }
 
 void LlamaModel::begin_sampled_step(uint64_t seed, int64_t step, int rank, bool exact) {
@@ -337,9 +353,8 @@ void LlamaModel::gate_up_backward(int l, const LayerWeights& w, const LayerActs&
                                   const SampledInputs::Kept* kept) {
   Backend& be = *backend_;
   const int C = cfg_.hidden_size, F = F_;
-  const int gate = layer_tensor_index(l, LayerTensor::Gate), up = gate + 1;
   const int bytes = storage().act_bytes;
-  if (!tensors_[gate].dense() || !tensors_[up].dense()) {
+  if (!stacked_dense(l, LayerTensor::Gate, 2)) {
     // A projected tensor's optimizer reads its dy whole: dgate and dup as two [N, F] buffers,
     // each tensor's own backward
     void* dgate = ws_.dgu;
@@ -351,27 +366,75 @@ void LlamaModel::gate_up_backward(int l, const LayerWeights& w, const LayerActs&
                     kept_columns(l, SampledInputs::N2, LayerTensor::Up));
     return;
   }
-  // Both dense: dgate|dup packed as gu [N, 2F], so the stacked weights [2F, C] (adjacent, as in
-  // the forward) take one dx GEMM over K = 2F and one weight-gradient GEMM into both gradients,
-  // which lie next to each other in the gradient buffer (or the fused one, sized for the pair).
+  // Both dense: dgate|dup packed as gu [N, 2F], for the stacked weights [2F, C] (as in the forward)
   be.swiglu_backward(ws_.dgu, at(ws_.dgu, F, bytes), ws_.dact, a.gu, N, F, 2 * int64_t(F));
-  const ParamTensor& t_gate = tensors_[gate];
-  void* g_gate = grad(t_gate);
-  void* g_up = at(g_gate, t_gate.numel, storage().grad_bytes);
-  if (memory_.fused_update)
-    be.zero(g_gate, size_t(t_gate.numel + tensors_[up].numel) * storage().grad_bytes);
-  else
-    GRASS_CHECK(g_up == grad(tensors_[up]), "gate_proj's and up_proj's gradients are not adjacent");
-  if (kept) {  // dx from every row, the weight gradients from the kept rows (linear_backward's way)
-    be.linear_backward(ws_.dnorm, nullptr, ws_.dgu, nullptr, w.wgate, N, C, 2 * F, false);
-    be.gather_rows(sampled_->dy_rows(), ws_.dgu, kept->rows, nullptr, kept->k, 2 * F);
-    be.linear_backward(nullptr, g_gate, sampled_->dy_rows(), kept->x, w.wgate, kept->k, C, 2 * F,
-                       false);
-  } else {
-    be.linear_backward(ws_.dnorm, g_gate, ws_.dgu, a.n2, w.wgate, N, C, 2 * F, false);
+  stacked_backward(ws_.dnorm, l, LayerTensor::Gate, 2, w.wgate, ws_.dgu, a.n2, N, C, 2 * F, kept);
+}
+
+void LlamaModel::qkv_backward(int l, const LayerWeights& w, const LayerActs& a, int B,
+                              const SampledInputs::Kept* kept) {
+  const int C = cfg_.hidden_size, T = T_, HD = cfg_.head_dim();
+  const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads;
+  const int64_t N = int64_t(B) * T, QD = int64_t(NH) * HD, KVD = int64_t(NKV) * HD;
+  const int bytes = storage().act_bytes;
+  // All dense: dq|dk|dv packed as qkv, for the stacked weights [QD + 2 KVD, C]. Otherwise three
+  // buffers: a projected tensor's optimizer reads its dy whole.
+  const bool packed = stacked_dense(l, LayerTensor::Q, 3);
+  const QkvRows<void*> d =
+      packed ? packed_qkv(ws_.dqkv, NH, NKV, HD, bytes)
+             : separate_qkv(ws_.dqkv, at(ws_.dqkv, N * QD, bytes),
+                            at(ws_.dqkv, N * (QD + KVD), bytes), NH, NKV, HD);
+  backend_->attention_backward(d, ws_.datt, a.att, a.saved, read_only(qkv_rows(a)), B, T, NH,
+                               NKV, HD, cfg_.rope_theta);
+  if (packed) {
+    stacked_backward(ws_.dnorm, l, LayerTensor::Q, 3, w.wq, ws_.dqkv, a.n1, N, C,
+                     int(QD + 2 * KVD), kept);
+    return;
   }
-  end_gradient(gate, g_gate);
-  end_gradient(up, g_up);
+  linear_backward(ws_.dnorm, false, l, LayerTensor::Q, w.wq, d.q, a.n1, N, C, int(QD), kept,
+                  kept_columns(l, SampledInputs::N1, LayerTensor::Q));
+  linear_backward(ws_.dnorm, true, l, LayerTensor::K, w.wk, d.k, a.n1, N, C, int(KVD), kept,
+                  kept_columns(l, SampledInputs::N1, LayerTensor::K));
+  linear_backward(ws_.dnorm, true, l, LayerTensor::V, w.wv, d.v, a.n1, N, C, int(KVD), kept,
+                  kept_columns(l, SampledInputs::N1, LayerTensor::V));
+}
+
+bool LlamaModel::stacked_dense(int l, LayerTensor first, int count) const {
+  for (int i = 0; i < count; i++)
+    if (!tensors_[layer_tensor_index(l, first) + i].dense()) return false;
+  return true;
+}
+
+void LlamaModel::stacked_backward(void* dx, int l, LayerTensor first, int count, const void* w,
+                                  const void* dy, const void* x, int64_t N, int in, int out,
+                                  const SampledInputs::Kept* kept) {
+  Backend& be = *backend_;
+  const int index = layer_tensor_index(l, first), grad_bytes = storage().grad_bytes;
+  void* g = grad(tensors_[index]);
+  // each tensor's gradient, at the end of the one before it (in the gradient buffer, or in the
+  // fused one, sized for the stack)
+  std::vector<void*> tensor_grads(size_t(count), nullptr);
+  int64_t numel = 0;
+  for (int i = 0; i < count; i++) {
+    tensor_grads[size_t(i)] = at(g, numel, grad_bytes);
+    numel += tensors_[index + i].numel;
+    GRASS_CHECK(memory_.fused_update || tensor_grads[size_t(i)] == grad(tensors_[index + i]),
+                "stacked_backward: the gradients are not adjacent");
+  }
+  if (memory_.fused_update) be.zero(g, size_t(numel) * grad_bytes);
+  if (kept) {  // dx from every row, the weight gradients from the kept rows (linear_backward's way)
+    be.linear_backward(dx, nullptr, dy, nullptr, w, N, in, out, false);
+    be.gather_rows(sampled_->dy_rows(), dy, kept->rows, nullptr, kept->k, out);
+    be.linear_backward(nullptr, g, sampled_->dy_rows(), kept->x, w, kept->k, in, out, false);
+  } else {
+    be.linear_backward(dx, g, dy, x, w, N, in, out, false);
+  }
+  for (int i = 0; i < count; i++) end_gradient(index + i, tensor_grads[size_t(i)]);
+}
+
+QkvRows<void*> LlamaModel::qkv_rows(const LayerActs& a) const {
+  return packed_qkv(a.qkv, cfg_.num_attention_heads, cfg_.num_key_value_heads, cfg_.head_dim(),
+                    storage().act_bytes);
 }
 
 void* LlamaModel::begin_gradient(int index) {
@@ -458,9 +521,8 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   // attention block: h = x + o_proj(attn(rope(q), rope(k), v)) on n1 = rmsnorm(x). The forward
   // made n1 with x; a checkpoint's recomputation starts from the stored x alone.
   if (!to_output) be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
-  be.linear_forward(a.q, a.n1, w.wq, N, C, NH * HD);
-  be.linear_forward(a.k, a.n1, w.wk, N, C, NKV * HD);
-  be.linear_forward(a.v, a.n1, w.wv, N, C, NKV * HD);
+  // q_proj, k_proj and v_proj as one GEMM: their weights are adjacent, one [QD + 2 KVD, C] matrix
+  be.linear_forward(a.qkv, a.n1, w.wq, N, C, (NH + 2 * NKV) * HD);
   // a sampled pass keeps rows of each input before the next layer overwrites the shared buffer,
   // a training pass the selected columns of those kept so
   const bool keep = sampled_pass_ && l < cfg_.num_hidden_layers - 1;
@@ -468,7 +530,7 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   if (keep) sampled_->keep(l, SampledInputs::N1, a.n1, N);
   if (keep_cols && columns_inputs_[SampledInputs::N1])
     keep_columns(l, SampledInputs::N1, a.n1, N, C);
-  be.attention_forward(a.att, a.saved, a.q, a.k, a.v, B, T, NH, NKV, HD, theta);  // RoPE inside
+  be.attention_forward(a.att, a.saved, qkv_rows(a), B, T, NH, NKV, HD, theta);  // RoPE inside
   be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
   // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
   be.residual_rmsnorm_forward(a.h, a.n2, a.rstd2, a.x_in, ws_.proj, w.mlp_norm, N, C, eps);
@@ -640,16 +702,9 @@ void LlamaModel::backward_from_head(int lm_head) {
     end_gradient(layer_tensor_index(l, LayerTensor::MlpNorm));
     // attention block; dres becomes d(x_in)
     linear_backward(ws_.datt, false, l, LayerTensor::O, w.wo, ws_.dres, a.att, N, NH * HD, C);
-    be.attention_backward(ws_.dq, ws_.dk, ws_.dv, ws_.datt, a.att, a.saved, a.q, a.k, a.v, B, T,
-                          NH, NKV, HD, theta);
     if (recomputed(SampledInputs::N1))
       be.rmsnorm_forward(a.n1, a.rstd1, a.x_in, w.attn_norm, N, C, eps);
-    linear_backward(ws_.dnorm, false, l, LayerTensor::Q, w.wq, ws_.dq, a.n1, N, C, NH * HD,
-                    kept(SampledInputs::N1), kept_columns(l, SampledInputs::N1, LayerTensor::Q));
-    linear_backward(ws_.dnorm, true, l, LayerTensor::K, w.wk, ws_.dk, a.n1, N, C, NKV * HD,
-                    kept(SampledInputs::N1), kept_columns(l, SampledInputs::N1, LayerTensor::K));
-    linear_backward(ws_.dnorm, true, l, LayerTensor::V, w.wv, ws_.dv, a.n1, N, C, NKV * HD,
-                    kept(SampledInputs::N1), kept_columns(l, SampledInputs::N1, LayerTensor::V));
+    qkv_backward(l, w, a, B, kept(SampledInputs::N1));
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::AttnNorm)), ws_.dnorm,
                         a.x_in, w.attn_norm, a.rstd1, N, C);
     end_gradient(layer_tensor_index(l, LayerTensor::AttnNorm));

@@ -67,6 +67,10 @@ constexpr int kFfnRowMultiple = 8;
 // columns together are fewer than its width, with checkpointing None and nothing sampled.
 std::array<bool, 3> inputs_kept_as_columns(const ModelConfig& cfg,
                                            const ModelMemoryOptions& memory);
+// Whether q_proj, k_proj and v_proj keep dense gradients when `projected` are the projection
+// targets: then the backward forms dq, dk, dv packed, as one buffer (what the cuDNN attention's
+// graphs are built for: Backend::prepare_attention).
+bool qkv_gradients_packed(const std::vector<ProjectionTarget>& projected);
 // The ffn width a model with these options stores (cfg.intermediate_size, padded with pad_ffn).
 int ffn_stored_width(const ModelConfig& cfg, const ModelMemoryOptions& memory);
 
@@ -192,9 +196,8 @@ class LlamaModel {
     void* x_in;      // [N, C] residual stream entering the layer
     float* rstd1;    // [N] fp32
     void* n1;        // [N, C] input_layernorm output
-    void* q;         // [N, NH*HD] before RoPE (the attention op applies it)
-    void* k;         // [N, NKV*HD] before RoPE
-    void* v;         // [N, NKV*HD]
+    void* qkv;       // [N, NH*HD + 2*NKV*HD] q, k and v of each row (one GEMM of the stacked
+                     // weights), before RoPE (the attention op applies it)
     void* saved;     // what attention keeps for its backward (attention_saved_bytes)
     void* att;       // [N, NH*HD] attention output, input of o_proj
     void* h;         // [N, C] residual stream after attention
@@ -255,6 +258,22 @@ class LlamaModel {
   // gradients (or their projected optimizers' accumulation; with `kept`, a sampled pass's).
   void gate_up_backward(int l, const LayerWeights& w, const LayerActs& a, int64_t N,
                         const SampledInputs::Kept* kept);
+  // attention's backward from d(att) in ws_.datt, then q_proj's, k_proj's and v_proj's: dx into
+  // ws_.dnorm, their weight gradients as gate_up_backward's.
+  void qkv_backward(int l, const LayerWeights& w, const LayerActs& a, int B,
+                    const SampledInputs::Kept* kept);
+  // Whether layer l's `count` tensors from `first` all have dense gradients; then their backward
+  // is one stacked_backward.
+  bool stacked_dense(int l, LayerTensor first, int count) const;
+  // The weight gradients of `count` adjacent dense tensors from `first` as one [Σ out, in] matrix
+  // w, and dx (overwritten) from dy [N, Σ out], packed as the forward's one GEMM wrote y: one dx
+  // GEMM and one weight-gradient GEMM into gradients that lie next to each other (with `kept`, the
+  // weight gradients from the kept rows alone).
+  void stacked_backward(void* dx, int l, LayerTensor first, int count, const void* w,
+                        const void* dy, const void* x, int64_t N, int in, int out,
+                        const SampledInputs::Kept* kept);
+  // a.qkv as attention's q, k and v
+  QkvRows<void*> qkv_rows(const LayerActs& a) const;
 
   ModelConfig cfg_;
   int max_B_, T_;
@@ -310,7 +329,8 @@ class LlamaModel {
     void *dres;       // [N, C] gradient of the residual stream
     void *dnorm;      // [N, C] gradient of a norm's output
     void *datt;       // [N, NH*HD]
-    void *dq, *dk, *dv;
+    void *dqkv;       // [N, NH*HD + 2*NKV*HD] dq, dk and dv: three buffers, or packed as qkv
+                      // (qkv_backward)
     void *dact;  // [N, F]
     void *dgu;   // [N, 2F] dgate and dup: two [N, F] halves, or packed as gu (gate_up_backward)
   } ws_{};

@@ -117,9 +117,12 @@ void Run::build_state() {
   const MemoryPlan plan = plan_memory(cfg, backend_->storage());
   check_memory_limit(cfg, backend_->storage(), plan);
   const ModelConfig& m = cfg.model;
-  backend_->prepare_attention(cfg.micro_batch_size, cfg.seq_len, m.num_attention_heads,
-                              m.num_key_value_heads, m.head_dim());
   const ProjectionConfig& g = cfg.optimizer.projection;
+  backend_->prepare_attention(
+      cfg.micro_batch_size, cfg.seq_len, m.num_attention_heads, m.num_key_value_heads,
+      m.head_dim(),
+      qkv_gradients_packed(is_projected(cfg.optimizer.kind) ? g.targets
+                                                            : std::vector<ProjectionTarget>{}));
   if (cfg.optimizer.kind == OptimizerKind::GaLore &&
       galore_basis_method(g, backend_->storage()).randomized) {
     // every target's rows or columns, a padded ffn's included (up to 7 more)

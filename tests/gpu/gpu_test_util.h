@@ -1,11 +1,12 @@
 // Helpers the GPU test files share: device buffers filled from host vectors, bf16 round trips,
 // poisoning (every element NaN, so an element a kernel forgot to write fails the comparison) and
-// the relative error used by every CPU-vs-GPU check.
+// the relative error used by every CPU-vs-GPU check; attention's q, k, v laid out in one buffer.
 #pragma once
 #include <catch2/catch.hpp>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -97,5 +98,34 @@ struct TestContext {
     cudaStreamDestroy(ctx.stream);
   }
 };
+
+// q, k, v (or their gradients) of N rows in one buffer from base: packed rows (the model's q, k,
+// v), or three buffers one after another.
+template <typename T>
+QkvRows<T*> qkv_layout(T* base, int64_t N, int NH, int NKV, int HD, bool packed) {
+  const int64_t nq = N * NH * HD, nkv = N * NKV * HD;
+  return packed ? packed_qkv(base, NH, NKV, HD, int(sizeof(T)))
+                : separate_qkv(base, base + nq, base + nq + nkv, NH, NKV, HD);
+}
+
+// Row r of each of q, k, v ([N, width] each) copied to its place in `rows`.
+template <typename T>
+void scatter_qkv(QkvRows<T*> rows, const std::vector<T>& q, const std::vector<T>& k,
+                 const std::vector<T>& v, int64_t N) {
+  const size_t wq = q.size() / size_t(N), wkv = k.size() / size_t(N);
+  for (size_t r = 0; r < size_t(N); r++) {
+    std::copy_n(q.begin() + r * wq, wq, rows.q + r * rows.ldq);
+    std::copy_n(k.begin() + r * wkv, wkv, rows.k + r * rows.ldk);
+    std::copy_n(v.begin() + r * wkv, wkv, rows.v + r * rows.ldv);
+  }
+}
+
+// N rows of `width` elements at a pitch of ld, as one [N, width].
+template <typename T>
+std::vector<T> gather_pitched(const T* at, int64_t ld, size_t width, int64_t N) {
+  std::vector<T> out(size_t(N) * width);
+  for (size_t r = 0; r < size_t(N); r++) std::copy_n(at + r * ld, width, out.begin() + r * width);
+  return out;
+}
 
 }  // namespace grass::gputest

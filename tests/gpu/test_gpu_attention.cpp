@@ -4,7 +4,8 @@
 // and on one tile; GQA groups of 1, 2, 4 and 8; HD 64 and 128. Outputs are poisoned first, so an
 // element a kernel forgot to write fails. The backward must also repeat bit for bit. With RoPE in
 // the kernels' loads (the model's use), the forward gives the bits of rope_forward then attention,
-// and the gradients of the unrotated q and k match the CPU's RoPE, attention, RoPE backward.
+// and the gradients of the unrotated q and k match the CPU's RoPE, attention, RoPE backward. q, k,
+// v lie as three buffers or packed in one (the model's layout), and so do their gradients.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,6 +21,7 @@ namespace {
 
 using grass::gputest::bf16_rounded;
 using grass::gputest::DeviceBuffer;
+using grass::gputest::gather_pitched;
 using grass::gputest::randn;
 using grass::gputest::rel_error;
 using grass::gputest::TestContext;
@@ -78,47 +80,67 @@ void check_grad(const std::vector<float>& got, const std::vector<float>& want, c
   }
 }
 
-// One problem on the device: bf16 inputs uploaded, outputs allocated.
+// One problem on the device: bf16 inputs uploaded, outputs allocated; q, k, v and their
+// gradients in one buffer each, packed or as three.
 struct DeviceAttention {
   Shape s;
+  bool packed, grads_packed;
   size_t nq, nkv;
-  DeviceBuffer<bf16> q, k, v, dout, out, dq, dk, dv;
+  DeviceBuffer<bf16> qkv, dout, out, dqkv;
   DeviceBuffer<float> lse, scratch;
   grass::cuda::RopeTable rope;  // none unless a test sets one
+  std::vector<bf16> dqkv_host;  // the last backward's gradients
   DeviceAttention(const Shape& shape, const std::vector<float>& q_h, const std::vector<float>& k_h,
-                  const std::vector<float>& v_h, const std::vector<float>& dout_h)
+                  const std::vector<float>& v_h, const std::vector<float>& dout_h,
+                  bool packed_rows = false, bool packed_grads = false)
       : s(shape),
+        packed(packed_rows),
+        grads_packed(packed_grads),
         nq(size_t(s.B) * s.T * s.NH * s.HD),
         nkv(size_t(s.B) * s.T * s.NKV * s.HD),
-        q(nq),
-        k(nkv),
-        v(nkv),
+        qkv(nq + 2 * nkv),
         dout(nq),
         out(nq),
-        dq(nq),
-        dk(nkv),
-        dv(nkv),
+        dqkv(nq + 2 * nkv),
         lse(size_t(s.B) * s.NH * s.T),
         scratch(size_t(grass::cuda::attention_scratch_floats(s.B, s.T, s.NH, s.NKV, s.HD))) {
-    q.upload(to_bf16(q_h));
-    k.upload(to_bf16(k_h));
-    v.upload(to_bf16(v_h));
+    std::vector<bf16> host(nq + 2 * nkv);
+    grass::gputest::scatter_qkv(layout(host.data(), packed), to_bf16(q_h), to_bf16(k_h),
+                                to_bf16(v_h), int64_t(s.B) * s.T);
+    qkv.upload(host);
     dout.upload(to_bf16(dout_h));
   }
+  template <typename T>
+  grass::QkvRows<T*> layout(T* base, bool packed_layout) const {
+    return grass::gputest::qkv_layout(base, int64_t(s.B) * s.T, s.NH, s.NKV, s.HD, packed_layout);
+  }
+  grass::QkvRows<bf16*> rows() { return layout(qkv.ptr, packed); }
   void forward(const grass::cuda::Context& ctx) {
     out.poison();
     lse.poison();
-    grass::cuda::attention_forward(ctx, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, s.B, s.T, s.NH,
+    grass::cuda::attention_forward(ctx, out.ptr, lse.ptr, grass::read_only(rows()), s.B, s.T, s.NH,
                                    s.NKV, s.HD, rope);
   }
   void backward(const grass::cuda::Context& ctx) {
-    dq.poison();
-    dk.poison();
-    dv.poison();
+    dqkv.poison();
     scratch.poison();
-    grass::cuda::attention_backward(ctx, dq.ptr, dk.ptr, dv.ptr, scratch.ptr, dout.ptr, out.ptr,
-                                    lse.ptr, q.ptr, k.ptr, v.ptr, s.B, s.T, s.NH, s.NKV, s.HD,
-                                    rope);
+    grass::cuda::attention_backward(ctx, layout(dqkv.ptr, grads_packed), scratch.ptr, dout.ptr,
+                                    out.ptr, lse.ptr, grass::read_only(rows()), s.B, s.T, s.NH,
+                                    s.NKV, s.HD, rope);
+    dqkv_host = dqkv.download();
+  }
+  // the last backward's gradients, each [B·T, H·HD]
+  std::vector<bf16> dq() const {
+    const auto d = layout(dqkv_host.data(), grads_packed);
+    return gather_pitched(d.q, d.ldq, size_t(s.NH) * s.HD, int64_t(s.B) * s.T);
+  }
+  std::vector<bf16> dk() const {
+    const auto d = layout(dqkv_host.data(), grads_packed);
+    return gather_pitched(d.k, d.ldk, size_t(s.NKV) * s.HD, int64_t(s.B) * s.T);
+  }
+  std::vector<bf16> dv() const {
+    const auto d = layout(dqkv_host.data(), grads_packed);
+    return gather_pitched(d.v, d.ldv, size_t(s.NKV) * s.HD, int64_t(s.B) * s.T);
   }
 };
 
@@ -128,32 +150,37 @@ TEST_CASE("cuda attention forward and backward match the CPU reference", "[gpu]"
   const Shape shapes[] = {
       {2, 100, 8, 2, 64}, {1, 257, 4, 4, 128}, {3, 1, 2, 1, 64}, {1, 64, 8, 1, 128}};
   TestContext tc;
-  for (const Shape& s : shapes) {
-    INFO(describe(s));
-    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
-    const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
-                             v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
+  // q, k, v and their gradients as three buffers; both packed (the model with q_proj, k_proj and
+  // v_proj dense); q, k, v packed and their gradients apart (the model with one projected)
+  for (const Shape& s : shapes)
+    for (const auto [packed, grads_packed] : {std::pair{false, false}, {true, true}, {true, false}}) {
+      INFO(describe(s) << (packed ? ", q, k, v packed" : ", q, k, v as three buffers")
+                       << (grads_packed ? ", their gradients packed" : ""));
+      const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
+      const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
+                               v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
 
-    // CPU reference: probs[B,NH,T,T] from the forward feed the backward.
-    std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T);
-    grass::ops::attention_forward<float>(out_ref.data(), probs.data(), q.data(), k.data(), v.data(),
-                                         s.B, s.T, s.NH, s.NKV, s.HD);
-    std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv), cpu_scratch(probs.size());
-    grass::ops::attention_backward<float>(dq_ref.data(), dk_ref.data(), dv_ref.data(),
-                                          cpu_scratch.data(), dout.data(), q.data(), k.data(),
-                                          v.data(), probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+      // CPU reference: probs[B,NH,T,T] from the forward feed the backward.
+      const auto in = grass::separate_qkv(q.data(), k.data(), v.data(), s.NH, s.NKV, s.HD);
+      std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T);
+      grass::ops::attention_forward<float>(out_ref.data(), probs.data(), in, s.B, s.T, s.NH, s.NKV,
+                                           s.HD);
+      std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv), cpu_scratch(probs.size());
+      grass::ops::attention_backward<float>(
+          grass::separate_qkv(dq_ref.data(), dk_ref.data(), dv_ref.data(), s.NH, s.NKV, s.HD),
+          cpu_scratch.data(), dout.data(), in, probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
 
-    DeviceAttention dev(s, q, k, v, dout);
-    dev.forward(tc.ctx);
-    CHECK(rel_error(to_f32(dev.out.download()), out_ref) <= 1e-2);
-    CHECK(rel_error(dev.lse.download(), reference_lse(q, k, s)) <= 1e-2);
+      DeviceAttention dev(s, q, k, v, dout, packed, grads_packed);
+      dev.forward(tc.ctx);
+      CHECK(rel_error(to_f32(dev.out.download()), out_ref) <= 1e-2);
+      CHECK(rel_error(dev.lse.download(), reference_lse(q, k, s)) <= 1e-2);
 
-    // The backward runs on the GPU's own out and lse, as in training.
-    dev.backward(tc.ctx);
-    check_grad(to_f32(dev.dq.download()), dq_ref, "dq");
-    check_grad(to_f32(dev.dk.download()), dk_ref, "dk");
-    check_grad(to_f32(dev.dv.download()), dv_ref, "dv");
-  }
+      // The backward runs on the GPU's own out and lse, as in training.
+      dev.backward(tc.ctx);
+      check_grad(to_f32(dev.dq()), dq_ref, "dq");
+      check_grad(to_f32(dev.dk()), dk_ref, "dk");
+      check_grad(to_f32(dev.dv()), dv_ref, "dv");
+    }
 }
 
 TEST_CASE("cuda attention backward is bitwise repeatable", "[gpu]") {
@@ -162,17 +189,12 @@ TEST_CASE("cuda attention backward is bitwise repeatable", "[gpu]") {
   for (const Shape& s : shapes) {
     INFO(describe(s));
     const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
-    DeviceAttention dev(s, randn(nq), randn(nkv), randn(nkv), randn(nq));
+    DeviceAttention dev(s, randn(nq), randn(nkv), randn(nkv), randn(nq), true, true);
     dev.forward(tc.ctx);
     dev.backward(tc.ctx);
-    const std::vector<bf16> dq1 = dev.dq.download(), dk1 = dev.dk.download(),
-                            dv1 = dev.dv.download();
+    const std::vector<bf16> first = dev.dqkv_host;
     dev.backward(tc.ctx);  // poisons its outputs again first
-    const std::vector<bf16> dq2 = dev.dq.download(), dk2 = dev.dk.download(),
-                            dv2 = dev.dv.download();
-    CHECK(std::memcmp(dq1.data(), dq2.data(), nq * sizeof(bf16)) == 0);
-    CHECK(std::memcmp(dk1.data(), dk2.data(), nkv * sizeof(bf16)) == 0);
-    CHECK(std::memcmp(dv1.data(), dv2.data(), nkv * sizeof(bf16)) == 0);
+    CHECK(std::memcmp(first.data(), dev.dqkv_host.data(), first.size() * sizeof(bf16)) == 0);
   }
 }
 
@@ -182,8 +204,7 @@ TEST_CASE("cuda attention rejects an unsupported head dim, naming HD", "[gpu]") 
     INFO("HD=" << HD);
     // The shape check comes before any pointer is touched or any kernel launched.
     try {
-      grass::cuda::attention_forward(tc.ctx, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 2,
-                                     1, HD);
+      grass::cuda::attention_forward(tc.ctx, nullptr, nullptr, {}, 1, 8, 2, 1, HD);
       FAIL("accepted");
     } catch (const grass::InternalError& e) {
       CHECK(std::string(e.what()).find("HD = " + std::to_string(HD)) != std::string::npos);
@@ -205,7 +226,8 @@ TEST_CASE("cuda attention with RoPE in its loads equals RoPE then attention", "[
   TestContext tc;
   for (const Case& c : cases) {
     const Shape& s = c.s;
-    INFO(describe(s) << " theta=" << c.theta);
+    const bool packed = s.NKV != s.NH;  // the model's packed layouts, and three buffers
+    INFO(describe(s) << " theta=" << c.theta << (packed ? ", q, k, v packed" : ""));
     const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
     const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
                              v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
@@ -214,20 +236,21 @@ TEST_CASE("cuda attention with RoPE in its loads equals RoPE then attention", "[
     grass::cuda::rope_table(tc.ctx, table.ptr, s.T, s.HD, float(c.theta));
 
     // Fused: q and k as the projections give them; unfused: rotated first, then plain attention.
-    DeviceAttention fused(s, q, k, v, dout);
+    DeviceAttention fused(s, q, k, v, dout, packed, packed);
     fused.rope = {table.ptr, s.T};
     fused.forward(tc.ctx);
     fused.backward(tc.ctx);
-    DeviceAttention unfused(s, q, k, v, dout);
-    grass::cuda::rope_forward(tc.ctx, unfused.q.ptr, s.B, s.T, s.NH, s.HD, float(c.theta));
-    grass::cuda::rope_forward(tc.ctx, unfused.k.ptr, s.B, s.T, s.NKV, s.HD, float(c.theta));
+    DeviceAttention unfused(s, q, k, v, dout, packed, packed);
+    const grass::QkvRows<bf16*> rows = unfused.rows();  // rotated in place, as the cuDNN path does
+    grass::cuda::rope_forward(tc.ctx, rows.q, s.B, s.T, s.NH, s.HD, float(c.theta), rows.ldq);
+    grass::cuda::rope_forward(tc.ctx, rows.k, s.B, s.T, s.NKV, s.HD, float(c.theta), rows.ldk);
     unfused.forward(tc.ctx);
     unfused.backward(tc.ctx);
     const std::vector<bf16> out_f = fused.out.download(), out_u = unfused.out.download();
     CHECK(std::memcmp(out_f.data(), out_u.data(), nq * sizeof(bf16)) == 0);
     CHECK(fused.lse.download() == unfused.lse.download());
     // dv reads only the rotated tiles: the same bits
-    const std::vector<bf16> dv_f = fused.dv.download(), dv_u = unfused.dv.download();
+    const std::vector<bf16> dv_f = fused.dv(), dv_u = unfused.dv();
     CHECK(std::memcmp(dv_f.data(), dv_u.data(), nkv * sizeof(bf16)) == 0);
 
     // dq and dk against the CPU: RoPE, attention, attention backward, RoPE backward
@@ -235,17 +258,19 @@ TEST_CASE("cuda attention with RoPE in its loads equals RoPE then attention", "[
     grass::ops::rope_forward<float>(qr.data(), q.data(), s.B, s.T, s.NH, s.HD, c.theta);
     grass::ops::rope_forward<float>(kr.data(), k.data(), s.B, s.T, s.NKV, s.HD, c.theta);
     std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T), scratch(probs.size());
-    grass::ops::attention_forward<float>(out_ref.data(), probs.data(), qr.data(), kr.data(),
-                                         v.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+    const auto in =
+        grass::separate_qkv<const float*>(qr.data(), kr.data(), v.data(), s.NH, s.NKV, s.HD);
+    grass::ops::attention_forward<float>(out_ref.data(), probs.data(), in, s.B, s.T, s.NH, s.NKV,
+                                         s.HD);
     CHECK(rel_error(to_f32(out_f), out_ref) <= 1e-2);
     std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
-    grass::ops::attention_backward<float>(dq_ref.data(), dk_ref.data(), dv_ref.data(),
-                                          scratch.data(), dout.data(), qr.data(), kr.data(),
-                                          v.data(), probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+    grass::ops::attention_backward<float>(
+        grass::separate_qkv(dq_ref.data(), dk_ref.data(), dv_ref.data(), s.NH, s.NKV, s.HD),
+        scratch.data(), dout.data(), in, probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
     grass::ops::rope_backward<float>(dq_ref.data(), dq_ref.data(), s.B, s.T, s.NH, s.HD, c.theta);
     grass::ops::rope_backward<float>(dk_ref.data(), dk_ref.data(), s.B, s.T, s.NKV, s.HD, c.theta);
-    check_grad(to_f32(fused.dq.download()), dq_ref, "dq");
-    check_grad(to_f32(fused.dk.download()), dk_ref, "dk");
+    check_grad(to_f32(fused.dq()), dq_ref, "dq");
+    check_grad(to_f32(fused.dk()), dk_ref, "dk");
     check_grad(to_f32(dv_f), dv_ref, "dv");
   }
 }

@@ -40,26 +40,35 @@ struct AttentionBackend {
             arena, {s.B, s.T, s.NH * s.HD, 8, 8, s.NH, s.NKV, s.HD, 10000.0, kernel})) {}
 };
 
-// One forward and backward: out, the saved statistics, dq, dk, dv.
+// One forward and backward on q, k, v packed as the model's (uploaded afresh: cuDNN's path rotates
+// q and k in place), dq, dk, dv packed or as three buffers: out, the saved statistics, dq, dk, dv.
 struct Result {
   std::vector<float> out, saved, dq, dk, dv;
 };
 
-Result run(AttentionBackend& a, const Shape& s, const DeviceBuffer<bf16>& q,
-           const DeviceBuffer<bf16>& k, const DeviceBuffer<bf16>& v,
-           const DeviceBuffer<bf16>& dout) {
-  const size_t nq = q.n, nkv = k.n;
-  DeviceBuffer<bf16> out(nq), dq(nq), dk(nkv), dv(nkv);
-  DeviceBuffer<float> saved(size_t(s.B) * s.NH * s.T);
-  for (auto* b : {&out, &dq, &dk, &dv}) b->poison();
-  saved.poison();
-  a.backend->attention_forward(out.ptr, saved.ptr, q.ptr, k.ptr, v.ptr, s.B, s.T, s.NH, s.NKV,
-                               s.HD, 10000.0);
-  a.backend->attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, saved.ptr, q.ptr,
-                                k.ptr, v.ptr, s.B, s.T, s.NH, s.NKV, s.HD, 10000.0);
+Result run(AttentionBackend& a, const Shape& s, const std::vector<bf16>& qkv_host,
+           const DeviceBuffer<bf16>& dout, bool grads_packed) {
+  using grass::gputest::gather_pitched;
+  using grass::gputest::qkv_layout;
   using grass::gputest::to_f32;
-  return {to_f32(out.download()), saved.download(), to_f32(dq.download()),
-          to_f32(dk.download()), to_f32(dv.download())};
+  const int64_t N = int64_t(s.B) * s.T;
+  DeviceBuffer<bf16> qkv(qkv_host.size()), out(dout.n), dqkv(qkv_host.size());
+  DeviceBuffer<float> saved(size_t(s.B) * s.NH * s.T);
+  qkv.upload(qkv_host);
+  for (auto* b : {&out, &dqkv}) b->poison();
+  saved.poison();
+  const grass::QkvRows<bf16*> r = qkv_layout(qkv.ptr, N, s.NH, s.NKV, s.HD, true);
+  const grass::QkvRows<bf16*> d = qkv_layout(dqkv.ptr, N, s.NH, s.NKV, s.HD, grads_packed);
+  const grass::QkvRows<void*> rows{r.q, r.k, r.v, r.ldq, r.ldk, r.ldv};
+  a.backend->attention_forward(out.ptr, saved.ptr, rows, s.B, s.T, s.NH, s.NKV, s.HD, 10000.0);
+  a.backend->attention_backward({d.q, d.k, d.v, d.ldq, d.ldk, d.ldv}, dout.ptr, out.ptr,
+                                saved.ptr, grass::read_only(rows), s.B, s.T, s.NH, s.NKV, s.HD,
+                                10000.0);
+  const std::vector<bf16> grads = dqkv.download();
+  const grass::QkvRows<const bf16*> g = qkv_layout(grads.data(), N, s.NH, s.NKV, s.HD, grads_packed);
+  const size_t wq = size_t(s.NH) * s.HD, wkv = size_t(s.NKV) * s.HD;
+  return {to_f32(out.download()), saved.download(), to_f32(gather_pitched(g.q, g.ldq, wq, N)),
+          to_f32(gather_pitched(g.k, g.ldk, wkv, N)), to_f32(gather_pitched(g.v, g.ldv, wkv, N))};
 }
 
 }  // namespace
@@ -69,22 +78,25 @@ TEST_CASE("cuDNN attention matches the engine's kernels, RoPE included", "[gpu][
   const Shape shapes[] = {{2, 100, 8, 2, 64}, {1, 256, 16, 16, 128}, {4, 64, 4, 1, 64}};
   for (const Shape& s : shapes) {
     INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV << " HD=" << s.HD);
-    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
-    DeviceBuffer<bf16> q(nq), k(nkv), v(nkv), dout(nq);
-    q.upload(grass::gputest::to_bf16(grass::gputest::randn(nq)));
-    k.upload(grass::gputest::to_bf16(grass::gputest::randn(nkv)));
-    v.upload(grass::gputest::to_bf16(grass::gputest::randn(nkv)));
+    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD;
+    const std::vector<bf16> qkv = grass::gputest::to_bf16(
+        grass::gputest::randn(nq + 2 * size_t(s.B) * s.T * s.NKV * s.HD));
+    DeviceBuffer<bf16> dout(nq);
     dout.upload(grass::gputest::to_bf16(grass::gputest::randn(nq)));
     AttentionBackend engine(AttentionKernel::Grass, s), cudnn(AttentionKernel::Cudnn, s);
-    const Result want = run(engine, s, q, k, v, dout), got = run(cudnn, s, q, k, v, dout);
-    CHECK(rel_error(got.out, want.out) <= 1e-2);
-    CHECK(rel_error(got.saved, want.saved) <= 1e-3);  // logsumexp per row, natural log
-    CHECK(rel_error(got.dq, want.dq) <= 1e-2);
-    CHECK(rel_error(got.dk, want.dk) <= 1e-2);
-    CHECK(rel_error(got.dv, want.dv) <= 1e-2);
-    const Result again = run(cudnn, s, q, k, v, dout);  // the deterministic backward
-    CHECK(std::memcmp(again.dq.data(), got.dq.data(), got.dq.size() * sizeof(float)) == 0);
-    CHECK(std::memcmp(again.dk.data(), got.dk.data(), got.dk.size() * sizeof(float)) == 0);
+    for (const bool grads_packed : {true, false}) {
+      INFO((grads_packed ? "dq, dk, dv packed" : "dq, dk, dv as three buffers"));
+      const Result want = run(engine, s, qkv, dout, grads_packed),
+                   got = run(cudnn, s, qkv, dout, grads_packed);
+      CHECK(rel_error(got.out, want.out) <= 1e-2);
+      CHECK(rel_error(got.saved, want.saved) <= 1e-3);  // logsumexp per row, natural log
+      CHECK(rel_error(got.dq, want.dq) <= 1e-2);
+      CHECK(rel_error(got.dk, want.dk) <= 1e-2);
+      CHECK(rel_error(got.dv, want.dv) <= 1e-2);
+      const Result again = run(cudnn, s, qkv, dout, grads_packed);  // the deterministic backward
+      CHECK(std::memcmp(again.dq.data(), got.dq.data(), got.dq.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(again.dk.data(), got.dk.data(), got.dk.size() * sizeof(float)) == 0);
+    }
   }
 }
 #endif

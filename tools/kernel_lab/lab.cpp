@@ -76,8 +76,12 @@ std::vector<LinearShape> linear_shapes(const Model& m, bool model_gemms) {
     add(padded, m.C(), "up(padded)");
     add(m.C(), padded, "down(padded)");
   }
-  if (model_gemms) {  // gate_proj and up_proj stacked (the forward's one GEMM, and the backward's
-                      // when both gradients are dense: LlamaModel::gate_up_backward); the head
+  if (model_gemms) {  // q_proj, k_proj and v_proj stacked, and gate_proj and up_proj (the forward's
+                      // one GEMM each, and the backward's when the stack's gradients are dense:
+                      // LlamaModel::stacked_backward); the head
+    const int qkv = m.config.linear_shape(ProjectionTarget::Q).first +
+                    2 * m.config.linear_shape(ProjectionTarget::K).first;
+    add(qkv, m.C(), "q+k+v");
     add(2 * F, m.C(), "gate+up");
     if (F != padded) add(2 * padded, m.C(), "gate+up(padded)");
     add(m.V(), m.C(), "lm_head");

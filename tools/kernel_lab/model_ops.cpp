@@ -177,36 +177,43 @@ void bench_attention(Lab& lab, const Model& m) {
   const int b = B - 1;
   const std::vector<int64_t> q_rows = row_range(int64_t(b) * T * NH, int64_t(T) * NH);
   const std::vector<int64_t> kv_rows = row_range(int64_t(b) * T * NKV, int64_t(T) * NKV);
-  const std::vector<float> q_b = rows_of(q, HD, q_rows), k_b = rows_of(k, HD, kv_rows),
-                           v_b = rows_of(v, HD, kv_rows), dout_b = rows_of(dout, HD, q_rows);
+  // q and k mutable: the CPU rotates them in place (Backend::attention_forward)
+  std::vector<float> q_b = rows_of(q, HD, q_rows), k_b = rows_of(k, HD, kv_rows);
+  const std::vector<float> v_b = rows_of(v, HD, kv_rows), dout_b = rows_of(dout, HD, q_rows);
+  const QkvRows<void*> g_rows = separate_qkv(gq.ptr(), gk.ptr(), gv.ptr(), NH, NKV, HD);
+  const QkvRows<void*> c_rows =
+      separate_qkv<void*>(q_b.data(), k_b.data(), const_cast<float*>(v_b.data()), NH, NKV, HD);
 
   auto forward = [&] {
-    gpu.attention_forward(gout.ptr(), gsaved.ptr(), gq.ptr(), gk.ptr(), gv.ptr(), B, T, NH, NKV,
-                          HD, theta);
+    gpu.attention_forward(gout.ptr(), gsaved.ptr(), g_rows, B, T, NH, NKV, HD, theta);
   };
   gout.poison();
   gsaved.poison();
   forward();
   std::vector<float> out_b(q_b.size());
   std::vector<float> probs_b(size_t(attention_saved_bytes(cpu.storage(), 1, T, NH) / 4));
-  cpu.attention_forward(out_b.data(), probs_b.data(), q_b.data(), k_b.data(), v_b.data(), 1, T, NH,
-                        NKV, HD, theta);
+  cpu.attention_forward(out_b.data(), probs_b.data(), c_rows, 1, T, NH, NKV, HD, theta);
   const double fwd_err = max_row_error(gout.get(), out_b, HD, q_rows);
   lab.report(m, {.op = "attention.fwd", .shape = shape, .ms = lab.time_ms(forward),
                  .flops = 4 * HD * pairs, .err = fwd_err, .tol = kTolBf16});
 
   auto backward = [&] {
-    gpu.attention_backward(gdq.ptr(), gdk.ptr(), gdv.ptr(), gdout.ptr(), gout.ptr(),
-                           gsaved.ptr(), gq.ptr(), gk.ptr(), gv.ptr(), B, T, NH, NKV, HD, theta);
+    gpu.attention_backward(separate_qkv(gdq.ptr(), gdk.ptr(), gdv.ptr(), NH, NKV, HD),
+                           gdout.ptr(), gout.ptr(), gsaved.ptr(), read_only(g_rows), B, T, NH, NKV,
+                           HD, theta);
   };
+  // cuDNN's path rotates q and k in place at every forward: from the inputs again, rotated once
+  gq.put(q);
+  gk.put(k);
+  forward();
   gdq.poison();
   gdk.poison();
   gdv.poison();
   backward();
   std::vector<float> dq_b(q_b.size()), dk_b(k_b.size()), dv_b(v_b.size());
-  cpu.attention_backward(dq_b.data(), dk_b.data(), dv_b.data(), dout_b.data(), out_b.data(),
-                         probs_b.data(), q_b.data(), k_b.data(), v_b.data(), 1, T, NH, NKV, HD,
-                         theta);
+  cpu.attention_backward(separate_qkv<void*>(dq_b.data(), dk_b.data(), dv_b.data(), NH, NKV, HD),
+                         dout_b.data(), out_b.data(), probs_b.data(), read_only(c_rows), 1, T, NH,
+                         NKV, HD, theta);
   // The gradients are compared a head at a time ([T·HD] rows), not a token at a time: an early
   // query's dS = P·(dP - D) nearly cancels (D = rowsum(dout ⊙ out), from the GPU's bf16 out), so
   // its small dq row is ~1% of the typical row off where the whole head is ~3e-3 off. A wrong token
