@@ -3,7 +3,8 @@
 // accumulate; sm_80+), elementwise work on CUDA cores in fp32.
 //
 // Shapes: q[B,T,NH,HD], k,v[B,T,NKV,HD] (bf16, each at its row pitch: QkvRows, three buffers or
-// one packed q, k, v), out[B,T,NH,HD] (bf16, row stride NH*HD), lse[B,NH,T] (fp32). Query head h reads kv head h / (NH/NKV) by indexing (no K/V copies).
+// one packed q, k, v), out[B,T,NH,HD] (bf16, row stride NH*HD), lse[B,NH,T] (fp32). Query head h
+// reads kv head h / (NH/NKV) by indexing (no K/V copies).
 // Scores s = q·k / sqrt(HD), query t sees keys 0..t. lse = ln Σ exp(s) over those keys.
 //
 // Tiling. Every kernel runs 256 threads (8 warps) on one tile of Br query rows or Bc key rows of

@@ -130,8 +130,9 @@ void row_norms(const Context& ctx, float* norms, const bf16* x, int64_t N, int D
 // ---- causal attention with GQA (kernels/cuda/attention.cu) -----------------------------------
 // q[B,T,NH,HD], k,v[B,T,NKV,HD] at their row pitches (kernels/qkv_rows.h: three buffers or one
 // packed q, k, v; pitches of a multiple of 8); query head h reads kv head h / (NH/NKV).
-// Flash-style: the T x T scores never exist in memory; the forward keeps lse[B,NH,T] (natural-log logsumexp of the scaled
-// scores) for the backward, which recomputes them. HD ∈ {64, 128} (and any multiple of 8 ≤ 256).
+// Flash-style: the T x T scores never exist in memory; the forward keeps lse[B,NH,T] (natural-log
+// logsumexp of the scaled scores) for the backward, which recomputes them. HD ∈ {64, 128} (and
+// any multiple of 8 ≤ 256).
 // With a RoPE table, q and k are the projections' outputs and the kernels rotate them as they load
 // them (the rotated tiles are rope_forward's bits), and dq, dk are the gradients of the unrotated
 // q and k (rotated back in fp32 before their one rounding); without one (table null), q and k are
@@ -142,8 +143,9 @@ struct RopeTable {
 };
 void attention_forward(const Context& ctx, bf16* out, float* lse, QkvRows<const bf16*> qkv, int B,
                        int T, int NH, int NKV, int HD, RopeTable rope = {});
-// dq, dk, dv overwritten at dqkv's pitches (the rest of a packed row left alone). scratch[attention_scratch_floats(...)] holds D = rowsum(dout ⊙ out),
-// [B,NH,T] fp32; dK/dV accumulate in registers over the query heads sharing a kv head.
+// dq, dk, dv overwritten at dqkv's pitches (the rest of a packed row left alone).
+// scratch[attention_scratch_floats(...)] holds D = rowsum(dout ⊙ out), [B,NH,T] fp32; dK/dV
+// accumulate in registers over the query heads sharing a kv head.
 int64_t attention_scratch_floats(int B, int T, int NH, int NKV, int HD);
 void attention_backward(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch, const bf16* dout,
                         const bf16* out, const float* lse, QkvRows<const bf16*> qkv, int B, int T,

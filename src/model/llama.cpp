@@ -154,7 +154,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
       if (t.dense() && !(cfg.tie_word_embeddings && t.offset == off_embed_))
         largest = std::max(largest, t.numel);
     for (int l = 0; l < cfg.num_hidden_layers; l++)
-      for (const auto [first, count] : kStacks)
+      for (const auto& [first, count] : kStacks)
         if (stacked_dense(l, first, count)) {  // stacked_backward forms them at once
           int64_t numel = 0;
           for (int i = 0; i < count; i++) numel += tensors_[layer_tensor_index(l, first) + i].numel;
@@ -657,9 +657,9 @@ void LlamaModel::backward_from_head(int lm_head) {
   const TraceRange range("backward");
   Backend& be = *backend_;
   const int B = B_, T = T_, C = cfg_.hidden_size, F = F_;
-  const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads, HD = cfg_.head_dim();
+  const int NH = cfg_.num_attention_heads, HD = cfg_.head_dim();
   const int64_t N = int64_t(B) * T;
-  const double theta = cfg_.rope_theta, eps = cfg_.rms_norm_eps;
+  const double eps = cfg_.rms_norm_eps;
   const int L = cfg_.num_hidden_layers;
   // the final norm into the residual stream
   const int embed = 0, final_norm = int(tensors_.size()) - (cfg_.tie_word_embeddings ? 1 : 2);

@@ -153,7 +153,8 @@ TEST_CASE("cuda attention forward and backward match the CPU reference", "[gpu]"
   // q, k, v and their gradients as three buffers; both packed (the model with q_proj, k_proj and
   // v_proj dense); q, k, v packed and their gradients apart (the model with one projected)
   for (const Shape& s : shapes)
-    for (const auto [packed, grads_packed] : {std::pair{false, false}, {true, true}, {true, false}}) {
+    for (const auto& [packed, grads_packed] :
+         {std::pair{false, false}, {true, true}, {true, false}}) {
       INFO(describe(s) << (packed ? ", q, k, v packed" : ", q, k, v as three buffers")
                        << (grads_packed ? ", their gradients packed" : ""));
       const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;

@@ -65,7 +65,8 @@ Result run(AttentionBackend& a, const Shape& s, const std::vector<bf16>& qkv_hos
                                 saved.ptr, grass::read_only(rows), s.B, s.T, s.NH, s.NKV, s.HD,
                                 10000.0);
   const std::vector<bf16> grads = dqkv.download();
-  const grass::QkvRows<const bf16*> g = qkv_layout(grads.data(), N, s.NH, s.NKV, s.HD, grads_packed);
+  const grass::QkvRows<const bf16*> g =
+      qkv_layout(grads.data(), N, s.NH, s.NKV, s.HD, grads_packed);
   const size_t wq = size_t(s.NH) * s.HD, wkv = size_t(s.NKV) * s.HD;
   return {to_f32(out.download()), saved.download(), to_f32(gather_pitched(g.q, g.ldq, wq, N)),
           to_f32(gather_pitched(g.k, g.ldk, wkv, N)), to_f32(gather_pitched(g.v, g.ldv, wkv, N))};
