@@ -90,6 +90,8 @@ work=$(realpath -m "$BUILD/first_run")  # absolute: LD_PRELOAD and cuBLASLt log 
 logs=$work/logs
 out=${OUT:-$work}
 PY=${PYTHON:-python3}
+# shellcheck source=tools/gpu/nvidia_lib_path.sh
+. tools/gpu/nvidia_lib_path.sh
 start=$SECONDS
 deadline=$((start + budget))
 mkdir -p "$logs" "$out" || exit 2
@@ -304,15 +306,9 @@ step_build() {
       deps_note+="; cuDNN from $cudnn_dir"
     fi
   fi
-  # cuDNN opens its engines and NVRTC at run time (issue 25, B5): every pip nvidia/*/lib goes on
-  # the path, after what is there (their sonames are CUDA 12's; the CUDA install's stay first).
+  # cuDNN opens its engines and NVRTC at run time: every pip nvidia/*/lib on the path
   if [ $dry = 0 ]; then
-    local nv
-    for nv in $("$PY" -c 'import nvidia; print(" ".join(nvidia.__path__))' 2>/dev/null); do
-      for d in "$nv"/*/lib; do
-        [ -d "$d" ] && case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d" ;; esac
-      done
-    done
+    add_nvidia_lib_path "$PY"
     echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$log"
   fi
   # shellcheck disable=SC2206

@@ -14,8 +14,9 @@
 #   galore       GaLore r=512, a device refresh (cuSOLVER) at steps 0, 2 and 4
 #   grass-whole  GRASS r=512 (its refresh at step 0), inputs kept whole
 #   grass-columns the same, n2 kept as gate's and up's selected columns (issue 28)
-# --runs keeps the named runs only (e.g. plain,wta-crs: an A/B against another tree's build, this
-# script copied there and the two run in turn).
+#   cudnn        AdamW with attention "cudnn" (RoPE rotated in place in the packed q, k, v)
+# --runs keeps the named runs only (tools/gpu/ab_timing.sh runs them against another commit's
+# build in alternating rounds).
 # Output: one line per step on stdout and in $OUT/timing_runs.log when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -36,6 +37,9 @@ mkdir -p "$work" "$(dirname "$log")"
 [ -x "$BUILD/grass" ] || { echo "timing_runs: no $BUILD/grass (run scripts/gpu_first_run.sh first)" | tee -a "$log"; exit 1; }
 [ -s "$shard" ] || "$BUILD"/make_synthetic_shard --out "$shard" --vocab 32000 --tokens 4000000 >/dev/null ||
   { echo "timing_runs: no shard" | tee -a "$log"; exit 1; }
+# shellcheck source=tools/gpu/nvidia_lib_path.sh
+. tools/gpu/nvidia_lib_path.sh
+add_nvidia_lib_path "${PYTHON:-python3}"  # cuDNN's engines, for the cudnn run
 deadline=$((SECONDS + budget))
 base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json --set "data.train=$shard"
       --set device=cuda --set precision=bf16-mixed --set micro_batch_size=16
@@ -49,6 +53,7 @@ runs=(
   "galore|--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=2 --set steps=5"
   "grass-whole|--set optimizer.name=grass --set optimizer.rank=512 --set activations.selected_columns=off"
   "grass-columns|--set optimizer.name=grass --set optimizer.rank=512 --set activations.selected_columns=on"
+  "cudnn|--set attention=cudnn"
 )
 printf '%-14s %4s %10s %9s %6s %s\n' run step step_ms tok/s waits loss | tee -a "$log"
 for r in "${runs[@]}"; do
