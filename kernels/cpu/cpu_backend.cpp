@@ -263,7 +263,8 @@ class CpuBackend final : public Backend {
     if (storage_.pure_bf16()) ops::round_to_bf16(f(R), int64_t(p.r) * (p.rows ? p.in : p.out));
   }
   void galore_basis(float* P, const float* g, int out, int in, int r, bool rows,
-                    const GaloreBasisMethod& how, void* /*LAPACK allocates its own*/) override {
+                    const GaloreBasisMethod& how, void* /*LAPACK allocates its own*/,
+                    int* /*status: LAPACK's failures throw*/) override {
     if (how.randomized)
       ops::galore_basis_randomized(P, g, out, in, r, rows, how.seed, how.power_iters, how.oversample);
     else

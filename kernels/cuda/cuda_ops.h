@@ -351,12 +351,13 @@ void destroy_solver_handle(cusolverDnHandle_t solver);
 // eigenproblem (the larger of geqrf's, orgqr's and syevd's).
 int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k);
 // P[side, r] from G[out, in] (fp32 device memory); workspace: galore_basis_workspace_bytes of
-// kernels/backend_sizes.cpp (galore_basis.cu carves it and checks that it fits). Returns where
-// cuSOLVER's statuses are (device memory, 3 ints: the last geqrf's, orgqr's, syevd's; 0: fine),
-// for the caller to read once the stream is done: the refresh's one host wait.
-const int* galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
-                            const float* G, int out, int in, int r, bool rows, uint64_t seed,
-                            int power_iters, int oversample, void* workspace,
-                            int64_t workspace_bytes);
+// kernels/backend_sizes.cpp (galore_basis.cu carves it and checks that it fits). status (device
+// memory, 3 ints) keeps each of cuSOLVER's statuses (the last geqrf's, orgqr's, syevd's) where it
+// is still 0, so over a refresh's targets it holds the first failure of each kind: the caller
+// zeroes it before the refresh and reads it once after (GaLore::check_refresh_status).
+void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
+                             const float* G, int out, int in, int r, bool rows, uint64_t seed,
+                             int power_iters, int oversample, void* workspace,
+                             int64_t workspace_bytes, int* status);
 
 }  // namespace grass::cuda

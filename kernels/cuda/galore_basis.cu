@@ -93,6 +93,13 @@ __global__ void sign_normalise_kernel(float* P, int side, int r) {
   for (int i = threadIdx.x; i < side; i += blockDim.x) P[int64_t(i) * r + c] = -P[int64_t(i) * r + c];
 }
 
+// status[i] = info[i] where status[i] is still 0, for i < 3: the first failure of each kind
+// over the calls since the caller zeroed status.
+__global__ void keep_status_kernel(int* status, const int* info) {
+  const int i = int(threadIdx.x);
+  if (i < 3 && status[i] == 0) status[i] = info[i];
+}
+
 int64_t region(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct Workspace {
@@ -155,10 +162,10 @@ int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k) {
   return std::max({int64_t(geqrf), int64_t(orgqr), int64_t(syevd)});
 }
 
-const int* galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
-                            const float* G, int out, int in, int r, bool rows, uint64_t seed,
-                            int power_iters, int oversample, void* workspace,
-                            int64_t workspace_bytes) {
+void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
+                             const float* G, int out, int in, int r, bool rows, uint64_t seed,
+                             int power_iters, int oversample, void* workspace,
+                             int64_t workspace_bytes, int* status) {
   const int m = rows ? out : in, n = rows ? in : out;
   GRASS_CHECK(r >= 1 && r <= std::min(m, n), "galore_basis: rank outside [1, min(out, in)]");
   GRASS_CHECK(power_iters >= 0 && oversample >= 0, "galore_basis: negative parameters");
@@ -200,7 +207,8 @@ const int* galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver
   gemm_f32(ctx, true, false, m, r, k, ws.q, m, ws.w, r, 0.0f, P, r);  // P[m, r] = Qtᵀ·W
   sign_normalise_kernel<<<unsigned(r), kThreads, 0, ctx.stream>>>(P, m, r);
   GRASS_LAUNCH_CHECK();
-  return ws.info;
+  keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status, ws.info);
+  GRASS_LAUNCH_CHECK();
 }
 
 }  // namespace grass::cuda

@@ -163,8 +163,10 @@ GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens
     workspace = std::max(workspace, galore_basis_workspace_bytes(backend_.storage(), t.out, t.in,
                                                                  rank_, method_));
   }
-  if (workspace > 0)
+  if (workspace > 0) {
     basis_workspace_ = arena.alloc_bytes(MemCategory::Workspace, "galore.refresh_basis", workspace);
+    refresh_status_ = arena.alloc<int>(MemCategory::Workspace, "galore.refresh_status", 4);
+  }
 }
 
 std::string GaLore::describe() const {
@@ -177,8 +179,9 @@ std::string GaLore::describe() const {
 
 void GaLore::begin_step(int64_t step) {
   step_ = step;
-  if (step % cfg_.projection.update_interval == 0)
-    std::fill(needs_refresh_.begin(), needs_refresh_.end(), true);
+  if (step % cfg_.projection.update_interval != 0) return;
+  std::fill(needs_refresh_.begin(), needs_refresh_.end(), true);
+  if (refresh_status_) backend_.zero(refresh_status_, 4 * sizeof(int));
 }
 
 bool GaLore::needs_exact_activations() const {
@@ -190,7 +193,8 @@ void GaLore::refresh_from(size_t k, const float* g) {
   GaloreBasisMethod how = method_;  // the test matrix: a stream per refresh and target
   how.seed = derive_seed(derive_seed(cfg_.projection.seed ^ 0x6a10, uint64_t(step_ / cfg_.projection.update_interval)),
                          uint64_t(t.tensor_index));
-  backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows, how, basis_workspace_);
+  backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows, how, basis_workspace_,
+                        refresh_status_);
   zero_pad_rows(P_[k], t);
   if (comm_.world() > 1) {  // the same summed gradient, but an SVD that differs in the last bit
                             // (another thread count, another library) would split the replicas
@@ -201,6 +205,18 @@ void GaLore::refresh_from(size_t k, const float* g) {
                          model_.tensors()[size_t(t.tensor_index)].name);
   }
   needs_refresh_[k] = false;
+  if (refresh_status_ && !needs_exact_activations()) check_refresh_status();  // the last target
+}
+
+void GaLore::check_refresh_status() const {
+  int status[3] = {0, 0, 0};
+  backend_.download(status, refresh_status_, sizeof status);
+  GRASS_CHECK(status[0] == 0 && status[1] == 0,
+              "GaLore's refresh: cuSOLVER's QR refused its arguments (status " +
+                  std::to_string(status[0]) + ", " + std::to_string(status[1]) + ")");
+  GRASS_CHECK(status[2] == 0, "GaLore's refresh at step " + std::to_string(step_ + 1) +
+                                  ": the eigensolver did not converge (non-finite gradient?), "
+                                  "cuSOLVER's info " + std::to_string(status[2]));
 }
 
 // ---- FLORA --------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -197,7 +198,8 @@ TEST_CASE("lowrank: galore_basis is the CPU's SVD, bit for bit", "[gpu][lowrank]
       DeviceBuffer<float> d_g(g.size()), d_P(size_t(side) * s.r);
       d_g.upload(g);
       d_P.poison();
-      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, GaloreBasisMethod{}, nullptr);
+      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, GaloreBasisMethod{}, nullptr,
+                           nullptr);
       std::vector<float> want(d_P.n);
       ops::galore_basis<float>(want.data(), g.data(), s.out, s.in, s.r, rows);
       CHECK(same_bits(d_P.download(), want));
@@ -229,12 +231,16 @@ TEST_CASE("lowrank: the randomized galore_basis on the device spans the CPU's su
       REQUIRE(bytes > 0);
       DeviceBuffer<float> d_g(g.size()), d_P(size_t(side) * s.r);
       DeviceBuffer<char> workspace{size_t(bytes)};
+      DeviceBuffer<int> status(3);
       d_g.upload(g);
       d_P.poison();
-      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, how, workspace.ptr);
+      status.upload({0, 0, 0});
+      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, how, workspace.ptr,
+                           status.ptr);
       const std::vector<float> got = d_P.download();
+      CHECK(status.download() == std::vector<int>{0, 0, 0});  // cuSOLVER's: every call succeeded
       std::vector<float> cpu(got.size()), exact(got.size());
-      be.cpu->galore_basis(cpu.data(), g.data(), s.out, s.in, s.r, rows, how, nullptr);
+      be.cpu->galore_basis(cpu.data(), g.data(), s.out, s.in, s.r, rows, how, nullptr, nullptr);
       ops::galore_basis<float>(exact.data(), g.data(), s.out, s.in, s.r, rows);
       const double sine = test::subspace_sine(exact, s.r, got, side, s.r);
       INFO("sin(largest principal angle) to the exact SVD's subspace <= " << sine);
@@ -243,10 +249,34 @@ TEST_CASE("lowrank: the randomized galore_basis on the device spans the CPU's su
       // each vector, its sign normalised as the CPU's: the singular values are apart
       CHECK(rel_error(got, cpu) <= 1e-3);
       CHECK(same_bits(d_g.download(), g));  // read only
-      // a function of (G, seed): the same bits again
-      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, how, workspace.ptr);
+      // a function of (G, seed): the same bits again; a status an earlier target left is kept
+      status.upload({0, 0, 7});
+      be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, how, workspace.ptr,
+                           status.ptr);
       CHECK(same_bits(d_P.download(), got));
+      CHECK(status.download() == std::vector<int>{0, 0, 7});
     }
+}
+
+TEST_CASE("lowrank: the randomized galore_basis keeps a failed eigensolver's status",
+          "[gpu][lowrank]") {
+  // A non-finite gradient: the eigensolver does not converge (LAPACK's, the emulator's, says so
+  // with info > 0), and the status ints keep it for the refresh's one read.
+  Backends be(PrecisionChoice::Bf16Mixed);
+  const Shape s = kShapes[1];
+  GaloreBasisMethod how;
+  how.randomized = true;
+  const int64_t bytes = galore_basis_workspace_bytes(be.gpu_storage, s.out, s.in, s.r, how);
+  std::vector<float> g = randn(size_t(s.out) * s.in);
+  g[3] = std::numeric_limits<float>::quiet_NaN();
+  DeviceBuffer<float> d_g(g.size()), d_P(size_t(s.out) * s.r);
+  DeviceBuffer<char> workspace{size_t(bytes)};
+  DeviceBuffer<int> status(3);
+  d_g.upload(g);
+  status.upload({0, 0, 0});
+  be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, true, how, workspace.ptr, status.ptr);
+  const std::vector<int> got = status.download();
+  CHECK(got[2] != 0);
 }
 
 TEST_CASE("lowrank: the randomized galore_basis refuses a workspace smaller than planned",
@@ -262,11 +292,14 @@ TEST_CASE("lowrank: the randomized galore_basis refuses a workspace smaller than
   DeviceBuffer<char> workspace{size_t(bytes)};
   d_g.upload(randn(d_g.n));
   // the layout's last region, cuSOLVER's work space, one float short
+  DeviceBuffer<int> status(3);
+  status.upload({0, 0, 0});
   CHECK_THROWS_WITH(cuda::galore_basis_randomized(tc.ctx, solver, d_P.ptr, d_g.ptr, s.out, s.in,
-                                                  s.r, true, 1, 2, 8, workspace.ptr, bytes - 257),
+                                                  s.r, true, 1, 2, 8, workspace.ptr, bytes - 257,
+                                                  status.ptr),
                     Catch::Contains("smaller than galore_basis_workspace_bytes"));
   CHECK_NOTHROW(cuda::galore_basis_randomized(tc.ctx, solver, d_P.ptr, d_g.ptr, s.out, s.in, s.r,
-                                              true, 1, 2, 8, workspace.ptr, bytes));
+                                              true, 1, 2, 8, workspace.ptr, bytes, status.ptr));
   check(cudaDeviceSynchronize(), "galore_basis");
   cuda::destroy_solver_handle(solver);
 }
