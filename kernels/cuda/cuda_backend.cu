@@ -303,16 +303,16 @@ class CudaBackend final : public Backend {
   void attention_backward(QkvRows<void*> d, const void* dout, const void* out, const void* saved,
                           QkvRows<const void*> qkv, int B, int T, int NH, int NKV, int HD,
                           double theta) override {
-    const QkvRows<bf16*> dq{b(d.q), b(d.k), b(d.v), d.ldq, d.ldk, d.ldv};
+    const QkvRows<bf16*> grads{b(d.q), b(d.k), b(d.v), d.ldq, d.ldk, d.ldv};
     if (cudnn_) {
-      cudnn_->backward(dq, b(dout), b(out), static_cast<const float*>(saved), bf16_rows(qkv), B,
-                       T, NH, NKV, HD, scratch_.attention, attention_bytes_);
-      cuda::rope_backward(ctx_, dq.q, B, T, NH, HD, float(theta), dq.ldq);
-      cuda::rope_backward(ctx_, dq.k, B, T, NKV, HD, float(theta), dq.ldk);
+      cudnn_->backward(grads, b(dout), b(out), static_cast<const float*>(saved), bf16_rows(qkv),
+                       B, T, NH, NKV, HD, scratch_.attention, attention_bytes_);
+      cuda::rope_backward(ctx_, grads.q, B, T, NH, HD, float(theta), grads.ldq);
+      cuda::rope_backward(ctx_, grads.k, B, T, NKV, HD, float(theta), grads.ldk);
       poison(scratch_.attention, attention_bytes_);
       return;
     }
-    cuda::attention_backward(ctx_, dq, static_cast<float*>(scratch_.attention), b(dout), b(out),
+    cuda::attention_backward(ctx_, grads, static_cast<float*>(scratch_.attention), b(dout), b(out),
                              static_cast<const float*>(saved), bf16_rows(qkv), B, T, NH, NKV, HD,
                              rope_table(HD, theta));
     poison(scratch_.attention, attention_bytes_);
@@ -439,9 +439,10 @@ class CudaBackend final : public Backend {
                                   lowrank_workspace_bytes(storage_, p.out, p.in, p.r), b(dy), b(x),
                                   p.P, N, p.in, p.out, p.r, p.rows);
   }
-  // The randomized range finder runs on the device (kernels/cuda/galore_basis.cu): one wait
-  // per target, for cuSOLVER's statuses. The exact SVD runs on the host (LAPACK, the CPU
-  // backend's op, bit for bit): one out x in download, a wait, per target per refresh.
+  // The randomized range finder runs on the device (kernels/cuda/galore_basis.cu), no wait: its
+  // cuSOLVER statuses are kept in `status` for the caller to read once. The exact SVD runs on
+  // the host (LAPACK, the CPU backend's op, bit for bit): one out x in download, a wait, per
+  // target per refresh.
   void galore_basis(float* P, const float* g, int out, int in, int r, bool rows,
                     const GaloreBasisMethod& how, void* workspace, int* status) override {
     if (how.randomized) {
