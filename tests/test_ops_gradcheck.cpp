@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -223,33 +224,27 @@ void check_attention(int B, int T, int NH, int NKV, int HD, bool packed = false,
                                  ? packed_qkv(dqkv.data(), NH, NKV, HD, 8)
                                  : separate_qkv(dq.data(), dk.data(), dv.data(), NH, NKV, HD);
   ops::attention_backward(d, scratch.data(), R.data(), in, probs.data(), B, T, NH, NKV, HD);
-  // the finite differences of q, k and v, as three buffers
-  Vec want_q, want_k, want_v;
-  if (packed) {
-    const Vec g = numeric_grad(loss, qkv);
-    const QkvRows<const double*> rows = packed_qkv(g.data(), NH, NKV, HD, 8);
+  // q, k and v (or their gradients) of rows laid out as `rows`, as three contiguous buffers
+  const auto split = [&](QkvRows<const double*> rows) {
+    std::array<Vec, 3> out;
     for (int64_t r = 0; r < int64_t(B) * T; r++) {
-      want_q.insert(want_q.end(), rows.q + r * rows.ldq, rows.q + r * rows.ldq + NH * HD);
-      want_k.insert(want_k.end(), rows.k + r * rows.ldk, rows.k + r * rows.ldk + NKV * HD);
-      want_v.insert(want_v.end(), rows.v + r * rows.ldv, rows.v + r * rows.ldv + NKV * HD);
+      out[0].insert(out[0].end(), rows.q + r * rows.ldq, rows.q + r * rows.ldq + NH * HD);
+      out[1].insert(out[1].end(), rows.k + r * rows.ldk, rows.k + r * rows.ldk + NKV * HD);
+      out[2].insert(out[2].end(), rows.v + r * rows.ldv, rows.v + r * rows.ldv + NKV * HD);
     }
-  } else {
-    want_q = numeric_grad(loss, q), want_k = numeric_grad(loss, k), want_v = numeric_grad(loss, v);
-  }
-  if (grads_packed) {  // the packed rows, every element written (poisoned first)
-    Vec want(qkv.size());
-    const QkvRows<double*> rows = packed_qkv(want.data(), NH, NKV, HD, 8);
-    for (int64_t r = 0; r < int64_t(B) * T; r++) {
-      std::copy_n(want_q.begin() + r * NH * HD, NH * HD, rows.q + r * rows.ldq);
-      std::copy_n(want_k.begin() + r * NKV * HD, NKV * HD, rows.k + r * rows.ldk);
-      std::copy_n(want_v.begin() + r * NKV * HD, NKV * HD, rows.v + r * rows.ldv);
-    }
-    CHECK(rel_err(dqkv, want) < kGradTol);
-    return;
-  }
-  CHECK(rel_err(dq, want_q) < kGradTol);
-  CHECK(rel_err(dk, want_k) < kGradTol);
-  CHECK(rel_err(dv, want_v) < kGradTol);
+    return out;
+  };
+  // every element of packed gradient rows is some head's q, k or v: all written (poisoned first)
+  const std::array<Vec, 3> got = split(read_only(d));
+  Vec g;  // the finite differences of the packed q, k, v
+  if (packed) g = numeric_grad(loss, qkv);
+  const std::array<Vec, 3> want =
+      packed ? split(packed_qkv(static_cast<const double*>(g.data()), NH, NKV, HD, 8))
+             : std::array<Vec, 3>{numeric_grad(loss, q), numeric_grad(loss, k),
+                                  numeric_grad(loss, v)};
+  CHECK(rel_err(got[0], want[0]) < kGradTol);
+  CHECK(rel_err(got[1], want[1]) < kGradTol);
+  CHECK(rel_err(got[2], want[2]) < kGradTol);
 }
 
 }  // namespace

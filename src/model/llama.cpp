@@ -413,12 +413,13 @@ void LlamaModel::stacked_backward(void* dx, int l, LayerTensor first, int count,
   void* g = grad(tensors_[index]);
   // each tensor's gradient, at the end of the one before it (in the gradient buffer, or in the
   // fused one, sized for the stack)
-  std::vector<void*> tensor_grads(size_t(count), nullptr);
+  GRASS_CHECK(count <= 3, "stacked_backward: at most q, k and v");
+  void* tensor_grads[3] = {};
   int64_t numel = 0;
   for (int i = 0; i < count; i++) {
-    tensor_grads[size_t(i)] = at(g, numel, grad_bytes);
+    tensor_grads[i] = at(g, numel, grad_bytes);
     numel += tensors_[index + i].numel;
-    GRASS_CHECK(memory_.fused_update || tensor_grads[size_t(i)] == grad(tensors_[index + i]),
+    GRASS_CHECK(memory_.fused_update || tensor_grads[i] == grad(tensors_[index + i]),
                 "stacked_backward: the gradients are not adjacent");
   }
   if (memory_.fused_update) be.zero(g, size_t(numel) * grad_bytes);
@@ -429,7 +430,7 @@ void LlamaModel::stacked_backward(void* dx, int l, LayerTensor first, int count,
   } else {
     be.linear_backward(dx, g, dy, x, w, N, in, out, false);
   }
-  for (int i = 0; i < count; i++) end_gradient(index + i, tensor_grads[size_t(i)]);
+  for (int i = 0; i < count; i++) end_gradient(index + i, tensor_grads[i]);
 }
 
 QkvRows<void*> LlamaModel::qkv_rows(const LayerActs& a) const {
