@@ -24,6 +24,10 @@ struct AdamArgs {
   void* anchor = nullptr;
   double proximal_coef = 0;
   bool anchor_reset = false;
+  // AdamW: the tensor's element that the op's element 0 is. Pure bf16's rounding streams count
+  // from it, so a tensor updated in pieces (offloaded states, optim/state_slots.h) draws what it
+  // would whole.
+  int64_t first = 0;
 };
 
 #ifdef __CUDACC__

@@ -214,6 +214,31 @@ class Backend : public MemoryResource {
   // staging buffer): a step needs O(1) of them (docs/architecture.md). Always 0 on the CPU.
   virtual int64_t host_waits() const = 0;
   virtual void zero(void* dst, size_t bytes) = 0;
+
+  // ---- the host tier (MemPlace::Host, core/arena.h; docs/memory.md's offload) ------------------
+  // Where the arena's host-placed buffers come from: pinned host memory, which the GPU's copy
+  // engine reads and writes directly; on the CPU, host memory outside the arena memory_limit caps.
+  // upload, download and synchronize also order themselves after the queued copies.
+  virtual MemoryResource& host_tier() = 0;
+  // Queues a copy of `bytes` from src to dst on the copy queue, to the device from the host tier or
+  // back: it runs after the compute queued so far and the copies queued before it, beside the
+  // compute queued later. Neither buffer may be touched until a wait_copies() with a mark taken
+  // after this call.
+  enum class Copy { ToDevice, ToHost };
+  virtual void copy_async(void* dst, const void* src, size_t bytes, Copy direction) = 0;
+  // A mark after the copies queued so far; then wait_copies(mark): the compute queued from now on
+  // runs after them. The host does not wait for the GPU (an event the compute stream waits on);
+  // the CPU, whose compute is the calling thread, waits for its copy thread.
+  virtual int64_t mark_copies() = 0;
+  virtual void wait_copies(int64_t mark) = 0;
+  // The bytes the copy queue has moved and the seconds it spent moving them (each copy from its
+  // start to its end: the link's rate, not the step's), since the backend began; on the GPU,
+  // copies that finished by the last synchronisation.
+  struct CopyTotals {
+    int64_t bytes = 0;
+    double seconds = 0;
+  };
+  virtual CopyTotals copy_totals() = 0;
   // weights <-> fp32 on the host: n elements at element offset `first` of a weight buffer
   // (and of the master copy, when there is one: both are written)
   virtual void write_weights(void* weights, float* master, int64_t first, const float* host,

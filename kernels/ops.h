@@ -191,6 +191,6 @@ void grass_adam_update_q8(float* w, const float* gc, const Quant8Moments& s, boo
 void round_to_bf16(float* x, int64_t n);
 // x[i] = x[i] rounded stochastically to bf16 with the counter-based stream (seed, i) of
 // kernels/stochastic_round.h, the one the CUDA kernels draw from.
-void stochastic_round_to_bf16(float* x, int64_t n, uint64_t seed);
+void stochastic_round_to_bf16(float* x, int64_t n, uint64_t seed, uint64_t first = 0);
 
 }  // namespace grass::ops

@@ -2,7 +2,8 @@
 # The whole trainer on the CUDA backend, on the CUDA emulator (tests/cuda_emu): `grass train` with
 # device "cuda" picks the CUDA backend, trains GRASS in bf16-mixed with evaluations and
 # checkpoints, and a run resumed from its step-6 checkpoint ends with the same losses and the same
-# weights and optimizer state, byte for byte, as the run that never stopped; a pure-bf16 run with
+# weights and optimizer state, byte for byte, as the run that never stopped (resumed with the
+# optimizer states offloaded too); a pure-bf16 run with
 # per-layer checkpointing and fused updates trains too, and so do GaLore and FLORA (an SVD and a
 # resampling inside 6 steps, bf16-mixed and fused pure bf16). Run by ctest with GRASS=<grass_emu> and
 # MAKE_SHARD=<make_synthetic_shard>, from the source directory.
@@ -54,6 +55,19 @@ check "steps 7-12: the same losses and gradient norms" \
 for f in model.safetensors state.safetensors; do
   check "step 12 $f is byte-identical" \
     cmp -s "$tmp/a/checkpoints/step_00000012/$f" "$tmp/b/checkpoints/step_00000012/$f"
+done
+
+# The same resumed with the optimizer states in pinned host memory (offload is a layout of memory):
+# the same steps and bytes, the states through the copy stream.
+"$GRASS" train "$tmp/run.json" --set out_dir="$tmp/c" --resume "$tmp/a/checkpoints/step_00000006" \
+  --set offload='{"optimizer_states": true, "piece_bytes": "16KiB"}' >"$tmp/c.log" 2>&1
+check "the run resumed with offloaded states exits 0" test $? = 0
+check "its states are in pinned host memory" grep -q "in pinned host memory, through two device slots" "$tmp/c.log"
+check "steps 7-12 offloaded: the same losses and gradient norms" \
+  diff <(losses "$tmp/a/metrics.jsonl" | tail -6) <(losses "$tmp/c/metrics.jsonl" | tail -6)
+for f in model.safetensors state.safetensors; do
+  check "step 12 $f offloaded is byte-identical" \
+    cmp -s "$tmp/a/checkpoints/step_00000012/$f" "$tmp/c/checkpoints/step_00000012/$f"
 done
 
 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/lean" --set precision=bf16 --set steps=4 \

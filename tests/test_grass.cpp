@@ -283,7 +283,7 @@ TEST_CASE("selection methods give r sorted slices with their scales and the same
   for (float rho : z.rho) CHECK(rho == Approx(std::sqrt(50.0 / r)));
 }
 
-TEST_CASE("a refresh re-selects and resets the moments and the step counter", "[grass]") {
+TEST_CASE("a refresh re-selects, and its first update resets the moments and the step counter", "[grass]") {
   const ModelConfig cfg = small_config();
   const int B = 2, T = 8, r = 2;
   const auto in = tokens(B * T, 40, 7), tg = tokens(B * T, 40, 8);
@@ -301,10 +301,18 @@ TEST_CASE("a refresh re-selects and resets the moments and the step counter", "[
   CHECK(moment_mass > 0);
   rig.gradients(2, in, tg, B);  // step 2 is a refresh: the backward re-selects
   CHECK(t.adam_step == 0);
-  for (int64_t i = 0; i < t.gc_numel; i++) REQUIRE((m[i] == 0 && v[i] == 0));
   CHECK(std::vector<int32_t>(t.sigma, t.sigma + r) != old_sigma);  // uniform_nr, a new seed
-  rig.update();
+  const std::vector<float> g(rig.gc(t), rig.gc(t) + t.gc_numel);  // the update may overwrite it
+  rig.update();  // its first update starts from zero moments: one Adam step's, from G_C alone
   CHECK(t.adam_step == 1);
+  const double b1 = rig.opt.beta1, b2 = rig.opt.beta2;
+  double g_mass = 0;
+  for (int64_t i = 0; i < t.gc_numel; i++) {
+    g_mass += std::abs(g[size_t(i)]);
+    REQUIRE(m[i] == Approx((1 - b1) * g[size_t(i)]).epsilon(1e-6).margin(1e-30));
+    REQUIRE(v[i] == Approx((1 - b2) * g[size_t(i)] * g[size_t(i)]).epsilon(1e-6).margin(1e-30));
+  }
+  CHECK(g_mass > 0);
 }
 
 TEST_CASE("at full rank GRASS reproduces dense AdamW step for step", "[grass]") {

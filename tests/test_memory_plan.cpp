@@ -42,26 +42,34 @@ RunConfig small_run(const std::string& optimizer) {
 
 }  // namespace
 
-TEST_CASE("the memory plan equals what a run allocates, category by category", "[memory]") {
+TEST_CASE("the memory plan equals what a run allocates, category by category and place by place",
+          "[memory]") {
   for (const std::string optimizer : {"adamw", "grass", "galore", "flora"})
   for (const std::string precision : {"fp32", "bf16-mixed", "bf16"})
   for (const std::string checkpointing : {"none", "elementwise", "layer", "sampled"})
-  for (const std::string fused : {"off", "on"}) {
-    INFO(optimizer << " " << precision << ", checkpointing " << checkpointing << ", fused " << fused);
+  for (const std::string fused : {"off", "on"})
+  for (const bool offload : {false, true}) {
+    INFO(optimizer << " " << precision << ", checkpointing " << checkpointing << ", fused " << fused
+                   << (offload ? ", states offloaded" : ""));
     RunConfig cfg = small_run(optimizer);
     if (checkpointing == "sampled") cfg.activations = {ActivationSample::Bernoulli, 0.3};
     else cfg.activation_checkpointing = test::named<Checkpointing>(checkpointing);
     cfg.fused_update = test::named<Switch>(fused);
+    cfg.offload.optimizer_states = offload;
     const Storage cpu = storage_for(test::named<PrecisionChoice>(precision), false);
     const MemoryPlan plan = plan_memory(cfg, cpu);
     const std::unique_ptr<Backend> backend = make_cpu_backend(cpu);
-    Arena real(false, *backend);
+    Arena real(false, *backend, &backend->host_tier());
     build_training_state(cfg, real, *backend);
     for (int c = 0; c < kMemCategories; c++) {
       INFO(mem_category_name(MemCategory(c)));
       CHECK(plan.bytes[c] == real.bytes(MemCategory(c)));
+      CHECK(plan.host_bytes[c] == real.bytes(MemPlace::Host, MemCategory(c)));
     }
     CHECK(plan.total == real.total_bytes());
+    CHECK(plan.host_total == real.total_bytes(MemPlace::Host));
+    CHECK(plan.buffers == real.num_blocks());
+    CHECK((plan.host_total > 0) == offload);
   }
 }
 

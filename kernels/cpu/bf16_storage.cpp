@@ -20,10 +20,11 @@ void round_to_bf16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] = bf16_to_float(float_to_bf16(x[i]));
 }
 
-void stochastic_round_to_bf16(float* x, int64_t n, uint64_t seed) {
+void stochastic_round_to_bf16(float* x, int64_t n, uint64_t seed, uint64_t first) {
 #pragma omp parallel for if (n >= kParallelElements)
   for (int64_t i = 0; i < n; i++)
-    x[i] = bf16_to_float(stochastic_round_bits(std::bit_cast<uint32_t>(x[i]), seed, uint64_t(i)));
+    x[i] = bf16_to_float(
+        stochastic_round_bits(std::bit_cast<uint32_t>(x[i]), seed, first + uint64_t(i)));
 }
 
 }  // namespace grass::ops

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "kernels/backend.h"
 #include "kernels/clip_rule.h"
 #include "kernels/cpu/blas_kernels.h"
+#include "kernels/cpu/copy_queue.h"
 #include "kernels/lowrank_ops.h"
 #include "kernels/ops.h"
 #include "kernels/stochastic_round.h"
@@ -43,7 +45,7 @@ class CpuBackend final : public Backend {
 
   double peak_flops() const override { return 0; }  // no agreed CPU peak: MFU is a GPU figure
   DeviceMemory device_memory() const override { return {}; }
-  void synchronize() override {}
+  void synchronize() override { copies_.drain(); }
   // The CPU's memory is the host's: the ranks' own communicator sums it.
   std::unique_ptr<Communicator> communicator_for(Communicator&) override { return nullptr; }
 
@@ -52,13 +54,30 @@ class CpuBackend final : public Backend {
   void deallocate(void* ptr) override { host_memory().deallocate(ptr); }
   const char* memory_name() const override { return "host memory"; }
   void reserve(int64_t, int64_t) override {}
-  void upload(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
-  void download(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+  void upload(void* dst, const void* host, size_t bytes) override {
+    copies_.drain();
+    std::memcpy(dst, host, bytes);
+  }
+  void download(void* host, const void* src, size_t bytes) override {
+    copies_.drain();
+    std::memcpy(host, src, bytes);
+  }
   void upload_async(void* dst, const void* host, size_t bytes) override {
     std::memcpy(dst, host, bytes);
   }
   int64_t host_waits() const override { return 0; }
   void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
+  MemoryResource& host_tier() override { return host_tier_; }
+  void copy_async(void* dst, const void* src, size_t bytes, Copy) override {
+    copies_.copy(dst, src, bytes);
+  }
+  int64_t mark_copies() override { return copies_.mark(); }
+  void wait_copies(int64_t mark) override { copies_.wait(mark); }
+  CopyTotals copy_totals() override { return {copies_.bytes_done(), copies_.seconds_busy()}; }
+  // Lazy copies poison what is unwritten too, as the GPU's GRASS_POISON does.
+  void mark_unwritten(void* ptr, size_t bytes) override {
+    if (copies_.lazy()) std::memset(ptr, 0xFF, bytes);
+  }
   void write_weights(void* weights, float* master, int64_t first, const float* host,
                      int64_t n) override {
     float* w = f(weights) + first;
@@ -179,7 +198,7 @@ class CpuBackend final : public Backend {
     float* w = weight.master ? weight.master : f(weight.weights);
     ops::adamw_update(w, f(g), f(m), f(v), n, a);
     if (weight.master) round_from_master(f(weight.weights), weight.master, n);
-    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), n, n, seed, a.step);
+    if (storage_.pure_bf16()) stochastic_round(w, f(m), f(v), n, n, seed, a.step, a.first);
   }
   void adamw_update_q8(WeightRef weight, const void* g, const Quant8Moments& s, int64_t n,
                        const AdamArgs& a, uint64_t seed) override {
@@ -187,7 +206,8 @@ class CpuBackend final : public Backend {
     ops::adamw_update_q8(w, f(g), s, n, a);
     if (weight.master) round_from_master(f(weight.weights), weight.master, n);
     if (storage_.pure_bf16())
-      ops::stochastic_round_to_bf16(w, n, rounding_stream_seed(seed, a.step, kRoundWeight));
+      ops::stochastic_round_to_bf16(w, n, rounding_stream_seed(seed, a.step, kRoundWeight),
+                                    uint64_t(a.first));
   }
 
   void grass_compressed_grad(void* gc, void* scratch, const void* dy, const void* x,
@@ -314,15 +334,39 @@ class CpuBackend final : public Backend {
   }
   // pure bf16's stores: the weight and both moments, each with its own stream of this step and
   // the element's index in its buffer as the counter, as the CUDA kernels draw them
+  // (counting from element `first`: AdamArgs::first)
   static void stochastic_round(float* w, float* m, float* v, int64_t n_weights, int64_t n_moments,
-                               uint64_t seed, int64_t step) {
-    ops::stochastic_round_to_bf16(w, n_weights, rounding_stream_seed(seed, step, kRoundWeight));
+                               uint64_t seed, int64_t step, int64_t first = 0) {
+    const uint64_t from = uint64_t(first);
+    ops::stochastic_round_to_bf16(w, n_weights, rounding_stream_seed(seed, step, kRoundWeight), from);
     ops::stochastic_round_to_bf16(m, n_moments,
-                                  rounding_stream_seed(seed, step, kRoundFirstMoment));
+                                  rounding_stream_seed(seed, step, kRoundFirstMoment), from);
     ops::stochastic_round_to_bf16(v, n_moments,
-                                  rounding_stream_seed(seed, step, kRoundSecondMoment));
+                                  rounding_stream_seed(seed, step, kRoundSecondMoment), from);
   }
 
+  // The host tier: host memory like the arena's, counted apart. A buffer goes back only after
+  // the copies that may still touch it.
+  class HostTier final : public MemoryResource {
+   public:
+    explicit HostTier(CopyQueue& copies) : copies_(copies) {}
+    void* allocate_zeroed(size_t bytes) override { return host_memory().allocate_zeroed(bytes); }
+    void deallocate(void* ptr) override {
+      copies_.drain();
+      host_memory().deallocate(ptr);
+    }
+    const char* memory_name() const override { return "host memory outside the arena"; }
+
+   private:
+    CopyQueue& copies_;
+  };
+  static bool lazy_copies() {
+    const char* v = std::getenv("GRASS_LAZY_COPIES");
+    return v && std::strcmp(v, "1") == 0;
+  }
+
+  CopyQueue copies_{lazy_copies()};
+  HostTier host_tier_{copies_};
   float* attention_scratch_ = nullptr;  // [B,NH,T,T] dscores
   int64_t attention_scratch_floats_ = 0;
   std::vector<double> slice_norms_, chunk_norms_;  // grass_slice_norms' buffer and a chunk's

@@ -31,6 +31,7 @@ struct AdamwStep {
   float step_size;  // lr / (1 - beta1^step)
   float bc2_sqrt;   // sqrt(1 - beta2^step)
   ProximalTerm proximal;  // its anchor S-typed [n]
+  uint64_t first;         // the rounding streams' counter at element 0 (AdamArgs::first)
 };
 
 // The gradient as the update reads it: clipped, then with the proximal term on the weight p
@@ -63,7 +64,7 @@ __global__ void adamw_mixed_kernel(bf16* param, float* master, const float* g, f
 }
 
 // "bf16": param, m, v, g all bf16[n]; each store rounds stochastically, with its own stream per
-// array and the element index as the counter.
+// array and the element's index in the tensor as the counter.
 __global__ void adamw_pure_kernel(bf16* param, const bf16* g, bf16* m, bf16* v, int64_t n,
                                   AdamwStep k, uint64_t seed_param, uint64_t seed_m,
                                   uint64_t seed_v) {
@@ -72,9 +73,10 @@ __global__ void adamw_pure_kernel(bf16* param, const bf16* g, bf16* m, bf16* v, 
   float mi = __bfloat162float(m[i]), vi = __bfloat162float(v[i]);
   const float p0 = __bfloat162float(param[i]);
   const float p = adam_step(k, p0, read_gradient<bf16>(k, __bfloat162float(g[i]), p0, i), mi, vi);
-  m[i] = stochastic_round_bf16(mi, seed_m, uint64_t(i));
-  v[i] = stochastic_round_bf16(vi, seed_v, uint64_t(i));
-  param[i] = stochastic_round_bf16(p, seed_param, uint64_t(i));
+  const uint64_t counter = k.first + uint64_t(i);
+  m[i] = stochastic_round_bf16(mi, seed_m, counter);
+  v[i] = stochastic_round_bf16(vi, seed_v, counter);
+  param[i] = stochastic_round_bf16(p, seed_param, counter);
 }
 
 // The 8-bit step (ops::adamw_update_q8), a flat layout over the tensor (kernels/cuda/quant8.cuh).
@@ -99,7 +101,7 @@ __global__ void adamw_q8_kernel(bf16* param, float* master, const S* g, Quant8Mo
         m = v = 0.0f;
       }
       if constexpr (kPure) {
-        param[i] = stochastic_round_bf16(p, seed_param, uint64_t(i));  // exact for p0
+        param[i] = stochastic_round_bf16(p, seed_param, k.first + uint64_t(i));  // exact for p0
       } else {
         master[i] = p;
         param[i] = __float2bfloat16_rn(p);
@@ -122,6 +124,7 @@ AdamwStep adamw_step(const AdamArgs& a) {
   k.step_size = float(s.lr / s.bias_correction1);
   k.bc2_sqrt = float(s.bias_correction2_sqrt);
   k.proximal = proximal_term(a);
+  k.first = uint64_t(a.first);
   return k;
 }
 

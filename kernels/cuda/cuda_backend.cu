@@ -5,11 +5,13 @@
 // reads its loss and gradient norm once at its end; the tokens it sends go through pinned staging
 // (staging.cuh). host_waits() counts every wait.
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/copy_stream.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/nccl_communicator.h"
@@ -50,6 +52,7 @@ class CudaBackend final : public Backend {
     // that the reservation is the run's last allocation: the stream, both cuBLAS handles (and the
     // kernels, loaded eagerly: probe_device, cuda/device.h).
     GRASS_CUDA_CHECK(cudaStreamCreate(&ctx_.stream));
+    copies_ = std::make_unique<cuda::CopyStream>(ctx_.stream);
     GRASS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
     ctx_.blas = cuda::create_gemm_fallback_handle();
     if (attention == AttentionKernel::Cudnn) {
@@ -67,6 +70,7 @@ class CudaBackend final : public Backend {
     if (pool_) cudaFree(pool_);
     cublasDestroy(ctx_.blas);
     cublasLtDestroy(ctx_.lt);
+    copies_.reset();
     cudaStreamDestroy(ctx_.stream);
   }
 
@@ -148,11 +152,22 @@ class CudaBackend final : public Backend {
   }
   const char* memory_name() const override { return "GPU memory"; }
 
+  // The host tier is host memory: read and written by the host once no copy touches it.
   void upload(void* dst, const void* host, size_t bytes) override {
+    if (copies_->in_host_tier(dst)) {
+      sync();
+      std::memcpy(dst, host, bytes);
+      return;
+    }
     GRASS_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, ctx_.stream));
     sync();  // the host buffer may change as soon as this returns
   }
   void download(void* host, const void* src, size_t bytes) override {
+    if (copies_->in_host_tier(src)) {
+      sync();
+      std::memcpy(host, src, bytes);
+      return;
+    }
     GRASS_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
     sync();
   }
@@ -163,6 +178,14 @@ class CudaBackend final : public Backend {
   void zero(void* dst, size_t bytes) override {
     GRASS_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, ctx_.stream));
   }
+  MemoryResource& host_tier() override { return copies_->host_tier(); }
+  void copy_async(void* dst, const void* src, size_t bytes, Copy direction) override {
+    copies_->copy(dst, src, bytes,
+                  direction == Copy::ToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+  }
+  int64_t mark_copies() override { return copies_->mark(); }
+  void wait_copies(int64_t mark) override { copies_->wait(mark); }
+  CopyTotals copy_totals() override { return copies_->totals(); }
   void write_weights(void* weights, float* master, int64_t first, const float* host,
                      int64_t n) override {
     if (master) upload(master + first, host, size_t(n) * sizeof(float));
@@ -512,6 +535,7 @@ class CudaBackend final : public Backend {
     cuda::linear_backward_dw(ctx_, dw, grad_type(), b(logits), b(at(nf, r0 * C)), rows, C, V);
   }
   void sync() {
+    copies_->order_compute_after_copies();
     GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
     host_waits_++;
   }
@@ -526,6 +550,7 @@ class CudaBackend final : public Backend {
   size_t pool_bytes_ = 0, pool_used_ = 0;
   BackendScratchPointers scratch_;
   cuda::StagingRing staging_;
+  std::unique_ptr<cuda::CopyStream> copies_;  // the copy queue and the host tier
   int64_t host_waits_ = 0;
   BackendScratch scratch_bytes_;       // the sizes of scratch_'s buffers
   int64_t slice_norms_capacity_ = 0;  // doubles at scratch_.slice_norms

@@ -14,7 +14,7 @@ namespace grass::cli {
 namespace {
 const char* kMemUsage =
     "usage: grass mem <run.json> [--device cpu|cuda] [--memory-limit SIZE] [--ranks N] [--json]\n"
-    "                 [--set key=value ...]\n"
+    "                 [--link-gbps GB/s] [--tflops T] [--set key=value ...]\n"
     "\n"
     "Prints the memory the run will take, by category (weights, dense and compressed gradients,\n"
     "optimizer states, activations, workspace), beside full AdamW on the same model and batch.\n"
@@ -29,6 +29,10 @@ const char* kMemUsage =
     "  --ranks N             plan one rank of `mpirun -np N grass train`: each rank holds the\n"
     "                        same memory, and takes total_batch_size / (micro_batch_size x N)\n"
     "                        micro-batches a step (docs/distributed.md)\n"
+    "  --link-gbps GB/s      the host link offload copies over (default 25, PCIe 4 x16)\n"
+    "  --tflops T            the sustained rate a step computes at, for the step-time bound\n"
+    "                        with offload (default: 40% of an H100's 989 on the GPU; none on\n"
+    "                        the CPU)\n"
     "  --json                one JSON object (the run's plan in bytes) instead of the table\n"
     "  --set key=value       override a run config key, as for grass train\n";
 }  // namespace
@@ -38,6 +42,7 @@ int cmd_mem(const Args& args) {
   std::optional<DeviceChoice> device;  // --device; else the run's
   bool json = false;
   int ranks = 1;
+  std::optional<double> link_gbps, tflops;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
@@ -51,6 +56,10 @@ int cmd_mem(const Args& args) {
       json = true;
     } else if (take_option(args, i, "--memory-limit", value)) {
       overrides.push_back("memory_limit=" + value);
+    } else if (take_option(args, i, "--link-gbps", value)) {
+      link_gbps = parse_positive("--link-gbps", value);
+    } else if (take_option(args, i, "--tflops", value)) {
+      tflops = parse_positive("--tflops", value);
     } else if (take_option(args, i, "--ranks", value)) {
       const uint64_t n = parse_count("--ranks", value, 1);
       if (n > (1u << 20)) throw UserError("--ranks " + value + ": more ranks than grass plans for");
@@ -73,7 +82,11 @@ int cmd_mem(const Args& args) {
   RunConfig cfg = load_run_config(run_path, overrides, ranks);
   if (device) cfg.device = *device;
   const Storage storage = planned_storage(cfg);
-  std::fputs((json ? memory_plan_json(cfg, storage) : format_memory_plans(cfg, storage)).c_str(),
+  LinkModel link;
+  link.link_gbps = link_gbps.value_or(link.link_gbps);
+  link.tflops = tflops.value_or(default_tflops(storage));
+  std::fputs((json ? memory_plan_json(cfg, storage, link) : format_memory_plans(cfg, storage, link))
+                 .c_str(),
              stdout);
   return 0;
 }

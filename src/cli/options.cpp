@@ -1,6 +1,7 @@
 #include "src/cli/options.h"
 
 #include <charconv>
+#include <cmath>
 
 #include "src/core/error.h"
 
@@ -23,6 +24,14 @@ uint64_t parse_count(const std::string& name, const std::string& text, uint64_t 
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || v < min)
     throw UserError(name + " " + text + ": expected an integer >= " + std::to_string(min));
+  return v;
+}
+
+double parse_positive(const std::string& name, const std::string& text) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v <= 0)
+    throw UserError(name + " " + text + ": expected a number > 0");
   return v;
 }
 

@@ -13,5 +13,7 @@ bool take_option(const Args& args, size_t& i, const std::string& name, std::stri
 
 // `text` as an integer >= min, or a UserError naming the option.
 uint64_t parse_count(const std::string& name, const std::string& text, uint64_t min);
+// `text` as a finite number > 0, or a UserError naming the option.
+double parse_positive(const std::string& name, const std::string& text);
 
 }  // namespace grass::cli

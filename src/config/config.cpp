@@ -199,6 +199,7 @@ const std::vector<std::string> kRunKeys = {
     "pad_ffn",
     "attention",
     "memory_limit",
+    "offload",
     "seed",
     "out_dir",
     "log_every",
@@ -529,6 +530,20 @@ void read_memory(const ObjectReader& run, RunConfig& c) {
                 describe(*limit));
     c.memory_limit = *bytes;
   }
+  if (const json* offload = run.find("offload")) {
+    const ObjectReader o(*offload, run.at("offload"));
+    o.reject_unknown_keys({"optimizer_states", "piece_bytes"});
+    c.offload.optimizer_states = o.boolean("optimizer_states").value_or(false);
+    if (const json* piece = o.find("piece_bytes")) {
+      std::optional<int64_t> bytes;
+      if (piece->is_number_integer() && piece->get<int64_t>() > 0) bytes = piece->get<int64_t>();
+      else if (piece->is_string()) bytes = parse_memory_size(piece->get<std::string>());
+      if (!bytes || *bytes < 4096)
+        o.at("piece_bytes").fail("expected a size of at least 4 KiB such as \"16MiB\", got " +
+                                 describe(*piece));
+      c.offload.piece_bytes = *bytes;
+    }
+  }
 }
 
 void read_checkpointing(const ObjectReader& run, RunConfig& c) {
@@ -753,6 +768,9 @@ json to_json(const RunConfig& c) {
   };
   if (!c.init_from.empty()) run["init_from"] = c.init_from;
   if (c.memory_limit > 0) run["memory_limit"] = format_memory_size(c.memory_limit);
+  if (c.offload.any())
+    run["offload"] = {{"optimizer_states", c.offload.optimizer_states},
+                      {"piece_bytes", format_memory_size(c.offload.piece_bytes)}};
   // only when on, so a checkpoint from before the key resumes without a warning about it
   if (c.activations.on())
     run["activations"] = {{"sample", name_of(c.activations.sample)}, {"keep", c.activations.keep}};

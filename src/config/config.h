@@ -121,6 +121,8 @@ struct OptimizerConfig {
   StateBlocking state_blocking = StateBlocking::Feature;
   ProjectionConfig projection;      // grass, galore, flora: their targets; the rest AdamW
   ProximalConfig proximal;          // adamw and grass only
+  // Not a key: the run's offload.optimizer_states, which the optimizers' states follow.
+  bool offload_states = false;
   bool operator==(const OptimizerConfig&) const = default;
 };
 
@@ -143,6 +145,19 @@ struct SampledActivations {
   Switch selected_columns = Switch::Auto;
   bool on() const { return sample != ActivationSample::None; }
   bool operator==(const SampledActivations&) const = default;
+};
+
+// offload: what the run keeps in the host tier instead of the device (MemPlace, core/arena.h;
+// docs/memory.md). optimizer_states: every optimizer's moments (and proximal anchors) live there
+// and pass through two device slots for each update: the same kernels on the same bytes, so the
+// same numbers as a run without it. GRASS's σ and ρ, GaLore's projections and the master weights
+// stay on the device. A projected target's states move whole; AdamW's in pieces of up to
+// piece_bytes (JSON: a size, "16MiB"), or the largest target's if larger, which sizes the slots.
+struct OffloadConfig {
+  bool optimizer_states = false;
+  int64_t piece_bytes = int64_t(16) << 20;
+  bool any() const { return optimizer_states; }
+  bool operator==(const OffloadConfig&) const = default;
 };
 
 struct RunConfig {
@@ -185,6 +200,7 @@ struct RunConfig {
   // The most bytes the run's memory plan may take (its device arena is exactly the plan); 0: no
   // cap. JSON: "40GiB", "32 GiB", "512MiB", "40GB" (10^9) or a number of bytes.
   int64_t memory_limit = 0;
+  OffloadConfig offload;
   uint64_t seed = 42;
   std::string out_dir = "runs/default";
   int log_every = 1;                // print a step line every N steps (metrics.jsonl gets all)

@@ -1,5 +1,6 @@
 #include "src/core/arena.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,8 @@ const char* mem_category_name(MemCategory c) {
   return "?";
 }
 
+const char* mem_place_name(MemPlace p) { return p == MemPlace::Device ? "device" : "host"; }
+
 namespace {
 class HostMemory : public MemoryResource {
  public:
@@ -41,50 +44,66 @@ MemoryResource& host_memory() {
 }
 
 Arena::~Arena() {
-  for (auto& b : blocks_)
-    if (b.ptr) memory_->deallocate(b.ptr);
+  for (auto& b : list_)
+    if (b.ptr) memory_[int(b.place)]->deallocate(b.ptr);
 }
 
-void* Arena::alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes) {
+void* Arena::alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes, MemPlace place) {
   GRASS_CHECK(bytes >= 0, "negative allocation for " + name);
-  void* p = bytes && !planning_ ? memory_->allocate_zeroed(size_t(bytes)) : nullptr;
+  const int at = int(place);
+  MemoryResource& memory = *memory_[size_t(at)];
+  void* p = bytes && !planning_ ? memory.allocate_zeroed(size_t(bytes)) : nullptr;
   if (bytes && !p && !planning_)
-    throw UserError(std::string("out of ") + memory_->memory_name() + " allocating " + name +
-                    " (" + format_bytes(bytes) + ") with " + format_bytes(total_) +
+    throw UserError(std::string("out of ") + memory.memory_name() + " allocating " + name +
+                    " (" + format_bytes(bytes) + ") with " + format_bytes(total_[size_t(at)]) +
                     " already held: reduce micro_batch_size or seq_len (grass mem <run.json> "
                     "shows the plan)");
   if (p && (cat == MemCategory::Activations || cat == MemCategory::Workspace))
-    memory_->mark_unwritten(p, size_t(bytes));
-  blocks_.push_back({p, bytes, cat, name});
-  live_[int(cat)] += bytes;
-  total_ += bytes;
-  if (total_ > peak_) peak_ = total_;
+    memory.mark_unwritten(p, size_t(bytes));
+  list_.push_back({p, bytes, cat, name, place});
+  live_[size_t(at)][int(cat)] += bytes;
+  total_[size_t(at)] += bytes;
+  blocks_[size_t(at)]++;
+  peak_[size_t(at)] = std::max(peak_[size_t(at)], total_[size_t(at)]);
   return p;
 }
 
 void Arena::free(void* ptr) {
   GRASS_CHECK(!planning_, "Arena::free on a planning arena (its pointers are all null)");
-  for (size_t i = 0; i < blocks_.size(); i++)
-    if (blocks_[i].ptr == ptr) {
-      live_[int(blocks_[i].cat)] -= blocks_[i].bytes;
-      total_ -= blocks_[i].bytes;
-      memory_->deallocate(ptr);
-      blocks_.erase(blocks_.begin() + i);
+  for (size_t i = 0; i < list_.size(); i++)
+    if (list_[i].ptr == ptr) {
+      const size_t at = size_t(list_[i].place);
+      live_[at][int(list_[i].cat)] -= list_[i].bytes;
+      total_[at] -= list_[i].bytes;
+      blocks_[at]--;
+      memory_[at]->deallocate(ptr);
+      list_.erase(list_.begin() + i);
       return;
     }
   GRASS_CHECK(false, "Arena::free of a pointer it does not own");
 }
 
 std::string Arena::report() const {
+  const bool host = total_[size_t(MemPlace::Host)] > 0;
   std::string out;
   char line[128];
-  for (int c = 0; c < kMemCategories; c++) {
-    std::snprintf(line, sizeof line, "  %-12s %12s\n", mem_category_name(MemCategory(c)),
-                  format_bytes(live_[c]).c_str());
+  const auto row = [&](const char* name, int64_t device, int64_t on_host) {
+    std::snprintf(line, sizeof line, "  %-12s %12s", name, format_bytes(device).c_str());
+    out += line;
+    if (host) {
+      std::snprintf(line, sizeof line, " %12s", format_bytes(on_host).c_str());
+      out += line;
+    }
+    out += "\n";
+  };
+  if (host) {
+    std::snprintf(line, sizeof line, "  %-12s %12s %12s\n", "", mem_place_name(MemPlace::Device),
+                  mem_place_name(MemPlace::Host));
     out += line;
   }
-  std::snprintf(line, sizeof line, "  %-12s %12s\n", "total", format_bytes(total_).c_str());
-  out += line;
+  for (int c = 0; c < kMemCategories; c++)
+    row(mem_category_name(MemCategory(c)), live_[0][size_t(c)], live_[1][size_t(c)]);
+  row("total", total_[0], total_[1]);
   return out;
 }
 

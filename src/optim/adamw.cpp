@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "src/core/error.h"
 #include "src/core/rng.h"
 
 namespace grass {
@@ -32,19 +33,21 @@ AdamW::AdamW(const OptimizerConfig& cfg, LlamaModel& model, Arena& arena, uint64
       plain += numel;
     }
   }
+  const MemPlace place = states_place(cfg);
   if (plain > 0) {
-    m_ = arena.alloc_bytes(MemCategory::Optimizer, "adamw.m", plain * state_bytes);
-    v_ = arena.alloc_bytes(MemCategory::Optimizer, "adamw.v", plain * state_bytes);
+    m_ = arena.alloc_bytes(MemCategory::Optimizer, "adamw.m", plain * state_bytes, place);
+    v_ = arena.alloc_bytes(MemCategory::Optimizer, "adamw.v", plain * state_bytes, place);
   }
   if (coded > 0) {
-    m_codes_ = arena.alloc<uint8_t>(MemCategory::Optimizer, "adamw.m_q8", coded);
-    v_codes_ = arena.alloc<uint8_t>(MemCategory::Optimizer, "adamw.v_q8", coded);
-    m_absmax_ = arena.alloc<float>(MemCategory::Optimizer, "adamw.m_absmax", blocks);
-    v_absmax_ = arena.alloc<float>(MemCategory::Optimizer, "adamw.v_absmax", blocks);
+    m_codes_ = arena.alloc<uint8_t>(MemCategory::Optimizer, "adamw.m_q8", coded, place);
+    v_codes_ = arena.alloc<uint8_t>(MemCategory::Optimizer, "adamw.v_q8", coded, place);
+    m_absmax_ = arena.alloc<float>(MemCategory::Optimizer, "adamw.m_absmax", blocks, place);
+    v_absmax_ = arena.alloc<float>(MemCategory::Optimizer, "adamw.v_absmax", blocks, place);
   }
-  if (cfg.proximal.enabled() && cfg.kind == OptimizerKind::AdamW)
+  proximal_ = cfg.proximal.enabled() && cfg.kind == OptimizerKind::AdamW;
+  if (proximal_)
     anchor_ = arena.alloc_bytes(MemCategory::Optimizer, "adamw.proximal_anchor",
-                                model.num_dense_grads() * state_bytes);
+                                model.num_dense_grads() * state_bytes, place);
 }
 
 void AdamW::begin_step(int64_t step) {
@@ -54,35 +57,76 @@ void AdamW::begin_step(int64_t step) {
 }
 
 void AdamW::update(int tensor, void* g, const double* clip, double lr) {
+  update_elements(tensor, g, clip, lr, 0, model_.tensors()[size_t(tensor)].numel);
+}
+
+void AdamW::update_elements(int tensor, void* g, const double* clip, double lr, int64_t first,
+                            int64_t count) {
   const ParamTensor& t = model_.tensors()[size_t(tensor)];
-  const int state_bytes = model_.storage().state_bytes;
+  const Storage& storage = model_.storage();
+  const int64_t state_bytes = storage.state_bytes;
   const int64_t step = step_ + 1;
-  // pure bf16's stochastic rounding: one stream per (step, tensor)
+  // pure bf16's stochastic rounding: one stream per (step, tensor), counted from `first`
   const uint64_t seed = derive_seed(derive_seed(seed_, uint64_t(step)), uint64_t(tensor));
   // A target's step moves at lr × target_lr_scale while its decay stays 1 - lr·wd, as GRASS's and
   // GaLore's targets decay: the rate and the decay's product is what adam_scalars() takes.
   const double scale = lr_scale_[size_t(tensor)];
   AdamArgs args = adam_args(cfg_, clip, lr * scale, t.is_norm ? 0.0 : cfg_.weight_decay / scale,
                             step);
+  args.first = first;
   if (anchor_) {
     // step t of the inner loop moves at lr/(t+1) (the decay with it); the term's λ/lr is the
     // run's lr
     const int64_t inner = step_ - anchor_step_;
     args = proximal_args(args, cfg_.proximal.lambda, lr, inner,
-                         static_cast<char*>(anchor_) + t.grad_offset * state_bytes);
+                         resident(static_cast<char*>(anchor_) + (t.grad_offset + first) * state_bytes));
   }
+  const WeightRef whole = model_.weight_ref(t);
+  const WeightRef w{static_cast<char*>(whole.weights) + first * storage.weight_bytes,
+                    whole.master ? whole.master + first : nullptr};
+  const void* gradient = static_cast<const char*>(g) + first * storage.grad_bytes;
   const MomentPlace& p = place_[size_t(tensor)];
   if (p.q8) {
-    const Quant8Moments q{.m = m_codes_ + p.offset,
-                          .v = v_codes_ + p.offset,
-                          .absmax_m = m_absmax_ + p.block,
-                          .absmax_v = v_absmax_ + p.block,
+    GRASS_CHECK(first % state_block_ == 0, "an 8-bit AdamW piece that splits a block");
+    const int64_t block = p.block + first / state_block_;
+    const Quant8Moments q{.m = resident(m_codes_ + p.offset + first),
+                          .v = resident(v_codes_ + p.offset + first),
+                          .absmax_m = resident(m_absmax_ + block),
+                          .absmax_v = resident(v_absmax_ + block),
                           .block = state_block_};
-    model_.backend().adamw_update_q8(model_.weight_ref(t), g, q, t.numel, args, seed);
+    model_.backend().adamw_update_q8(w, gradient, q, count, args, seed);
     return;
   }
-  model_.backend().adamw_update(model_.weight_ref(t), g, static_cast<char*>(m_) + p.offset * state_bytes,
-                                static_cast<char*>(v_) + p.offset * state_bytes, t.numel, args, seed);
+  model_.backend().adamw_update(w, gradient,
+                                resident(static_cast<char*>(m_) + (p.offset + first) * state_bytes),
+                                resident(static_cast<char*>(v_) + (p.offset + first) * state_bytes),
+                                count, args, seed);
+}
+
+std::vector<StateSpan> AdamW::state_spans(int tensor) const {
+  return state_spans(tensor, 0, model_.tensors()[size_t(tensor)].numel);
+}
+
+std::vector<StateSpan> AdamW::state_spans(int tensor, int64_t first, int64_t count) const {
+  const ParamTensor& t = model_.tensors()[size_t(tensor)];
+  const MomentPlace& p = place_[size_t(tensor)];
+  const int64_t state_bytes = model_.storage().state_bytes;
+  std::vector<StateSpan> spans;
+  if (p.q8) {
+    const int64_t block = p.block + first / state_block_;
+    const int64_t blocks = (count + state_block_ - 1) / state_block_;
+    spans = {{m_codes_ + p.offset + first, count, true},
+             {v_codes_ + p.offset + first, count, true},
+             {m_absmax_ + block, blocks * 4, true},
+             {v_absmax_ + block, blocks * 4, true}};
+  } else {
+    spans = {{static_cast<char*>(m_) + (p.offset + first) * state_bytes, count * state_bytes, true},
+             {static_cast<char*>(v_) + (p.offset + first) * state_bytes, count * state_bytes, true}};
+  }
+  if (proximal_)  // taken again at an inner loop's first step, but over the whole piece: fetched
+    spans.push_back({static_cast<char*>(anchor_) + (t.grad_offset + first) * state_bytes,
+                     count * state_bytes, true});
+  return spans;
 }
 
 std::string AdamW::describe() const {

@@ -31,6 +31,13 @@ class AdamW final : public Optimizer {
   const char* name() const override { return "adamw"; }
   void begin_step(int64_t step) override;
   void update(int tensor, void* g, const double* clip, double lr) override;
+  // Its moments (codes and absmax with q8) and anchor; in pieces of whole 8-bit blocks (64
+  // elements without q8).
+  std::vector<StateSpan> state_spans(int tensor) const override;
+  int64_t piece_quantum() const override { return state_block_ > 0 ? state_block_ : 64; }
+  std::vector<StateSpan> state_spans(int tensor, int64_t first, int64_t count) const override;
+  void update_elements(int tensor, void* g, const double* clip, double lr, int64_t first,
+                       int64_t count) override;
   std::string describe() const override;
 
   // With the proximal method: the step its anchor was taken at, in "adamw_proximal".
@@ -60,6 +67,7 @@ class AdamW final : public Optimizer {
   float* m_absmax_ = nullptr;    // [their blocks]
   float* v_absmax_ = nullptr;
   void* anchor_ = nullptr;     // the proximal anchor [num_dense_grads], state-typed; null: off
+  bool proximal_ = false;      // whether there is one (a planning arena's pointers are null)
   int64_t anchor_step_ = -1;   // the step the anchor was last taken at (-1: not yet)
 };
 

@@ -35,23 +35,25 @@ Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
     t.slices = r;
     t.gc_numel = int64_t(r) * (t.rows ? t.in : t.out);
     t.count.assign(size_t(r), 1);
-    if (cfg.state_dtype == StateDtype::Q8 && int64_t(t.out) * t.in >= kQuant8MinElements) {
-      t.m = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + ".grass.m_q8", t.gc_numel);
-      t.v = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + ".grass.v_q8", t.gc_numel);
+    const MemPlace place = states_place(cfg);  // σ and ρ stay on the device: accumulate reads them
+    t.q8 = cfg.state_dtype == StateDtype::Q8 && int64_t(t.out) * t.in >= kQuant8MinElements;
+    if (t.q8) {
+      t.m = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + ".grass.m_q8", t.gc_numel, place);
+      t.v = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + ".grass.v_q8", t.gc_numel, place);
       t.absmax_blocks = quant8_layout(t).blocks();
       t.absmax_m = arena.alloc<float>(MemCategory::Optimizer, p.name + ".grass.m_absmax",
-                                      t.absmax_blocks);
+                                      t.absmax_blocks, place);
       t.absmax_v = arena.alloc<float>(MemCategory::Optimizer, p.name + ".grass.v_absmax",
-                                      t.absmax_blocks);
+                                      t.absmax_blocks, place);
     } else {
       t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.m",
-                              t.gc_numel * storage.state_bytes);
+                              t.gc_numel * storage.state_bytes, place);
       t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.v",
-                              t.gc_numel * storage.state_bytes);
+                              t.gc_numel * storage.state_bytes, place);
     }
     if (cfg.proximal.enabled())
       t.anchor = arena.alloc_bytes(MemCategory::Optimizer, p.name + ".grass.proximal_anchor",
-                                   t.gc_numel * storage.state_bytes);
+                                   t.gc_numel * storage.state_bytes, place);
     t.sigma = arena.alloc<int32_t>(MemCategory::Optimizer, p.name + ".grass.sigma", r);
     t.rho = arena.alloc<float>(MemCategory::Optimizer, p.name + ".grass.rho", r);
     // derived from ρ and the counts (state.json) at a restore, so not saved itself
@@ -158,18 +160,29 @@ void Grass::select(Target& t, const void* dy, const void* x, int64_t N) {
                      "step " + std::to_string(step_ + 1) + ": the GRASS selection σ of " +
                          model_.tensors()[size_t(t.tensor_index)].name);
   store_selection(t, s);
-  // The paper resets the moments with the selection: they described other rows.
-  // (8-bit: an absmax of 0 decodes every code to 0, and the codes are zeroed too.)
-  const size_t state_bytes =
-      size_t(rank_) * (t.rows ? t.in : t.out) * (t.absmax_m ? 1 : backend_->storage().state_bytes);
-  backend_->zero(t.m, state_bytes);
-  backend_->zero(t.v, state_bytes);
-  if (t.absmax_m) {
-    backend_->zero(t.absmax_m, size_t(t.absmax_blocks) * sizeof(float));
-    backend_->zero(t.absmax_v, size_t(t.absmax_blocks) * sizeof(float));
-  }
-  t.adam_step = 0;
+  t.adam_step = 0;  // the first update from this selection resets the moments
   t.needs_selection = false;
+}
+
+int64_t Grass::moment_bytes(const Target& t) const {
+  return int64_t(rank_) * (t.rows ? t.in : t.out) *
+         (t.q8 ? 1 : backend_->storage().state_bytes);
+}
+
+std::vector<StateSpan> Grass::state_spans(int tensor) const {
+  const Target& t = target_of(tensor);
+  // a refresh resets the moments at the update (needs_selection: it selects before; adam_step
+  // 0: it has selected)
+  const bool fetch = !t.needs_selection && t.adam_step > 0;
+  std::vector<StateSpan> spans = {{t.m, moment_bytes(t), fetch}, {t.v, moment_bytes(t), fetch}};
+  if (t.q8) {
+    spans.push_back({t.absmax_m, t.absmax_blocks * int64_t(sizeof(float)), fetch});
+    spans.push_back({t.absmax_v, t.absmax_blocks * int64_t(sizeof(float)), fetch});
+  }
+  if (cfg_.proximal.enabled())
+    spans.push_back({t.anchor, int64_t(rank_) * (t.rows ? t.in : t.out) *
+                                   backend_->storage().state_bytes, true});
+  return spans;
 }
 
 std::string Grass::describe() const {
@@ -198,6 +211,21 @@ double Grass::flops_saved_per_token() const {
 void Grass::update(int tensor, void* gc, const double* clip, double lr) {
   Target& t = target(tensor);
   GRASS_CHECK(!t.needs_selection, "a GRASS update before any backward selected rows");
+  void* m = resident(t.m);
+  void* v = resident(t.v);
+  float* absmax_m = t.q8 ? resident(t.absmax_m) : nullptr;
+  float* absmax_v = t.q8 ? resident(t.absmax_v) : nullptr;
+  if (t.adam_step == 0) {
+    // The paper resets the moments with the selection: they described other rows. (8-bit: an
+    // absmax of 0 decodes every code to 0, and the codes are zeroed too.) Here, at the first
+    // update from it, so that only the update touches them (offload holds them for it alone).
+    backend_->zero(m, size_t(moment_bytes(t)));
+    backend_->zero(v, size_t(moment_bytes(t)));
+    if (absmax_m) {
+      backend_->zero(absmax_m, size_t(t.absmax_blocks) * sizeof(float));
+      backend_->zero(absmax_v, size_t(t.absmax_blocks) * sizeof(float));
+    }
+  }
   t.adam_step++;
   const ParamTensor& p = model_.tensors()[size_t(t.tensor_index)];
   // pure bf16's stochastic rounding: one stream per (step, target)
@@ -205,21 +233,21 @@ void Grass::update(int tensor, void* gc, const double* clip, double lr) {
       derive_seed(derive_seed(cfg_.projection.seed ^ 0x5eed, uint64_t(step_)), t.tensor_index);
   AdamArgs args = adam_args(cfg_, clip, lr, cfg_.weight_decay, t.adam_step);
   if (t.anchor)  // the inner loop's step t.adam_step - 1: a refresh starts a new loop
-    args = proximal_args(args, cfg_.proximal.lambda, lr, t.adam_step - 1, t.anchor);
+    args = proximal_args(args, cfg_.proximal.lambda, lr, t.adam_step - 1, resident(t.anchor));
   const GrassSlices slices{t.sigma, t.update_scale, t.out, t.in, t.slices, t.rows};
-  if (t.absmax_m) {
-    const Quant8Moments q{.m = static_cast<uint8_t*>(t.m),
-                          .v = static_cast<uint8_t*>(t.v),
-                          .absmax_m = t.absmax_m,
-                          .absmax_v = t.absmax_v,
+  if (absmax_m) {
+    const Quant8Moments q{.m = static_cast<uint8_t*>(m),
+                          .v = static_cast<uint8_t*>(v),
+                          .absmax_m = absmax_m,
+                          .absmax_v = absmax_v,
                           .block = cfg_.state_block};
     backend_->grass_adam_update_q8(model_.weight_ref(p), gc, q,
                                    cfg_.state_blocking == StateBlocking::Feature, slices,
                                    cfg_.projection.scale, args, seed);
     return;
   }
-  backend_->grass_adam_update(model_.weight_ref(p), gc, t.m, t.v, slices, cfg_.projection.scale,
-                              args, seed);
+  backend_->grass_adam_update(model_.weight_ref(p), gc, m, v, slices, cfg_.projection.scale, args,
+                              seed);
 }
 
 json Grass::save_state() const {

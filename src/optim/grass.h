@@ -8,6 +8,7 @@
 // refresh step selects on the first micro-batch's gradient and the rest accumulate G_C on that
 // selection. With cfg.proximal (docs/proximal.md) each target keeps an anchor of its selected
 // slices, taken at the first update after each refresh: the refresh interval is the inner loop.
+// The moments reset at that first update too (only updates touch them: optim/state_slots.h).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -48,6 +49,8 @@ class Grass final : public Optimizer {
   // (optim/adamw.h): the master copy's rows change and the weights re-round them, or, in pure
   // bf16, the weights and the moments are stored with stochastic rounding.
   void update(int tensor, void* gc, const double* clip, double lr) override;
+  // Its moments (codes and absmax with q8) and anchor: not fetched when the update resets them.
+  std::vector<StateSpan> state_spans(int tensor) const override;
   // Σ over targets of 2·out·in - 2·(r·in or out·r). (Refresh steps still form one full gradient.)
   double flops_saved_per_token() const override;
   const char* flops_note() const override { return ", less 2mn - 2rn per GRASS target"; }
@@ -78,7 +81,9 @@ class Grass final : public Optimizer {
     void* m;               // Adam moments, shaped like G_C
     void* v;
     // q8 (optimizer.state_dtype; a weight of at least kQuant8MinElements elements): m and v
-    // hold 8-bit codes, with an fp32 absmax per block here; null otherwise
+    // hold 8-bit codes, with an fp32 absmax per block here; null otherwise (and on a planning
+    // arena, whose pointers are all null: `q8` says which)
+    bool q8 = false;
     float* absmax_m;       // [absmax_blocks]
     float* absmax_v;
     int64_t absmax_blocks; // the layout's blocks at r slices (fewer slices use a prefix)
@@ -102,6 +107,7 @@ class Grass final : public Optimizer {
                                    cfg_.state_blocking == StateBlocking::Feature);
   }
   int target_index(int tensor) const;
+  int64_t moment_bytes(const Target& t) const;  // of m (or v) at r slices
   void select(Target& t, const void* dy, const void* x, int64_t N);
   // Squared slice norms of dyᵀ·x, a chunk of rows of it at a time.
   std::vector<double> slice_norms(const Target& t, const void* dy, const void* x, int64_t N);

@@ -18,6 +18,7 @@ LowRankOptimizer::LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model
   const Storage& storage = model.storage();
   const std::string name = name_of(cfg.kind);
   int64_t largest = 0, workspace = 0;
+  const MemPlace place = states_place(cfg);  // P stays on the device: accumulate reads it
   for (size_t i = 0; i < model.tensors().size(); i++) {
     const ParamTensor& p = model.tensors()[i];
     if (p.dense()) continue;
@@ -36,15 +37,21 @@ LowRankOptimizer::LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model
           projected_quant8_layout(t.out, t.in, rank_, t.rows, cfg.state_block,
                                   cfg.state_blocking == StateBlocking::Feature)
               .blocks();
-      t.m = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + "." + name + ".m_q8", t.r_numel);
-      t.v = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + "." + name + ".v_q8", t.r_numel);
-      t.absmax_m = arena.alloc<float>(MemCategory::Optimizer, p.name + "." + name + ".m_absmax", blocks);
-      t.absmax_v = arena.alloc<float>(MemCategory::Optimizer, p.name + "." + name + ".v_absmax", blocks);
+      t.absmax_blocks = blocks;
+      t.q8 = true;
+      t.m = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + "." + name + ".m_q8", t.r_numel,
+                                 place);
+      t.v = arena.alloc<uint8_t>(MemCategory::Optimizer, p.name + "." + name + ".v_q8", t.r_numel,
+                                 place);
+      t.absmax_m = arena.alloc<float>(MemCategory::Optimizer, p.name + "." + name + ".m_absmax",
+                                      blocks, place);
+      t.absmax_v = arena.alloc<float>(MemCategory::Optimizer, p.name + "." + name + ".v_absmax",
+                                      blocks, place);
     } else {
       t.m = arena.alloc_bytes(MemCategory::Optimizer, p.name + "." + name + ".m",
-                              t.r_numel * storage.state_bytes);
+                              t.r_numel * storage.state_bytes, place);
       t.v = arena.alloc_bytes(MemCategory::Optimizer, p.name + "." + name + ".v",
-                              t.r_numel * storage.state_bytes);
+                              t.r_numel * storage.state_bytes, place);
     }
     largest = std::max(largest, p.numel);
     workspace = std::max(workspace, lowrank_workspace_bytes(storage, t.out, t.in, rank_));
@@ -88,21 +95,33 @@ void LowRankOptimizer::accumulate(int tensor, void* R, const void* dy, const voi
 void LowRankOptimizer::update(int tensor, void* R, const double* clip, double lr) {
   const size_t k = index_of(tensor);
   Target& t = targets_[k];
+  before_update(k);
   t.adam_step++;
   const ParamTensor& p = model_.tensors()[size_t(t.tensor_index)];
   // pure bf16's stochastic rounding: one stream per (step, target)
   const uint64_t seed =
       derive_seed(derive_seed(cfg_.projection.seed ^ 0x10a7, uint64_t(step_)), t.tensor_index);
   const AdamArgs args = adam_args(cfg_, clip, lr, cfg_.weight_decay, t.adam_step);
-  if (t.absmax_m) {
+  if (t.q8) {
     backend_.lowrank_adam_update_q8(model_.weight_ref(p), R, quant8_moments(t), quant8_by_feature(),
                                     workspace_, view(k, projection(k)), cfg_.projection.scale,
                                     max_update_rms(), args, seed);
     return;
   }
-  backend_.lowrank_adam_update(model_.weight_ref(p), R, t.m, t.v, workspace_,
+  backend_.lowrank_adam_update(model_.weight_ref(p), R, resident(t.m), resident(t.v), workspace_,
                                view(k, projection(k)), cfg_.projection.scale, max_update_rms(),
                                args, seed);
+}
+
+std::vector<StateSpan> LowRankOptimizer::state_spans(int tensor) const {
+  const Target& t = target_of(tensor);
+  const int64_t bytes = t.r_numel * (t.q8 ? 1 : model_.storage().state_bytes);
+  std::vector<StateSpan> spans = {{t.m, bytes, true}, {t.v, bytes, true}};
+  if (t.q8) {
+    spans.push_back({t.absmax_m, t.absmax_blocks * int64_t(sizeof(float)), true});
+    spans.push_back({t.absmax_v, t.absmax_blocks * int64_t(sizeof(float)), true});
+  }
+  return spans;
 }
 
 double LowRankOptimizer::flops_saved_per_token() const {
@@ -232,7 +251,7 @@ Flora::Flora(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
   P_ = arena.alloc<float>(MemCategory::Workspace, "flora.projection", largest_P);
   P_old_ = arena.alloc<float>(MemCategory::Workspace, "flora.previous_projection", largest_P);
   // C, a copy of m and, for 8-bit moments, m decoded (flora_transfer_q8)
-  const bool q8 = std::any_of(targets_.begin(), targets_.end(), [](const Target& t) { return t.absmax_m; });
+  const bool q8 = std::any_of(targets_.begin(), targets_.end(), [](const Target& t) { return t.q8; });
   transfer_ = arena.alloc<float>(MemCategory::Workspace, "flora.transfer",
                                  int64_t(rank_) * rank_ + (q8 ? 2 : 1) * largest_R);
 }
@@ -255,19 +274,21 @@ const float* Flora::projection(size_t k) {
 
 void Flora::begin_step(int64_t step) {
   step_ = step;
-  const int64_t refresh = refresh_index(step);
-  if (refresh == 0 || (step + 1) % cfg_.projection.update_interval != 0) return;
-  // A resampling step: carry each first moment to the new projection before the step forms R.
-  for (size_t k = 0; k < targets_.size(); k++) {
-    generate(P_old_, k, refresh - 1);
-    const uint64_t seed =
-        derive_seed(derive_seed(cfg_.projection.seed ^ 0x7a45, uint64_t(step)), targets_[k].tensor_index);
-    if (targets_[k].absmax_m)
-      backend_.flora_transfer_q8(quant8_moments(targets_[k]), quant8_by_feature(), transfer_, P_old_,
-                                 view(k, projection(k)));
-    else
-      backend_.flora_transfer(targets_[k].m, transfer_, P_old_, view(k, projection(k)), seed);
-  }
+  resampling_ = refresh_index(step) > 0 && (step + 1) % cfg_.projection.update_interval == 0;
+}
+
+void Flora::before_update(size_t k) {
+  if (!resampling_) return;
+  // A resampling step: carry the first moment to the new projection before the update reads it
+  // (the step's R, formed from the activations, does not read it).
+  generate(P_old_, k, refresh_index(step_) - 1);
+  const uint64_t seed =
+      derive_seed(derive_seed(cfg_.projection.seed ^ 0x7a45, uint64_t(step_)), targets_[k].tensor_index);
+  if (targets_[k].q8)
+    backend_.flora_transfer_q8(quant8_moments(targets_[k]), quant8_by_feature(), transfer_, P_old_,
+                               view(k, projection(k)));
+  else
+    backend_.flora_transfer(resident(targets_[k].m), transfer_, P_old_, view(k, projection(k)), seed);
 }
 
 }  // namespace grass

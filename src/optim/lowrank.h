@@ -25,6 +25,7 @@ class LowRankOptimizer : public Optimizer {
   void accumulate(int tensor, void* R, const void* dy, const void* x, int64_t N,
                   bool x_selected) override;
   void update(int tensor, void* R, const double* clip, double lr) override;
+  std::vector<StateSpan> state_spans(int tensor) const override;  // its moments (and absmax)
   // Σ over targets of 2·out·in - 2·r·(out + in): R from the activations instead of dyᵀ·x.
   double flops_saved_per_token() const override;
   const char* flops_note() const override { return ", less 2mn - 2r(m+n) per projected target"; }
@@ -45,14 +46,17 @@ class LowRankOptimizer : public Optimizer {
     void* v;
     float* absmax_m = nullptr;  // q8 (a weight of at least kQuant8MinElements): the blocks'
     float* absmax_v = nullptr;  // absmax; null otherwise
+    int64_t absmax_blocks = 0;
+    bool q8 = false;            // which (a planning arena's pointers are all null)
     int64_t adam_step = 0;  // updates so far; never reset (both references keep it)
   };
   const std::vector<Target>& targets() const { return targets_; }
   const Target& target_of(int tensor) const;
-  // Target t's 8-bit moments (t.absmax_m set).
+  // Target t's 8-bit moments (t.absmax_m set), where the update finds them.
   Quant8Moments quant8_moments(const Target& t) const {
-    return {.m = static_cast<uint8_t*>(t.m), .v = static_cast<uint8_t*>(t.v),
-            .absmax_m = t.absmax_m, .absmax_v = t.absmax_v, .block = cfg_.state_block};
+    return {.m = resident(static_cast<uint8_t*>(t.m)), .v = resident(static_cast<uint8_t*>(t.v)),
+            .absmax_m = resident(t.absmax_m), .absmax_v = resident(t.absmax_v),
+            .block = cfg_.state_block};
   }
   bool quant8_by_feature() const { return cfg_.state_blocking == StateBlocking::Feature; }
 
@@ -68,6 +72,8 @@ class LowRankOptimizer : public Optimizer {
   // refresh), and doing so from g [out, in].
   virtual bool needs_full_gradient(size_t k) const { (void)k; return false; }
   virtual void refresh_from(size_t k, const float* g) { (void)k; (void)g; }
+  // At the start of target k's update, its moments held (FLORA's transfer).
+  virtual void before_update(size_t k) { (void)k; }
   // The bound on the RMS of an update (ops::lowrank_adam_update's max_rms); 0: none.
   virtual double max_update_rms() const { return 0; }
 
@@ -135,7 +141,7 @@ class GaLore final : public LowRankOptimizer {
 // FLORA (Hao et al. 2024; flora-opt, with the engine's exact variant of docs/lowrank.md): P is
 // Gaussian N(0, 1/r), projection number k = (step + 1) / update_interval (its kappa) of each
 // tensor regenerated from the seed; at a resampling step the first moment is carried to the new
-// projection (down_new(up_old(M))) before the step's gradient is formed. Every update's RMS is
+// projection (down_new(up_old(M))) at the target's update, before Adam reads it. Every update's RMS is
 // bounded by optimizer.max_update_rms (flora-opt's clip_threshold, 1 by default): the carried
 // moment is mostly noise, about sqrt(side/r) times its old size, while v keeps its old scale.
 class Flora final : public LowRankOptimizer {
@@ -146,11 +152,12 @@ class Flora final : public LowRankOptimizer {
   std::string describe() const override {
     return describe_projection(cfg_.projection, "resampling");
   }
-  void begin_step(int64_t step) override;  // the moment transfer at a resampling step
+  void begin_step(int64_t step) override;
   const char* state_key() const override { return "flora_targets"; }
 
  protected:
   const float* projection(size_t k) override;
+  void before_update(size_t k) override;  // the moment transfer at a resampling step
   double max_update_rms() const override { return cfg_.projection.max_update_rms; }
 
  private:
@@ -161,6 +168,7 @@ class Flora final : public LowRankOptimizer {
   // which target's projection, and which refresh of it, P_ holds (a fused step asks for the same
   // one twice in a row: R, then the update); -1: none
   int64_t held_target_ = -1, held_refresh_ = -1;
+  bool resampling_ = false;  // this step carries each first moment to a new projection
   float* P_old_ = nullptr;     // the same size: the previous one, during a transfer
   float* transfer_ = nullptr;  // [r·r + largest r_numel] fp32: the transfer's scratch
 };

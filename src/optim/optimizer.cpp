@@ -5,10 +5,19 @@
 
 #include "kernels/quant8.h"
 #include "src/core/error.h"
+#include "src/optim/state_slots.h"
 
 namespace grass {
 
 using nlohmann::json;
+
+void* Optimizer::slots_device(const void* at) const { return slots_->device(at); }
+
+void Optimizer::update_elements(int tensor, void* g, const double* clip, double lr, int64_t first,
+                                int64_t count) {
+  (void)tensor, (void)g, (void)clip, (void)lr, (void)first, (void)count;
+  GRASS_CHECK(false, std::string(name()) + " updates whole tensors only");
+}
 
 const json& StateReader::field(const json& obj, const std::string& key,
                                const std::string& where) const {

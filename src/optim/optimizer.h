@@ -22,6 +22,7 @@
 
 #include "kernels/adam_args.h"
 #include "kernels/storage.h"
+#include "src/core/arena.h"
 #include "src/config/config.h"
 #include "src/model/gradient_sink.h"
 
@@ -69,6 +70,17 @@ class StateReader {
       "config.json has the settings it was made with)";
 };
 
+class StateSlots;  // optim/state_slots.h
+
+// Bytes of one tensor's optimizer state that its update reads or writes (moments, 8-bit absmax,
+// a proximal anchor): what offload.optimizer_states keeps in the host tier and copies into a
+// device slot around the update.
+struct StateSpan {
+  void* at;       // where the bytes live (null on a planning arena)
+  int64_t bytes;
+  bool fetch;     // false: this step's update overwrites the bytes before it reads them (a reset)
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -108,6 +120,23 @@ class Optimizer {
   // selects from or decomposes the full gradient); sampled activations then draw nothing.
   virtual bool needs_exact_activations() const { return false; }
 
+  // The state tensor t's update uses beyond the weights (none by default), after begin_step.
+  virtual std::vector<StateSpan> state_spans(int tensor) const { (void)tensor; return {}; }
+  // An elementwise update (AdamW) can take a tensor in pieces, so that offloaded states pass
+  // through slots far smaller than the largest tensor's (lm_head's): pieces start at multiples
+  // of piece_quantum() elements (>= 1; 0: whole tensors only), and update_elements(), with the
+  // states of state_spans(t, first, count), gives the bits of update() on the whole tensor.
+  virtual int64_t piece_quantum() const { return 0; }
+  virtual std::vector<StateSpan> state_spans(int tensor, int64_t first, int64_t count) const {
+    (void)first, (void)count;
+    return state_spans(tensor);
+  }
+  virtual void update_elements(int tensor, void* g, const double* clip, double lr, int64_t first,
+                               int64_t count);
+  // Where the states of the tensor being updated are now (offload.optimizer_states): resident()
+  // then finds each span's bytes in its device slot. Null: where they live.
+  void use_slots(const StateSlots* slots) { slots_ = slots; }
+
   // Checkpoints: what lives outside its buffers goes into state.json under state_key().
   virtual const char* state_key() const { return nullptr; }  // null: nothing beyond the buffers
   virtual nlohmann::json save_state() const { return nullptr; }
@@ -117,7 +146,21 @@ class Optimizer {
   virtual void restore_state(const nlohmann::json& saved) { (void)saved; }
 
  protected:
+  // Where an update reads and writes the state span starting at `at` (state_spans()).
+  template <typename T>
+  T* resident(T* at) const {
+    return slots_ ? static_cast<T*>(slots_device(at)) : at;
+  }
+  // Where the run's state buffers go (offload.optimizer_states: the host tier).
+  MemPlace states_place(const OptimizerConfig& cfg) const {
+    return cfg.offload_states ? MemPlace::Host : MemPlace::Device;
+  }
+
   std::vector<int> tensors_;
+
+ private:
+  void* slots_device(const void* at) const;
+  const StateSlots* slots_ = nullptr;
 };
 
 // The run table's words for a projected optimizer's settings: "rank 4, <refresh> every 10 steps,

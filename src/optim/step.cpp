@@ -28,6 +28,66 @@ void StepStrategy::begin_scalars(int64_t step) {
   summing_ = false;
   model_.backend().zero(clip_, sizeof(ClipScalars));
   for (const auto& o : optimizers_.all()) o->begin_step(step);
+  last_updated_ = -1;
+  if (slots_ && first_updated_ >= 0) prefetch_piece(first_updated_, 0);  // under the forward
+}
+
+void StepStrategy::offload_states(Arena& arena, int64_t piece_bytes) {
+  const size_t n = model_.tensors().size();
+  // Whole tensors' states set the floor; elementwise updates go in pieces up to it.
+  int64_t budget = piece_bytes;
+  for (size_t i = 0; i < n; i++)
+    if (optimizers_.of(int(i)).piece_quantum() == 0)
+      budget = std::max(budget, StateSlots::slot_bytes_for(optimizers_.of(int(i)).state_spans(int(i))));
+  piece_.assign(n, 0);
+  int64_t slot_bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    const Optimizer& o = optimizers_.of(int(i));
+    const int64_t numel = model_.tensors()[i].numel, quantum = o.piece_quantum();
+    int64_t& piece = piece_[i] = numel;
+    const auto bytes = [&](int64_t count) {
+      return StateSlots::slot_bytes_for(o.state_spans(int(i), 0, count));
+    };
+    if (quantum > 0 && bytes(numel) > budget) {  // as many whole quanta as fit, at least one
+      piece = std::max<int64_t>(1, budget / (bytes(quantum) / quantum) / quantum) * quantum;
+      while (piece > quantum && bytes(piece) > budget) piece -= quantum;
+    }
+    slot_bytes = std::max(slot_bytes, bytes(piece));
+  }
+  slots_ = std::make_unique<StateSlots>(model_.backend(), arena, slot_bytes);
+  next_updated_.assign(n, -1);
+  for (const auto& o : optimizers_.all()) o->use_slots(slots_.get());
+}
+
+std::vector<StateSpan> StepStrategy::piece_spans(int tensor, int64_t first) const {
+  const int64_t numel = model_.tensors()[size_t(tensor)].numel, piece = piece_[size_t(tensor)];
+  const Optimizer& o = optimizers_.of(tensor);
+  return piece == numel ? o.state_spans(tensor)
+                        : o.state_spans(tensor, first, std::min(piece, numel - first));
+}
+
+void StepStrategy::prefetch_piece(int tensor, int64_t first) {
+  slots_->prefetch(StateSlots::key(tensor, first), piece_spans(tensor, first));
+}
+
+void StepStrategy::update(int tensor, void* g) {
+  Optimizer& o = optimizers_.of(tensor);
+  if (!slots_) return o.update(tensor, g, &clip_->coefficient, lr_);
+  (last_updated_ < 0 ? first_updated_ : next_updated_[size_t(last_updated_)]) = tensor;
+  last_updated_ = tensor;
+  const int64_t numel = model_.tensors()[size_t(tensor)].numel, piece = piece_[size_t(tensor)];
+  for (int64_t first = 0; first < numel; first += piece) {
+    slots_->hold(StateSlots::key(tensor, first), piece_spans(tensor, first));
+    if (first + piece < numel)
+      prefetch_piece(tensor, first + piece);
+    else if (const int next = next_updated_[size_t(tensor)]; next >= 0)
+      prefetch_piece(next, 0);
+    if (piece == numel)
+      o.update(tensor, g, &clip_->coefficient, lr_);
+    else
+      o.update_elements(tensor, g, &clip_->coefficient, lr_, first, std::min(piece, numel - first));
+    slots_->release();
+  }
 }
 
 double StepStrategy::read_norm(int tensors_per_clip) {

@@ -23,6 +23,7 @@
 // updates read the coefficient there, and the host reads the norm once, in finish().
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/clip_rule.h"
@@ -31,6 +32,7 @@
 #include "src/model/gradient_sink.h"
 #include "src/model/llama.h"
 #include "src/optim/optimizer.h"
+#include "src/optim/state_slots.h"
 
 namespace grass {
 
@@ -43,6 +45,11 @@ class StepStrategy : public GradientSink {
  public:
   StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena,
                Communicator& comm);
+  // offload.optimizer_states: the optimizers' states live in the host tier (their constructors
+  // put them there) and pass through two device slots, allocated here, around each update; an
+  // elementwise update in pieces of up to piece_bytes of states (or the largest whole tensor's).
+  void offload_states(Arena& arena, int64_t piece_bytes);
+  const StateSlots* state_slots() const { return slots_.get(); }
   // Before the step's first forward; step counts from 0.
   virtual void begin(int64_t step, double lr) = 0;
   // The tensor's optimizer's (Optimizer::selected_columns).
@@ -63,10 +70,11 @@ class StepStrategy : public GradientSink {
  protected:
   // Zeroes the step's sums and starts every optimizer's step.
   void begin_scalars(int64_t step);
-  // Tensor t's update from g, read with the coefficient of the last Backend::clip().
-  void update(int tensor, void* g) {
-    optimizers_.of(tensor).update(tensor, g, &clip_->coefficient, lr_);
-  }
+  // Tensor t's update from g, read with the coefficient of the last Backend::clip(). With
+  // offloaded states, piece by piece, each piece's states in a slot for its update (nothing else
+  // reads or writes them), the next piece's on their way meanwhile: the tensor's next, or the
+  // first of the tensor the last step updated after this one.
+  void update(int tensor, void* g);
   // Reads the step's sums back (the step's one wait for the device): the global norm, and sets
   // clipped_ to the count of clip() calls that scaled down, times `tensors_per_clip`, and the
   // step's smallest clipping coefficient.
@@ -89,6 +97,18 @@ class StepStrategy : public GradientSink {
   double lr_ = 0;
   int clipped_ = 0;
   double clip_coefficient_ = 1;
+
+ private:
+  // tensor's states from element `first` (its whole states when its pieces are whole tensors)
+  std::vector<StateSpan> piece_spans(int tensor, int64_t first) const;
+  void prefetch_piece(int tensor, int64_t first);
+
+  std::unique_ptr<StateSlots> slots_;  // offload.optimizer_states; null otherwise
+  std::vector<int64_t> piece_;         // per tensor: elements a piece (its numel: whole)
+  // The order tensors were updated in (the backward's, or finish()'s): the first of a step and
+  // each one's successor, -1 where not seen yet; prefetches follow it.
+  int first_updated_ = -1, last_updated_ = -1;
+  std::vector<int> next_updated_;
 };
 
 class DeferredStep final : public StepStrategy {

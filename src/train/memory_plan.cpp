@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 
@@ -21,9 +22,19 @@ MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage) {
   const std::unique_ptr<Backend> sizes_only = make_planning_backend(storage);
   const TrainingState s = build_training_state(cfg, planning, *sizes_only);
   MemoryPlan plan;
-  for (int c = 0; c < kMemCategories; c++) plan.bytes[c] = planning.bytes(MemCategory(c));
+  for (int c = 0; c < kMemCategories; c++) {
+    plan.bytes[c] = planning.bytes(MemCategory(c));
+    plan.host_bytes[c] = planning.bytes(MemPlace::Host, MemCategory(c));
+  }
   plan.total = planning.total_bytes();
+  plan.host_total = planning.total_bytes(MemPlace::Host);
   plan.buffers = planning.num_blocks();
+  if (s.step->state_slots())  // every tensor's states, fetched and written back once a step
+    for (size_t i = 0; i < s.model->tensors().size(); i++)
+      for (const StateSpan& span : s.optimizers->of(int(i)).state_spans(int(i))) {
+        plan.h2d_bytes_per_step += span.bytes;
+        plan.d2h_bytes_per_step += span.bytes;
+      }
   plan.flops_per_token = flops_per_token(s);
   plan.step_sum_bytes = sizeof(double);  // the loss
   for (size_t i = 0; i < s.model->tensors().size(); i++) {
@@ -68,6 +79,8 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
     std::printf("  %-12s %12s\n", mem_category_name(MemCategory(c)),
                 format_bytes(plan.bytes[c]).c_str());
   std::printf("  %-12s %12s\n", "total", format_bytes(plan.total).c_str());
+  if (plan.host_total > 0)
+    std::printf("  and %s in the host tier (offload)\n", format_bytes(plan.host_total).c_str());
   std::fflush(stdout);
   const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
   std::string advice =
@@ -82,6 +95,14 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
     if (with_more > largest)
       advice += std::string("; with activation_checkpointing \"") + name_of(more) +
                 "\": " + std::to_string(with_more);
+  }
+  if (!cfg.offload.optimizer_states) {
+    RunConfig offloaded = cfg;
+    offloaded.offload.optimizer_states = true;
+    const MemoryPlan p = plan_memory(offloaded, storage);
+    if (p.total <= cfg.memory_limit)
+      advice += "; with offload.optimizer_states true it plans " + format_bytes(p.total) +
+                " on the device (fits) and " + format_bytes(p.host_total) + " in the host tier";
   }
   throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "memory_limit: the run plans " +
                   format_bytes(plan.total) + ", over the limit of " +
@@ -149,6 +170,49 @@ std::vector<ActivationMode> activation_modes(const RunConfig& cfg, const Storage
   return modes;
 }
 
+// Seconds of compute and of copies a step takes, and the tokens a step would need for its
+// compute to cover its copies.
+struct StepBound {
+  double compute_s = 0, copy_s = 0;
+  int64_t hiding_tokens = 0;
+  bool link_bound() const { return copy_s > compute_s; }
+};
+StepBound step_bound(const RunConfig& cfg, const MemoryPlan& plan, const LinkModel& link) {
+  StepBound b;
+  const double rate = link.tflops * 1e12;
+  const double tokens = double(cfg.micro_batches_per_rank()) * cfg.micro_batch_size * cfg.seq_len;
+  b.compute_s = plan.flops_per_token * tokens / rate;
+  b.copy_s = double(plan.h2d_bytes_per_step + plan.d2h_bytes_per_step) / (link.link_gbps * 1e9);
+  b.hiding_tokens = int64_t(std::ceil(b.copy_s * rate / plan.flops_per_token));
+  return b;
+}
+
+// "offload  per step: ..." for the run's plan; "" without offload.
+std::string describe_offload(const RunConfig& cfg, const MemoryPlan& plan, const LinkModel& link) {
+  if (!cfg.offload.any()) return "";
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "offload  optimizer states in the host tier, through two device slots; per step "
+                "%s to the device and %s back",
+                format_bytes(plan.h2d_bytes_per_step).c_str(),
+                format_bytes(plan.d2h_bytes_per_step).c_str());
+  std::string out = line;
+  if (link.tflops <= 0 || plan.flops_per_token <= 0)
+    return out + " (--tflops states the step-time bound)\n";
+  const StepBound b = step_bound(cfg, plan, link);
+  std::snprintf(line, sizeof line,
+                ":\n         %.3g s of copies over a %g GB/s link against %.3g s of compute at %g "
+                "TFLOP/s",
+                b.copy_s, link.link_gbps, b.compute_s, link.tflops);
+  out += line;
+  if (!b.link_bound()) return out + ": hidden\n";
+  const int64_t sequences = (b.hiding_tokens + cfg.seq_len - 1) / cfg.seq_len;
+  std::snprintf(line, sizeof line,
+                ": link-bound; a step of %lld tokens (%lld sequences of %d) would hide them\n",
+                (long long)b.hiding_tokens, (long long)sequences, cfg.seq_len);
+  return out + line;
+}
+
 std::string plan_label(const RunConfig& cfg) {
   std::string label = name_of(cfg.optimizer.kind);
   if (is_projected(cfg.optimizer.kind))
@@ -158,7 +222,10 @@ std::string plan_label(const RunConfig& cfg) {
 
 }  // namespace
 
-std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
+double default_tflops(const Storage& storage) { return storage.cuda ? 0.4 * 989 : 0; }
+
+std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
+                                const LinkModel& link) {
   // The run's optimizer first, then every other one on the same model, batch and rank.
   std::vector<RunConfig> configs = {cfg};
   for (const ChoiceName<OptimizerKind>& c : choice_names<OptimizerKind>()) {
@@ -209,7 +276,13 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
                                       "optimizer states", "activations", "workspace"};
   for (int c = 0; c < kMemCategories; c++)
     table_row(rows[c], [&](size_t i) { return format_bytes(plans[i].bytes[c]); });
-  table_row("total", [&](size_t i) { return format_bytes(plans[i].total); });
+  table_row(cfg.offload.any() ? "total on the device" : "total",
+            [&](size_t i) { return format_bytes(plans[i].total); });
+  if (cfg.offload.any()) {
+    table_row("host tier (offload)", [&](size_t i) { return format_bytes(plans[i].host_total); });
+    table_row("copied a step, each way",
+              [&](size_t i) { return format_bytes(plans[i].h2d_bytes_per_step); });
+  }
   out += "summed over the ranks of a data-parallel run, per rank:\n";
   table_row("each step", [&](size_t i) { return format_bytes(plans[i].step_sum_bytes); });
   table_row("+ at a refresh", [&](size_t i) {
@@ -227,6 +300,7 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
     out += line;
   }
   const MemoryPlan& run = plans[0];
+  out += describe_offload(cfg, run, link);
   if (cfg.memory_limit > 0) {
     const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
     std::snprintf(line, sizeof line, "memory_limit %s: %s; the largest micro_batch_size that fits: ",
@@ -238,11 +312,22 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage) {
     out += largest > 0 ? std::to_string(largest) + " (" +
                              std::to_string(int64_t(largest) * cfg.seq_len) + " tokens)\n"
                        : "none\n";
+    if (!cfg.offload.optimizer_states) {
+      RunConfig offloaded = cfg;
+      offloaded.offload.optimizer_states = true;
+      const MemoryPlan p = plan_memory(offloaded, storage);
+      out += "  with offload.optimizer_states true: " + format_bytes(p.total) +
+             " on the device (" +
+             (p.total <= cfg.memory_limit ? std::string("fits")
+                                          : format_bytes(p.total - cfg.memory_limit) + " over") +
+             "), " + format_bytes(p.host_total) + " in the host tier\n";
+    }
   }
   return out;
 }
 
-std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
+std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
+                             const LinkModel& link) {
   const MemoryPlan plan = plan_memory(cfg, storage);
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   nlohmann::json bytes = nlohmann::json::object();
@@ -285,6 +370,23 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage) {
   out["activation_modes"] = modes;
   if (memory.attention == AttentionKernel::Cudnn)
     out["cudnn_workspace_bytes"] = cudnn_workspace_bytes(cfg);
+  nlohmann::json host = nlohmann::json::object();
+  for (int c = 0; c < kMemCategories; c++)
+    host[mem_category_name(MemCategory(c))] = plan.host_bytes[c];
+  out["offload"] = {{"optimizer_states", cfg.offload.optimizer_states}};
+  out["host_bytes"] = host;
+  out["host_total"] = plan.host_total;
+  out["h2d_bytes_per_step"] = plan.h2d_bytes_per_step;
+  out["d2h_bytes_per_step"] = plan.d2h_bytes_per_step;
+  out["link_gbps"] = link.link_gbps;
+  if (link.tflops > 0 && plan.flops_per_token > 0) {
+    const StepBound b = step_bound(cfg, plan, link);
+    out["tflops"] = link.tflops;
+    out["step_bound"] = {{"compute_s", b.compute_s},
+                         {"copy_s", b.copy_s},
+                         {"link_bound", b.link_bound()},
+                         {"hiding_tokens", b.hiding_tokens}};
+  }
   if (storage.cuda) out["gpu_headroom_bytes"] = kGpuHeadroomBytes;
   if (cfg.memory_limit > 0) {
     out["memory_limit"] = cfg.memory_limit;

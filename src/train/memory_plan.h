@@ -12,9 +12,16 @@
 namespace grass {
 
 struct MemoryPlan {
-  std::array<int64_t, kMemCategories> bytes{};  // by MemCategory
+  // The device's (what memory_limit caps and the GPU reserves), by MemCategory
+  std::array<int64_t, kMemCategories> bytes{};
   int64_t total = 0;
   int64_t buffers = 0;  // named allocations (a device reservation pads each to its alignment)
+  // The host tier's (offload: pinned host memory on the GPU), by MemCategory
+  std::array<int64_t, kMemCategories> host_bytes{};
+  int64_t host_total = 0;
+  // What offload copies each step, each way: host to device and back (a refresh step may fetch
+  // less: moments it resets are not fetched).
+  int64_t h2d_bytes_per_step = 0, d2h_bytes_per_step = 0;
   // What each rank of a data-parallel run sums with the others (docs/distributed.md): every step,
   // each dense gradient and each projected one, and the loss (fp64); at a refresh, also the fp32
   // full gradient of every target whose refresh reads one (GRASS's norm-based rules, GaLore's
@@ -42,11 +49,23 @@ Storage planned_storage(const RunConfig& cfg);
 // storage.
 // With cfg.memory_limit set, a last line says whether the run fits and the largest micro-batch
 // that does.
-std::string format_memory_plans(const RunConfig& cfg, const Storage& storage);
+// What bounds a step's time: its FLOPs at a sustained rate, and offload's copies over the host
+// link (one copy queue: both directions in turn).
+struct LinkModel {
+  double link_gbps = 25;  // GB/s (10^9), PCIe 4 x16's order
+  double tflops = 0;      // sustained TFLOP/s; 0: unknown (no bound stated)
+};
+// The sustained rate a plan assumes when --tflops is not given: 40% of an H100 SXM's dense bf16
+// peak (989 TFLOP/s; the 1B run measured 47% MFU, docs/gpu-status.md) for the GPU; unknown for
+// the CPU.
+double default_tflops(const Storage& storage);
+std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
+                                const LinkModel& link = {});
 
 // The run's plan as one JSON object (for scripts: scripts/experiments/memory_limit.sh): the
 // categories in bytes, the total, the memory options in force, and, with a memory_limit, whether
 // it fits and the largest micro-batch that does.
-std::string memory_plan_json(const RunConfig& cfg, const Storage& storage);
+std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
+                             const LinkModel& link = {});
 
 }  // namespace grass

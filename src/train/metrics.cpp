@@ -48,6 +48,12 @@ std::string format_step_line(const StepMetrics& m) {
                 (long long)m.step, (long long)m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms,
                 human_rate(m.tokens_per_s).c_str(), flops, mfu, mem.c_str());
   std::string line = buf;
+  if (m.mem_host_bytes > 0) line += " + host " + format_bytes(m.mem_host_bytes);
+  if (m.copy_bytes >= 0) {
+    char rate[48] = "";
+    if (m.copy_gbps > 0) std::snprintf(rate, sizeof rate, " at %.1f GB/s", m.copy_gbps);
+    line += " | copy " + format_bytes(m.copy_bytes) + rate;
+  }
   if (m.comm_bytes >= 0) line += " | comm " + format_bytes(m.comm_bytes);
   if (m.step < m.total_steps) line += " | eta " + human_duration(m.eta_s);
   return line;
@@ -104,6 +110,11 @@ void MetricsWriter::write(const StepMetrics& m) {
   }
   if (m.host_waits >= 0) j["host_waits"] = m.host_waits;
   if (m.comm_bytes >= 0) j["comm_bytes"] = m.comm_bytes;
+  if (m.mem_host_bytes > 0) j["mem_host_bytes"] = m.mem_host_bytes;
+  if (m.copy_bytes >= 0) {
+    j["copy_bytes"] = m.copy_bytes;
+    j["copy_gbps"] = m.copy_gbps;
+  }
   out_ << j.dump() << '\n';
   out_.flush();
   if (!out_) throw UserError(path_ + ": write failed (disk full?)");

@@ -24,12 +24,16 @@ struct StepMetrics {
   int64_t host_waits = -1;  // times the host waited for the device this step; < 0: on the CPU
   int64_t comm_bytes = -1;  // bytes this rank put into sums over the ranks; < 0: not launched
                             // by mpirun
+  int64_t mem_host_bytes = 0;  // the arena's host tier (offload); 0: none
+  int64_t copy_bytes = -1;  // offload's copies this step, both ways; < 0: no offload
+  double copy_gbps = 0;     // their bytes over the time the copy queue spent on them (GB/s)
   double eta_s = 0;         // time left at the mean step time so far (step line only)
 };
 
 // "step 120/10000 | loss 4.8123 | lr 6.0e-04 | gnorm 0.91 | 412 ms | 158.9k tok/s |
 //  412.3 TFLOP/s | MFU 41.7% | mem 31.4/79.1 GiB | eta 1h07m"; with several ranks, the bytes
-// each summed over them ("comm 6.8 MiB") before the eta
+// each summed over them ("comm 6.8 MiB") before the eta; with offload, the host tier after mem
+// ("+ host 443.1 MiB") and the step's copies with their rate ("copy 886.2 MiB at 9.8 GB/s")
 std::string format_step_line(const StepMetrics& m);
 
 // One validation evaluation (train/evaluator.h), after `step` optimizer steps.

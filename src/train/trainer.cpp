@@ -18,6 +18,7 @@
 #include "src/io/out_dir_lock.h"
 #include "src/optim/lowrank.h"
 #include "src/optim/schedule.h"
+#include "src/optim/state_slots.h"
 #include "src/train/backend_choice.h"
 #include "src/train/checkpointing.h"
 #include "src/train/evaluator.h"
@@ -131,7 +132,7 @@ void Run::build_state() {
   }
   backend_->reserve(plan.total, plan.buffers);
   device_at_reservation_ = backend_->device_memory();
-  arena_ = std::make_unique<Arena>(false, *backend_);
+  arena_ = std::make_unique<Arena>(false, *backend_, &backend_->host_tier());
   state_ = build_training_state(cfg, *arena_, *backend_, *grads_comm_);
 }
 
@@ -259,14 +260,19 @@ void Run::print_optimizer_lines() const {
 void Run::print_memory_lines() const {
   const ModelMemoryOptions& memory = state_.model->memory_options();
   if (memory.attention == AttentionKernel::Cudnn)
-    std::printf("  attention     cuDNN's fused flash attention (RoPE applied to copies of q, k)\n");
+    std::printf("  attention     cuDNN's fused flash attention (RoPE applied to q, k in place)\n");
   std::printf("  activations   %s; updates %s\n",
               activations_kept(cfg.model, memory).c_str(),
               memory.fused_update ? "fused into the backward (per-tensor clipping)"
                                   : "after the backward (global-norm clipping)");
   if (cfg.memory_limit > 0)
-    std::printf("  memory_limit  %s (the plan takes %s)\n", format_bytes(cfg.memory_limit).c_str(),
-                format_bytes(arena_->total_bytes()).c_str());
+    std::printf("  memory_limit  %s (the plan takes %s on the device)\n",
+                format_bytes(cfg.memory_limit).c_str(), format_bytes(arena_->total_bytes()).c_str());
+  if (const StateSlots* slots = state_.step->state_slots())
+    std::printf("  offload       optimizer states, %s in %s, through two device slots of %s: "
+                "all of them each way a step\n",
+                format_bytes(arena_->bytes(MemPlace::Host, MemCategory::Optimizer)).c_str(),
+                backend_->host_tier().memory_name(), format_bytes(slots->slot_bytes()).c_str());
   std::string savings;
   for (const auto& o : state_.optimizers->all()) savings += o->flops_note();
   std::printf("  FLOPs/token   %.4g (6 x matmul params + 12 x layers x d x seq_len%s)\n",
@@ -302,6 +308,7 @@ void Run::print_run_lines() const {
 StepMetrics Run::step(int64_t step, double* seconds_so_far) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t waits_before = backend_->host_waits();
+  const Backend::CopyTotals copies_before = backend_->copy_totals();
   const double lr = schedule_lr(cfg.schedule, cfg.optimizer.lr, step, cfg.steps);
   const TraceRange step_range("step");
   const StepOutcome outcome = train_step(state_, cfg, step, lr, [&](int32_t* in, int32_t* tg) {
@@ -335,6 +342,13 @@ StepMetrics Run::step(int64_t step, double* seconds_so_far) {
   if (launched) m.comm_bytes = comm_bytes;
   m.tokens_seen = (step + 1) * cfg.tokens_per_step();
   m.mem_bytes = arena_->peak_bytes();
+  m.mem_host_bytes = arena_->total_bytes(MemPlace::Host);
+  if (cfg.offload.any()) {  // the copies this step's end waited for (the GPU's: timed by events)
+    const Backend::CopyTotals copies = backend_->copy_totals();
+    m.copy_bytes = copies.bytes - copies_before.bytes;
+    const double busy = copies.seconds - copies_before.seconds;
+    m.copy_gbps = busy > 0 ? double(m.copy_bytes) / busy / 1e9 : 0;
+  }
   *seconds_so_far += seconds;
   m.eta_s = *seconds_so_far / double(step + 1 - start_step) * double(cfg.steps - step - 1);
   return m;

@@ -23,25 +23,28 @@ TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& 
   s.model = std::make_unique<LlamaModel>(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len,
                                          projected, backend, memory);
   s.optimizers = std::make_unique<OptimizerSet>(s.model->tensors().size());
-  s.optimizers->add(std::make_unique<AdamW>(cfg.optimizer, *s.model, arena, cfg.seed));
+  OptimizerConfig optimizer = cfg.optimizer;
+  optimizer.offload_states = cfg.offload.optimizer_states;
+  s.optimizers->add(std::make_unique<AdamW>(optimizer, *s.model, arena, cfg.seed));
   const int64_t max_tokens = int64_t(cfg.micro_batch_size) * cfg.seq_len;
   switch (kind) {
     case OptimizerKind::AdamW: break;
     case OptimizerKind::Grass:
-      s.optimizers->add(std::make_unique<Grass>(cfg.optimizer, *s.model, max_tokens, arena,
+      s.optimizers->add(std::make_unique<Grass>(optimizer, *s.model, max_tokens, arena,
                                                 Grass::kRefreshChunkBytes, comm));
       break;
     case OptimizerKind::GaLore:
-      s.optimizers->add(std::make_unique<GaLore>(cfg.optimizer, *s.model, max_tokens, arena, comm));
+      s.optimizers->add(std::make_unique<GaLore>(optimizer, *s.model, max_tokens, arena, comm));
       break;
     case OptimizerKind::Flora:
-      s.optimizers->add(std::make_unique<Flora>(cfg.optimizer, *s.model, max_tokens, arena, comm));
+      s.optimizers->add(std::make_unique<Flora>(optimizer, *s.model, max_tokens, arena, comm));
       break;
   }
   if (memory.fused_update)
     s.step = std::make_unique<FusedStep>(*s.model, *s.optimizers, cfg.grad_clip, arena, comm);
   else
     s.step = std::make_unique<DeferredStep>(*s.model, *s.optimizers, cfg.grad_clip, arena, comm);
+  if (cfg.offload.optimizer_states) s.step->offload_states(arena, cfg.offload.piece_bytes);
   s.model->set_gradient_sink(s.step.get());
   return s;
 }

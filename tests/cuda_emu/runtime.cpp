@@ -197,6 +197,17 @@ cudaError_t check_device(const void* p, size_t bytes, const char* what) {
   set_error(cudaErrorInvalidValue);
   return cudaErrorInvalidValue;
 }
+// Host sources of queued copies that have not run: a host destination that one of them still
+// reads is not poisoned (a stream runs in order, so that read comes first).
+std::mutex pending_mutex;
+std::multimap<const char*, size_t> pending_host_sources;
+bool read_by_pending_copy(const void* dst, size_t bytes) {
+  const char* d = static_cast<const char*>(dst);
+  std::lock_guard<std::mutex> lock(pending_mutex);
+  for (const auto& [src, n] : pending_host_sources)
+    if (src < d + bytes && d < src + n) return true;
+  return false;
+}
 }  // namespace
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
@@ -217,7 +228,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   // must not change before then (checked when the copy runs); a host destination holds NaN bytes
   // until then, so a read before the stream is synchronised shows.
   const uint64_t sum = src_device ? 0 : checksum(src, bytes);
-  if (!dst_device) std::memset(dst, 0xFF, bytes);
+  if (!dst_device && !read_by_pending_copy(dst, bytes)) std::memset(dst, 0xFF, bytes);
+  std::multimap<const char*, size_t>::iterator pending;
+  if (!src_device) {
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    pending = pending_host_sources.emplace(static_cast<const char*>(src), bytes);
+  }
   cuda_emu::enqueue(stream, [=] {
     if (!src_device && checksum(src, bytes) != sum) {
       std::fprintf(stderr, "cuda_emu: the host source of a cudaMemcpyAsync of %zu bytes changed "
@@ -225,6 +241,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
       std::abort();
     }
     std::memmove(dst, src, bytes);
+    if (!src_device) {
+      std::lock_guard<std::mutex> lock(pending_mutex);
+      pending_host_sources.erase(pending);
+    }
   });
   return cudaSuccess;
 }
@@ -385,6 +405,14 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   check_event_device(event, "cudaEventQuery");
   if (!cuda_emu::reached(event)) return cudaErrorNotReady;
   return take_fault();
+}
+// The host's time between the two events' streams reaching them (work runs on the host here).
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  check_event_device(start, "cudaEventElapsedTime");
+  check_event_device(end, "cudaEventElapsedTime");
+  if (!cuda_emu::reached(start) || !cuda_emu::reached(end)) return cudaErrorNotReady;
+  *ms = float(double(end->reached_ns.load() - start->reached_ns.load()) / 1e6);
+  return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   check_event_device(event, "cudaEventSynchronize");

@@ -2,6 +2,7 @@
 #include "streams.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -47,6 +48,12 @@ const Mode& mode() {
 std::recursive_mutex queues;
 std::vector<cudaStream_t> streams;
 std::atomic<uint64_t> tickets{0};
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 std::mt19937_64& rng() {
   static std::mt19937_64 g(mode().seed * 0x9E3779B97F4A7C15ull + 1);
   return g;
@@ -60,6 +67,7 @@ void run(Op& op) {
   switch (op.kind) {
     case Op::Work: op.work(); break;
     case Op::Record: {
+      op.event->reached_ns.store(now_ns());
       uint64_t was = op.event->completed.load();
       while (was < op.ticket && !op.event->completed.compare_exchange_weak(was, op.ticket)) {
       }
@@ -141,6 +149,7 @@ void record(cudaEvent_t event, cudaStream_t stream) {
   event->recorded.store(ticket);
   if (!mode().deferred || !stream) {
     if (mode().deferred) drain_all();
+    event->reached_ns.store(now_ns());
     event->completed.store(ticket);
     return;
   }

@@ -34,6 +34,7 @@
 //     different selections (multinomial_nr, uniform_nr) stay within 2.5% of top_r's curve.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -598,17 +599,82 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
     }
 }
 
+TEST_CASE("model: offloaded optimizer states give the resident GPU run's bits",
+          "[gpu][memory][offload]") {
+  // The states live in pinned host memory and pass through two device slots on the copy stream
+  // (kernels/cuda/copy_stream.cuh): the same kernels on the same bytes, so the same bits, and no
+  // more host waits a step. Steps 0 and 2 refresh (FLORA: step 1 resamples). AdamW's runs take
+  // the embedding and lm_head in 4 KiB pieces (pure bf16: one rounding stream across them).
+  struct Case {
+    const char* optimizer;
+    const char* precision;
+    bool fused;
+  };
+  for (const Case c : {Case{"grass", "bf16", true}, Case{"grass", "bf16-mixed", false},
+                       Case{"adamw", "bf16-mixed", false}, Case{"adamw", "bf16", true},
+                       Case{"galore", "bf16", true}, Case{"flora", "bf16", true}}) {
+    INFO(c.optimizer << " " << c.precision << (c.fused ? ", fused" : ", deferred"));
+    RunConfig resident = ngram_run(c.optimizer);
+    resident.optimizer.projection.update_interval = 2;
+    resident.fused_update = c.fused ? Switch::On : Switch::Off;
+    resident.grad_clip = 0.05;
+    RunConfig offloaded = resident;
+    offloaded.offload.optimizer_states = true;
+    if (std::string(c.optimizer) == "adamw") offloaded.offload.piece_bytes = 4096;
+    std::vector<double> losses[2];
+    std::vector<float> weights[2], master[2];
+    std::vector<int64_t> waits[2];
+    std::vector<std::vector<std::byte>> states[2];
+    const RunConfig* cfgs[2] = {&resident, &offloaded};
+    for (int k = 0; k < 2; k++) {
+      Run run(*cfgs[k], c.precision, true);
+      const NgramBatches data;
+      for (int64_t step = 0; step < 4; step++) {
+        const int64_t before = run.backend->host_waits();
+        losses[k].push_back(
+            train_step(run.state, run.cfg, step, run.cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
+              std::vector<int32_t> i, t;
+              data.batch(step, run.cfg.micro_batch_size, run.cfg.seq_len, i, t);
+              std::copy(i.begin(), i.end(), in);
+              std::copy(t.begin(), t.end(), tg);
+            }).loss);
+        waits[k].push_back(run.backend->host_waits() - before);
+      }
+      for (const ParamTensor& t : run.model().tensors()) {
+        const std::vector<float> w = run.weights(t), m = run.master(t);
+        weights[k].insert(weights[k].end(), w.begin(), w.end());
+        master[k].insert(master[k].end(), m.begin(), m.end());
+      }
+      int64_t host = 0;
+      for (const Arena::Block& b : run.arena->blocks())
+        if (b.cat == MemCategory::Optimizer) {
+          std::vector<std::byte> bytes(size_t(b.bytes));
+          run.backend->download(bytes.data(), b.ptr, bytes.size());
+          states[k].push_back(std::move(bytes));
+          host += b.place == MemPlace::Host ? b.bytes : 0;
+        }
+      CHECK((host > 0) == (k == 1));
+    }
+    CHECK(same_bits(losses[0], losses[1]));
+    CHECK(same_bits(weights[0], weights[1]));
+    CHECK(same_bits(master[0], master[1]));
+    CHECK(states[0] == states[1]);
+    CHECK(waits[0] == waits[1]);
+  }
+}
+
 TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][memory]") {
   for (const std::string optimizer : {"adamw", "grass"})
   for (const std::string precision : {"bf16-mixed", "bf16"})
-  for (const std::string lean : {"off", "elementwise", "layer", "sampled", "columns"}) {
+  for (const std::string lean : {"off", "elementwise", "layer", "sampled", "columns", "offload"}) {
       INFO(optimizer << " " << precision << " checkpointing and fused " << lean);
       RunConfig cfg =
           run_config(model_config(kHd64Odd, kVocab, 0.02), kBatch, kSeq, optimizer, 1e-3);
       cfg.fused_update = lean == "off" ? Switch::Off : Switch::On;
-      cfg.activation_checkpointing = lean == "off" || lean == "sampled" || lean == "columns"
-                                         ? Checkpointing::None
-                                         : test::named<Checkpointing>(lean);
+      cfg.activation_checkpointing = lean == "elementwise" || lean == "layer"
+                                         ? test::named<Checkpointing>(lean)
+                                         : Checkpointing::None;
+      cfg.offload.optimizer_states = lean == "offload";  // the states in pinned host memory
       if (lean == "sampled") cfg.activations = {ActivationSample::Bernoulli, 0.3};
       if (lean == "columns") {  // GRASS's `cols` targets: gate and up's n2 kept as columns
         cfg.optimizer.projection.select_dim = SelectDim::Cols;
@@ -618,19 +684,21 @@ TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][m
       const MemoryPlan plan = plan_memory(cfg, storage);
       {  // one cudaMalloc per buffer: the arena's own count
         const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
-        Arena real(false, *backend);
+        Arena real(false, *backend, &backend->host_tier());
         build_training_state(cfg, real, *backend);
         for (int c = 0; c < kMemCategories; c++) {
           INFO(mem_category_name(MemCategory(c)));
           CHECK(plan.bytes[size_t(c)] == real.bytes(MemCategory(c)));
+          CHECK(plan.host_bytes[size_t(c)] == real.bytes(MemPlace::Host, MemCategory(c)));
         }
         CHECK(plan.total == real.total_bytes());
+        CHECK(plan.host_total == real.total_bytes(MemPlace::Host));
         CHECK(plan.buffers == real.num_blocks());
       }
       {  // the trainer's way: one reservation of the planned size holds every aligned buffer
         const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
         backend->reserve(plan.total, plan.buffers);
-        Arena real(false, *backend);
+        Arena real(false, *backend, &backend->host_tier());
         CHECK_NOTHROW(build_training_state(cfg, real, *backend));
         CHECK(real.total_bytes() == plan.total);
       }

@@ -36,7 +36,7 @@ struct TrainingRun {
 #endif
     const MemoryPlan plan = plan_memory(cfg, storage);
     backend->reserve(plan.total, plan.buffers);
-    arena = std::make_unique<Arena>(false, *backend);
+    arena = std::make_unique<Arena>(false, *backend, &backend->host_tier());
     state = build_training_state(cfg, *arena, *backend);
     model().init_weights(cfg.seed);
   }
