@@ -102,8 +102,9 @@ std::string Arena::report() const {
     out += line;
   }
   for (int c = 0; c < kMemCategories; c++)
-    row(mem_category_name(MemCategory(c)), live_[0][size_t(c)], live_[1][size_t(c)]);
-  row("total", total_[0], total_[1]);
+    row(mem_category_name(MemCategory(c)), bytes(MemPlace::Device, MemCategory(c)),
+        bytes(MemPlace::Host, MemCategory(c)));
+  row("total", total_bytes(MemPlace::Device), total_bytes(MemPlace::Host));
   return out;
 }
 

@@ -66,10 +66,10 @@ class Arena {
   bool planning() const { return planning_; }
   // The device's figures (what memory_limit caps and the GPU reserves): its buffers, bytes by
   // category, total and peak.
-  int64_t num_blocks() const { return blocks_[0]; }
-  int64_t bytes(MemCategory cat) const { return live_[0][int(cat)]; }
-  int64_t total_bytes() const { return total_[0]; }
-  int64_t peak_bytes() const { return peak_[0]; }
+  int64_t num_blocks() const { return blocks_[size_t(MemPlace::Device)]; }
+  int64_t bytes(MemCategory cat) const { return bytes(MemPlace::Device, cat); }
+  int64_t total_bytes() const { return total_bytes(MemPlace::Device); }
+  int64_t peak_bytes() const { return peak_bytes(MemPlace::Device); }
   // Any place's.
   int64_t bytes(MemPlace place, MemCategory cat) const { return live_[int(place)][int(cat)]; }
   int64_t total_bytes(MemPlace place) const { return total_[int(place)]; }

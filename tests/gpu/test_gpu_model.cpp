@@ -161,6 +161,16 @@ struct Run : gputest::TrainingRun {
   Grass& grass() { return *state.optimizers->find<Grass>(); }
   DeferredStep& deferred() { return dynamic_cast<DeferredStep&>(*state.step); }
 
+  // The trainer's own step (train_step) on batch `step` of the n-gram data.
+  StepOutcome train(int64_t step, const NgramBatches& data) {
+    return train_step(state, cfg, step, cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
+      std::vector<int32_t> i, t;
+      data.batch(step, cfg.micro_batch_size, cfg.seq_len, i, t);
+      std::copy(i.begin(), i.end(), in);
+      std::copy(t.begin(), t.end(), tg);
+    });
+  }
+
   // The trainer's first half of a step, one micro-batch: returns the loss.
   double gradients(int64_t step, const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
     LlamaModel& m = model();
@@ -579,13 +589,7 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
         REQUIRE(bool(dynamic_cast<FusedStep*>(run.state.step.get())) == (k == 1));
         const NgramBatches data;
         for (int64_t step = 0; step < 6; step++)
-          losses[k].push_back(
-              train_step(run.state, run.cfg, step, run.cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
-                std::vector<int32_t> i, t;
-                data.batch(step, run.cfg.micro_batch_size, run.cfg.seq_len, i, t);
-                std::copy(i.begin(), i.end(), in);
-                std::copy(t.begin(), t.end(), tg);
-              }).loss);
+          losses[k].push_back(run.train(step, data).loss);
         for (const ParamTensor& t : run.model().tensors()) {
           const std::vector<float> w = run.weights(t), m = run.master(t);
           weights[k].insert(weights[k].end(), w.begin(), w.end());
@@ -631,13 +635,7 @@ TEST_CASE("model: offloaded optimizer states give the resident GPU run's bits",
       const NgramBatches data;
       for (int64_t step = 0; step < 4; step++) {
         const int64_t before = run.backend->host_waits();
-        losses[k].push_back(
-            train_step(run.state, run.cfg, step, run.cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
-              std::vector<int32_t> i, t;
-              data.batch(step, run.cfg.micro_batch_size, run.cfg.seq_len, i, t);
-              std::copy(i.begin(), i.end(), in);
-              std::copy(t.begin(), t.end(), tg);
-            }).loss);
+        losses[k].push_back(run.train(step, data).loss);
         waits[k].push_back(run.backend->host_waits() - before);
       }
       for (const ParamTensor& t : run.model().tensors()) {
@@ -726,12 +724,7 @@ TEST_CASE("model: a GPU training step waits for the device a fixed number of tim
           [](const ParamTensor& t) { return t.dense(); })));
       for (int64_t step = 0; step < 3; step++) {
         const int64_t before = run.backend->host_waits();
-        train_step(run.state, run.cfg, step, run.cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
-          std::vector<int32_t> i, t;
-          data.batch(step, run.cfg.micro_batch_size, run.cfg.seq_len, i, t);
-          std::copy(i.begin(), i.end(), in);
-          std::copy(t.begin(), t.end(), tg);
-        });
+        run.train(step, data);
         const int64_t waits = run.backend->host_waits() - before;
         CAPTURE(step, waits, targets);
         // at a refresh: GRASS reads each target's slice norms once (all its row chunks together);
