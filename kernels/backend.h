@@ -35,6 +35,7 @@
 //   galore_basis (randomized)              galore_basis (cuSOLVER)                          test_gpu_lowrank
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -226,6 +227,12 @@ class Backend : public MemoryResource {
   // after this call.
   enum class Copy { ToDevice, ToHost };
   virtual void copy_async(void* dst, const void* src, size_t bytes, Copy direction) = 0;
+  // Runs `task` on the copy queue in its order: after the copies queued before, before those
+  // queued after (the disk tier's file reads and writes between a pinned buffer's copies,
+  // model/x_in_ring.h). It runs on another thread and must not call the backend. `reads`: the
+  // host bytes it reads, which no copy may write before it runs.
+  virtual void copy_queue_task(std::function<void()> task, const void* reads,
+                               size_t read_bytes) = 0;
   // A mark after the copies queued so far; then wait_copies(mark): the compute queued from now on
   // runs after them. The host does not wait for the GPU (an event the compute stream waits on);
   // the CPU, whose compute is the calling thread, waits for its copy thread.

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# offload.optimizer_states end to end on the CPU backend: a run with the states in the host tier
-# writes the resident run's losses, gradient norms and checkpoints byte for byte (offload is a
-# layout of memory, not of state), its step line and metrics show the host tier and the copies,
-# and a checkpoint taken either way resumes the other way with the same steps and bytes. A
-# memory_limit below the resident plan is refused with the offloaded plan named, and met with
-# offload. Run by ctest with GRASS=<grass> and MAKE_SHARD=<make_synthetic_shard>, from the
-# source directory.
+# offload end to end on the CPU backend. First offload.optimizer_states: a run with the states
+# in the host tier writes the resident run's losses, gradient norms and checkpoints byte for
+# byte (offload is a layout of memory, not of state), its step line and metrics show the host
+# tier and the copies, and a checkpoint taken either way resumes the other way with the same
+# steps and bytes. A memory_limit below the resident plan is refused with the offloaded plan
+# named, and met with offload, or by offload "auto". Then offload.activations (host and disk):
+# the resident run's bytes, a resume into it, the disk ring's file never left behind, and the
+# faults of its directory (unwritable; full, where a tmpfs can be mounted) in one line. Run by
+# ctest with GRASS=<grass> and MAKE_SHARD=<make_synthetic_shard>, from the source directory.
 set -uo pipefail
 : "${GRASS:?set GRASS to the grass binary}" "${MAKE_SHARD:?set MAKE_SHARD to make_synthetic_shard}"
 tmp=$(mktemp -d)
@@ -71,10 +73,79 @@ limit=$("$GRASS" mem "$tmp/run.json" --json --set offload.optimizer_states=true 
 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/capped" --set memory_limit=$limit --set steps=2 \
   >"$tmp/capped.log" 2>&1
 check "the resident run over memory_limit exits 2" test $? = 2
-check "and names the offloaded plan that fits" grep -q "with offload.optimizer_states true it plans .* (fits)" "$tmp/capped.log"
+check "and names the offloaded plan that fits" grep -q 'offload "auto" fits it with optimizer states in the host tier: .* on the device' "$tmp/capped.log"
 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/capped" --set memory_limit=$limit --set steps=2 \
   --set offload.optimizer_states=true >"$tmp/capped_offloaded.log" 2>&1
 check "with offload it runs under the same limit" test $? = 0
+
+"$GRASS" train "$tmp/run.json" --set out_dir="$tmp/capped_auto" --set memory_limit=$limit --set steps=2 \
+  --set offload=auto >"$tmp/capped_auto.log" 2>&1
+check "offload auto meets it too, and says what it chose" \
+  grep -q "offload auto: optimizer states in the host tier, the least traffic that fits memory_limit" "$tmp/capped_auto.log"
+
+# offload.activations: six layers under per-layer checkpointing, three inputs leave the device
+python3 - "$tmp/run.json" "$tmp/layers.json" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))
+model = json.load(open(run["model"]))
+model["num_hidden_layers"] = 6
+run.update(model=model, activation_checkpointing="layer", out_dir=sys.argv[2] + ".resident")
+json.dump(run, open(sys.argv[2], "w"))
+PY
+ring="$tmp/ring"
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/layers" >"$tmp/layers.log" 2>&1
+check "the resident six-layer run exits 0" test $? = 0
+for where in host disk; do
+  "$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/layers_$where" \
+    --set offload="{\"activations\": \"$where\", \"disk_dir\": \"$ring\"}" \
+    >"$tmp/layers_$where.log" 2>&1
+  check "inputs on $where: exits 0" test $? = 0
+  check "inputs on $where: the start-up table names the ring" \
+    grep -q "offload       layer inputs 0..2, 96.0 KiB in .*, through a ring of 3 device slots" "$tmp/layers_$where.log"
+  check "inputs on $where: the resident run's losses and gradient norms" \
+    diff <(losses "$tmp/layers/metrics.jsonl") <(losses "$tmp/layers_$where/metrics.jsonl")
+  check "inputs on $where: step 8's checkpoint byte for byte" \
+    same_checkpoint "$tmp/layers/checkpoints/step_00000008" "$tmp/layers_$where/checkpoints/step_00000008"
+done
+check "the disk ring's file is gone after the run" test -z "$(ls -A "$ring")"
+# a checkpoint of the resident run resumed with the inputs on disk and the states offloaded
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/layers_resumed" \
+  --set offload="{\"optimizer_states\": true, \"activations\": \"disk\", \"disk_dir\": \"$ring\"}" \
+  --resume "$tmp/layers/checkpoints/step_00000004" >"$tmp/layers_resumed.log" 2>&1
+check "a resident checkpoint resumes with everything offloaded, no config key warned about" \
+  sh -c "[ $? = 0 ] && ! grep -q 'warning: resuming with' '$tmp/layers_resumed.log'"
+check "and ends on the resident run's step 8, byte for byte" \
+  same_checkpoint "$tmp/layers/checkpoints/step_00000008" "$tmp/layers_resumed/checkpoints/step_00000008"
+# a file where the ring would be is not ours: it is left alone
+mkdir -p "$ring" && echo "not grass's" >"$ring/grass-activations-old"
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/layers_stale" --set steps=2 \
+  --set offload="{\"activations\": \"disk\", \"disk_dir\": \"$ring\"}" \
+  >"$tmp/layers_stale.log" 2>&1
+check "a run beside an old file in disk_dir exits 0 and leaves the file" \
+  sh -c "[ $? = 0 ] && [ \"\$(ls -A '$ring')\" = grass-activations-old ]"
+rm -f "$ring/grass-activations-old"
+
+# faults: a disk_dir nothing can be created in, and a full disk, each in one line before a step
+# runs, the checkpoints already there untouched
+cp -r "$tmp/layers" "$tmp/layers_before"
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/layers" --set steps=12 \
+  --set offload='{"activations": "disk", "disk_dir": "/proc/grass-ring"}' >"$tmp/unwritable.log" 2>&1
+check "an unwritable disk_dir exits 2" test $? = 2
+check "with one error line naming offload.disk_dir" \
+  sh -c "[ \"\$(grep -c . '$tmp/unwritable.log')\" = 1 ] && grep -q '^error: offload.disk_dir /proc/grass-ring: cannot create' '$tmp/unwritable.log'"
+mkdir -p "$tmp/small"
+if mount -t tmpfs -o size=16k tmpfs "$tmp/small" 2>/dev/null; then
+  "$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/layers" --set steps=12 \
+    --set offload="{\"activations\": \"disk\", \"disk_dir\": \"$tmp/small\"}" >"$tmp/full.log" 2>&1
+  code=$?
+  umount "$tmp/small"
+  check "a disk too small for the ring exits 2" test $code = 2
+  check "with one error line: No space left on device" \
+    sh -c "[ \"\$(grep -c . '$tmp/full.log')\" = 1 ] && grep -q '^error: offload.disk_dir .*: cannot reserve 96.0 KiB for the activation ring: No space left on device' '$tmp/full.log'"
+else
+  echo "offload_cli: a full disk not tried (mounting a small tmpfs needs root)"
+fi
+check "the checkpoints already there are untouched" diff -r "$tmp/layers_before" "$tmp/layers"
 
 echo "offload_cli: $passes passed, $failures failed"
 [ "$failures" = 0 ] || for log in "$tmp"/*.log; do echo "--- $log"; cat "$log"; done

@@ -2,6 +2,7 @@
 // GRASS.md: weights, dense and compressed gradients, optimizer states.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include <catch2/catch.hpp>
 
@@ -46,14 +47,23 @@ TEST_CASE("the memory plan equals what a run allocates, category by category and
           "[memory]") {
   for (const std::string optimizer : {"adamw", "grass", "galore", "flora"})
   for (const std::string precision : {"fp32", "bf16-mixed", "bf16"})
-  for (const std::string checkpointing : {"none", "elementwise", "layer", "sampled"})
+  for (const std::string checkpointing :
+       {"none", "elementwise", "layer", "layer, inputs host", "layer, inputs disk", "sampled"})
   for (const std::string fused : {"off", "on"})
   for (const bool offload : {false, true}) {
     INFO(optimizer << " " << precision << ", checkpointing " << checkpointing << ", fused " << fused
                    << (offload ? ", states offloaded" : ""));
     RunConfig cfg = small_run(optimizer);
-    if (checkpointing == "sampled") cfg.activations = {ActivationSample::Bernoulli, 0.3};
-    else cfg.activation_checkpointing = test::named<Checkpointing>(checkpointing);
+    if (checkpointing == "sampled") {
+      cfg.activations = {ActivationSample::Bernoulli, 0.3};
+    } else if (checkpointing.starts_with("layer, inputs")) {  // layer 0's input leaves
+      cfg.model.num_hidden_layers = 4;
+      cfg.activation_checkpointing = Checkpointing::Layer;
+      cfg.offload.activations = test::named<ActivationOffload>(checkpointing.substr(14));
+      cfg.offload.disk_dir = std::filesystem::temp_directory_path().string();
+    } else {
+      cfg.activation_checkpointing = test::named<Checkpointing>(checkpointing);
+    }
     cfg.fused_update = test::named<Switch>(fused);
     cfg.offload.optimizer_states = offload;
     const Storage cpu = storage_for(test::named<PrecisionChoice>(precision), false);
@@ -69,7 +79,7 @@ TEST_CASE("the memory plan equals what a run allocates, category by category and
     CHECK(plan.total == real.total_bytes());
     CHECK(plan.host_total == real.total_bytes(MemPlace::Host));
     CHECK(plan.buffers == real.num_blocks());
-    CHECK((plan.host_total > 0) == offload);
+    CHECK((plan.host_total > 0) == cfg.offload.any());
   }
 }
 

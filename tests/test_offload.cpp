@@ -19,8 +19,12 @@
 #include "src/train/training_state.h"
 #include "tests/named_choice.h"
 #include "tests/ngram_batches.h"
+#include "tests/offload_training.h"
 
 using namespace grass;
+using test::LazyCopies;
+using test::Trained;
+using test::train;
 
 namespace {
 
@@ -46,52 +50,6 @@ RunConfig offload_run(const std::string& optimizer, const std::string& precision
   c.optimizer.projection.seed = 11;
   c.grad_clip = 0.05;  // clips: the coefficient's order matters too
   return c;
-}
-
-// Sets GRASS_LAZY_COPIES for the backends made while it lives.
-struct LazyCopies {
-  explicit LazyCopies(bool on) {
-    if (on) setenv("GRASS_LAZY_COPIES", "1", 1);
-  }
-  ~LazyCopies() { unsetenv("GRASS_LAZY_COPIES"); }
-};
-
-struct Trained {
-  std::vector<double> losses;
-  std::vector<std::vector<std::byte>> state;  // every weights and optimizer buffer, in order
-  std::vector<std::string> names;
-  int64_t host_bytes = 0;
-  std::vector<int64_t> unprefetched;  // per step: pieces whose fetch the update waited for whole
-};
-
-Trained train(const RunConfig& cfg, int steps) {
-  const std::unique_ptr<Backend> backend = make_cpu_backend(storage_for(cfg.precision, false));
-  Arena arena(false, *backend, &backend->host_tier());
-  TrainingState s = build_training_state(cfg, arena, *backend);
-  s.model->init_weights(3);
-  const test::NgramBatches data;
-  Trained out;
-  int64_t batch = 0;
-  const StateSlots* slots = s.step->state_slots();
-  for (int64_t step = 0; step < steps; step++) {
-    const int64_t before = slots ? slots->unprefetched_holds() : 0;
-    out.losses.push_back(train_step(s, cfg, step, cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
-                           std::vector<int32_t> inputs, targets;
-                           data.batch(batch++, cfg.micro_batch_size, cfg.seq_len, inputs, targets);
-                           std::copy(inputs.begin(), inputs.end(), in);
-                           std::copy(targets.begin(), targets.end(), tg);
-                         }).loss);
-    if (slots) out.unprefetched.push_back(slots->unprefetched_holds() - before);
-  }
-  backend->synchronize();  // the last write-backs
-  for (const Arena::Block& b : arena.blocks())
-    if (b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) {
-      const auto* bytes = static_cast<const std::byte*>(b.ptr);
-      out.state.emplace_back(bytes, bytes + b.bytes);
-      out.names.push_back(b.name);
-    }
-  out.host_bytes = arena.total_bytes(MemPlace::Host);
-  return out;
 }
 
 }  // namespace

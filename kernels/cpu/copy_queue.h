@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -24,6 +25,8 @@ class CopyQueue {
   CopyQueue& operator=(const CopyQueue&) = delete;
 
   void copy(void* dst, const void* src, size_t bytes);
+  // Runs `work` in the queue's order, on its thread; it reads [reads, reads + read_bytes).
+  void task(std::function<void()> work, const void* reads, size_t read_bytes);
   int64_t mark() const;          // the copies queued so far
   void wait(int64_t mark);       // until the first `mark` copies are done
   void drain() { wait(mark()); }
@@ -37,10 +40,11 @@ class CopyQueue {
     void* dst;
     const void* src;
     size_t bytes;
+    std::function<void()> task;  // instead of a copy, when set
   };
   void run();             // the thread
   void run_until(int64_t mark);  // lazy: on the caller's thread
-  void timed_copy(const Copy& c);  // the copy itself, counted (without the lock)
+  void timed_copy(const Copy& c);  // the copy itself, counted (without the lock); or the task
 
   const bool lazy_;
   mutable std::mutex mutex_;

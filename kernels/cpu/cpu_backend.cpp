@@ -71,6 +71,9 @@ class CpuBackend final : public Backend {
   void copy_async(void* dst, const void* src, size_t bytes, Copy) override {
     copies_.copy(dst, src, bytes);
   }
+  void copy_queue_task(std::function<void()> task, const void* reads, size_t read_bytes) override {
+    copies_.task(std::move(task), reads, read_bytes);
+  }
   int64_t mark_copies() override { return copies_.mark(); }
   void wait_copies(int64_t mark) override { copies_.wait(mark); }
   CopyTotals copy_totals() override { return {copies_.bytes_done(), copies_.seconds_busy()}; }

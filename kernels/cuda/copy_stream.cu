@@ -1,6 +1,7 @@
 #include "kernels/cuda/copy_stream.cuh"
 
 #include <cstring>
+#include <memory>
 
 #include "kernels/cuda/common.cuh"
 
@@ -34,6 +35,18 @@ void CopyStream::copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
   GRASS_CUDA_CHECK(cudaEventRecord(t.end, stream_));
   timed_.push_back(t);
   copies_++;
+}
+
+void CopyStream::task(std::function<void()> work) {
+  auto* queued = new std::function<void()>(std::move(work));
+  GRASS_CUDA_CHECK(cudaLaunchHostFunc(
+      stream_,
+      [](void* p) {
+        const std::unique_ptr<std::function<void()>> run(static_cast<std::function<void()>*>(p));
+        (*run)();
+      },
+      queued));
+  copies_++;  // a mark after it waits for it
 }
 
 cudaEvent_t CopyStream::timing_event() {

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -25,6 +26,9 @@ class CopyStream {
   // dst <- src after the compute queued so far on `compute` (an event it records) and the copies
   // before, between device and pinned host memory.
   void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+  // `work` on a host thread when the copy stream reaches it (cudaLaunchHostFunc); it must not
+  // throw or call CUDA.
+  void task(std::function<void()> work);
   // An event after the copies queued so far. Marks share a ring of events: waiting for a mark
   // whose event was recorded again since waits for a later mark, which is only stricter.
   int64_t mark();

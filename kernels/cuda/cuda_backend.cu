@@ -183,6 +183,9 @@ class CudaBackend final : public Backend {
     copies_->copy(dst, src, bytes,
                   direction == Copy::ToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
   }
+  void copy_queue_task(std::function<void()> task, const void*, size_t) override {
+    copies_->task(std::move(task));
+  }
   int64_t mark_copies() override { return copies_->mark(); }
   void wait_copies(int64_t mark) override { copies_->wait(mark); }
   CopyTotals copy_totals() override { return copies_->totals(); }

@@ -29,7 +29,10 @@ const char* kMemUsage =
     "  --ranks N             plan one rank of `mpirun -np N grass train`: each rank holds the\n"
     "                        same memory, and takes total_batch_size / (micro_batch_size x N)\n"
     "                        micro-batches a step (docs/distributed.md)\n"
+    "  --host-memory-limit SIZE  as the run key host_memory_limit: caps the host tier (offload)\n"
     "  --link-gbps GB/s      the host link offload copies over (default 25, PCIe 4 x16)\n"
+    "  --disk-gbps GB/s      the disk the layer inputs go to with offload.activations \"disk\"\n"
+    "                        (default 7, an NVMe SSD)\n"
     "  --tflops T            the sustained rate a step computes at, for the step-time bound\n"
     "                        with offload (default: 40% of an H100's 989 on the GPU; none on\n"
     "                        the CPU)\n"
@@ -42,7 +45,7 @@ int cmd_mem(const Args& args) {
   std::optional<DeviceChoice> device;  // --device; else the run's
   bool json = false;
   int ranks = 1;
-  std::optional<double> link_gbps, tflops;
+  std::optional<double> link_gbps, disk_gbps, tflops;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
@@ -56,6 +59,10 @@ int cmd_mem(const Args& args) {
       json = true;
     } else if (take_option(args, i, "--memory-limit", value)) {
       overrides.push_back("memory_limit=" + value);
+    } else if (take_option(args, i, "--host-memory-limit", value)) {
+      overrides.push_back("host_memory_limit=" + value);
+    } else if (take_option(args, i, "--disk-gbps", value)) {
+      disk_gbps = parse_positive("--disk-gbps", value);
     } else if (take_option(args, i, "--link-gbps", value)) {
       link_gbps = parse_positive("--link-gbps", value);
     } else if (take_option(args, i, "--tflops", value)) {
@@ -84,10 +91,16 @@ int cmd_mem(const Args& args) {
   const Storage storage = planned_storage(cfg);
   LinkModel link;
   link.link_gbps = link_gbps.value_or(link.link_gbps);
+  link.disk_gbps = disk_gbps.value_or(link.disk_gbps);
   link.tflops = tflops.value_or(default_tflops(storage));
-  std::fputs((json ? memory_plan_json(cfg, storage, link) : format_memory_plans(cfg, storage, link))
-                 .c_str(),
-             stdout);
+  std::string why;  // offload "auto": the placement chosen, and why
+  if (cfg.offload.automatic) {
+    OffloadChoice choice = choose_offload(cfg, storage, link);
+    cfg = std::move(choice.cfg);
+    why = std::move(choice.why);
+  }
+  if (json) std::fputs(memory_plan_json(cfg, storage, link, why).c_str(), stdout);
+  else std::fputs(((why.empty() ? "" : why + "\n") + format_memory_plans(cfg, storage, link)).c_str(), stdout);
   return 0;
 }
 

@@ -41,6 +41,8 @@ constexpr ChoiceName<ActivationSample> kActivationSampleNames[] = {
     {ActivationSample::Crs, "crs"},
     {ActivationSample::WtaCrs, "wta-crs"},
     {ActivationSample::Bernoulli, "bernoulli"}};
+constexpr ChoiceName<ActivationOffload> kActivationOffloadNames[] = {
+    {ActivationOffload::None, "none"}, {ActivationOffload::Host, "host"}, {ActivationOffload::Disk, "disk"}};
 constexpr ChoiceName<Switch> kSwitchNames[] = {
     {Switch::Auto, "auto"}, {Switch::On, "on"}, {Switch::Off, "off"}};
 constexpr ChoiceName<AttentionChoice> kAttentionNames[] = {{AttentionChoice::Grass, "grass"},
@@ -71,6 +73,8 @@ template <>
 std::span<const ChoiceName<Checkpointing>> choice_names() { return kCheckpointingNames; }
 template <>
 std::span<const ChoiceName<ActivationSample>> choice_names() { return kActivationSampleNames; }
+template <>
+std::span<const ChoiceName<ActivationOffload>> choice_names() { return kActivationOffloadNames; }
 template <>
 std::span<const ChoiceName<Switch>> choice_names() { return kSwitchNames; }
 template <>

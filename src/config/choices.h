@@ -41,6 +41,10 @@ enum class Checkpointing { None, Elementwise, Layer };
 // sample of their token rows (model/row_sampling.h): column-row sampling ("crs"), its
 // winner-take-all variant ("wta-crs") or RAD-style Bernoulli masks ("bernoulli").
 enum class ActivationSample { None, Crs, WtaCrs, Bernoulli };
+// offload.activations, where each layer's input waits for the backward under per-layer
+// checkpointing: on the device ("none"), in the host tier ("host") or in a file ring in
+// offload.disk_dir ("disk").
+enum class ActivationOffload { None, Host, Disk };
 // fused_update, pad_ffn: "auto" (decided by the backend and precision) | "on" | "off".
 enum class Switch { Auto, On, Off };
 // attention: the engine's own kernels ("grass") or cuDNN's fused flash attention ("cudnn").
@@ -79,6 +83,8 @@ template <>
 std::span<const ChoiceName<Checkpointing>> choice_names();
 template <>
 std::span<const ChoiceName<ActivationSample>> choice_names();
+template <>
+std::span<const ChoiceName<ActivationOffload>> choice_names();
 template <>
 std::span<const ChoiceName<Switch>> choice_names();
 template <>

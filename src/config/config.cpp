@@ -199,6 +199,7 @@ const std::vector<std::string> kRunKeys = {
     "pad_ffn",
     "attention",
     "memory_limit",
+    "host_memory_limit",
     "offload",
     "seed",
     "out_dir",
@@ -490,6 +491,39 @@ void read_precision(const ObjectReader& run, RunConfig& c) {
   c.device = *choice_of_device;
 }
 
+// A size key ("40GiB", "512MiB", "40GB", or bytes).
+std::optional<int64_t> read_memory_size(const ObjectReader& obj, const std::string& key) {
+  const json* value = obj.find(key);
+  if (!value) return std::nullopt;
+  std::optional<int64_t> bytes;
+  if (value->is_number_integer() && value->get<int64_t>() >= 0) bytes = value->get<int64_t>();
+  else if (value->is_string()) bytes = parse_memory_size(value->get<std::string>());
+  if (!bytes)
+    obj.at(key).fail("expected a size such as \"40GiB\", \"512MiB\" or \"40GB\", got " +
+                     describe(*value));
+  return bytes;
+}
+
+void read_offload(const ObjectReader& o, RunConfig& c) {
+  o.reject_unknown_keys({"optimizer_states", "piece_bytes", "activations", "disk_dir"});
+  c.offload.optimizer_states = o.boolean("optimizer_states").value_or(false);
+  if (const std::optional<int64_t> piece = read_memory_size(o, "piece_bytes")) {
+    if (*piece < 4096)
+      o.at("piece_bytes").fail("expected a size of at least 4 KiB such as \"16MiB\", got " +
+                               describe(*o.find("piece_bytes")));
+    c.offload.piece_bytes = *piece;
+  }
+  c.offload.activations = read_enum(o, "activations", "place", c.offload.activations);
+  if (c.offload.activations != ActivationOffload::None &&
+      c.activation_checkpointing != Checkpointing::Layer)
+    o.at("activations").fail(std::string("offloads each layer's input, which only "
+                                         "activation_checkpointing \"layer\" keeps alone; the "
+                                         "run's is \"") +
+                             name_of(c.activation_checkpointing) + "\"");
+  c.offload.disk_dir = o.string("disk_dir").value_or("");
+  if (o.find("disk_dir") && c.offload.disk_dir.empty()) o.at("disk_dir").fail("must not be empty");
+}
+
 void read_memory(const ObjectReader& run, RunConfig& c) {
   c.activation_checkpointing =
       read_enum(run, "activation_checkpointing", "mode", c.activation_checkpointing);
@@ -520,28 +554,16 @@ void read_memory(const ObjectReader& run, RunConfig& c) {
               " micro-batches of " + std::to_string(c.micro_batch_size) +
               (c.ranks > 1 ? " over " + std::to_string(c.ranks) + " ranks" : std::string()) +
               "): the gradients of several micro-batches must be summed before they are applied");
-  if (const json* limit = run.find("memory_limit")) {
-    std::optional<int64_t> bytes;
-    if (limit->is_number_integer() && limit->get<int64_t>() >= 0) bytes = limit->get<int64_t>();
-    else if (limit->is_string()) bytes = parse_memory_size(limit->get<std::string>());
-    if (!bytes)
-      run.at("memory_limit")
-          .fail("expected a size such as \"40GiB\", \"512MiB\" or \"40GB\", got " +
-                describe(*limit));
-    c.memory_limit = *bytes;
-  }
+  c.memory_limit = read_memory_size(run, "memory_limit").value_or(0);
+  c.host_memory_limit = read_memory_size(run, "host_memory_limit").value_or(0);
   if (const json* offload = run.find("offload")) {
-    const ObjectReader o(*offload, run.at("offload"));
-    o.reject_unknown_keys({"optimizer_states", "piece_bytes"});
-    c.offload.optimizer_states = o.boolean("optimizer_states").value_or(false);
-    if (const json* piece = o.find("piece_bytes")) {
-      std::optional<int64_t> bytes;
-      if (piece->is_number_integer() && piece->get<int64_t>() > 0) bytes = piece->get<int64_t>();
-      else if (piece->is_string()) bytes = parse_memory_size(piece->get<std::string>());
-      if (!bytes || *bytes < 4096)
-        o.at("piece_bytes").fail("expected a size of at least 4 KiB such as \"16MiB\", got " +
-                                 describe(*piece));
-      c.offload.piece_bytes = *bytes;
+    if (offload->is_string() && offload->get<std::string>() == "auto") {
+      c.offload.automatic = true;
+    } else {
+      if (!offload->is_object())
+        run.at("offload").fail("expected \"auto\" or an object such as {\"optimizer_states\": "
+                               "true}, got " + describe(*offload));
+      read_offload(ObjectReader(*offload, run.at("offload")), c);
     }
   }
 }
@@ -602,7 +624,10 @@ bool changes_results(const std::string& key) {
       "out_dir",          "log_every",       "eval_every",            "eval_tokens",
       "checkpoint_every", "checkpoint_keep", "checkpoint_keep_every", "init_from",
       "pad_ffn"};
-  return !(free.count(key) || key == "data.val" || key.starts_with("data.val["));
+  // offload and the memory caps move bytes between places, never a number computed
+  return !(free.count(key) || key == "data.val" || key.starts_with("data.val[") ||
+           key == "offload" || key.starts_with("offload.") || key == "memory_limit" ||
+           key == "host_memory_limit");
 }
 
 RunConfig parse_run_config(const json& j, const std::string& where, int ranks) {
@@ -768,9 +793,15 @@ json to_json(const RunConfig& c) {
   };
   if (!c.init_from.empty()) run["init_from"] = c.init_from;
   if (c.memory_limit > 0) run["memory_limit"] = format_memory_size(c.memory_limit);
-  if (c.offload.any())
+  if (c.host_memory_limit > 0) run["host_memory_limit"] = format_memory_size(c.host_memory_limit);
+  if (c.offload.automatic) {
+    run["offload"] = "auto";
+  } else if (c.offload.any()) {
     run["offload"] = {{"optimizer_states", c.offload.optimizer_states},
-                      {"piece_bytes", format_memory_size(c.offload.piece_bytes)}};
+                      {"piece_bytes", format_memory_size(c.offload.piece_bytes)},
+                      {"activations", name_of(c.offload.activations)}};
+    if (!c.offload.disk_dir.empty()) run["offload"]["disk_dir"] = c.offload.disk_dir;
+  }
   // only when on, so a checkpoint from before the key resumes without a warning about it
   if (c.activations.on())
     run["activations"] = {{"sample", name_of(c.activations.sample)}, {"keep", c.activations.keep}};

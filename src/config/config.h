@@ -147,16 +147,25 @@ struct SampledActivations {
   bool operator==(const SampledActivations&) const = default;
 };
 
-// offload: what the run keeps in the host tier instead of the device (MemPlace, core/arena.h;
-// docs/memory.md). optimizer_states: every optimizer's moments (and proximal anchors) live there
-// and pass through two device slots for each update: the same kernels on the same bytes, so the
-// same numbers as a run without it. GRASS's σ and ρ, GaLore's projections and the master weights
-// stay on the device. A projected target's states move whole; AdamW's in pieces of up to
-// piece_bytes (JSON: a size, "16MiB"), or the largest target's if larger, which sizes the slots.
+// offload: what the run keeps off the device (MemPlace, core/arena.h; docs/memory.md), a layout
+// of memory that never changes a number computed.
+// optimizer_states: every optimizer's moments (and proximal anchors) live in the host tier and
+// pass through two device slots for each update. GRASS's σ and ρ, GaLore's projections and the
+// master weights stay on the device. A projected target's states move whole; AdamW's in pieces
+// of up to piece_bytes (JSON: a size, "16MiB"), or the largest target's if larger, which sizes
+// the slots.
+// activations (needs activation_checkpointing "layer"): each layer's input, the one activation
+// kept from the forward to the backward, waits in the host tier or in a file ring in disk_dir
+// (default: out_dir) and comes back through a three-slot device ring (model/x_in_ring.h).
+// JSON "auto" (automatic): the planner picks the placement that fits memory_limit (and
+// host_memory_limit) with the least traffic (train/offload_choice.h).
 struct OffloadConfig {
   bool optimizer_states = false;
   int64_t piece_bytes = int64_t(16) << 20;
-  bool any() const { return optimizer_states; }
+  ActivationOffload activations = ActivationOffload::None;
+  std::string disk_dir;  // "": out_dir
+  bool automatic = false;
+  bool any() const { return optimizer_states || activations != ActivationOffload::None; }
   bool operator==(const OffloadConfig&) const = default;
 };
 
@@ -200,6 +209,7 @@ struct RunConfig {
   // The most bytes the run's memory plan may take (its device arena is exactly the plan); 0: no
   // cap. JSON: "40GiB", "32 GiB", "512MiB", "40GB" (10^9) or a number of bytes.
   int64_t memory_limit = 0;
+  int64_t host_memory_limit = 0;  // caps the host tier's bytes (offload); 0: no cap
   OffloadConfig offload;
   uint64_t seed = 42;
   std::string out_dir = "runs/default";

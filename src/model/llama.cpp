@@ -220,10 +220,15 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
       memory_.checkpointing == Checkpointing::Elementwise || memory_.sampled.on();
   columns_inputs_ = inputs_kept_as_columns(cfg_, memory_);
   acts_.resize(L);
+  if (memory_.x_in_offload != ActivationOffload::None) {
+    GRASS_CHECK(per_layer, "offloaded layer inputs need checkpointing per layer");
+    x_in_ring_ = std::make_unique<XInRing>(*backend_, arena, L, N * C * storage.act_bytes,
+                                           memory_.x_in_offload, memory_.disk_dir);
+  }
   for (int l = 0; l < L; l++) {
     LayerActs& a = acts_[l];
     const std::string p = "layer" + std::to_string(l) + ".";
-    a.x_in = act(p + "x_in", N * C);
+    a.x_in = x_in_ring_ ? x_in_ring_->slot(l) : act(p + "x_in", N * C);
     if (per_layer && l > 0) {  // one set of the rest, recomputed per layer
       void* x_in = a.x_in;
       a = acts_[0];
@@ -535,6 +540,8 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
   // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
   be.residual_rmsnorm_forward(a.h, a.n2, a.rstd2, a.x_in, ws_.proj, w.mlp_norm, N, C, eps);
+  if (x_in_ring_ && to_output)  // the forward's last read of x_in
+    x_in_ring_->after_forward(l, N * C * storage().act_bytes);
   // gate_proj and up_proj as one GEMM: their weights are adjacent, one [2F, C] matrix
   be.linear_forward(a.gu, a.n2, w.wgate, N, C, 2 * F);
   if (keep) sampled_->keep(l, SampledInputs::N2, a.n2, N);
@@ -547,6 +554,7 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   if (!to_output) return;
   be.linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
   // x_next and its norm: the next layer's n1, or after the last layer the final norm
+  if (x_in_ring_ && l + 1 < cfg_.num_hidden_layers) x_in_ring_->before_write(l + 1);
   const StreamNorm next = stream_norm(l + 1);
   be.residual_rmsnorm_forward(next.x, next.out, next.rstd, a.h, ws_.proj, next.w, N, C, eps);
 }
@@ -567,6 +575,7 @@ double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B)
 void LlamaModel::read_losses() {
   std::vector<double> sums(loss_valid_.size());
   backend_->download(sums.data(), loss_sums_, sums.size() * sizeof(double));
+  if (x_in_ring_) x_in_ring_->throw_if_failed();  // the losses came from the inputs it read
   for (size_t i = 0; i < sums.size(); i++)
     losses_ready_.push_back(loss_valid_[i] > 0 ? sums[i] / double(loss_valid_[i]) : 0.0);
   loss_valid_.clear();
@@ -629,6 +638,7 @@ void LlamaModel::forward_to_head(const int32_t* inputs, const int32_t* targets, 
   // The embedding enters the residual stream and is normalised here; every later norm of the
   // stream is made with the residual add before it (layer_forward).
   const StreamNorm first = stream_norm(0);
+  if (x_in_ring_) x_in_ring_->before_write(0);
   be.embedding_forward(first.x, inputs_, weight(tensors_[0]), N, C);
   be.rmsnorm_forward(first.out, first.rstd, first.x, first.w, N, C, cfg_.rms_norm_eps);
   for (int l = 0; l < cfg_.num_hidden_layers; l++) {
@@ -675,6 +685,7 @@ void LlamaModel::backward_from_head(int lm_head) {
     // The shared activations hold the last layer's after the forward; the others' are
     // recomputed: per layer from the layer's input, elementwise each just before it is read.
     const bool recompute = l < L - 1;
+    if (x_in_ring_) x_in_ring_->before_backward(l, N * C * storage().act_bytes);
     if (memory_.checkpointing == Checkpointing::Layer && recompute) layer_forward(l, B, false);
     // A sampled pass reads the kept rows; otherwise shared inputs are recomputed (elementwise).
     const bool sampled = sampled_pass_ && recompute;

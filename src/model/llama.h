@@ -20,6 +20,7 @@
 #include "src/model/gradient_sink.h"
 #include "src/model/parameter_set.h"
 #include "src/model/sampled_inputs.h"
+#include "src/model/x_in_ring.h"
 
 namespace grass {
 
@@ -60,6 +61,10 @@ struct ModelMemoryOptions {
   // buffer the layers share. A pass that needs it whole (a refresh of one of its readers, or a
   // forward() then backward()) recomputes it there, as elementwise does. The same numbers.
   ColumnTargets columns = {};
+  // With checkpointing Layer: where each layer's input waits for the backward (offload
+  // .activations: model/x_in_ring.h), and the directory of the disk tier's file.
+  ActivationOffload x_in_offload = ActivationOffload::None;
+  std::string disk_dir;
 };
 constexpr int kFfnRowMultiple = 8;
 // Which of a layer's inputs (SampledInputs::Input order: n1, n2, act) `memory` keeps as their
@@ -178,6 +183,8 @@ class LlamaModel {
   // The same numbers as the two calls.
   void forward_backward(const int32_t* inputs, const int32_t* targets, int B, double loss_scale);
   int64_t valid_targets() const { return valid_; }
+  // offload.activations' ring of layer inputs, or null.
+  const XInRing* x_in_ring() const { return x_in_ring_.get(); }
   // Sampled activations (ModelMemoryOptions::sampled; nothing without them): the draws of the
   // training micro-batches of `step` on this rank, or none when `exact` (a refresh step). Before
   // each step's first forward_backward; forward() and backward() never draw.
@@ -295,6 +302,7 @@ class LlamaModel {
   // Checkpointing per layer: every layer has its own x_in and shares the rest with the others;
   // elementwise and sampled: the layers share n1, n2 and act.
   std::vector<LayerActs> acts_;
+  std::unique_ptr<XInRing> x_in_ring_;  // offload.activations: the layers' x_in; null: none
   std::unique_ptr<SampledInputs> sampled_;  // the kept rows of layers 0 .. L-2; null: none
   bool sampled_pass_ = false;               // the last forward drew rows: its backward uses them
   // Selected columns (ModelMemoryOptions::columns): which inputs are kept so, and per layer

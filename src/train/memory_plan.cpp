@@ -14,6 +14,7 @@
 #include "src/core/format.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
+#include "src/model/x_in_ring.h"
 
 namespace grass {
 
@@ -35,6 +36,14 @@ MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage) {
         plan.h2d_bytes_per_step += span.bytes;
         plan.d2h_bytes_per_step += span.bytes;
       }
+  if (const XInRing* ring = s.model->x_in_ring()) {  // each micro-batch's inputs out and back
+    plan.activation_bytes_per_step = ring->link_bytes_per_pass() * cfg.micro_batches_per_rank();
+    plan.h2d_bytes_per_step += plan.activation_bytes_per_step;
+    plan.d2h_bytes_per_step += plan.activation_bytes_per_step;
+    plan.disk_bytes = ring->disk_bytes();
+    if (ring->where() == ActivationOffload::Disk)
+      plan.disk_bytes_per_step = plan.activation_bytes_per_step;
+  }
   plan.flops_per_token = flops_per_token(s);
   plan.step_sum_bytes = sizeof(double);  // the loss
   for (size_t i = 0; i < s.model->tensors().size(); i++) {
@@ -70,7 +79,98 @@ int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t li
   return int(lo);
 }
 
+namespace {
+
+double copy_seconds(const MemoryPlan& plan, const LinkModel& link);  // below
+
+// "optimizer states and layer inputs in the host tier", "nothing moves": cfg's placement.
+std::string placement(const OffloadConfig& o) {
+  if (!o.any()) return "nothing moves off the device";
+  std::string out;
+  if (o.optimizer_states) out = "optimizer states in the host tier";
+  if (o.activations != ActivationOffload::None)
+    out += std::string(out.empty() ? "" : ", ") + "layer inputs " +
+           (o.activations == ActivationOffload::Host ? "in the host tier" : "on disk");
+  return out;
+}
+
+// What offload "auto" would do for a run that does not fit, when it fits that way; else "".
+std::string offload_advice(const RunConfig& cfg, const Storage& storage) {
+  if (cfg.offload.automatic) return "";
+  RunConfig automatic = cfg;
+  automatic.offload.automatic = true;
+  const OffloadChoice choice = choose_offload(automatic, storage);
+  const MemoryPlan p = plan_memory(choice.cfg, storage);
+  if (!choice.cfg.offload.any() || p.total > cfg.memory_limit) return "";
+  return "offload \"auto\" fits it with " + placement(choice.cfg.offload) + ": " +
+         format_bytes(p.total) + " on the device and " + format_bytes(p.host_total) +
+         " in the host tier";
+}
+
+}  // namespace
+
+OffloadChoice choose_offload(const RunConfig& cfg, const Storage& storage, const LinkModel& link) {
+  RunConfig base = cfg;
+  base.offload.automatic = false;
+  base.offload.optimizer_states = false;
+  base.offload.activations = ActivationOffload::None;
+  if (cfg.memory_limit <= 0)
+    return {base, "offload auto: no memory_limit, so nothing moves off the device"};
+  struct Candidate {
+    RunConfig cfg;
+    MemoryPlan plan;
+    double copy_s;
+  };
+  std::vector<Candidate> candidates;
+  for (const bool states : {false, true})
+    for (const ActivationOffload inputs :
+         {ActivationOffload::None, ActivationOffload::Host, ActivationOffload::Disk}) {
+      if (inputs != ActivationOffload::None &&
+          cfg.activation_checkpointing != Checkpointing::Layer)
+        continue;
+      RunConfig c = base;
+      c.offload.optimizer_states = states;
+      c.offload.activations = inputs;
+      const MemoryPlan p = plan_memory(c, storage);
+      candidates.push_back({c, p, copy_seconds(p, link)});
+    }
+  const auto fits = [&](const Candidate& c) {
+    return c.plan.total <= cfg.memory_limit &&
+           (cfg.host_memory_limit <= 0 || c.plan.host_total <= cfg.host_memory_limit);
+  };
+  const Candidate* best = nullptr;
+  for (const Candidate& c : candidates)  // the disk's copies always take longer than the host's
+    if (fits(c) && (!best || c.copy_s < best->copy_s)) best = &c;
+  const std::string limits =
+      "memory_limit " + format_bytes(cfg.memory_limit) +
+      (cfg.host_memory_limit > 0 ? " and host_memory_limit " + format_bytes(cfg.host_memory_limit)
+                                 : std::string());
+  if (best) {
+    const MemoryPlan& p = best->plan;
+    if (!best->cfg.offload.any())
+      return {best->cfg, "offload auto: nothing moves off the device: the run fits " + limits +
+                             " as it is (" + format_bytes(p.total) + ")"};
+    return {best->cfg, "offload auto: " + placement(best->cfg.offload) +
+                           ", the least traffic that fits " + limits + ": " +
+                           format_bytes(p.total) + " on the device, " +
+                           format_bytes(p.host_total) + " in the host tier, " +
+                           format_bytes(p.h2d_bytes_per_step) + " each way a step"};
+  }
+  best = &candidates[0];
+  for (const Candidate& c : candidates)
+    if (c.plan.total < best->plan.total) best = &c;
+  return {best->cfg, "offload auto: no placement fits " + limits + "; the least on the device is " +
+                         placement(best->cfg.offload) + ": " + format_bytes(best->plan.total) +
+                         ", " + format_bytes(best->plan.total - cfg.memory_limit) + " over"};
+}
+
 void check_memory_limit(const RunConfig& cfg, const Storage& storage, const MemoryPlan& plan) {
+  if (cfg.host_memory_limit > 0 && plan.host_total > cfg.host_memory_limit)
+    throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") +
+                    "host_memory_limit: the run plans " + format_bytes(plan.host_total) +
+                    " in the host tier (offload), over the limit of " +
+                    format_bytes(cfg.host_memory_limit) +
+                    " (grass mem <run.json> --host-memory-limit SIZE explores the options)");
   if (cfg.memory_limit <= 0 || plan.total <= cfg.memory_limit) return;
   // The breakdown on stdout, as the start-up table would have shown it; the error line on stderr.
   std::printf("memory plan of %s, %s, %s:\n", cfg.source.c_str(),
@@ -96,14 +196,8 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
       advice += std::string("; with activation_checkpointing \"") + name_of(more) +
                 "\": " + std::to_string(with_more);
   }
-  if (!cfg.offload.optimizer_states) {
-    RunConfig offloaded = cfg;
-    offloaded.offload.optimizer_states = true;
-    const MemoryPlan p = plan_memory(offloaded, storage);
-    if (p.total <= cfg.memory_limit)
-      advice += "; with offload.optimizer_states true it plans " + format_bytes(p.total) +
-                " on the device (fits) and " + format_bytes(p.host_total) + " in the host tier";
-  }
+  if (const std::string offloaded = offload_advice(cfg, storage); !offloaded.empty())
+    advice += "; " + offloaded;
   throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "memory_limit: the run plans " +
                   format_bytes(plan.total) + ", over the limit of " +
                   format_bytes(cfg.memory_limit) + " (breakdown above); " + advice +
@@ -150,6 +244,10 @@ std::vector<ActivationMode> activation_modes(const RunConfig& cfg, const Storage
     modes.push_back({c.name, cfg});
     modes.back().cfg.activation_checkpointing = c.value;
     modes.back().cfg.activations.sample = ActivationSample::None;
+    if (c.value != Checkpointing::Layer)  // only a layer's input alone can move
+      modes.back().cfg.offload.activations = ActivationOffload::None;
+    else if (cfg.offload.activations != ActivationOffload::None)
+      modes.back().name += std::string(", inputs offloaded (") + name_of(cfg.offload.activations) + ")";
     if (c.value != Checkpointing::None) continue;
     modes.back().cfg.activations.selected_columns = Switch::Off;
     RunConfig columns = modes.back().cfg;
@@ -166,6 +264,7 @@ std::vector<ActivationMode> activation_modes(const RunConfig& cfg, const Storage
     modes.push_back({std::string("sampled (") + name_of(sampler) + ", keep " + json_check::format_number(keep) + ")", cfg});
     modes.back().cfg.activation_checkpointing = Checkpointing::None;
     modes.back().cfg.activations = {sampler, keep};
+    modes.back().cfg.offload.activations = ActivationOffload::None;
   }
   return modes;
 }
@@ -174,43 +273,84 @@ std::vector<ActivationMode> activation_modes(const RunConfig& cfg, const Storage
 // compute to cover its copies.
 struct StepBound {
   double compute_s = 0, copy_s = 0;
-  int64_t hiding_tokens = 0;
+  int64_t hiding_tokens = 0;  // < 0: no step hides them (the inputs' copies outgrow the compute)
   bool link_bound() const { return copy_s > compute_s; }
 };
+// One copy queue: both directions in turn, and the disk tier's reads and writes between them.
+double copy_seconds(const MemoryPlan& plan, const LinkModel& link) {
+  return double(plan.h2d_bytes_per_step + plan.d2h_bytes_per_step) / (link.link_gbps * 1e9) +
+         2.0 * double(plan.disk_bytes_per_step) / (link.disk_gbps * 1e9);
+}
 StepBound step_bound(const RunConfig& cfg, const MemoryPlan& plan, const LinkModel& link) {
   StepBound b;
   const double rate = link.tflops * 1e12;
   const double tokens = double(cfg.micro_batches_per_rank()) * cfg.micro_batch_size * cfg.seq_len;
   b.compute_s = plan.flops_per_token * tokens / rate;
-  b.copy_s = double(plan.h2d_bytes_per_step + plan.d2h_bytes_per_step) / (link.link_gbps * 1e9);
-  b.hiding_tokens = int64_t(std::ceil(b.copy_s * rate / plan.flops_per_token));
+  b.copy_s = copy_seconds(plan, link);
+  // the copies' time is fixed (states) plus per token (layer inputs); so is the compute's
+  MemoryPlan inputs_only;
+  inputs_only.h2d_bytes_per_step = inputs_only.d2h_bytes_per_step = plan.activation_bytes_per_step;
+  inputs_only.disk_bytes_per_step = plan.disk_bytes_per_step;
+  const double copy_per_token = copy_seconds(inputs_only, link) / tokens;
+  const double fixed = b.copy_s - copy_per_token * tokens;
+  const double spare_per_token = plan.flops_per_token / rate - copy_per_token;
+  b.hiding_tokens = spare_per_token > 0 ? int64_t(std::ceil(fixed / spare_per_token)) : -1;
   return b;
 }
 
-// "offload  per step: ..." for the run's plan; "" without offload.
+// "offload  ..." for the run's plan: what moves where, the bytes, the step-time bound and, with
+// the disk tier, what it writes a day; "" without offload.
 std::string describe_offload(const RunConfig& cfg, const MemoryPlan& plan, const LinkModel& link) {
   if (!cfg.offload.any()) return "";
+  std::string what;
+  if (cfg.offload.optimizer_states)
+    what = "optimizer states in the host tier, through two device slots";
+  if (cfg.offload.activations != ActivationOffload::None)
+    what += std::string(what.empty() ? "" : "; ") + "layer inputs " +
+            (cfg.offload.activations == ActivationOffload::Host ? "in the host tier"
+                                                                : "on disk (offload.disk_dir)") +
+            ", through a ring of " + std::to_string(XInRing::kSlots) + " device slots";
   char line[400];
-  std::snprintf(line, sizeof line,
-                "offload  optimizer states in the host tier, through two device slots; per step "
-                "%s to the device and %s back",
-                format_bytes(plan.h2d_bytes_per_step).c_str(),
+  std::snprintf(line, sizeof line, "offload  %s;\n         per step %s to the device and %s back",
+                what.c_str(), format_bytes(plan.h2d_bytes_per_step).c_str(),
                 format_bytes(plan.d2h_bytes_per_step).c_str());
   std::string out = line;
+  if (plan.disk_bytes_per_step > 0)
+    out += ", " + format_bytes(plan.disk_bytes_per_step) + " written to disk and read back (a " +
+           format_bytes(plan.disk_bytes) + " file)";
   if (link.tflops <= 0 || plan.flops_per_token <= 0)
     return out + " (--tflops states the step-time bound)\n";
   const StepBound b = step_bound(cfg, plan, link);
   std::snprintf(line, sizeof line,
-                ":\n         %.3g s of copies over a %g GB/s link against %.3g s of compute at %g "
+                ":\n         %.3g s of copies over a %g GB/s link%s against %.3g s of compute at %g "
                 "TFLOP/s",
-                b.copy_s, link.link_gbps, b.compute_s, link.tflops);
+                b.copy_s, link.link_gbps,
+                plan.disk_bytes_per_step > 0
+                    ? (" and a " + json_check::format_number(link.disk_gbps) + " GB/s disk").c_str()
+                    : "",
+                b.compute_s, link.tflops);
   out += line;
-  if (!b.link_bound()) return out + ": hidden\n";
-  const int64_t sequences = (b.hiding_tokens + cfg.seq_len - 1) / cfg.seq_len;
-  std::snprintf(line, sizeof line,
-                ": link-bound; a step of %lld tokens (%lld sequences of %d) would hide them\n",
-                (long long)b.hiding_tokens, (long long)sequences, cfg.seq_len);
-  return out + line;
+  if (!b.link_bound()) {
+    out += ": hidden\n";
+  } else if (b.hiding_tokens < 0) {
+    out += ": link-bound at any micro-batch (the inputs' copies take longer than their compute)\n";
+  } else {
+    const int64_t sequences = (b.hiding_tokens + cfg.seq_len - 1) / cfg.seq_len;
+    std::snprintf(line, sizeof line,
+                  ": link-bound; a step of %lld tokens (%lld sequences of %d) would hide them\n",
+                  (long long)b.hiding_tokens, (long long)sequences, cfg.seq_len);
+    out += line;
+  }
+  if (plan.disk_bytes_per_step > 0) {  // SSD endurance: rated in terabytes written
+    const double per_day = double(plan.disk_bytes_per_step) * 86400 / std::max(b.copy_s, b.compute_s);
+    std::snprintf(line, sizeof line,
+                  "warning  the disk tier writes %.3g TB a day at that step time: an SSD rated for "
+                  "600 TB written would last %.3g days; keep layer inputs in the host tier where "
+                  "it can hold them\n",
+                  per_day / 1e12, 600e12 / per_day);
+    out += line;
+  }
+  return out;
 }
 
 std::string plan_label(const RunConfig& cfg) {
@@ -282,6 +422,8 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
     table_row("host tier (offload)", [&](size_t i) { return format_bytes(plans[i].host_total); });
     table_row("copied a step, each way",
               [&](size_t i) { return format_bytes(plans[i].h2d_bytes_per_step); });
+    if (cfg.offload.activations == ActivationOffload::Disk)
+      table_row("disk file (offload)", [&](size_t i) { return format_bytes(plans[i].disk_bytes); });
   }
   out += "summed over the ranks of a data-parallel run, per rank:\n";
   table_row("each step", [&](size_t i) { return format_bytes(plans[i].step_sum_bytes); });
@@ -312,22 +454,22 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
     out += largest > 0 ? std::to_string(largest) + " (" +
                              std::to_string(int64_t(largest) * cfg.seq_len) + " tokens)\n"
                        : "none\n";
-    if (!cfg.offload.optimizer_states) {
-      RunConfig offloaded = cfg;
-      offloaded.offload.optimizer_states = true;
-      const MemoryPlan p = plan_memory(offloaded, storage);
-      out += "  with offload.optimizer_states true: " + format_bytes(p.total) +
-             " on the device (" +
-             (p.total <= cfg.memory_limit ? std::string("fits")
-                                          : format_bytes(p.total - cfg.memory_limit) + " over") +
-             "), " + format_bytes(p.host_total) + " in the host tier\n";
-    }
+    if (run.total > cfg.memory_limit)
+      if (const std::string offloaded = offload_advice(cfg, storage); !offloaded.empty())
+        out += "  " + offloaded + "\n";
+    if (cfg.host_memory_limit > 0)
+      out += "host_memory_limit " + format_bytes(cfg.host_memory_limit) + ": " +
+             (run.host_total <= cfg.host_memory_limit
+                  ? "fits, " + format_bytes(cfg.host_memory_limit - run.host_total) + " to spare"
+                  : "does not fit, " + format_bytes(run.host_total - cfg.host_memory_limit) +
+                        " over") +
+             "\n";
   }
   return out;
 }
 
 std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
-                             const LinkModel& link) {
+                             const LinkModel& link, const std::string& offload_auto) {
   const MemoryPlan plan = plan_memory(cfg, storage);
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   nlohmann::json bytes = nlohmann::json::object();
@@ -373,7 +515,16 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
   nlohmann::json host = nlohmann::json::object();
   for (int c = 0; c < kMemCategories; c++)
     host[mem_category_name(MemCategory(c))] = plan.host_bytes[c];
-  out["offload"] = {{"optimizer_states", cfg.offload.optimizer_states}};
+  out["offload"] = {{"optimizer_states", cfg.offload.optimizer_states},
+                    {"activations", name_of(cfg.offload.activations)}};
+  out["disk_bytes"] = plan.disk_bytes;
+  out["disk_bytes_per_step"] = plan.disk_bytes_per_step;
+  out["disk_gbps"] = link.disk_gbps;
+  if (!offload_auto.empty()) out["offload_auto"] = offload_auto;
+  if (cfg.host_memory_limit > 0) {
+    out["host_memory_limit"] = cfg.host_memory_limit;
+    out["host_fits"] = plan.host_total <= cfg.host_memory_limit;
+  }
   out["host_bytes"] = host;
   out["host_total"] = plan.host_total;
   out["h2d_bytes_per_step"] = plan.h2d_bytes_per_step;

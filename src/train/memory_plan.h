@@ -22,6 +22,10 @@ struct MemoryPlan {
   // What offload copies each step, each way: host to device and back (a refresh step may fetch
   // less: moments it resets are not fetched).
   int64_t h2d_bytes_per_step = 0, d2h_bytes_per_step = 0;
+  // Of those, offload.activations' (the layers' inputs: they grow with the tokens of a step)
+  int64_t activation_bytes_per_step = 0;
+  // offload.activations disk: the file ring's size, and what it writes each step (and reads back)
+  int64_t disk_bytes = 0, disk_bytes_per_step = 0;
   // What each rank of a data-parallel run sums with the others (docs/distributed.md): every step,
   // each dense gradient and each projected one, and the loss (fp64); at a refresh, also the fp32
   // full gradient of every target whose refresh reads one (GRASS's norm-based rules, GaLore's
@@ -53,6 +57,7 @@ Storage planned_storage(const RunConfig& cfg);
 // link (one copy queue: both directions in turn).
 struct LinkModel {
   double link_gbps = 25;  // GB/s (10^9), PCIe 4 x16's order
+  double disk_gbps = 7;   // GB/s, an NVMe SSD's sequential order (the disk tier)
   double tflops = 0;      // sustained TFLOP/s; 0: unknown (no bound stated)
 };
 // The sustained rate a plan assumes when --tflops is not given: 40% of an H100 SXM's dense bf16
@@ -62,10 +67,24 @@ double default_tflops(const Storage& storage);
 std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
                                 const LinkModel& link = {});
 
+// offload "auto": the placement the planner picks for cfg, in cfg.offload (automatic cleared),
+// and why, in one line. Without a memory_limit nothing moves. Otherwise the placements that fit
+// memory_limit on the device and host_memory_limit in the host tier, the one whose copies take
+// the least time by `link`; when none fits, the one with the least on the device. Layer inputs
+// move only under activation_checkpointing "layer"; to disk only when the host tier cannot take
+// them.
+struct OffloadChoice {
+  RunConfig cfg;
+  std::string why;
+};
+OffloadChoice choose_offload(const RunConfig& cfg, const Storage& storage,
+                             const LinkModel& link = {});
+
 // The run's plan as one JSON object (for scripts: scripts/experiments/memory_limit.sh): the
 // categories in bytes, the total, the memory options in force, and, with a memory_limit, whether
 // it fits and the largest micro-batch that does.
+// offload_auto: choose_offload's line, when the run asked for "auto" (key "offload_auto").
 std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
-                             const LinkModel& link = {});
+                             const LinkModel& link = {}, const std::string& offload_auto = "");
 
 }  // namespace grass

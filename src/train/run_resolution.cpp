@@ -71,6 +71,8 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
   options.attention = cfg.attention == AttentionChoice::Cudnn && storage.cuda
                           ? AttentionKernel::Cudnn
                           : AttentionKernel::Grass;
+  options.x_in_offload = cfg.offload.activations;
+  options.disk_dir = cfg.offload.disk_dir.empty() ? cfg.out_dir : cfg.offload.disk_dir;
   const ProjectionConfig& g = cfg.optimizer.projection;
   if (cfg.optimizer.kind == OptimizerKind::Grass &&
       cfg.activations.selected_columns != Switch::Off) {

@@ -48,7 +48,7 @@ class Run {
   void maybe_checkpoint(int64_t step, bool logged);
   void summarize(const TrainResult& result, double first_step_rate) const;
 
-  const RunConfig& cfg;
+  RunConfig cfg;  // as given, with offload "auto" resolved (build_state)
   Communicator& comm;
   const bool leader;    // rank 0 prints, evaluates and writes out_dir
   const bool launched;  // under a launcher (mpirun), even with one rank
@@ -68,6 +68,7 @@ class Run {
   std::unique_ptr<TokenLoader> loader_;
   std::optional<Evaluator> evaluator_;  // rank 0 evaluates: the ranks hold the same weights
   std::string why_cpu_;
+  std::string offload_why_;  // offload "auto": what it chose and why
   std::unique_ptr<Backend> backend_;
   // Under a launcher the gradients' sums go through the communicator that works on the
   // backend's memory: MPI's own on the CPU, NCCL's on the GPU (from one rank up).
@@ -115,6 +116,12 @@ void Run::build_state() {
   backend_ = choose_backend(cfg, &why_cpu_, comm.local_rank());
   if (launched) device_comm_ = backend_->communicator_for(comm);
   grads_comm_ = device_comm_ ? device_comm_.get() : &comm;
+  if (cfg.offload.automatic) {
+    OffloadChoice choice = choose_offload(
+        cfg, backend_->storage(), LinkModel{.tflops = default_tflops(backend_->storage())});
+    cfg = std::move(choice.cfg);
+    offload_why_ = std::move(choice.why);
+  }
   const MemoryPlan plan = plan_memory(cfg, backend_->storage());
   check_memory_limit(cfg, backend_->storage(), plan);
   const ModelConfig& m = cfg.model;
@@ -268,6 +275,22 @@ void Run::print_memory_lines() const {
   if (cfg.memory_limit > 0)
     std::printf("  memory_limit  %s (the plan takes %s on the device)\n",
                 format_bytes(cfg.memory_limit).c_str(), format_bytes(arena_->total_bytes()).c_str());
+  if (!offload_why_.empty()) std::printf("  %s\n", offload_why_.c_str());
+  if (const XInRing* ring = state_.model->x_in_ring(); ring && ring->layers_out() == 0)
+    std::printf("  offload       layer inputs: none leave the device (the ring's %d slots hold "
+                "every layer's)\n", XInRing::kSlots);
+  else if (ring)
+    std::printf("  offload       layer inputs 0..%d, %s in %s, through a ring of %d device slots: "
+                "all of them each way a micro-batch%s\n",
+                ring->layers_out() - 1,
+                format_bytes(ring->link_bytes_per_pass()).c_str(),
+                ring->where() == ActivationOffload::Host
+                    ? backend_->host_tier().memory_name()
+                    : ("a file in " + state_.model->memory_options().disk_dir).c_str(),
+                XInRing::kSlots,
+                ring->where() == ActivationOffload::Host ? ""
+                : ring->direct_io() ? " (O_DIRECT, through a bounce buffer in the host tier)"
+                                    : " (buffered: the file system refuses O_DIRECT)");
   if (const StateSlots* slots = state_.step->state_slots())
     std::printf("  offload       optimizer states, %s in %s, through two device slots of %s: "
                 "all of them each way a step\n",

@@ -201,7 +201,22 @@ cudaError_t check_device(const void* p, size_t bytes, const char* what) {
 // reads is not poisoned (a stream runs in order, so that read comes first).
 std::mutex pending_mutex;
 std::multimap<const char*, size_t> pending_host_sources;
+// Host destinations of queued copies that have not run: a copy queued after one of them reads
+// what it will write (pinned memory is read when the stream reaches the copy), so its source is
+// not checksummed at the call.
+std::multimap<const char*, size_t> pending_host_destinations;
+bool written_by_pending_copy(const void* src, size_t bytes) {
+  const char* p = static_cast<const char*>(src);
+  std::lock_guard<std::mutex> lock(pending_mutex);
+  for (const auto& [dst, n] : pending_host_destinations)
+    if (dst < p + bytes && p < dst + n) return true;
+  return false;
+}
+// Host functions queued and not yet run (cudaLaunchHostFunc): they may read or write any host
+// memory, so while one waits no host buffer is poisoned or checksummed.
+std::atomic<int> pending_host_functions{0};
 bool read_by_pending_copy(const void* dst, size_t bytes) {
+  if (pending_host_functions > 0) return true;
   const char* d = static_cast<const char*>(dst);
   std::lock_guard<std::mutex> lock(pending_mutex);
   for (const auto& [src, n] : pending_host_sources)
@@ -227,24 +242,37 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   // Deferred: the host side of the copy is the caller's until the stream reaches it. A host source
   // must not change before then (checked when the copy runs); a host destination holds NaN bytes
   // until then, so a read before the stream is synchronised shows.
-  const uint64_t sum = src_device ? 0 : checksum(src, bytes);
+  // a host function or a copy queued before may write the source
+  const bool source_pending = !src_device && (pending_host_functions > 0 ||
+                                              written_by_pending_copy(src, bytes));
+  const uint64_t sum = src_device || source_pending ? 0 : checksum(src, bytes);
   if (!dst_device && !read_by_pending_copy(dst, bytes)) std::memset(dst, 0xFF, bytes);
-  std::multimap<const char*, size_t>::iterator pending;
-  if (!src_device) {
+  std::multimap<const char*, size_t>::iterator pending, pending_dst;
+  {
     std::lock_guard<std::mutex> lock(pending_mutex);
-    pending = pending_host_sources.emplace(static_cast<const char*>(src), bytes);
+    if (!src_device) pending = pending_host_sources.emplace(static_cast<const char*>(src), bytes);
+    if (!dst_device)
+      pending_dst = pending_host_destinations.emplace(static_cast<const char*>(dst), bytes);
   }
   cuda_emu::enqueue(stream, [=] {
-    if (!src_device && checksum(src, bytes) != sum) {
+    if (!src_device && !source_pending && checksum(src, bytes) != sum) {
       std::fprintf(stderr, "cuda_emu: the host source of a cudaMemcpyAsync of %zu bytes changed "
                            "before the copy ran (wait for the stream before reusing it)\n", bytes);
       std::abort();
     }
     std::memmove(dst, src, bytes);
-    if (!src_device) {
-      std::lock_guard<std::mutex> lock(pending_mutex);
-      pending_host_sources.erase(pending);
-    }
+    std::lock_guard<std::mutex> lock(pending_mutex);
+    if (!src_device) pending_host_sources.erase(pending);
+    if (!dst_device) pending_host_destinations.erase(pending_dst);
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  cuda_emu::check_stream_device(stream, "cudaLaunchHostFunc");
+  pending_host_functions++;
+  cuda_emu::enqueue(stream, [=] {
+    fn(user_data);
+    pending_host_functions--;
   });
   return cudaSuccess;
 }

@@ -16,6 +16,7 @@ namespace {
 
 struct Mode {
   bool deferred = false;
+  bool late = false;  // "late": work runs only when forced, the forcing stream's first
   uint64_t seed = 1;
 };
 const Mode& mode() {
@@ -23,20 +24,22 @@ const Mode& mode() {
     Mode parsed;
     const char* text = std::getenv("CUDA_EMU_STREAMS");
     const std::string v = text ? text : "";
-    if (v.rfind("deferred", 0) == 0) {
+    const auto fail = [&] {
+      std::fprintf(stderr, "cuda_emu: CUDA_EMU_STREAMS=%s: not \"deferred\", \"deferred:N\" or "
+                           "\"late\"\n", v.c_str());
+      std::abort();
+    };
+    if (v == "late") {
+      parsed.deferred = parsed.late = true;
+    } else if (v.rfind("deferred", 0) == 0) {
       parsed.deferred = true;
       if (v.size() > 8) {
-        if (v[8] != ':' || v.size() == 9 || v.find_first_not_of("0123456789", 9) != std::string::npos) {
-          std::fprintf(stderr, "cuda_emu: CUDA_EMU_STREAMS=%s: not \"deferred\" or \"deferred:N\"\n",
-                       v.c_str());
-          std::abort();
-        }
+        if (v[8] != ':' || v.size() == 9 || v.find_first_not_of("0123456789", 9) != std::string::npos)
+          fail();
         parsed.seed = std::stoull(v.substr(9));
       }
     } else if (!v.empty()) {
-      std::fprintf(stderr, "cuda_emu: CUDA_EMU_STREAMS=%s: not \"deferred\" or \"deferred:N\"\n",
-                   v.c_str());
-      std::abort();
+      fail();
     }
     return parsed;
   }();
@@ -77,8 +80,15 @@ void run(Op& op) {
   }
 }
 
-// Runs one runnable head, the generator's pick among them; false when none is.
-bool step() {
+// Runs one runnable head: `first`'s when it has one, else the generator's pick among them;
+// false when none is.
+bool step(cudaStream_t first = nullptr) {
+  if (first && !first->queue.empty() && runnable(first->queue.front())) {
+    Op op = std::move(first->queue.front());
+    first->queue.pop_front();
+    run(op);
+    return true;
+  }
   std::vector<cudaStream_t> ready;
   for (cudaStream_t s : streams)
     if (!s->queue.empty() && runnable(s->queue.front())) ready.push_back(s);
@@ -90,11 +100,13 @@ bool step() {
   return true;
 }
 
+// Runs queued work until done(); late, `first`'s before any other stream's.
 template <typename Done>
-void run_until(Done done, const char* what) {
+void run_until(Done done, const char* what, cudaStream_t first = nullptr) {
   const std::lock_guard<std::recursive_mutex> lock(queues);
+  if (!mode().late) first = nullptr;
   while (!done())
-    if (!step()) {
+    if (!step(first)) {
       std::fprintf(stderr, "cuda_emu: %s can never complete: every queued stream waits on an "
                            "event no stream will reach\n", what);
       std::abort();
@@ -109,7 +121,7 @@ bool all_empty() {
 
 // A random point: some queued work runs now, as a GPU runs it whenever it gets to it.
 void random_progress() {
-  if (rng()() % 4 != 0) return;
+  if (mode().late || rng()() % 4 != 0) return;
   for (int i = int(rng()() % 4); i > 0 && step(); i--) {
   }
 }
@@ -174,13 +186,20 @@ bool reached(cudaEvent_t event) { return event->completed.load() >= event->recor
 void drain_stream(cudaStream_t stream) {
   if (!mode().deferred) return;
   if (!stream) return drain_all();
-  run_until([&] { return stream->queue.empty(); }, "cudaStreamSynchronize");
+  run_until([&] { return stream->queue.empty(); }, "cudaStreamSynchronize", stream);
 }
 
 void drain_event(cudaEvent_t event) {
   if (!mode().deferred) return;
   const uint64_t ticket = event->recorded.load();
-  run_until([&] { return event->completed.load() >= ticket; }, "cudaEventSynchronize");
+  cudaStream_t recorder = nullptr;  // the stream whose queue holds the record
+  {
+    const std::lock_guard<std::recursive_mutex> lock(queues);
+    for (cudaStream_t st : streams)
+      for (const Op& op : st->queue)
+        if (op.kind == Op::Record && op.event == event && op.ticket == ticket) recorder = st;
+  }
+  run_until([&] { return event->completed.load() >= ticket; }, "cudaEventSynchronize", recorder);
 }
 
 void drain_all() {

@@ -6,6 +6,9 @@
 // random points at each enqueue; between streams the order is the seeded generator's. So a
 // missing stream wait, a host buffer reused before its copy ran, or a read of a download before
 // its stream was synchronised shows here, where the run-to-completion emulator hides it.
+// CUDA_EMU_STREAMS=late is deferred without the random points, and a forced stream runs its own
+// work first, other streams' only while it waits on them: every copy runs as late as it may, so
+// a compute that reads a copy's destination without waiting reads what was there before.
 #pragma once
 #include <atomic>
 #include <cstdint>

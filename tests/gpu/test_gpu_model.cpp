@@ -32,11 +32,14 @@
 //     (at lr 1e-2 even the emulation differs by 6%), and the loss still falls to ~20-30% of start.
 //     GRASS may pick other slices on the GPU at a refresh: on the CPU, GRASS runs with entirely
 //     different selections (multinomial_nr, uniform_nr) stay within 2.5% of top_r's curve.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -659,6 +662,59 @@ TEST_CASE("model: offloaded optimizer states give the resident GPU run's bits",
     CHECK(states[0] == states[1]);
     CHECK(waits[0] == waits[1]);
   }
+}
+
+TEST_CASE("model: offloaded layer inputs give the resident GPU run's bits",
+          "[gpu][memory][offload]") {
+  // Under per-layer checkpointing, layers 0 and 1 of 5 send their input to pinned host memory,
+  // or through a pinned bounce buffer to a file (the file's reads and writes are host functions
+  // on the copy stream), and it comes back two layers ahead of their backward: the same bits, and
+  // no more host waits a step. The deferred case takes two micro-batches a step (the ring reused
+  // within a step), its inputs go to disk and its states to the host.
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("grass-gpu-xin-" + std::to_string(getpid()))).string();
+  struct Case {
+    const char* optimizer;
+    const char* precision;
+    bool fused;
+  };
+  for (const Case c : {Case{"grass", "bf16", true}, Case{"adamw", "bf16-mixed", false}}) {
+    INFO(c.optimizer << " " << c.precision << (c.fused ? ", fused" : ", deferred"));
+    RunConfig resident = ngram_run(c.optimizer);
+    resident.model.num_hidden_layers = 5;
+    resident.activation_checkpointing = Checkpointing::Layer;
+    resident.fused_update = c.fused ? Switch::On : Switch::Off;
+    if (!c.fused) resident.total_batch_size = 2 * resident.micro_batch_size;
+    RunConfig offloaded = resident;
+    if (c.fused)
+      offloaded.offload.activations = ActivationOffload::Host;
+    else
+      offloaded.offload = {.optimizer_states = true, .activations = ActivationOffload::Disk,
+                           .disk_dir = dir};
+    const RunConfig* cfgs[2] = {&resident, &offloaded};
+    std::vector<double> losses[2];
+    std::vector<float> weights[2];
+    std::vector<int64_t> waits[2];
+    for (int k = 0; k < 2; k++) {
+      Run run(*cfgs[k], c.precision, true);
+      const NgramBatches data;
+      for (int64_t step = 0; step < 2; step++) {
+        const int64_t before = run.backend->host_waits();
+        losses[k].push_back(run.train(step, data).loss);
+        waits[k].push_back(run.backend->host_waits() - before);
+      }
+      for (const ParamTensor& t : run.model().tensors()) {
+        const std::vector<float> w = run.weights(t);
+        weights[k].insert(weights[k].end(), w.begin(), w.end());
+      }
+      CHECK((run.model().x_in_ring() != nullptr) == (k > 0));
+    }
+    CHECK(same_bits(losses[0], losses[1]));
+    CHECK(same_bits(weights[0], weights[1]));
+    CHECK(waits[0] == waits[1]);
+  }
+  CHECK(std::filesystem::is_empty(dir));  // the ring's file is gone with its run
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][memory]") {

@@ -130,6 +130,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+typedef void (*cudaHostFn_t)(void* user_data);
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data);
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 template <typename T>
 cudaError_t cudaMalloc(T** ptr, size_t bytes) {

@@ -1,0 +1,64 @@
+// Training runs for the offload tests (test_offload.cpp, test_offload_activations.cpp): a few of
+// the trainer's steps on the CPU backend, and every weights and optimizer buffer afterwards.
+#pragma once
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/optim/step.h"
+#include "src/train/run_resolution.h"
+#include "src/train/training_state.h"
+#include "tests/ngram_batches.h"
+
+namespace grass::test {
+
+// Sets GRASS_LAZY_COPIES for the backends made while it lives.
+struct LazyCopies {
+  explicit LazyCopies(bool on) {
+    if (on) setenv("GRASS_LAZY_COPIES", "1", 1);
+  }
+  ~LazyCopies() { unsetenv("GRASS_LAZY_COPIES"); }
+};
+
+struct Trained {
+  std::vector<double> losses;
+  std::vector<std::vector<std::byte>> state;  // every weights and optimizer buffer, in order
+  std::vector<std::string> names;
+  int64_t host_bytes = 0;
+  std::vector<int64_t> unprefetched;  // per step: pieces whose fetch the update waited for whole
+};
+
+inline Trained train(const RunConfig& cfg, int steps) {
+  const std::unique_ptr<Backend> backend = make_cpu_backend(storage_for(cfg.precision, false));
+  Arena arena(false, *backend, &backend->host_tier());
+  TrainingState s = build_training_state(cfg, arena, *backend);
+  s.model->init_weights(3);
+  const NgramBatches data;
+  Trained out;
+  int64_t batch = 0;
+  const StateSlots* slots = s.step->state_slots();
+  for (int64_t step = 0; step < steps; step++) {
+    const int64_t before = slots ? slots->unprefetched_holds() : 0;
+    out.losses.push_back(train_step(s, cfg, step, cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
+                           std::vector<int32_t> inputs, targets;
+                           data.batch(batch++, cfg.micro_batch_size, cfg.seq_len, inputs, targets);
+                           std::copy(inputs.begin(), inputs.end(), in);
+                           std::copy(targets.begin(), targets.end(), tg);
+                         }).loss);
+    if (slots) out.unprefetched.push_back(slots->unprefetched_holds() - before);
+  }
+  backend->synchronize();  // the last write-backs
+  for (const Arena::Block& b : arena.blocks())
+    if (b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) {
+      const auto* bytes = static_cast<const std::byte*>(b.ptr);
+      out.state.emplace_back(bytes, bytes + b.bytes);
+      out.names.push_back(b.name);
+    }
+  out.host_bytes = arena.total_bytes(MemPlace::Host);
+  return out;
+}
+
+}  // namespace grass::test

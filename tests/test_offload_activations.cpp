@@ -1,0 +1,228 @@
+// offload.activations (model/x_in_ring.h): under per-layer checkpointing each layer's input waits
+// for the backward in the host tier or in a file ring on disk, and only three layers' are on the
+// device at once. It changes where bytes live, never the numbers: losses, weights and optimizer
+// states equal the resident run's bit for bit (the same computation on the same machine), with
+// the CPU backend's copy thread and lazy (GRASS_LAZY_COPIES: a copy or file task runs only when
+// waited for, a copy's destination NaN until then, so a missing wait shows).
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "kernels/backend.h"
+#include "src/config/config.h"
+#include "src/core/arena.h"
+#include "src/core/error.h"
+#include "src/io/activation_file.h"
+#include "src/train/memory_plan.h"
+#include "src/train/run_resolution.h"
+#include "src/train/training_state.h"
+#include "tests/named_choice.h"
+#include "tests/offload_training.h"
+
+using namespace grass;
+using test::LazyCopies;
+using test::Trained;
+using test::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kLayers = 6;  // three inputs leave the device, three stay in the ring
+
+RunConfig layer_run(const std::string& optimizer, const std::string& precision, bool fused) {
+  RunConfig c;
+  c.model.hidden_size = 32;
+  c.model.intermediate_size = 40;
+  c.model.num_attention_heads = 4;
+  c.model.num_key_value_heads = 2;
+  c.model.num_hidden_layers = kLayers;
+  c.model.vocab_size = test::NgramBatches::V;
+  c.model.max_position_embeddings = 64;
+  c.micro_batch_size = 2;
+  c.total_batch_size = fused ? 2 : 4;  // deferred: two micro-batches a step, the ring reused
+  c.seq_len = 16;
+  c.precision = test::named<PrecisionChoice>(precision);
+  c.fused_update = fused ? Switch::On : Switch::Off;
+  c.activation_checkpointing = Checkpointing::Layer;
+  c.optimizer.kind = test::named<OptimizerKind>(optimizer);
+  c.optimizer.lr = 1e-2;
+  c.optimizer.projection.rank = 4;
+  c.optimizer.projection.update_interval = 2;  // a refresh inside 4 steps
+  c.optimizer.projection.seed = 11;
+  return c;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string name = (fs::temp_directory_path() / "grass-xin-XXXXXX").string();
+    REQUIRE(mkdtemp(name.data()) != nullptr);
+    path = name;
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+}  // namespace
+
+TEST_CASE("offloaded layer inputs train to the resident run's bits", "[offload][train]") {
+  const TempDir dir;
+  for (const std::string optimizer : {"adamw", "grass"})
+    for (const std::string precision : {"bf16-mixed", "bf16"})
+      for (const bool fused : {false, true}) {
+        RunConfig cfg = layer_run(optimizer, precision, fused);
+        const Trained resident = train(cfg, 4);
+        for (const ActivationOffload where : {ActivationOffload::Host, ActivationOffload::Disk})
+          for (const bool lazy : {false, true}) {
+            INFO(optimizer << " " << precision << (fused ? ", fused" : ", deferred") << ", inputs "
+                           << name_of(where) << (lazy ? ", lazy copies" : ", copy thread"));
+            cfg.offload = {.optimizer_states = lazy, .activations = where,
+                           .disk_dir = dir.path.string()};
+            const LazyCopies mode(lazy);
+            const Trained offloaded = train(cfg, 4);
+            CHECK(offloaded.losses == resident.losses);
+            const bool same_state = offloaded.state == resident.state;  // (not printed: MBs)
+            CHECK(same_state);
+            CHECK(fs::is_empty(dir.path));  // the ring's file was never visible, and is gone
+          }
+      }
+}
+
+TEST_CASE("offloaded layer inputs: plan = arena, the ring on the device, the rest off it",
+          "[offload][memory]") {
+  for (const ActivationOffload where : {ActivationOffload::Host, ActivationOffload::Disk})
+    for (const bool states : {false, true})
+      for (const bool fused : {false, true}) {
+        INFO("inputs " << name_of(where) << (states ? ", states offloaded" : "")
+                       << (fused ? ", fused" : ", deferred"));
+        RunConfig cfg = layer_run("grass", "bf16", fused);
+        const Storage storage = storage_for(cfg.precision, false);
+        const MemoryPlan resident = plan_memory(cfg, storage);
+        const TempDir dir;
+        cfg.offload = {.optimizer_states = states, .activations = where,
+                       .disk_dir = dir.path.string()};
+        const MemoryPlan plan = plan_memory(cfg, storage);
+        const std::unique_ptr<Backend> backend = make_cpu_backend(storage);
+        Arena real(false, *backend, &backend->host_tier());
+        const TrainingState s = build_training_state(cfg, real, *backend);
+        for (int c = 0; c < kMemCategories; c++) {
+          INFO(mem_category_name(MemCategory(c)));
+          CHECK(plan.bytes[size_t(c)] == real.bytes(MemCategory(c)));
+          CHECK(plan.host_bytes[size_t(c)] == real.bytes(MemPlace::Host, MemCategory(c)));
+        }
+        // each layer's input, N x C: all six on the device before; three ring slots now
+        const int64_t input = int64_t(cfg.micro_batch_size) * cfg.seq_len *
+                              cfg.model.hidden_size * storage.act_bytes;
+        const int act = int(MemCategory::Activations), work = int(MemCategory::Workspace);
+        CHECK(resident.bytes[size_t(act)] - plan.bytes[size_t(act)] == kLayers * input);
+        const MemoryPlan states_only = [&] {
+          RunConfig c = cfg;
+          c.offload.activations = ActivationOffload::None;
+          return plan_memory(c, storage);
+        }();
+        CHECK(plan.bytes[size_t(work)] - states_only.bytes[size_t(work)] == 3 * input);
+        // three inputs leave each micro-batch and come back
+        const int64_t moved = 3 * input * cfg.micro_batches_per_rank();
+        CHECK(plan.activation_bytes_per_step == moved);
+        CHECK(plan.h2d_bytes_per_step - states_only.h2d_bytes_per_step == moved);
+        CHECK(plan.d2h_bytes_per_step - states_only.d2h_bytes_per_step == moved);
+        const int64_t host_inputs =
+            plan.host_bytes[size_t(act)] - states_only.host_bytes[size_t(act)];
+        if (where == ActivationOffload::Host) {
+          CHECK(host_inputs == 3 * input);
+          CHECK(plan.disk_bytes == 0);
+          CHECK(plan.disk_bytes_per_step == 0);
+        } else {  // the file holds them, in O_DIRECT-aligned records; one bounce buffer
+          CHECK(host_inputs == 0);
+          CHECK(plan.host_bytes[size_t(work)] == ActivationFile::stride_for(input) +
+                                                     ActivationFile::kAlign);
+          CHECK(plan.disk_bytes == 3 * ActivationFile::stride_for(input));
+          CHECK(plan.disk_bytes_per_step == moved);
+          CHECK(s.model->x_in_ring()->disk_bytes() == plan.disk_bytes);
+        }
+      }
+}
+
+TEST_CASE("offload.activations needs per-layer checkpointing and a usable disk_dir",
+          "[offload][config]") {
+  const auto parse = [](const std::string& extra) {
+    return parse_run_config(nlohmann::json::parse(
+                                R"({"model": {"hidden_size": 32, "intermediate_size": 40,
+                                     "num_attention_heads": 4, "num_hidden_layers": 6,
+                                     "vocab_size": 64, "max_position_embeddings": 64},
+                                    "data": {"train": "x.bin"}, "seq_len": 16)" +
+                                extra + "}"),
+                            "run.json");
+  };
+  CHECK_THROWS_WITH(parse(R"(, "offload": {"activations": "host"})"),
+                    Catch::Contains("run.json: offload.activations") &&
+                        Catch::Contains("activation_checkpointing \"layer\""));
+  CHECK_THROWS_WITH(parse(R"(, "activation_checkpointing": "layer", "offload": {"activations": "ssd"})"),
+                    Catch::Contains("unknown place \"ssd\""));
+  CHECK_THROWS_WITH(parse(R"(, "offload": "everything")"),
+                    Catch::Contains("offload: expected \"auto\" or an object"));
+  const RunConfig automatic = parse(R"(, "offload": "auto", "host_memory_limit": "2GiB")");
+  CHECK(automatic.offload.automatic);
+  CHECK(automatic.host_memory_limit == int64_t(2) << 30);
+  const RunConfig disk = parse(
+      R"(, "activation_checkpointing": "layer", "offload": {"activations": "disk", "disk_dir": "/d"})");
+  CHECK(disk.offload.activations == ActivationOffload::Disk);
+  CHECK(disk.offload.disk_dir == "/d");
+  CHECK(parse_run_config(to_json(disk), "again").offload == disk.offload);
+  // a directory nobody can create files in (root included): one line naming the key and the path
+  CHECK_THROWS_WITH(ActivationFile("/proc/grass-ring", 3, 4096),
+                    Catch::StartsWith("offload.disk_dir /proc/grass-ring: cannot create"));
+}
+
+TEST_CASE("offload auto picks the placement that fits with the least traffic", "[offload][memory]") {
+  RunConfig cfg = layer_run("grass", "bf16", true);
+  const Storage storage = storage_for(cfg.precision, false);
+  cfg.offload.automatic = true;
+  const auto plan_of = [&](bool states, ActivationOffload inputs) {
+    RunConfig c = cfg;
+    c.offload = {.optimizer_states = states, .activations = inputs};
+    return plan_memory(c, storage);
+  };
+  const MemoryPlan none = plan_of(false, ActivationOffload::None);
+  const MemoryPlan states = plan_of(true, ActivationOffload::None);
+  const MemoryPlan inputs = plan_of(false, ActivationOffload::Host);
+  const MemoryPlan both = plan_of(true, ActivationOffload::Host);
+  REQUIRE(states.total < none.total);
+  REQUIRE(inputs.total < none.total);
+  // no limit: nothing moves
+  OffloadChoice c = choose_offload(cfg, storage);
+  CHECK_FALSE(c.cfg.offload.any());
+  CHECK_FALSE(c.cfg.offload.automatic);
+  // a limit the resident run meets: nothing moves
+  cfg.memory_limit = none.total;
+  CHECK_FALSE(choose_offload(cfg, storage).cfg.offload.any());
+  // one byte less: the single move with the least traffic that fits
+  cfg.memory_limit = none.total - 1;
+  c = choose_offload(cfg, storage);
+  const bool states_cheaper = states.h2d_bytes_per_step < inputs.h2d_bytes_per_step;
+  CHECK(c.cfg.offload.optimizer_states == states_cheaper);
+  CHECK((c.cfg.offload.activations == ActivationOffload::Host) == !states_cheaper);
+  CHECK_THAT(c.why, Catch::StartsWith("offload auto: ") && Catch::Contains("least traffic"));
+  // only both together fit
+  cfg.memory_limit = both.total;
+  c = choose_offload(cfg, storage);
+  CHECK(c.cfg.offload.optimizer_states);
+  CHECK(c.cfg.offload.activations == ActivationOffload::Host);
+  // the host tier capped below the inputs (above one bounce buffer): they go to disk
+  const MemoryPlan to_disk = plan_of(true, ActivationOffload::Disk);
+  REQUIRE(to_disk.host_total < both.host_total);
+  cfg.host_memory_limit = to_disk.host_total;
+  c = choose_offload(cfg, storage);
+  CHECK(c.cfg.offload.optimizer_states);
+  CHECK(c.cfg.offload.activations == ActivationOffload::Disk);
+  CHECK(plan_memory(c.cfg, storage).host_total <= cfg.host_memory_limit);
+  // nothing fits: the least on the device, said so
+  cfg.memory_limit = 1;
+  c = choose_offload(cfg, storage);
+  CHECK_THAT(c.why, Catch::Contains("no placement fits"));
+  CHECK(plan_memory(c.cfg, storage).total == both.total);
+}
