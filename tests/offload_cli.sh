@@ -83,6 +83,18 @@ check "with offload it runs under the same limit" test $? = 0
 check "offload auto meets it too, and says what it chose" \
   grep -q "offload auto: optimizer states in the host tier, the least traffic that fits memory_limit" "$tmp/capped_auto.log"
 
+# the issue's plan: 13B under 24 GiB with offload "auto" (it cannot fit: the weights are 24.24 GiB)
+"$GRASS" mem configs/runs/llama_13b_grass.json --memory-limit 24GiB --set offload=auto \
+  >"$tmp/mem_13b.log" 2>&1
+check "grass mem --set offload=auto exits 0" test $? = 0
+check "it says what auto chose and why" grep -q "^offload auto: no placement fits memory_limit 24.00 GiB; the least on the device is optimizer states in the host tier, layer inputs in the host tier: 24.74 GiB" "$tmp/mem_13b.log"
+check "a row per place" sh -c "grep -q '^total on the device  ' '$tmp/mem_13b.log' && grep -q '^host tier (offload)  ' '$tmp/mem_13b.log'"
+check "the traffic and the step-time bound" sh -c "grep -q '^copied a step, each way ' '$tmp/mem_13b.log' && grep -q 'of copies over a 25 GB/s link against .* link-bound' '$tmp/mem_13b.log'"
+"$GRASS" mem configs/runs/llama_13b_grass.json --set micro_batch_size=16 --set total_batch_size=16 \
+  --set offload='{"optimizer_states": true, "activations": "disk", "disk_dir": "/nvme"}' >"$tmp/mem_disk.log" 2>&1
+check "with the inputs on disk: the file's row, the bytes a step and the SSD-endurance warning" \
+  sh -c "grep -q '^disk file (offload) .* 1.45 GiB' '$tmp/mem_disk.log' && grep -q '1.45 GiB written to disk and read back' '$tmp/mem_disk.log' && grep -q '^warning  the disk tier writes .* TB a day' '$tmp/mem_disk.log'"
+
 # offload.activations: six layers under per-layer checkpointing, three inputs leave the device
 python3 - "$tmp/run.json" "$tmp/layers.json" <<'PY'
 import json, sys

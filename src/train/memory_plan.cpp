@@ -12,9 +12,9 @@
 #include "kernels/backend.h"
 #include "src/config/json_check.h"
 #include "src/core/format.h"
+#include "src/model/x_in_ring.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
-#include "src/model/x_in_ring.h"
 
 namespace grass {
 
@@ -454,17 +454,19 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
     out += largest > 0 ? std::to_string(largest) + " (" +
                              std::to_string(int64_t(largest) * cfg.seq_len) + " tokens)\n"
                        : "none\n";
-    if (run.total > cfg.memory_limit)
-      if (const std::string offloaded = offload_advice(cfg, storage); !offloaded.empty())
-        out += "  " + offloaded + "\n";
-    if (cfg.host_memory_limit > 0)
-      out += "host_memory_limit " + format_bytes(cfg.host_memory_limit) + ": " +
-             (run.host_total <= cfg.host_memory_limit
-                  ? "fits, " + format_bytes(cfg.host_memory_limit - run.host_total) + " to spare"
-                  : "does not fit, " + format_bytes(run.host_total - cfg.host_memory_limit) +
-                        " over") +
-             "\n";
+    if (run.total > cfg.memory_limit && !cfg.offload.automatic) {  // what "auto" would do
+      RunConfig automatic = cfg;
+      automatic.offload.automatic = true;
+      out += "  with " + choose_offload(automatic, storage, link).why + "\n";
+    }
   }
+  if (cfg.host_memory_limit > 0)
+    out += "host_memory_limit " + format_bytes(cfg.host_memory_limit) + ": " +
+           (run.host_total <= cfg.host_memory_limit
+                ? "fits, " + format_bytes(cfg.host_memory_limit - run.host_total) + " to spare"
+                : "does not fit, " + format_bytes(run.host_total - cfg.host_memory_limit) +
+                      " over") +
+           "\n";
   return out;
 }
 
