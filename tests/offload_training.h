@@ -1,14 +1,18 @@
-// Training runs for the offload tests (test_offload.cpp, test_offload_activations.cpp): a few of
-// the trainer's steps on the CPU backend, and every weights and optimizer buffer afterwards.
+// For the offload tests (test_offload.cpp, test_offload_activations.cpp): training runs (a few of
+// the trainer's steps on the CPU backend, and every weights and optimizer buffer afterwards), and
+// the plan checked against a real arena.
 #pragma once
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "kernels/backend.h"
 #include "src/config/config.h"
 #include "src/core/arena.h"
 #include "src/optim/step.h"
+#include "src/train/memory_plan.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 #include "tests/ngram_batches.h"
@@ -59,6 +63,15 @@ inline Trained train(const RunConfig& cfg, int steps) {
     }
   out.host_bytes = arena.total_bytes(MemPlace::Host);
   return out;
+}
+
+// The plan equals what `real` allocated, category by category, on the device and in the host tier.
+inline void check_plan_is_arena(const MemoryPlan& plan, const Arena& real) {
+  for (int c = 0; c < kMemCategories; c++) {
+    INFO(mem_category_name(MemCategory(c)));
+    CHECK(plan.bytes[size_t(c)] == real.bytes(MemCategory(c)));
+    CHECK(plan.host_bytes[size_t(c)] == real.bytes(MemPlace::Host, MemCategory(c)));
+  }
 }
 
 }  // namespace grass::test

@@ -24,6 +24,7 @@
 using namespace grass;
 using test::LazyCopies;
 using test::Trained;
+using test::check_plan_is_arena;
 using test::train;
 
 namespace {
@@ -163,11 +164,7 @@ TEST_CASE("offload's plan equals the arena with 8-bit states, proximal anchors a
         const std::unique_ptr<Backend> backend = make_cpu_backend(storage);
         Arena real(false, *backend, &backend->host_tier());
         const TrainingState s = build_training_state(cfg, real, *backend);
-        for (int c = 0; c < kMemCategories; c++) {
-          INFO(mem_category_name(MemCategory(c)));
-          CHECK(plan.bytes[size_t(c)] == real.bytes(MemCategory(c)));
-          CHECK(plan.host_bytes[size_t(c)] == real.bytes(MemPlace::Host, MemCategory(c)));
-        }
+        check_plan_is_arena(plan, real);
         // every host byte crosses once each way a step (GRASS's σ and ρ, GaLore's P: device)
         CHECK(plan.h2d_bytes_per_step == plan.host_total);
         CHECK(plan.d2h_bytes_per_step == plan.host_total);
