@@ -78,21 +78,14 @@ int cmd_eval(const Args& args) {
   const std::unique_ptr<Backend> backend = choose_backend(cfg);
   Arena arena(false, *backend);
   LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len, {}, *backend);
+  std::string weights_name;
   if (weights.empty()) {
     model.init_weights(cfg.seed);
-  } else if (!std::filesystem::is_directory(weights)) {
-    load_hf_weights(model, SafetensorsFile(weights));
-  } else if (!std::filesystem::exists(weights + "/manifest.json") &&
-             (std::filesystem::exists(weights + "/model.safetensors") ||
-              std::filesystem::exists(weights + "/model.safetensors.index.json"))) {
-    load_hf_model(model, weights);  // a Hugging Face model directory
-  } else {  // a checkpoint, or a run's out_dir: verified before use
-    const Checkpoint checkpoint = *newest_valid_checkpoint(weights, /*required=*/true);
-    load_hf_model(model, checkpoint.path("model.safetensors"));
+    weights_name = "untrained: seeded initial weights (seed " + std::to_string(cfg.seed) + ")";
+  } else {
+    weights_name = load_model_weights(model, weights).description;
   }
   const EvalResult result = evaluator.evaluate(model, cfg.micro_batch_size);
-  const std::string weights_name =
-      weights.empty() ? "initial (seed " + std::to_string(cfg.seed) + ")" : weights;
   if (as_json) {
     const nlohmann::json j = {{"run", run_path},         {"weights", weights_name},
                               {"val_loss", result.loss}, {"val_perplexity", result.perplexity},

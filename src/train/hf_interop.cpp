@@ -17,6 +17,7 @@
 #include "src/io/hf_model_dir.h"
 #include "src/io/safetensors.h"
 #include "src/model/hf_weights.h"
+#include "src/train/checkpointing.h"
 
 namespace grass {
 
@@ -60,6 +61,40 @@ void load_hf_model(LlamaModel& model, const std::string& path) {
                       std::to_string(model.config().num_hidden_layers) + " layers, " +
                       (model.config().tie_word_embeddings ? "tied" : "untied") +
                       " embeddings): the weights belong to another architecture");
+}
+
+std::string final_model_dir(const std::string& out_dir) { return out_dir + "/model"; }
+
+LoadedWeights load_model_weights(LlamaModel& model, const std::string& path) {
+  std::error_code ec;
+  const auto tokenizer_in = [&](const std::string& dir) {
+    return fs::exists(dir + "/tokenizer.model", ec) ? dir + "/tokenizer.model" : std::string();
+  };
+  const auto is_hf_dir = [&](const std::string& dir) {
+    return !fs::exists(dir + "/" + kCheckpointManifest, ec) &&
+           (fs::exists(dir + "/model.safetensors", ec) ||
+            fs::exists(dir + "/model.safetensors.index.json", ec));
+  };
+  if (!fs::is_directory(path, ec)) {
+    load_hf_weights(model, SafetensorsFile(path));
+    return {path, ""};
+  }
+  if (is_hf_dir(path)) {
+    load_hf_model(model, path);
+    return {"Hugging Face model " + path, tokenizer_in(path)};
+  }
+  if (const std::optional<Checkpoint> checkpoint = newest_valid_checkpoint(path, false)) {
+    load_hf_model(model, checkpoint->path("model.safetensors"));
+    return {"checkpoint " + checkpoint->dir(),
+            checkpoint->has("tokenizer.model") ? checkpoint->path("tokenizer.model") : ""};
+  }
+  if (const std::string final_model = final_model_dir(path); is_hf_dir(final_model)) {
+    load_hf_model(model, final_model);
+    return {"final model " + final_model, tokenizer_in(final_model)};
+  }
+  throw UserError(path + ": no weights there: not a .safetensors file, a Hugging Face model "
+                  "directory, a checkpoint, or a run's out_dir with checkpoints or a final model (" +
+                  final_model_dir(path) + ")");
 }
 
 ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir, bool bf16,

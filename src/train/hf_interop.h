@@ -17,6 +17,21 @@ namespace grass {
 // config.json, for an architecture key that differs from the run's model config.
 void load_hf_model(LlamaModel& model, const std::string& path);
 
+// Where a run keeps its final model: <out_dir>/model, a Hugging Face model directory (written at
+// the end of a run without checkpoints, and when a signal stops one).
+std::string final_model_dir(const std::string& out_dir);
+
+// What load_model_weights read.
+struct LoadedWeights {
+  std::string description;  // for output lines: "checkpoint runs/x/checkpoints/step_00000600"
+  std::string tokenizer;    // the tokenizer.model that came with the weights; "" when none
+};
+// Copies every parameter of `model` from `path`: a .safetensors file, a Hugging Face model
+// directory (single or sharded), a checkpoint directory (verified first), or a run's out_dir
+// (its newest complete checkpoint, else its final model). UserError naming `path` when it holds
+// none of these.
+LoadedWeights load_model_weights(LlamaModel& model, const std::string& path);
+
 struct ExportResult {
   int64_t parameters = 0;
   uint64_t weight_bytes = 0;  // of model.safetensors

@@ -37,6 +37,11 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage);
 
+// What a CUDA process holds on the device outside the plan: the context, cuBLAS's, cuDNN's and
+// NCCL's own memory, kernels' local memory. Measured once: LLaMA-13B GRASS on an H200 held 29.40
+// GiB on the device against a plan of 28.39 GiB (docs/gpu-status.md, 2026-11-26).
+constexpr int64_t kCudaOutsidePlanBytes = int64_t(1.01 * double(int64_t(1) << 30));
+
 // The largest micro_batch_size whose plan fits in `limit` bytes, the number of micro-batches per
 // step kept; 0 when not even one sequence fits.
 int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t limit);
