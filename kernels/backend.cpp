@@ -5,11 +5,7 @@
 
 namespace grass {
 
-namespace {
-
-// Whether scratch planned for shape `a` serves every op of shape `b`: at least its bytes in every
-// buffer, and the same RoPE table (as many positions or more, the same head dim and theta).
-bool covers(const Storage& storage, const WorkspaceShape& a, const WorkspaceShape& b) {
+bool scratch_covers(const Storage& storage, const WorkspaceShape& a, const WorkspaceShape& b) {
   const BackendScratch x = backend_scratch(storage, a), y = backend_scratch(storage, b);
   return x.attention_bytes >= y.attention_bytes && x.norm_bytes >= y.norm_bytes &&
          x.reduce_bytes >= y.reduce_bytes && x.gemm_bytes >= y.gemm_bytes &&
@@ -17,8 +13,6 @@ bool covers(const Storage& storage, const WorkspaceShape& a, const WorkspaceShap
          x.rope_bytes >= y.rope_bytes && a.T >= b.T && a.HD == b.HD &&
          a.rope_theta == b.rope_theta && a.attention == b.attention;
 }
-
-}  // namespace
 
 std::unique_ptr<ScratchLease> Backend::plan_scratch(Arena& arena, const WorkspaceShape& shape) {
   const BackendScratch sizes = backend_scratch(storage_, shape);
@@ -45,8 +39,8 @@ std::unique_ptr<ScratchLease> Backend::plan_scratch(Arena& arena, const Workspac
 const ScratchLease* Backend::lease_in_use() const {
   const ScratchLease* best = nullptr;
   for (const ScratchLease* lease : leases_)  // a newer lease wins unless the one so far covers it
-    if (!best || !covers(storage_, best->shape(), lease->shape()) ||
-        covers(storage_, lease->shape(), best->shape()))
+    if (!best || !scratch_covers(storage_, best->shape(), lease->shape()) ||
+        scratch_covers(storage_, lease->shape(), best->shape()))
       best = lease;
   return best;
 }

@@ -106,6 +106,7 @@ struct WorkspaceShape {
   double rope_theta = 10000.0;
   AttentionKernel attention = AttentionKernel::Grass;
   bool qkv_grads_packed = true;  // dq, dk, dv packed as q, k, v (else three buffers)
+  bool forward_only = false;     // an evaluation model's: none of the backward's scratch
 };
 
 // The backend's own scratch, sized from the storage alone (kernels/backend_sizes.cpp), so that a
@@ -130,6 +131,10 @@ struct BackendScratchPointers {
 BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& shape);
 
 class Backend;
+// Whether scratch planned for shape `a` serves every op of shape `b`: at least its bytes in every
+// buffer, and the same RoPE table (as many positions or more, the same head dim and theta).
+bool scratch_covers(const Storage& storage, const WorkspaceShape& a, const WorkspaceShape& b);
+
 // The backend's scratch for one model's shapes, from Backend::plan_scratch. While the lease lives
 // the backend can compute with that scratch. A backend serving several models at once (tests
 // build two side by side) computes with the lease alive that covers the others (at least their

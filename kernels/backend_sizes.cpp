@@ -85,8 +85,16 @@ BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) 
   BackendScratch scratch;
   const int64_t N = int64_t(s.B) * s.T;
   if (!storage.cuda) {
-    scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T * s.T;  // dscores
+    if (!s.forward_only) scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T * s.T;  // dscores
     return scratch;  // (RoPE rotates q and k in place)
+  }
+  if (s.forward_only) {  // the forward's GEMMs, the head's loss sum and the RoPE table
+    scratch.reduce_bytes = 8 * kReducePartials;
+    scratch.gemm_bytes = kGemmWorkspaceBytes;
+    scratch.rope_bytes = s.attention == AttentionKernel::Cudnn ? 0 : 4 * int64_t(s.T) * s.HD;
+    if (s.attention == AttentionKernel::Cudnn)
+      scratch.attention_bytes = cudnn_attention_workspace_bytes(s.B, s.T, s.NH, s.HD);
+    return scratch;
   }
   scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T;  // D = rowsum(dout ⊙ out)
   scratch.rope_bytes = 4 * int64_t(s.T) * s.HD;               // cos and sin [T, HD/2]

@@ -252,15 +252,20 @@ TEST_CASE("a checkpoint of another model or optimizer is refused naming what dif
   run["steps"] = 2;
   train(parse(run));
 
+  // Rerun into its out_dir, another config is another run (train/out_dir.h); resumed from the
+  // checkpoint by name, the checkpoint's contents are what refuses it.
+  const TrainOptions resume_out{.resume = dir.file("out")};
   json other = run;
   other["model"]["intermediate_size"] = 48;
   CHECK_THAT(test::user_error_of([&] { train(parse(other)); }),
+             Contains("out_dir holds another run (model.intermediate_size is 40 there, 48 here)"));
+  CHECK_THAT(test::user_error_of([&] { train(parse(other), resume_out); }),
              Contains("model.safetensors: tensor model.layers.0.mlp.gate_proj.weight is F32 [40, "
                       "32], this run needs F32 [48, 32]") &&
                  Contains("does not fit this run"));
   json adamw = run;
   adamw["optimizer"] = {{"name", "adamw"}};
-  CHECK_THAT(test::user_error_of([&] { train(parse(adamw)); }),
+  CHECK_THAT(test::user_error_of([&] { train(parse(adamw), resume_out); }),
              Contains("state.safetensors: buffer adamw.m is U8") && Contains("does not fit"));
   json adamw_q8 = adamw;
   adamw_q8["optimizer"]["state_dtype"] = "q8";
@@ -268,12 +273,12 @@ TEST_CASE("a checkpoint of another model or optimizer is refused naming what dif
   train(parse(adamw_q8));
   json adamw_fp32 = adamw_q8;
   adamw_fp32["optimizer"].erase("state_dtype");
-  CHECK_THAT(test::user_error_of([&] { train(parse(adamw_fp32)); }),
+  CHECK_THAT(test::user_error_of([&] { train(parse(adamw_fp32), {.resume = dir.file("q8")}); }),
              Contains("state.json: holds q8 (blocks of 256; tensors under 4096 elements: fp32) "
                       "optimizer states, this run's are fp32"));
   json fewer_targets = run;
   fewer_targets["optimizer"]["targets"] = {"q", "k"};
-  CHECK_THAT(test::user_error_of([&] { train(parse(fewer_targets)); }),
+  CHECK_THAT(test::user_error_of([&] { train(parse(fewer_targets), resume_out); }),
              Contains("state.safetensors") && Contains("does not fit"));
 }
 
@@ -285,10 +290,10 @@ TEST_CASE("resuming from an older checkpoint beside newer ones is refused", "[ch
   train(cfg);
   CHECK_THAT(test::user_error_of([&] { train(cfg, {.resume = step_dir(cfg, 2)}); }),
              Contains(step_dir(cfg, 4) + ": a later checkpoint than " + step_dir(cfg, 2)));
-  // A finished run has nothing left to do.
-  const TrainResult again = train(cfg);
-  CHECK(again.first_step == 4);
-  CHECK(again.losses.empty());
+  // A finished run has nothing left to do, and says so.
+  CHECK_THAT(test::user_error_of([&] { train(cfg); }),
+             Contains(cfg.out_dir + ": out_dir holds this run, finished: its newest complete "
+                      "checkpoint is at step 4 of steps 4"));
   // --resume from another run's checkpoint, into a fresh out_dir.
   run["out_dir"] = dir.file("branch");
   const TrainResult branch = train(parse(run), {.resume = step_dir(cfg, 2)});

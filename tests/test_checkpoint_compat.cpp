@@ -142,7 +142,10 @@ std::vector<double> resume_fixture(const test::TempDir& dir, bool swap_moments) 
   run["optimizer"]["rho_in_update"] = true;  // that engine's update; no refresh in steps 3 and 4
   run["data"]["train"] = dir.file("shard.bin");
   run["out_dir"] = dir.file("out");
-  const TrainResult result = train(parse_run_config(run, "checkpoint_v1 run"));
+  // by name: the checkpoint's config.json spells its shard's path and that engine's update its
+  // own way, so rerun into out_dir this would be another run (train/out_dir.h)
+  const TrainResult result =
+      train(parse_run_config(run, "checkpoint_v1 run"), {.resume = dir.file("out")});
   CHECK(result.first_step == 2);
   REQUIRE(result.losses.size() == 2);
   return result.losses;

@@ -16,6 +16,7 @@
 #include "src/train/checkpointing.h"
 #include "src/train/evaluator.h"
 #include "src/train/hf_interop.h"
+#include "src/train/memory_plan.h"
 
 namespace grass::cli {
 
@@ -25,8 +26,9 @@ const char* kEvalUsage =
     "\n"
     "Validation loss and perplexity of the run's model on its validation data (data.val): the\n"
     "mean token cross-entropy over the first N target tokens of the validation stream, in order,\n"
-    "and perplexity = exp(mean). Windows of seq_len + 1 tokens at stride seq_len, micro_batch_size\n"
-    "of them per forward pass. Prints one line on stdout.\n"
+    "and perplexity = exp(mean). Windows of seq_len + 1 tokens at stride seq_len, eval_batch_size\n"
+    "of them per forward pass (\"auto\": as many as the memory the run would train in allows).\n"
+    "Prints one line on stdout.\n"
     "\n"
     "options:\n"
     "  --weights <path>  Hugging Face safetensors weights (model.embed_tokens.weight, ...): a\n"
@@ -76,8 +78,11 @@ int cmd_eval(const Args& args) {
   evaluator.stream().check_vocab(cfg.model.vocab_size);
   if (!cfg.tokenizer.empty()) evaluator.stream().check_tokenizer(cfg.tokenizer);
   const std::unique_ptr<Backend> backend = choose_backend(cfg);
+  const int batch = resolve_eval_batch(cfg, backend->storage(), tokens, /*standalone=*/true);
   Arena arena(false, *backend);
-  LlamaModel model(cfg.model, arena, cfg.micro_batch_size, cfg.seq_len, {}, *backend);
+  ModelMemoryOptions forward_only;
+  forward_only.forward_only = true;
+  LlamaModel model(cfg.model, arena, batch, cfg.seq_len, {}, *backend, forward_only);
   std::string weights_name;
   if (weights.empty()) {
     model.init_weights(cfg.seed);
@@ -85,7 +90,7 @@ int cmd_eval(const Args& args) {
   } else {
     weights_name = load_model_weights(model, weights).description;
   }
-  const EvalResult result = evaluator.evaluate(model, cfg.micro_batch_size);
+  const EvalResult result = evaluator.evaluate(model, batch);
   if (as_json) {
     const nlohmann::json j = {{"run", run_path},         {"weights", weights_name},
                               {"val_loss", result.loss}, {"val_perplexity", result.perplexity},

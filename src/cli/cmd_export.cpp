@@ -6,7 +6,6 @@
 #include "src/core/arena.h"
 #include "src/core/error.h"
 #include "src/core/format.h"
-#include "src/train/checkpointing.h"
 #include "src/train/hf_interop.h"
 
 namespace grass::cli {
@@ -15,14 +14,16 @@ namespace {
 const char* kExportUsage =
     "usage: grass export --checkpoint DIR --out HF_DIR [--dtype fp32|bf16] [--tokenizer MODEL]\n"
     "\n"
-    "Writes a checkpoint as a Hugging Face model directory that transformers loads as\n"
+    "Writes a checkpoint or a run's final model as a Hugging Face model directory that\n"
+    "transformers loads as\n"
     "LlamaForCausalLM: config.json (LlamaConfig), model.safetensors (HF tensor names,\n"
     "__metadata__ {\"format\": \"pt\"}) and, when the run had data.tokenizer, tokenizer.model and\n"
     "tokenizer_config.json. The checkpoint is verified (sizes and checksums) first.\n"
     "\n"
     "options:\n"
-    "  --checkpoint DIR   a checkpoint (out_dir/checkpoints/step_XXXXXXXX), or a run's out_dir\n"
-    "                     for its newest complete checkpoint\n"
+    "  --checkpoint DIR   a checkpoint (out_dir/checkpoints/step_XXXXXXXX), a run's final model\n"
+    "                     (out_dir/model), or a run's out_dir: its newest complete checkpoint,\n"
+    "                     else its final model\n"
     "  --out HF_DIR       the directory to write (created; files of an earlier export replaced)\n"
     "  --dtype fp32|bf16  weight dtype (default fp32, the training precision; bf16 rounds to\n"
     "                     nearest even)\n"
@@ -53,11 +54,11 @@ int cmd_export(const Args& args) {
   if (out.empty()) throw UserError("export: missing --out (see grass export --help)");
   if (dtype != "fp32" && dtype != "bf16")
     throw UserError("export: --dtype " + dtype + ": expected fp32 or bf16");
-  const Checkpoint checkpoint = *newest_valid_checkpoint(checkpoint_path, /*required=*/true);
-  const ExportResult r = export_hf(checkpoint, out, dtype == "bf16", tokenizer);
-  std::printf("exported %s (step %lld): %.2f M parameters, %s, %s of weights -> %s\n",
-              checkpoint.dir().c_str(), (long long)checkpoint.step(), double(r.parameters) / 1e6,
-              dtype.c_str(), format_bytes(int64_t(r.weight_bytes)).c_str(), out.c_str());
+  const ExportSource source = export_source(checkpoint_path);
+  const ExportResult r = export_hf(source, out, dtype == "bf16", tokenizer);
+  std::printf("exported %s: %.2f M parameters, %s, %s of weights -> %s\n",
+              source.description.c_str(), double(r.parameters) / 1e6, dtype.c_str(),
+              format_bytes(int64_t(r.weight_bytes)).c_str(), out.c_str());
   if (r.tokenizer.empty())
     std::printf("  no tokenizer: the run had no data.tokenizer; pass --tokenizer MODEL to include "
                 "one\n");

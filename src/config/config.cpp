@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <optional>
 #include <set>
 #include <filesystem>
@@ -206,6 +207,7 @@ const std::vector<std::string> kRunKeys = {
     "log_every",
     "eval_every",
     "eval_tokens",
+    "eval_batch_size",
     "checkpoint_every",
     "checkpoint_keep",
     "checkpoint_keep_every",
@@ -622,12 +624,40 @@ ModelConfig load_model_config(const std::string& path) {
 bool changes_results(const std::string& key) {
   static const std::set<std::string> free = {
       "out_dir",          "log_every",       "eval_every",            "eval_tokens",
+      "eval_batch_size",
       "checkpoint_every", "checkpoint_keep", "checkpoint_keep_every", "init_from",
       "pad_ffn"};
   // offload and the memory caps move bytes between places, never a number computed
   return !(free.count(key) || key == "data.val" || key.starts_with("data.val[") ||
            key == "offload" || key.starts_with("offload.") || key == "memory_limit" ||
            key == "host_memory_limit");
+}
+
+namespace {
+void flatten(const json& j, const std::string& prefix, std::map<std::string, json>& out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [key, value] : j.items())
+      flatten(value, prefix.empty() ? key : prefix + "." + key, out);
+  } else {
+    out[prefix] = j;
+  }
+}
+}  // namespace
+
+std::vector<ConfigDifference> result_differences(const json& saved, const json& now) {
+  std::map<std::string, json> a, b;
+  flatten(saved, "", a);
+  flatten(now, "", b);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : a) keys.insert(k);
+  for (const auto& [k, v] : b) keys.insert(k);
+  std::vector<ConfigDifference> out;
+  for (const std::string& key : keys) {
+    if (!changes_results(key)) continue;
+    const json x = a.count(key) ? a[key] : json(), y = b.count(key) ? b[key] : json();
+    if (x != y) out.push_back({key, x, y});
+  }
+  return out;
 }
 
 RunConfig parse_run_config(const json& j, const std::string& where, int ranks) {
@@ -661,6 +691,13 @@ RunConfig parse_run_config(const json& j, const std::string& where, int ranks) {
   c.log_every = int(run.integer("log_every", 1, INT_MAX).value_or(c.log_every));
   c.eval_every = run.integer("eval_every", 0, INT64_MAX).value_or(c.eval_every);
   c.eval_tokens = run.integer("eval_tokens", 1, INT64_MAX).value_or(c.eval_tokens);
+  if (const json* eval_batch = run.find("eval_batch_size")) {
+    if (!eval_batch->is_string())
+      c.eval_batch_size = int(run.integer("eval_batch_size", 1, INT_MAX).value_or(0));
+    else if (eval_batch->get<std::string>() != "auto")
+      run.at("eval_batch_size").fail("expected \"auto\" or a number of sequences, got " +
+                                     describe(*eval_batch));
+  }
   read_checkpointing(run, c);
   return c;
 }
@@ -787,6 +824,7 @@ json to_json(const RunConfig& c) {
       {"log_every", c.log_every},
       {"eval_every", c.eval_every},
       {"eval_tokens", c.eval_tokens},
+      {"eval_batch_size", c.eval_batch_size > 0 ? json(c.eval_batch_size) : json("auto")},
       {"checkpoint_every", c.checkpoint_every},
       {"checkpoint_keep", c.checkpoint_keep},
       {"checkpoint_keep_every", c.checkpoint_keep_every},

@@ -216,6 +216,9 @@ struct RunConfig {
   int log_every = 1;                // print a step line every N steps (metrics.jsonl gets all)
   int64_t eval_every = 0;           // evaluate every N steps; 0: only after the last step
   int64_t eval_tokens = 10'000'000;  // validation targets per evaluation (GaLore: first 10M)
+  // Sequences per evaluation forward; 0: "auto", as many as memory allows
+  // (train/memory_plan.h: resolve_eval_batch). Changes the loss only by rounding.
+  int eval_batch_size = 0;
   int64_t checkpoint_every = 0;     // save <out_dir>/checkpoints/step_N every N steps and after the
                                     // last; 0: never
   int64_t checkpoint_keep = 3;      // keep the newest N checkpoints ...
@@ -250,6 +253,16 @@ RunConfig parse_run_config(const nlohmann::json& j, const std::string& where, in
 // where and how often it writes, evaluates and logs, init_from (a resumed run has weights), and
 // pad_ffn (a layout: a checkpoint of the other layout does not fit and says so).
 bool changes_results(const std::string& key);
+
+// The keys that change results (changes_results) whose values differ between two run configs as
+// to_json writes them (objects flattened to dotted keys; a key one side lacks is null there), in
+// key order: what a resume warns about, and what tells another run from this one.
+struct ConfigDifference {
+  std::string key;
+  nlohmann::json saved, now;
+};
+std::vector<ConfigDifference> result_differences(const nlohmann::json& saved,
+                                                 const nlohmann::json& now);
 
 // Applies "key=value" overrides to a run config's JSON before it is parsed: the dotted key is
 // created where absent (parse_run_config then rejects unknown keys). Throws UserError naming a

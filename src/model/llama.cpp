@@ -88,7 +88,38 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
                        const std::vector<std::string>& projected, Backend& backend,
                        ModelMemoryOptions memory)
     : cfg_(cfg), max_B_(max_batch), T_(seq_len), memory_(memory), backend_(&backend) {
+  build(arena, projected, nullptr);
+}
+
+namespace {
+// A forward-only model's options beside a training model: its layout (padded ffn), attention
+// kernels and disk_dir, and nothing else of its memory options.
+ModelMemoryOptions forward_only_options(const ModelMemoryOptions& of) {
+  ModelMemoryOptions memory;
+  memory.pad_ffn = of.pad_ffn;
+  memory.attention = of.attention;
+  memory.forward_only = true;
+  return memory;
+}
+}  // namespace
+
+LlamaModel::LlamaModel(LlamaModel& weights_of, Arena& arena, int max_batch)
+    : cfg_(weights_of.cfg_),
+      max_B_(max_batch),
+      T_(weights_of.T_),
+      memory_(forward_only_options(weights_of.memory_)),
+      backend_(weights_of.backend_) {
+  build(arena, {}, &weights_of);
+}
+
+void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
+                       LlamaModel* weights_of) {
+  const ModelConfig& cfg = cfg_;
+  const ModelMemoryOptions& memory = memory_;
+  Backend& backend = *backend_;
+  const int max_batch = max_B_, seq_len = T_;
   const Storage& storage = backend.storage();
+  const std::string prefix = memory.forward_only ? "eval." : "";
   const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size;
   F_ = ffn_stored_width(cfg, memory);
   const int64_t Fs = F_;
@@ -140,10 +171,21 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   const int64_t num_stored = ts.num_stored(), num_dense_grads = ts.num_dense_grads();
 
   // Element sizes are the backend's: fp32 on the CPU, bf16 activations and weights on the GPU.
-  params_ = arena.alloc_bytes(MemCategory::Weights, "parameters", num_stored * storage.weight_bytes);
-  if (storage.master)  // counted with the optimizer states, as ZeRO does: only the optimizer reads it
+  if (weights_of) {
+    GRASS_CHECK(memory.forward_only && weights_of->num_stored_params() == num_stored &&
+                    weights_of->F_ == F_,
+                "a model sharing another's weights must be forward-only and of its layout");
+    params_ = weights_of->params_;
+  } else {
+    params_ = arena.alloc_bytes(MemCategory::Weights, prefix + "parameters",
+                                num_stored * storage.weight_bytes);
+  }
+  // counted with the optimizer states, as ZeRO does: only the optimizer reads it
+  if (storage.master && !memory.forward_only)
     master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)", num_stored);
-  if (!memory.fused_update) {
+  if (memory.forward_only) {
+    // no gradients
+  } else if (!memory.fused_update) {
     grads_ = arena.alloc_bytes(MemCategory::Gradients, "gradients",
                                num_dense_grads * storage.grad_bytes);
   } else {
@@ -170,32 +212,55 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
   const int64_t N = int64_t(max_batch) * seq_len, NH = cfg.num_attention_heads;
   allocate_activations(arena, N, int(NH));
   auto act = [&](const std::string& name, int64_t count) {
-    return arena.alloc_bytes(MemCategory::Activations, name, count * storage.act_bytes);
+    return arena.alloc_bytes(MemCategory::Activations, prefix + name, count * storage.act_bytes);
   };
   auto act_f32 = [&](const std::string& name, int64_t count) {
-    return arena.alloc<float>(MemCategory::Activations, name, count);
+    return arena.alloc<float>(MemCategory::Activations, prefix + name, count);
   };
-  inputs_ = arena.alloc<int32_t>(MemCategory::Activations, "inputs", N);
-  targets_ = arena.alloc<int32_t>(MemCategory::Activations, "targets", N);
-  x_out_ = act("x_out", N * C);
+  inputs_ = arena.alloc<int32_t>(MemCategory::Activations, prefix + "inputs", N);
+  targets_ = arena.alloc<int32_t>(MemCategory::Activations, prefix + "targets", N);
+  // forward-only: the residual stream's two buffers taken in turn, the last layer's output in
+  // the one its input is not in
+  x_out_ = memory.forward_only ? forward_stream_[L % 2] : act("x_out", N * C);
   rstdf_ = act_f32("rstd_final", N);
   nf_ = act("norm_final", N * C);
-  logits_ = act("logits", head_rows(storage, N, int(V)) * V);
+  if (memory.forward_only) {
+    head_chunk_rows_ = std::min<int64_t>(N, std::max<int64_t>(1, kForwardHeadElements / V));
+    logits_ = act("logits", head_rows(storage, head_chunk_rows_, int(V)) * V);
+  } else {
+    logits_ = act("logits", head_rows(storage, N, int(V)) * V);
+  }
   lse_ = act_f32("logsumexp", N);
-  loss_sums_ = arena.alloc<double>(MemCategory::Activations, "loss sums (fp64)", kLossSlots);
+  if (memory.forward_only)
+    head_loss_sums_ = arena.alloc<double>(MemCategory::Activations, prefix + "loss sums (fp64)",
+                                          (N + head_chunk_rows_ - 1) / head_chunk_rows_);
+  else
+    loss_sums_ = arena.alloc<double>(MemCategory::Activations, "loss sums (fp64)", kLossSlots);
 
   auto wsp = [&](const std::string& name, int64_t count) {
-    return arena.alloc_bytes(MemCategory::Workspace, name, count * storage.act_bytes);
+    return arena.alloc_bytes(MemCategory::Workspace, prefix + name, count * storage.act_bytes);
   };
   ws_.proj = wsp("proj", N * C);
+  WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
+                       cfg.num_key_value_heads, int(HD), cfg.rope_theta, memory.attention};
+  shape.forward_only = memory.forward_only;
+  if (memory.forward_only) {
+    if (weights_of)  // the training model's scratch serves the forward (see the constructor)
+      GRASS_CHECK(weights_of->backend_scratch_ &&
+                      scratch_covers(storage, weights_of->backend_scratch_->shape(), shape),
+                  "a forward-only model's scratch must be its weights' model's");
+    else
+      backend_scratch_ = backend.plan_scratch(arena, shape);
+    trace_names_.resize(size_t(L));
+    for (int l = 0; l < L; l++) trace_names_[size_t(l)] = "eval layer " + std::to_string(l);
+    return;
+  }
   ws_.dres = wsp("dres", N * C);
   ws_.dnorm = wsp("dnorm", N * C);
   ws_.datt = wsp("datt", N * QD);
   ws_.dqkv = wsp("dqkv", N * (QD + 2 * KVD));
   ws_.dact = wsp("dact", N * Fs);
   ws_.dgu = wsp("dgate_up", N * 2 * Fs);
-  WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
-                       cfg.num_key_value_heads, int(HD), cfg.rope_theta, memory.attention};
   shape.qkv_grads_packed = stacked_dense(0, LayerTensor::Q, 3);
   backend_scratch_ = backend.plan_scratch(arena, shape);
   for (const char* pass : {"forward", "backward"})
@@ -206,13 +271,40 @@ void LlamaModel::allocate_activations(Arena& arena, int64_t N, int NH) {
   const Storage& storage = backend_->storage();
   const int64_t C = cfg_.hidden_size, F = F_, HD = cfg_.head_dim();
   const int64_t QD = NH * HD, KVD = cfg_.num_key_value_heads * HD;
+  const std::string prefix = memory_.forward_only ? "eval." : "";
   auto act = [&](const std::string& name, int64_t count) {
-    return arena.alloc_bytes(MemCategory::Activations, name, count * storage.act_bytes);
+    return arena.alloc_bytes(MemCategory::Activations, prefix + name, count * storage.act_bytes);
   };
   auto act_f32 = [&](const std::string& name, int64_t count) {
-    return arena.alloc<float>(MemCategory::Activations, name, count);
+    return arena.alloc<float>(MemCategory::Activations, prefix + name, count);
   };
   const int L = cfg_.num_hidden_layers;
+  if (memory_.forward_only) {  // one layer's set for all, the residual stream in two buffers
+    GRASS_CHECK(memory_.checkpointing == Checkpointing::None && !memory_.sampled.on() &&
+                    memory_.x_in_offload == ActivationOffload::None,
+                "a forward-only model keeps nothing for a backward");
+    acts_.resize(L);
+    void** x = forward_stream_;
+    x[0] = act("x_even", N * C);
+    x[1] = act("x_odd", N * C);
+    LayerActs& a = acts_[0];
+    a.rstd1 = act_f32("layer.rstd1", N);
+    a.n1 = act("layer.n1", N * C);
+    a.qkv = act("layer.qkv", N * (QD + 2 * KVD));
+    a.saved = arena.alloc_bytes(MemCategory::Activations, prefix + "layer.attention_saved",
+                                attention_saved_bytes(storage, max_B_, T_, NH));
+    a.att = act("layer.att", N * QD);
+    a.h = act("layer.h", N * C);
+    a.rstd2 = act_f32("layer.rstd2", N);
+    a.n2 = act("layer.n2", N * C);
+    a.gu = act("layer.gate_up", N * 2 * F);
+    a.act = act("layer.act", N * F);
+    for (int l = 0; l < L; l++) {
+      acts_[size_t(l)] = acts_[0];
+      acts_[size_t(l)].x_in = x[l % 2];
+    }
+    return;
+  }
   const bool per_layer = memory_.checkpointing == Checkpointing::Layer;
   // sampled: the full n1, n2 and act exist only in the forward (and an exact backward's
   // recompute); so does an input kept as selected columns
@@ -566,10 +658,32 @@ LlamaModel::StreamNorm LlamaModel::stream_norm(int l) {
 }
 
 double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B) {
+  if (memory_.forward_only) {
+    begin_columns_pass(false);
+    forward_to_head(inputs, targets, B);
+    return forward_only_head(int64_t(B) * T_);
+  }
   GRASS_CHECK(loss_valid_.empty() && losses_ready_.empty(),
               "forward() with other forwards' losses still to take");
   forward_async(inputs, targets, B);
   return take_losses().back();
+}
+
+double LlamaModel::forward_only_head(int64_t N) {
+  const TraceRange range("head");
+  const int C = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int bytes = storage().act_bytes;
+  const int64_t chunks = (N + head_chunk_rows_ - 1) / head_chunk_rows_;
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t r0 = c * head_chunk_rows_, rows = std::min(head_chunk_rows_, N - r0);
+    backend_->head_forward(logits_, lse_ + r0, head_loss_sums_ + c, at(nf_, r0 * C, bytes),
+                           lm_head_weights(), targets_ + r0, rows, C, V);
+  }
+  std::vector<double> sums(static_cast<size_t>(chunks));
+  backend_->download(sums.data(), head_loss_sums_, sums.size() * sizeof(double));
+  double sum = 0;
+  for (const double s : sums) sum += s;
+  return valid_ > 0 ? sum / double(valid_) : 0.0;
 }
 
 void LlamaModel::read_losses() {
@@ -587,6 +701,7 @@ std::vector<double> LlamaModel::take_losses() {
 }
 
 void LlamaModel::forward_async(const int32_t* inputs, const int32_t* targets, int B) {
+  GRASS_CHECK(!memory_.forward_only, "a forward-only model computes through forward()");
   sampled_pass_ = false;
   begin_columns_pass(false);
   forward_to_head(inputs, targets, B);
@@ -597,6 +712,7 @@ void LlamaModel::forward_async(const int32_t* inputs, const int32_t* targets, in
 
 void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets, int B,
                                   double loss_scale) {
+  GRASS_CHECK(!memory_.forward_only, "a forward-only model has no backward");
   sampled_pass_ = sampled_ && sampled_->begin_pass();
   begin_columns_pass(true);
   forward_to_head(inputs, targets, B);
@@ -648,6 +764,7 @@ void LlamaModel::forward_to_head(const int32_t* inputs, const int32_t* targets, 
 }
 
 void LlamaModel::backward(double loss_scale) {
+  GRASS_CHECK(!memory_.forward_only, "a forward-only model has no backward");
   GRASS_CHECK(B_ > 0, "backward() without a forward()");
   if (valid_ == 0) return;  // every target ignored: the loss is a constant
   const TraceRange range("head backward");

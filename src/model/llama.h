@@ -65,7 +65,15 @@ struct ModelMemoryOptions {
   // .activations: model/x_in_ring.h), and the directory of the disk tier's file.
   ActivationOffload x_in_offload = ActivationOffload::None;
   std::string disk_dir;
+  // Evaluation only: forward() and nothing else. No gradients, master copy or backward
+  // workspace; one layer's activations shared by all layers (the residual stream in two buffers
+  // taken in turn), and the head in chunks of rows (kForwardHeadElements logits at a time). Its
+  // buffers are named "eval.*". The numbers are the training model's, to the rounding of a
+  // different batch (another GEMM shape, the loss summed per chunk).
+  bool forward_only = false;
 };
+// A forward-only model's head computes at most this many logits at a time.
+constexpr int64_t kForwardHeadElements = int64_t(4) << 20;
 constexpr int kFfnRowMultiple = 8;
 // Which of a layer's inputs (SampledInputs::Input order: n1, n2, act) `memory` keeps as their
 // readers' selected columns: each whose readers are all memory.columns targets and whose r
@@ -131,6 +139,12 @@ class LlamaModel {
   LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int seq_len,
              const std::vector<std::string>& projected = {},
              Backend& backend = default_cpu_backend(), ModelMemoryOptions memory = {});
+  // A forward-only model (ModelMemoryOptions::forward_only) for micro-batches of up to max_batch
+  // that computes with `weights_of`'s weights, on its backend (nothing is copied; it sees every
+  // update): evaluation at a batch of its own beside a training model. It holds no scratch of
+  // its own: the training model's serves it (same seq_len, attention kernels, RoPE), so
+  // `weights_of` must outlive it.
+  LlamaModel(LlamaModel& weights_of, Arena& arena, int max_batch);
   // Where the backward hands projected tensors' dy and x and, with fused updates, each dense
   // gradient as it completes (model/gradient_sink.h).
   void set_gradient_sink(GradientSink* sink) { sink_ = sink; }
@@ -157,6 +171,7 @@ class LlamaModel {
     return {weight(t), master_ ? master_ + t.offset : nullptr};
   }
   int seq_len() const { return T_; }
+  int max_batch() const { return max_B_; }
 
   // HF-style initialisation: normal(0, initializer_range) for embeddings and projections, norm
   // gains 1. Each tensor draws its own counter-based stream, so the result is reproducible.
@@ -224,7 +239,12 @@ class LlamaModel {
   int begin_head_gradient();
   // After it (ws_.dnorm = d loss / d nf, lm_head's gradient formed): the rest of the backward.
   void backward_from_head(int lm_head);
+  // The constructors' work: weights_of null, the model's own weights.
+  void build(Arena& arena, const std::vector<std::string>& projected, LlamaModel* weights_of);
   void allocate_activations(Arena& arena, int64_t N, int NH);
+  // A forward-only model's head: logits in chunks of head rows, each chunk's loss summed into its
+  // own fp64 (head_loss_sums_), the chunks added on the host in order. Returns the mean.
+  double forward_only_head(int64_t N);
   // Layer l's forward from acts_[l].x_in and its norm n1, to the next layer's x_in and n1 (or
   // x_out_ and nf_). `to_output` false is the recomputation of activation checkpointing: it makes
   // n1 from x_in and stops after what the backward reads (down_proj and the residual are not
@@ -323,6 +343,9 @@ class LlamaModel {
   void* nf_ = nullptr;          // [N, C] final norm output
   void* logits_ = nullptr;      // [head_rows, V]; on the CPU, dlogits after backward()
   float* lse_ = nullptr;        // [N]
+  void* forward_stream_[2] = {};    // forward-only: the residual stream, layer l's input in [l % 2]
+  int64_t head_chunk_rows_ = 0;     // forward-only: rows of logits_ and of each head call
+  double* head_loss_sums_ = nullptr;  // forward-only: one fp64 per chunk of head rows
   int64_t valid_ = 0;           // valid targets of the last forward
   // The summed loss of each queued forward (backend memory, fp64 [kLossSlots]) and, on the host,
   // its valid targets; full slots are read into losses_ready_ (means) when more are needed.

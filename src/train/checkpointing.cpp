@@ -9,6 +9,7 @@
 #include "src/core/error.h"
 #include "src/core/format.h"
 #include "src/io/safetensors.h"
+#include "src/model/hf_weights.h"
 
 namespace grass {
 
@@ -33,47 +34,25 @@ std::vector<Arena::Block> state_blocks(const Arena& arena, const void* params) {
   return out;
 }
 
-// The weights as the forward reads them: fp32 on the CPU, bf16 on the GPU (exact bits either way).
-const char* weight_dtype(const LlamaModel& model) {
-  return model.storage().weight_bytes == 2 ? "BF16" : "F32";
-}
-
-void flatten(const json& j, const std::string& prefix, std::map<std::string, json>& out) {
-  if (j.is_object() && !j.empty()) {
-    for (const auto& [key, value] : j.items())
-      flatten(value, prefix.empty() ? key : prefix + "." + key, out);
-  } else {
-    out[prefix] = j;
-  }
-}
-
 // One warning line per key whose value differs between the checkpoint's config and this run's.
 void warn_config_changes(const Checkpoint& checkpoint, const RunConfig& cfg) {
   if (!checkpoint.has(kConfigFile)) return;
-  std::map<std::string, json> saved, now;
-  flatten(checkpoint.read_json(kConfigFile), "", saved);
-  flatten(to_json(cfg), "", now);
-  std::set<std::string> keys;
-  for (const auto& [k, v] : saved) keys.insert(k);
-  for (const auto& [k, v] : now) keys.insert(k);
   constexpr int kShown = 8;
-  int differences = 0;
-  for (const std::string& key : keys) {
-    if (!changes_results(key)) continue;
-    const json a = saved.count(key) ? saved[key] : json(), b = now.count(key) ? now[key] : json();
-    if (a == b) continue;
-    if (++differences > kShown) continue;
-    std::string shown = key;  // from a file: no control characters on the terminal
+  const std::vector<ConfigDifference> differences =
+      result_differences(checkpoint.read_json(kConfigFile), to_json(cfg));
+  for (size_t i = 0; i < differences.size() && i < size_t(kShown); i++) {
+    const ConfigDifference& d = differences[i];
+    std::string shown = d.key;  // from a file: no control characters on the terminal
     std::replace_if(shown.begin(), shown.end(), [](char c) { return (unsigned char)c < 0x20; }, '?');
     std::fprintf(stderr,
                  "warning: resuming with %s = %s, but checkpoint %s was made with %s: the run "
                  "will not match an uninterrupted one\n",
-                 shown.c_str(), b.dump().c_str(), checkpoint.dir().c_str(),
-                 a.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+                 shown.c_str(), d.now.dump().c_str(), checkpoint.dir().c_str(),
+                 d.saved.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   }
-  if (differences > kShown)
+  if (differences.size() > size_t(kShown))
     std::fprintf(stderr, "warning: ... and %d more run config keys differ from %s/config.json\n",
-                 differences - kShown, checkpoint.dir().c_str());
+                 int(differences.size()) - kShown, checkpoint.dir().c_str());
 }
 
 // state.json and state.safetensors of a checkpoint being restored, as the optimizers read them.
@@ -131,23 +110,11 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
     model.backend().download(host_copies.back().data(), p, size_t(bytes));
     return host_copies.back().data();
   };
-  const int wbytes = model.storage().weight_bytes;
   std::string dir;
   {
     CheckpointWriter writer(root, step);
     SafetensorsWriter weights;
-    const auto* weight_bytes =
-        static_cast<const std::byte*>(host_view(params, model.num_stored_params() * wbytes));
-    std::vector<std::vector<std::byte>> unpadded;  // padded tensors in Hugging Face's layout
-    for (const ParamTensor& t : model.tensors()) {
-      const std::byte* bytes = weight_bytes + t.offset * wbytes;
-      if (t.padded()) {
-        std::vector<std::byte>& hf = unpadded.emplace_back(size_t(t.hf_numel) * wbytes);
-        stored_to_hf(t, bytes, hf.data(), wbytes);
-        bytes = hf.data();
-      }
-      weights.add(t.name, weight_dtype(model), t.hf_shape, bytes, size_t(t.hf_numel) * wbytes);
-    }
+    add_hf_tensors(weights, model, host_copies);
     weights.write(writer.file_path(kModelFile), {{"format", "pt"}});
     writer.add_written(kModelFile);
 
@@ -228,9 +195,9 @@ void verify_weights(const SafetensorsFile& weights, const LlamaModel& model) {
     if (!weights.contains(t.name))
       throw UserError(weights.path() + ": tensor " + t.name + " is missing" + kMismatch);
     const TensorEntry& e = weights.get(t.name);
-    if (e.dtype != weight_dtype(model) || e.shape != t.hf_shape)
+    if (e.dtype != hf_weight_dtype(model) || e.shape != t.hf_shape)
       throw UserError(weights.path() + ": tensor " + t.name + " is " + e.dtype + " " +
-                      shape_str(e.shape) + ", this run needs " + weight_dtype(model) + " " +
+                      shape_str(e.shape) + ", this run needs " + hf_weight_dtype(model) + " " +
                       shape_str(t.hf_shape) + kMismatch);
   }
   if (weights.names().size() != model.tensors().size())

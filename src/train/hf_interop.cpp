@@ -1,5 +1,8 @@
 #include "src/train/hf_interop.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <optional>
@@ -8,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/config/config.h"
+#include "src/config/json_check.h"
 #include "src/core/arena.h"
 #include "src/core/bf16.h"
 #include "src/core/error.h"
@@ -63,6 +67,34 @@ void load_hf_model(LlamaModel& model, const std::string& path) {
                       " embeddings): the weights belong to another architecture");
 }
 
+namespace {
+
+constexpr const char* kRunFile = "grass_run.json";  // in a final model: which step, why it ended
+
+// The final model's step, from its grass_run.json (0 when it has none).
+int64_t final_model_step(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir + "/" + kRunFile, ec)) return 0;
+  const json run = json_check::read_json_file(dir + "/" + kRunFile);
+  return run.is_object() && run.contains("step") && run["step"].is_number_integer()
+             ? run["step"].get<int64_t>()
+             : 0;
+}
+
+ExportSource final_model_source(const std::string& dir) {
+  std::error_code ec;
+  ExportSource s;
+  s.dir = dir;
+  s.step = final_model_step(dir);
+  s.description = "final model " + dir + " (step " + std::to_string(s.step) + ")";
+  s.weights = dir + "/model.safetensors";
+  s.model = load_model_config(dir + "/config.json");
+  if (fs::exists(dir + "/tokenizer.model", ec)) s.tokenizer = dir + "/tokenizer.model";
+  return s;
+}
+
+}  // namespace
+
 std::string final_model_dir(const std::string& out_dir) { return out_dir + "/model"; }
 
 LoadedWeights load_model_weights(LlamaModel& model, const std::string& path) {
@@ -85,55 +117,120 @@ LoadedWeights load_model_weights(LlamaModel& model, const std::string& path) {
   }
   if (const std::optional<Checkpoint> checkpoint = newest_valid_checkpoint(path, false)) {
     load_hf_model(model, checkpoint->path("model.safetensors"));
-    return {"checkpoint " + checkpoint->dir(),
+    return {"checkpoint " + checkpoint->dir() + " (step " + std::to_string(checkpoint->step()) + ")",
             checkpoint->has("tokenizer.model") ? checkpoint->path("tokenizer.model") : ""};
   }
   if (const std::string final_model = final_model_dir(path); is_hf_dir(final_model)) {
     load_hf_model(model, final_model);
-    return {"final model " + final_model, tokenizer_in(final_model)};
+    return {final_model_source(final_model).description, tokenizer_in(final_model)};
   }
   throw UserError(path + ": no weights there: not a .safetensors file, a Hugging Face model "
                   "directory, a checkpoint, or a run's out_dir with checkpoints or a final model (" +
                   final_model_dir(path) + ")");
 }
 
-ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir, bool bf16,
-                       const std::string& tokenizer) {
+namespace {
+
+// config.json (LlamaConfig, with the weights' dtype and the tokenizer's special ids) and, with a
+// tokenizer, tokenizer.model and tokenizer_config.json: what transformers reads beside the
+// weights.
+void write_hf_metadata(const std::string& dir, const ModelConfig& mc, bool bf16,
+                       const std::optional<Tokenizer>& tok, const std::string& tokenizer_path) {
+  json config = to_json(mc);
+  config["torch_dtype"] = bf16 ? "bfloat16" : "float32";
+  config["use_cache"] = true;
+  if (tok) {
+    if (tok->bos_id() >= 0) config["bos_token_id"] = tok->bos_id();
+    if (tok->eos_id() >= 0) config["eos_token_id"] = tok->eos_id();
+  }
+  write_file_durably(dir + "/config.json", config.dump(2) + "\n");
+  if (!tok) return;
+  const auto piece = [&](int id) -> json { return id >= 0 ? json(tok->pieces({id})[0]) : json(nullptr); };
+  const json tokenizer_config = {{"tokenizer_class", "LlamaTokenizer"},
+                                 {"bos_token", piece(tok->bos_id())},
+                                 {"eos_token", piece(tok->eos_id())},
+                                 {"unk_token", piece(tok->unk_id())},
+                                 {"pad_token", nullptr},
+                                 {"add_bos_token", tok->bos_id() >= 0},
+                                 {"add_eos_token", false},
+                                 {"model_max_length", mc.max_position_embeddings},
+                                 {"clean_up_tokenization_spaces", false}};
+  copy_file_durably(tokenizer_path, dir + "/tokenizer.model");
+  write_file_durably(dir + "/tokenizer_config.json", tokenizer_config.dump(2) + "\n");
+}
+
+// The tokenizer at `path` ("": none) into `tok`, checked against the model's vocabulary.
+void open_tokenizer(std::optional<Tokenizer>& tok, const std::string& path, const ModelConfig& mc) {
+  if (path.empty()) return;
+  tok.emplace(path);
+  if (tok->vocab_size() > uint32_t(mc.vocab_size))
+    throw UserError(path + ": " + std::to_string(tok->vocab_size()) +
+                    " pieces, more than the model's vocab_size " + std::to_string(mc.vocab_size));
+}
+
+}  // namespace
+
+ExportSource export_source(const Checkpoint& checkpoint) {
   const std::string config_path = checkpoint.path("config.json");
   const json run = checkpoint.read_json("config.json");
   if (!run.is_object() || !run.contains("model"))
     throw UserError(config_path + ": not a run config with an inline \"model\"");
-  const ModelConfig mc = parse_model_config(run["model"], config_path + ": model");
+  ExportSource s;
+  s.dir = checkpoint.dir();
+  s.step = checkpoint.step();
+  s.description = "checkpoint " + checkpoint.dir() + " (step " + std::to_string(s.step) + ")";
+  s.weights = checkpoint.path("model.safetensors");
+  s.model = parse_model_config(run["model"], config_path + ": model");
+  if (checkpoint.has("tokenizer.model")) s.tokenizer = checkpoint.path("tokenizer.model");
+  return s;
+}
+
+ExportSource export_source(const std::string& path) {
+  std::error_code ec;
+  const bool is_final_model = fs::exists(path + "/" + kRunFile, ec);
+  if (is_final_model) return final_model_source(path);
+  if (const std::optional<Checkpoint> checkpoint = newest_valid_checkpoint(path, false))
+    return export_source(*checkpoint);
+  if (fs::exists(final_model_dir(path) + "/" + kRunFile, ec))
+    return final_model_source(final_model_dir(path));
+  throw UserError(path + ": no checkpoint and no final model there (a run writes " +
+                  final_model_dir("<out_dir>") + " at its end, and checkpoints to "
+                  "<out_dir>/checkpoints when checkpoint_every > 0)");
+}
+
+ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir, bool bf16,
+                       const std::string& tokenizer) {
+  return export_hf(export_source(checkpoint), out_dir, bf16, tokenizer);
+}
+
+ExportResult export_hf(const ExportSource& source, const std::string& out_dir, bool bf16,
+                       const std::string& tokenizer) {
+  const ModelConfig& mc = source.model;
   Arena planning(/*planning=*/true);
   const LlamaModel layout(mc, planning, 1, 1);  // names and shapes only; nothing is allocated
 
-  const SafetensorsFile weights(checkpoint.path("model.safetensors"));
+  const SafetensorsFile weights(source.weights);
   for (const ParamTensor& t : layout.tensors()) {
     if (!weights.contains(t.name))
       throw UserError(weights.path() + ": tensor " + t.name + " is missing");
     const TensorEntry& e = weights.get(t.name);
     if ((e.dtype != "F32" && e.dtype != "BF16") || e.shape != t.hf_shape)  // CPU runs, GPU runs
       throw UserError(weights.path() + ": tensor " + t.name + " is " + e.dtype + " " +
-                      shape_str(e.shape) + ", the checkpoint's config needs F32 or BF16 " +
+                      shape_str(e.shape) + ", the model config needs F32 or BF16 " +
                       shape_str(t.hf_shape));
   }
 
-  std::string tokenizer_path = tokenizer;
-  if (tokenizer_path.empty() && checkpoint.has("tokenizer.model"))
-    tokenizer_path = checkpoint.path("tokenizer.model");
+  const std::string tokenizer_path = tokenizer.empty() ? source.tokenizer : tokenizer;
   std::optional<Tokenizer> tok;
-  if (!tokenizer_path.empty()) {
-    tok.emplace(tokenizer_path);
-    if (tok->vocab_size() > uint32_t(mc.vocab_size))
-      throw UserError(tokenizer_path + ": " + std::to_string(tok->vocab_size()) +
-                      " pieces, more than the model's vocab_size " + std::to_string(mc.vocab_size));
-  }
+  open_tokenizer(tok, tokenizer_path, mc);
 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw UserError(out_dir + ": cannot create: " + ec.message());
-  if (fs::equivalent(out_dir, checkpoint.dir(), ec))
-    throw UserError(out_dir + ": is the checkpoint itself; export into another directory");
+  if (fs::equivalent(out_dir, source.dir, ec))
+    throw UserError(out_dir + ": is the " + (source.description.starts_with("checkpoint")
+                                                 ? "checkpoint" : "model") +
+                    " itself; export into another directory");
   if (fs::exists(out_dir + "/model.safetensors.index.json", ec))
     throw UserError(out_dir + ": holds model.safetensors.index.json, which Hugging Face would load "
                     "instead of the exported model.safetensors; export into another directory");
@@ -163,35 +260,52 @@ ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir,
   const std::string model_path = out_dir + "/model.safetensors";
   out.write(model_path, {{"format", "pt"}});
   result.weight_bytes = fs::file_size(model_path, ec);
-
-  json config = to_json(mc);
-  config["torch_dtype"] = bf16 ? "bfloat16" : "float32";
-  config["use_cache"] = true;
-  if (tok) {
-    if (tok->bos_id() >= 0) config["bos_token_id"] = tok->bos_id();
-    if (tok->eos_id() >= 0) config["eos_token_id"] = tok->eos_id();
-  }
-  write_file_durably(out_dir + "/config.json", config.dump(2) + "\n");
-
-  if (tok) {
-    const auto piece = [&](int id) -> json {
-      return id >= 0 ? json(tok->pieces({id})[0]) : json(nullptr);
-    };
-    const json tokenizer_config = {{"tokenizer_class", "LlamaTokenizer"},
-                                   {"bos_token", piece(tok->bos_id())},
-                                   {"eos_token", piece(tok->eos_id())},
-                                   {"unk_token", piece(tok->unk_id())},
-                                   {"pad_token", nullptr},
-                                   {"add_bos_token", tok->bos_id() >= 0},
-                                   {"add_eos_token", false},
-                                   {"model_max_length", mc.max_position_embeddings},
-                                   {"clean_up_tokenization_spaces", false}};
-    copy_file_durably(tokenizer_path, out_dir + "/tokenizer.model");
-    write_file_durably(out_dir + "/tokenizer_config.json", tokenizer_config.dump(2) + "\n");
-    result.tokenizer = tokenizer_path;
-  }
+  write_hf_metadata(out_dir, mc, bf16, tok, tokenizer_path);
+  if (tok) result.tokenizer = tokenizer_path;
   fsync_directory(out_dir);
   return result;
+}
+
+std::string save_final_model(LlamaModel& model, const RunConfig& cfg, int64_t step,
+                             const std::string& stopped_by) {
+  const std::string final_dir = final_model_dir(cfg.out_dir);
+  const std::string tmp = cfg.out_dir + "/.model.tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw UserError(tmp + ": cannot create: " + ec.message());
+  const bool bf16 = std::string(hf_weight_dtype(model)) == "BF16";
+  {
+    SafetensorsWriter writer;
+    std::vector<std::vector<std::byte>> keep;
+    add_hf_tensors(writer, model, keep);
+    writer.write(tmp + "/model.safetensors", {{"format", "pt"}});
+  }
+  std::optional<Tokenizer> tok;
+  open_tokenizer(tok, cfg.tokenizer, model.config());
+  write_hf_metadata(tmp, model.config(), bf16, tok, cfg.tokenizer);
+  const nlohmann::ordered_json run = {{"step", step},
+                    {"steps", cfg.steps},
+                    {"stopped_by", stopped_by.empty() ? json(nullptr) : json(stopped_by)},
+                    {"run_config", to_json(cfg)}};
+  write_file_durably(tmp + "/" + kRunFile, run.dump(2) + "\n");
+  fsync_directory(tmp);
+  // The new directory takes the old one's name in one step where the file system can exchange
+  // two names; else the old one goes first (a kill in between leaves the new one under .model.tmp,
+  // and the next save starts over).
+  if (fs::exists(final_dir, ec)) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      fs::remove_all(final_dir, ec);
+      fs::rename(tmp, final_dir, ec);
+    }
+    fs::remove_all(tmp, ec);
+  } else {
+    fs::rename(tmp, final_dir, ec);
+  }
+  if (ec || !fs::exists(final_dir + "/" + kRunFile))
+    throw UserError(final_dir + ": cannot move the final model into place: " + ec.message());
+  fsync_directory(cfg.out_dir);
+  return final_dir;
 }
 
 }  // namespace grass

@@ -38,11 +38,36 @@ struct ExportResult {
   std::string tokenizer;      // the tokenizer model copied, "" when none
 };
 
+// A model to export: its weights (a model.safetensors with Hugging Face names, F32 or BF16) and
+// the model config and tokenizer that came with them.
+struct ExportSource {
+  std::string description;  // for output lines: "checkpoint runs/x/checkpoints/step_00000600"
+  std::string dir;          // the directory it is read from (an export must go elsewhere)
+  int64_t step = 0;         // the optimizer steps the weights had
+  std::string weights;      // its model.safetensors
+  ModelConfig model;
+  std::string tokenizer;    // "" when none came with it
+};
+// A checkpoint (verified first), a run's final model (<out_dir>/model), or a run's out_dir: its
+// newest complete checkpoint, else its final model. UserError naming `path` when it is none.
+ExportSource export_source(const std::string& path);
+ExportSource export_source(const Checkpoint& checkpoint);
+
 // Writes config.json, model.safetensors ("F32" or "BF16", round to nearest even) and, when the
-// checkpoint carries a tokenizer or `tokenizer` names one, tokenizer.model and
+// source carries a tokenizer or `tokenizer` names one, tokenizer.model and
 // tokenizer_config.json into out_dir (created). Every file goes through a temporary name, so
 // an existing export is replaced file by file and a failure leaves no partial file.
+ExportResult export_hf(const ExportSource& source, const std::string& out_dir, bool bf16,
+                       const std::string& tokenizer = "");
 ExportResult export_hf(const Checkpoint& checkpoint, const std::string& out_dir, bool bf16,
                        const std::string& tokenizer = "");
+
+// Writes the model's weights (as trained: F32 on the CPU, BF16 on the GPU) as a Hugging Face
+// model directory, final_model_dir(cfg.out_dir), with the run's tokenizer and grass_run.json
+// (the step, and what stopped the run: "" when it ran to the end, else the signal's name). It is
+// written beside under a temporary name and swapped in whole, so a kill leaves the earlier one or
+// the new one. Returns the directory.
+std::string save_final_model(LlamaModel& model, const RunConfig& cfg, int64_t step,
+                             const std::string& stopped_by);
 
 }  // namespace grass

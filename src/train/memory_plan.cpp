@@ -18,10 +18,11 @@
 
 namespace grass {
 
-MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage) {
+MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage, int eval_batch) {
   Arena planning(/*planning=*/true);
   const std::unique_ptr<Backend> sizes_only = make_planning_backend(storage);
-  const TrainingState s = build_training_state(cfg, planning, *sizes_only);
+  const TrainingState s =
+      build_training_state(cfg, planning, *sizes_only, single_process(), eval_batch);
   MemoryPlan plan;
   for (int c = 0; c < kMemCategories; c++) {
     plan.bytes[c] = planning.bytes(MemCategory(c));
@@ -77,6 +78,73 @@ int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t li
     (fits(mid) ? lo : hi) = mid;
   }
   return int(lo);
+}
+
+int64_t eval_model_bytes(const RunConfig& cfg, const Storage& storage, int batch, bool own_weights) {
+  const std::unique_ptr<Backend> sizes_only = make_planning_backend(storage);
+  ModelMemoryOptions memory = model_memory_options(cfg, storage);
+  if (own_weights) {
+    Arena planning(/*planning=*/true);
+    ModelMemoryOptions forward_only;
+    forward_only.pad_ffn = memory.pad_ffn;
+    forward_only.forward_only = true;
+    const LlamaModel model(cfg.model, planning, batch, cfg.seq_len, {}, *sizes_only, forward_only);
+    return planning.total_bytes();
+  }
+  Arena weights(/*planning=*/true), view(/*planning=*/true);
+  memory.checkpointing = Checkpointing::None;  // only its layout, kernels and scratch matter
+  memory.sampled = {};
+  memory.columns = {};
+  memory.x_in_offload = ActivationOffload::None;
+  LlamaModel of(cfg.model, weights, 1, cfg.seq_len, {}, *sizes_only, memory);
+  const LlamaModel model(of, view, batch);
+  return view.total_bytes();
+}
+
+int resolve_eval_batch(const RunConfig& cfg, const Storage& storage, int64_t eval_tokens,
+                       bool standalone) {
+  const int64_t windows = std::min<int64_t>((eval_tokens + cfg.seq_len - 1) / cfg.seq_len, INT32_MAX);
+  const bool cudnn = storage.cuda && !standalone &&
+                     model_memory_options(cfg, storage).attention == AttentionKernel::Cudnn;
+  if (cfg.eval_batch_size > 0) {
+    if (cudnn && cfg.eval_batch_size > cfg.micro_batch_size)
+      throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "eval_batch_size: " +
+                      std::to_string(cfg.eval_batch_size) + " is above micro_batch_size " +
+                      std::to_string(cfg.micro_batch_size) + ", but cuDNN's attention graphs "
+                      "are built for the micro-batch: lower it, or use attention \"grass\"");
+    return int(std::min<int64_t>(cfg.eval_batch_size, windows));
+  }
+  const int64_t allowance = storage.cuda ? kCudaOutsidePlanBytes : 0;
+  int64_t budget = 0;
+  if (standalone) {
+    budget = cfg.memory_limit > 0 ? cfg.memory_limit - allowance
+                                  : plan_memory(cfg, storage).total + kEvalBudgetBytes;
+  } else {
+    if (cfg.val_files.empty() || cudnn || (storage.cuda && cfg.memory_limit <= 0))
+      return cfg.micro_batch_size;
+    const MemoryPlan base = plan_memory(cfg, storage);
+    budget = cfg.memory_limit > 0
+                 ? cfg.memory_limit - allowance - base.total
+                 : std::max(base.bytes[int(MemCategory::Activations)] +
+                                base.bytes[int(MemCategory::Workspace)],
+                            kEvalBudgetBytes);
+  }
+  const auto fits = [&](int64_t batch) {
+    return eval_model_bytes(cfg, storage, int(batch), standalone) <= budget;
+  };
+  int64_t lo = 1, hi = windows;  // the largest that fits in [1, windows], by bisection
+  if (!fits(lo)) {
+    lo = 0;
+  } else if (fits(hi)) {
+    lo = hi;
+  } else {
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+  }
+  if (standalone) return int(std::max<int64_t>(lo, 1));  // one sequence at the least
+  return int(std::max<int64_t>(lo, cfg.micro_batch_size));
 }
 
 namespace {

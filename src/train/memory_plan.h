@@ -35,7 +35,9 @@ struct MemoryPlan {
   double flops_per_token = 0;  // training FLOPs per token, as MFU counts them (training_state.h)
 };
 
-MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage);
+// eval_batch: the sequences an evaluation forward takes (resolve_eval_batch); 0, or at most
+// micro_batch_size: the training model evaluates and nothing is added.
+MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage, int eval_batch = 0);
 
 // What a CUDA process holds on the device outside the plan: the context, cuBLAS's, cuDNN's and
 // NCCL's own memory, kernels' local memory. Measured once: LLaMA-13B GRASS on an H200 held 29.40
@@ -45,6 +47,27 @@ constexpr int64_t kCudaOutsidePlanBytes = int64_t(1.01 * double(int64_t(1) << 30
 // The largest micro_batch_size whose plan fits in `limit` bytes, the number of micro-batches per
 // step kept; 0 when not even one sequence fits.
 int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t limit);
+
+// The sequences an evaluation forward takes: eval_batch_size, or for "auto" the most that memory
+// allows, never more than the windows of eval_tokens (ceil(eval_tokens / seq_len)):
+// - beside training (standalone false), the evaluation model comes on top of the training plan:
+//   under a memory_limit, it takes what the plan leaves (less kCudaOutsidePlanBytes on the GPU);
+//   without one, on the CPU, up to the training plan's activations and workspace or
+//   kEvalBudgetBytes, whichever is more; on the GPU, without a memory_limit, nothing (the engine
+//   does not know how much of the card is the run's), and with cuDNN's attention neither (its
+//   graphs are built for micro_batch_size). A result of at most micro_batch_size means the
+//   training model evaluates.
+// - `grass eval` alone (standalone true): its forward-only model with its own weights takes up to
+//   memory_limit (less the allowance on the GPU), or else what the training plan would take, and
+//   kEvalBudgetBytes more.
+// UserError for an explicit eval_batch_size that cannot run (above micro_batch_size with cuDNN's
+// attention on the GPU).
+constexpr int64_t kEvalBudgetBytes = int64_t(256) << 20;
+int resolve_eval_batch(const RunConfig& cfg, const Storage& storage, int64_t eval_tokens,
+                       bool standalone);
+// The bytes of a forward-only model for `batch` sequences: with its own weights and scratch
+// (`grass eval`), or as a view of a training model's weights.
+int64_t eval_model_bytes(const RunConfig& cfg, const Storage& storage, int batch, bool own_weights);
 
 // cfg.memory_limit against the plan: UserError when the plan is over it, with the breakdown and the
 // largest micro-batch that would fit (and what activation checkpointing would allow).

@@ -1,7 +1,9 @@
 #include "src/train/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -25,12 +27,31 @@
 #include "src/train/hf_interop.h"
 #include "src/train/memory_plan.h"
 #include "src/train/metrics.h"
+#include "src/train/out_dir.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
 
 namespace grass {
 
 namespace {
+
+const char* signal_name(int signal) {
+  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "";
+}
+
+// --overwrite moves out_dir aside, so a checkpoint to resume from must lie elsewhere.
+void check_overwrite(const RunConfig& cfg, const std::string& resume) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(cfg.out_dir, ec) && !fs::is_directory(cfg.out_dir, ec))
+    throw UserError(cfg.out_dir + ": out_dir is a file, not a directory; choose another out_dir");
+  if (resume.empty()) return;
+  const fs::path dir = fs::weakly_canonical(cfg.out_dir, ec), from = fs::weakly_canonical(resume, ec);
+  if (std::mismatch(dir.begin(), dir.end(), from.begin(), from.end()).first == dir.end())
+    throw UserError("--resume " + resume + " lies inside out_dir " + cfg.out_dir +
+                    ", which --overwrite moves aside: resume without --overwrite, or from a "
+                    "checkpoint elsewhere");
+}
 
 // A training run, opened: its inputs checked, its state built on the chosen backend, its starting
 // point loaded (a checkpoint, pretrained weights or the seed) and, on rank 0, out_dir locked and
@@ -45,7 +66,12 @@ class Run {
   void report_late_allocations(const Backend::DeviceMemory& device) const;
   bool log(const StepMetrics& m);  // the step line when it is due; true if it printed
   void maybe_evaluate(int64_t step, TrainResult& result);
-  void maybe_checkpoint(int64_t step, bool logged);
+  void maybe_checkpoint(int64_t step, bool logged, bool now = false);
+  // Every rank's answer to "did a signal ask us to stop?", the same on all of them.
+  bool stop_requested(int signal) const;
+  // After the last step this call ran (`steps_done` in all): the weights kept where grass eval,
+  // sample and export find them. Returns where.
+  std::string save_final(int64_t steps_done, int stop_signal);
   void summarize(const TrainResult& result, double first_step_rate) const;
 
   RunConfig cfg;  // as given, with offload "auto" resolved (build_state)
@@ -54,11 +80,12 @@ class Run {
   const bool launched;  // under a launcher (mpirun), even with one rank
   int64_t start_step = 0;
   std::string resumed_from;  // the checkpoint's directory, "" for a fresh start
+  std::string moved_to;      // --overwrite: where out_dir's earlier contents went; "" if nowhere
 
  private:
   void check_inputs();
   void build_state();
-  void load_starting_point(const std::string& resume);
+  void load_starting_point(const std::string& resume, bool overwrite);
   void open_out_dir();
   void print_model_lines() const;
   void print_optimizer_lines() const;
@@ -81,6 +108,7 @@ class Run {
   Backend::DeviceMemory device_at_reservation_;  // the GPU's memory once the run's is reserved
   std::optional<MetricsWriter> metrics_;  // rank 0's
   double flops_per_token_ = 0;
+  int eval_batch_ = 0;  // sequences an evaluation forward takes (resolve_eval_batch)
 };
 
 // Everything that can fail on user input happens before out_dir is touched.
@@ -91,8 +119,14 @@ Run::Run(const RunConfig& c, const TrainOptions& options)
       launched(&comm != &single_process()) {
   GRASS_CHECK(cfg.ranks == comm.world(), "a run config checked for another number of ranks");
   check_inputs();
+  if (options.overwrite)
+    check_overwrite(cfg, options.resume);
+  else
+    check_out_dir(cfg, !options.resume.empty());
   build_state();
-  load_starting_point(options.resume);
+  if (leader && options.overwrite && out_dir_has_contents(cfg.out_dir))
+    moved_to = move_out_dir_aside(cfg.out_dir);
+  load_starting_point(options.resume, options.overwrite);
   flops_per_token_ = flops_per_token(state_);
   if (leader) open_out_dir();
 }
@@ -122,8 +156,18 @@ void Run::build_state() {
     cfg = std::move(choice.cfg);
     offload_why_ = std::move(choice.why);
   }
-  const MemoryPlan plan = plan_memory(cfg, backend_->storage());
-  check_memory_limit(cfg, backend_->storage(), plan);
+  const Storage& storage = backend_->storage();
+  if (evaluator_ || comm.world() > 1)  // every rank plans the same memory; rank 0 evaluates
+    eval_batch_ = resolve_eval_batch(cfg, storage, cfg.eval_tokens, /*standalone=*/false);
+  const MemoryPlan plan = plan_memory(cfg, storage, eval_batch_);
+  if (cfg.memory_limit > 0 && plan.total > cfg.memory_limit &&
+      plan_memory(cfg, storage).total <= cfg.memory_limit)
+    throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "eval_batch_size: " +
+                    std::to_string(cfg.eval_batch_size) + " sequences take " +
+                    format_bytes(plan.total - plan_memory(cfg, storage).total) +
+                    ", which puts the run over its memory_limit of " +
+                    format_bytes(cfg.memory_limit) + "; lower it, or leave it \"auto\"");
+  check_memory_limit(cfg, storage, plan);
   const ModelConfig& m = cfg.model;
   const ProjectionConfig& g = cfg.optimizer.projection;
   backend_->prepare_attention(
@@ -140,17 +184,18 @@ void Run::build_state() {
   backend_->reserve(plan.total, plan.buffers);
   device_at_reservation_ = backend_->device_memory();
   arena_ = std::make_unique<Arena>(false, *backend_, &backend_->host_tier());
-  state_ = build_training_state(cfg, *arena_, *backend_, *grads_comm_);
+  state_ = build_training_state(cfg, *arena_, *backend_, *grads_comm_, eval_batch_);
 }
 
 // out_dir is created and locked first, so no other run writes checkpoints while they are read;
 // its files are not touched until the starting point has been read and checked.
-void Run::load_starting_point(const std::string& resume) {
+void Run::load_starting_point(const std::string& resume, bool overwrite) {
   if (leader) lock_.emplace(cfg.out_dir);
   const std::string root = checkpoint_root(cfg);
-  const std::optional<Checkpoint> checkpoint = resume.empty()
-                                                   ? newest_valid_checkpoint(root, false)
-                                                   : newest_valid_checkpoint(resume, true);
+  const std::optional<Checkpoint> checkpoint =
+      !resume.empty() ? newest_valid_checkpoint(resume, true)
+      : overwrite     ? std::nullopt  // out_dir was moved aside (on rank 0): a fresh start
+                      : newest_valid_checkpoint(root, false);
   if (checkpoint) {
     // Skipped damaged checkpoints aside, a named older checkpoint must not sit below newer ones.
     for (const CheckpointEntry& e : list_checkpoints(root))
@@ -159,7 +204,15 @@ void Run::load_starting_point(const std::string& resume) {
                         std::to_string(checkpoint->step()) + "); resuming there would mix two " +
                         "histories in one out_dir: move the later checkpoints away or train " +
                         "into a new out_dir");
-    const RestoredRun restored = restore_checkpoint(*checkpoint, cfg, *arena_, state_, *loader_);
+    const VerifiedCheckpoint verified =
+        verify_checkpoint(*checkpoint, cfg, *arena_, state_, *loader_);
+    if (verified.step >= cfg.steps)
+      throw UserError(resume.empty() ? finished_run_error(cfg, verified.step)
+                                     : checkpoint->dir() + ": the run is finished there (step " +
+                                           std::to_string(verified.step) + " of steps " +
+                                           std::to_string(cfg.steps) +
+                                           "); raise steps to train further");
+    const RestoredRun restored = apply_checkpoint(verified, state_, *loader_);
     start_step = restored.step;
     checkpoint_metrics_rows_ = restored.metrics_rows;
     resumed_from = checkpoint->dir();
@@ -178,8 +231,9 @@ void Run::load_starting_point(const std::string& resume) {
 void Run::open_out_dir() {
   const std::string root = checkpoint_root(cfg);
   remove_checkpoint_leftovers(root);
+  std::error_code ec;
+  std::filesystem::remove_all(cfg.out_dir + "/.model.tmp", ec);  // an interrupted save_final
   if (cfg.checkpoint_every > 0) {  // an unwritable place fails now, not after the first steps
-    std::error_code ec;
     std::filesystem::create_directories(root, ec);
     if (ec) throw UserError(root + ": cannot create the checkpoint directory: " + ec.message());
   }
@@ -304,16 +358,19 @@ void Run::print_memory_lines() const {
     std::printf("  MFU           achieved FLOP/s over %.0f TFLOP/s (the device's dense bf16 peak)\n",
                 backend_->peak_flops() / 1e12);
   std::printf("  memory\n%s", arena_->report().c_str());
-  std::printf("  out_dir       %s\n", cfg.out_dir.c_str());
+  std::printf("  out_dir       %s%s\n", cfg.out_dir.c_str(),
+              moved_to.empty() ? ""
+                               : (" (its earlier contents moved to " + moved_to + ": --overwrite)").c_str());
 }
 
 void Run::print_run_lines() const {
   if (evaluator_)
-    std::printf("  eval          first %lld tokens of %s, %s\n", (long long)cfg.eval_tokens,
-                evaluator_->stream().describe().c_str(),
+    std::printf("  eval          first %lld tokens of %s, %s, %d sequences a forward%s\n",
+                (long long)cfg.eval_tokens, evaluator_->stream().describe().c_str(),
                 cfg.eval_every > 0
                     ? ("every " + std::to_string(cfg.eval_every) + " steps and at the end").c_str()
-                    : "after the last step");
+                    : "after the last step",
+                eval_batch_, state_.eval_model ? " (a forward-only model on the same weights)" : "");
   if (cfg.checkpoint_every > 0)
     std::printf("  checkpoints   every %lld steps and after the last, into %s; keep the last %lld%s\n",
                 (long long)cfg.checkpoint_every, checkpoint_root(cfg).c_str(),
@@ -416,7 +473,8 @@ bool Run::log(const StepMetrics& m) {
 void Run::maybe_evaluate(int64_t step, TrainResult& result) {
   const bool due = (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || step + 1 == cfg.steps;
   if (!evaluator_ || !due) return;
-  const EvalResult eval = evaluator_->evaluate(*state_.model, cfg.micro_batch_size);
+  LlamaModel& model = state_.eval_model ? *state_.eval_model : *state_.model;
+  const EvalResult eval = evaluator_->evaluate(model, std::min(eval_batch_, model.max_batch()));
   const EvalMetrics e{step + 1, eval.loss, eval.perplexity, eval.tokens};
   metrics_->write_eval(e);
   std::printf("%s\n", format_eval_line(e).c_str());
@@ -425,9 +483,9 @@ void Run::maybe_evaluate(int64_t step, TrainResult& result) {
 }
 
 // Every rank's loader position goes into the checkpoint, for a resume on as many ranks.
-void Run::maybe_checkpoint(int64_t step, bool logged) {
+void Run::maybe_checkpoint(int64_t step, bool logged, bool now) {
   if (cfg.checkpoint_every <= 0 ||
-      ((step + 1) % cfg.checkpoint_every != 0 && step + 1 != cfg.steps))
+      (!now && (step + 1) % cfg.checkpoint_every != 0 && step + 1 != cfg.steps))
     return;
   const auto c0 = std::chrono::steady_clock::now();
   std::vector<LoaderPosition> positions;
@@ -447,10 +505,28 @@ void Run::maybe_checkpoint(int64_t step, bool logged) {
   }
 }
 
+bool Run::stop_requested(int signal) const {
+  if (comm.world() == 1) return signal != 0;
+  const std::vector<uint64_t> all = comm.all_gather(uint64_t(signal != 0));
+  return std::any_of(all.begin(), all.end(), [](uint64_t s) { return s != 0; });
+}
+
+std::string Run::save_final(int64_t steps_done, int stop_signal) {
+  const bool checkpointed = cfg.checkpoint_every > 0 &&
+                            (steps_done % cfg.checkpoint_every == 0 || steps_done == cfg.steps);
+  if (cfg.checkpoint_every > 0 && !checkpointed && steps_done > start_step)
+    maybe_checkpoint(steps_done - 1, true, /*now=*/true);  // a stop between checkpoints
+  if (!leader) return "";
+  if (cfg.checkpoint_every > 0)
+    return checkpoint_root(cfg) + "/" + checkpoint_dir_name(steps_done);
+  return save_final_model(*state_.model, cfg, steps_done, signal_name(stop_signal));
+}
+
 // A median needs two timed steps (the first warms caches and pages); fewer, and the line says
 // what the one figure is.
 void Run::summarize(const TrainResult& result, double first_step_rate) const {
-  const int64_t timed = cfg.steps - start_step - 1;
+  const int64_t steps = int64_t(result.losses.size());
+  const int64_t timed = steps - 1;
   const double rate = timed == 0 ? first_step_rate : result.tokens_per_second;
   const char* rate_label = timed >= 2 ? "median " : "";
   const char* rate_note = timed >= 2  ? ""
@@ -460,7 +536,6 @@ void Run::summarize(const TrainResult& result, double first_step_rate) const {
   if (backend_->peak_flops() > 0)
     std::snprintf(mfu, sizeof mfu, ", MFU %.1f%%",
                   100 * rate * flops_per_token_ / backend_->peak_flops());
-  const int64_t steps = cfg.steps - start_step;
   char clipped[64] = "";
   if (cfg.grad_clip > 0)
     std::snprintf(clipped, sizeof clipped, ", clipped %lld (%.0f%%)",
@@ -470,6 +545,37 @@ void Run::summarize(const TrainResult& result, double first_step_rate) const {
               rate_note, mfu, cfg.out_dir.c_str());
 }
 
+// SIGINT and SIGTERM while training: the first asks the loop to stop after the step in flight and
+// save the model; a second ends the process at once, as the signal would have.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action = {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &previous_[0]);
+    sigaction(SIGTERM, &action, &previous_[1]);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &previous_[0], nullptr);
+    sigaction(SIGTERM, &previous_[1], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  static int received() { return received_.load(); }
+
+ private:
+  static void on_signal(int signal) {
+    int none = 0;
+    if (received_.compare_exchange_strong(none, signal)) return;
+    std::signal(signal, SIG_DFL);  // the second one: as if nobody had caught it
+    std::raise(signal);
+  }
+  static inline std::atomic<int> received_{0};
+  struct sigaction previous_[2] = {};
+};
+static_assert(std::atomic<int>::is_always_lock_free, "a signal handler sets it");
+
 }  // namespace
 
 TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
@@ -478,15 +584,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
   TrainResult result;
   result.first_step = run.start_step;
   result.resumed_from = run.resumed_from;
-  if (run.start_step >= cfg.steps) {
-    if (run.leader)
-      std::printf("done: nothing to train, the checkpoint is at step %lld of %lld (raise steps to "
-                  "train further)\n",
-                  (long long)run.start_step, (long long)cfg.steps);
-    return result;
-  }
   std::vector<double> rates;  // tokens/s of the steps after the first
   double first_step_rate = 0, seconds_so_far = 0;
+  const StopSignals signals;
+  int64_t steps_done = run.start_step;
   for (int64_t step = run.start_step; step < cfg.steps; step++) {
     const StepMetrics m = run.step(step, &seconds_so_far);
     const bool logged = run.log(m);
@@ -496,12 +597,32 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options) {
     run.maybe_checkpoint(step, logged);
     if (step > run.start_step) rates.push_back(m.tokens_per_s);
     else first_step_rate = m.tokens_per_s;
+    steps_done = step + 1;
+    if (step + 1 < cfg.steps && run.stop_requested(StopSignals::received())) {
+      result.stop_signal = StopSignals::received() ? StopSignals::received() : SIGTERM;
+      break;
+    }
   }
   if (!rates.empty()) {
     std::sort(rates.begin(), rates.end());
     result.tokens_per_second = rates[rates.size() / 2];
   }
   if (run.leader) run.summarize(result, first_step_rate);
+  result.saved = run.save_final(steps_done, result.stop_signal);
+  if (run.leader) {
+    if (result.stop_signal)
+      std::printf("stopped by %s after step %lld of %lld: %s %s; %s\n",
+                  signal_name(result.stop_signal), (long long)steps_done, (long long)cfg.steps,
+                  cfg.checkpoint_every > 0 ? "checkpoint" : "model saved to",
+                  result.saved.c_str(),
+                  cfg.checkpoint_every > 0
+                      ? "run the same command again to resume"
+                      : "without checkpoints the run cannot be resumed (checkpoint_every)");
+    else
+      std::printf("model %s (grass eval --weights, grass sample and grass export read it from "
+                  "%s)\n", result.saved.c_str(), cfg.out_dir.c_str());
+    std::fflush(stdout);
+  }
   return result;
 }
 

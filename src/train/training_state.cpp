@@ -11,7 +11,7 @@
 namespace grass {
 
 TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend,
-                                   Communicator& comm) {
+                                   Communicator& comm, int eval_batch) {
   TrainingState s;
   s.comm = &comm;
   const OptimizerKind kind = cfg.optimizer.kind;
@@ -46,6 +46,8 @@ TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& 
     s.step = std::make_unique<DeferredStep>(*s.model, *s.optimizers, cfg.grad_clip, arena, comm);
   if (cfg.offload.optimizer_states) s.step->offload_states(arena, cfg.offload.piece_bytes);
   s.model->set_gradient_sink(s.step.get());
+  if (eval_batch > cfg.micro_batch_size)
+    s.eval_model = std::make_unique<LlamaModel>(*s.model, arena, eval_batch);
   return s;
 }
 

@@ -16,6 +16,9 @@ namespace grass {
 
 struct TrainingState {
   std::unique_ptr<LlamaModel> model;
+  // Evaluation's forward-only view of model's weights at a larger batch; null: evaluation runs on
+  // model itself (at most micro_batch_size sequences a forward).
+  std::unique_ptr<LlamaModel> eval_model;
   std::unique_ptr<OptimizerSet> optimizers;  // dense AdamW, and the projected optimizer if any
   std::unique_ptr<StepStrategy> step;        // the model's gradient sink
   Communicator* comm = nullptr;              // the ranks whose gradients each step sums
@@ -23,9 +26,11 @@ struct TrainingState {
 
 // Allocates from `arena` (the backend's memory) with the element sizes of the backend's storage,
 // the model's memory options resolved for it (train/run_resolution.h); with a planning arena
-// nothing is allocated or initialised. comm: the data-parallel ranks.
+// nothing is allocated or initialised. comm: the data-parallel ranks. eval_batch: the sequences
+// an evaluation forward takes (memory_plan.h: resolve_eval_batch); above micro_batch_size, the
+// evaluation model is built for them after everything else.
 TrainingState build_training_state(const RunConfig& cfg, Arena& arena, Backend& backend,
-                                   Communicator& comm = single_process());
+                                   Communicator& comm = single_process(), int eval_batch = 0);
 
 // One optimizer step as the trainer takes it: the forward and backward of this rank's
 // micro-batches (next_batch fills inputs and targets, [micro_batch_size, seq_len] each; a rank
