@@ -51,7 +51,8 @@ out_lacks "data-parallel"
 # one that fits: the largest micro-batch, counted with the allowance
 mem 0 "$big" --memory-limit 40GiB
 first_starts "fits memory_limit 40.00 GiB: LLaMA 13.016B, grass r=256"
-first_has "needs 29.65 GiB (10.35 GiB to spare); the largest micro_batch_size that fits is "
+# (66 sequences would fit a 40 GiB cap on the plan alone: 59 leave room for the 1.26 GiB beyond it)
+first_has "needs 29.65 GiB (10.35 GiB to spare); the largest micro_batch_size that fits is 59 (15104 tokens)"
 
 # not fitting, with a way out: offload "auto" is named, not the floor
 mem 3 "$big" --memory-limit 28GiB
