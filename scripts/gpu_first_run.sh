@@ -700,7 +700,7 @@ step_t7() {
   rc=$?
   if [ $dry = 1 ]; then
     if [ -n "$plan_total" ]; then
-      record T7 dry-run "grass mem: 13B GRASS plan ${plan_gib} GiB, under 40GiB: $(grep -o 'memory_limit [^;]*' "$plan_log" | head -1); run printed"
+      record T7 dry-run "grass mem: 13B GRASS plan ${plan_gib} GiB; its verdict: $(head -1 "$plan_log" | cut -d';' -f1); run printed"
     else
       record T7 "fail (dry-run)" "grass mem failed (log: logs/t7_13b_plan.log)"
     fi

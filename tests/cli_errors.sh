@@ -79,9 +79,10 @@ grep -q "memory plan of $tmp/run.json" "$tmp/stdout" && grep -q "optimizer" "$tm
   passes=$((passes + 1)) || { echo "FAIL: a refused run should print its breakdown"; failures=$((failures + 1)); }
 [ ! -e "$tmp/capped" ] && passes=$((passes + 1)) || { echo "FAIL: a refused run created out_dir"; failures=$((failures + 1)); }
 expect 2 'memory_limit: expected a size such as' -- train "$tmp/run.json" --memory-limit lots
-expect 0 "" -- mem "$tmp/run.json" --memory-limit 1GiB
-grep -q "memory_limit 1.00 GiB: fits" "$tmp/stdout" && passes=$((passes + 1)) || { echo "FAIL: mem --memory-limit should say it fits"; failures=$((failures + 1)); }
-expect 0 "" -- mem "$tmp/run.json" --json --memory-limit 1GiB
+# (a GPU plan: the tiny model's 35 MiB and the 1.26 GiB a card holds beyond it)
+expect 0 "" -- mem "$tmp/run.json" --memory-limit 2GiB
+head -1 "$tmp/stdout" | grep -q "^fits memory_limit 2.00 GiB: " && passes=$((passes + 1)) || { echo "FAIL: mem --memory-limit should say first that it fits"; failures=$((failures + 1)); }
+expect 0 "" -- mem "$tmp/run.json" --json --memory-limit 2GiB
 grep -q '"fits":true' "$tmp/stdout" && passes=$((passes + 1)) || { echo "FAIL: mem --json lacks fits"; failures=$((failures + 1)); }
 expect 2 'fused_update: "on" needs one micro-batch per step' -- train "$tmp/run.json" --set fused_update=on
 # grass mem --ranks: one rank's plan, and a batch the ranks cannot split named

@@ -116,7 +116,7 @@ TEST_CASE("eval_batch_size auto takes what memory allows, and the plan counts it
   for (const grass::Storage& storage : {cpu, gpu}) {
     CAPTURE(storage.cuda);
     const int64_t base = grass::plan_memory(cfg, storage).total;
-    const int64_t allowance = storage.cuda ? grass::kCudaOutsidePlanBytes : 0;
+    const int64_t allowance = grass::beyond_plan_bytes(storage);
     cfg.memory_limit = base + allowance + grass::eval_model_bytes(cfg, storage, 40, false);
     const int batch = grass::resolve_eval_batch(cfg, storage, cfg.eval_tokens, false);
     CHECK(batch == 40);

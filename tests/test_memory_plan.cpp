@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <random>
 
 #include <catch2/catch.hpp>
 
@@ -297,13 +298,181 @@ TEST_CASE("cuDNN attention's workspace is planned by its formula, growing as T s
              Contains("cuDNN attention's workspace 390.0 MiB (grows as seq_len²)"));
   CHECK(nlohmann::json::parse(memory_plan_json(cfg, storage))["cudnn_workspace_bytes"] ==
         cudnn_attention_workspace_bytes(64, 256, 32, 64));
-  // and the free memory the reservation leaves beside it (B7), on the GPU only
+  // and the free memory the reservation leaves beside it (B7), on the GPU only, in the verdict
   CHECK_THAT(format_memory_plans(cfg, storage),
-             Contains("the GPU keeps 256.0 MiB free beyond the total below"));
+             Contains(" + 256.0 MiB the reservation leaves free beside it\n"));
   CHECK(nlohmann::json::parse(memory_plan_json(cfg, storage))["gpu_headroom_bytes"] ==
         kGpuHeadroomBytes);
   RunConfig cpu = cfg;
   cpu.device = DeviceChoice::Cpu;
   cpu.attention = AttentionChoice::Grass;
   CHECK_FALSE(nlohmann::json::parse(memory_plan_json(cpu, planned_storage(cpu))).contains("gpu_headroom_bytes"));
+}
+
+namespace {
+
+const int64_t GiB = int64_t(1) << 30;
+
+RunConfig run_13b(std::vector<std::string> overrides = {}) {
+  overrides.push_back("model=" + std::string(GRASS_SOURCE_DIR) + "/configs/models/llama_13b.json");
+  return load_run_config(std::string(GRASS_SOURCE_DIR) + "/configs/runs/llama_13b_grass.json",
+                         overrides);
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+TEST_CASE("grass mem's verdict: fits or not against the limit with what lies beyond the plan, "
+          "and the largest micro-batch that fits",
+          "[memory][verdict]") {
+  std::random_device fresh;
+  const uint64_t seed = (uint64_t(fresh()) << 32) | fresh();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (const bool cuda : {true, false}) {
+    INFO((cuda ? "CUDA" : "CPU") << " backend");
+    RunConfig cfg = small_run("grass");
+    cfg.micro_batch_size = cfg.total_batch_size = 2 + int(rng() % 7);
+    const Storage storage = storage_for(PrecisionChoice::Bf16, cuda);
+    const MemoryPlan plan = plan_memory(cfg, storage);
+    const int64_t beyond = cuda ? kCudaOutsidePlanBytes + kGpuHeadroomBytes : 0;
+    CHECK(beyond_plan_bytes(storage) == beyond);
+    for (int trial = 0; trial < 6; trial++) {
+      // limits around the run's need: over it, under it, and under what even one sequence needs
+      cfg.memory_limit = plan.total + beyond + int64_t(rng() % 4096) - 3 * 1024 -
+                         (trial == 5 ? plan.total / 2 : 0);
+      INFO("micro-batch " << cfg.micro_batch_size << ", limit " << cfg.memory_limit);
+      const MemoryVerdict v = memory_verdict(cfg, storage);
+      const bool fits = plan.total + beyond <= cfg.memory_limit;
+      CHECK(v.planned == plan.total);
+      CHECK(v.needed == plan.total + beyond);
+      CHECK(v.fits == fits);
+      CHECK(v.exit_code() == (fits ? 0 : kExitDoesNotFit));
+      CHECK(v.line.starts_with((fits ? "fits memory_limit " : "does not fit memory_limit ") +
+                               format_bytes(cfg.memory_limit) + ": "));
+      CHECK(v.line.find('\n') == std::string::npos);
+      // the largest micro-batch is exact at the boundary, what lies beyond the plan counted
+      REQUIRE(v.largest_micro_batch == largest_micro_batch(cfg, storage, cfg.memory_limit - beyond));
+      RunConfig c = cfg;
+      c.micro_batch_size = c.total_batch_size = v.largest_micro_batch;
+      if (v.largest_micro_batch > 0) CHECK(plan_memory(c, storage).total + beyond <= cfg.memory_limit);
+      c.micro_batch_size = c.total_batch_size = v.largest_micro_batch + 1;
+      CHECK(plan_memory(c, storage).total + beyond > cfg.memory_limit);
+      if (fits) CHECK(v.largest_micro_batch >= cfg.micro_batch_size);
+      else CHECK(v.largest_micro_batch < cfg.micro_batch_size);
+      if (v.largest_micro_batch > 0)
+        CHECK_THAT(v.line, Contains("the largest micro_batch_size that fits is " +
+                                    std::to_string(v.largest_micro_batch) + " (" +
+                                    std::to_string(v.largest_micro_batch * 16) + " tokens)"));
+      // the first line of the text is the verdict; the JSON carries it
+      CHECK(first_line(format_memory_plans(cfg, storage)) == v.line);
+      const nlohmann::json j = nlohmann::json::parse(memory_plan_json(cfg, storage))["verdict"];
+      CHECK(j["line"] == v.line);
+      CHECK(j["fits"] == fits);
+      CHECK(j["needed_bytes"] == v.needed);
+      CHECK(j["cuda_outside_plan_bytes"] == (cuda ? kCudaOutsidePlanBytes : 0));
+      CHECK(j["exit_code"] == v.exit_code());
+      CHECK(j["largest_micro_batch"] == v.largest_micro_batch);
+    }
+  }
+}
+
+TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under 24 GiB",
+          "[memory][verdict]") {
+  RunConfig cfg = run_13b({"memory_limit=24GiB"});
+  const Storage storage = planned_storage(cfg);
+  const MemoryVerdict v = memory_verdict(cfg, storage);
+  CHECK_FALSE(v.fits);
+  CHECK(v.exit_code() == kExitDoesNotFit);
+  CHECK(v.largest_micro_batch == 0);
+  CHECK(v.line.starts_with("does not fit memory_limit 24.00 GiB: LLaMA 13.016B, grass r=256, pure "
+                           "bf16, 1 x 256 tokens, checkpointed per layer needs 29.65 GiB"));
+  CHECK_THAT(v.line, Contains("the bf16 weights alone take 24.24 GiB: no placement trains this "
+                              "model under 24.00 GiB without streaming or quantizing weights"));
+  CHECK(v.details.starts_with("  29.65 GiB = 28.39 GiB planned + 1.01 GiB the CUDA context and "
+                              "libraries take outside the plan (measured on an H200) + 256.0 MiB"));
+  // over the weights but under them with what a card holds beyond the plan: both named
+  cfg.memory_limit = 25 * GiB;
+  CHECK_THAT(memory_verdict(cfg, storage).line,
+             Contains("the bf16 weights take 24.24 GiB and a card holds 1.26 GiB beyond the plan: "
+                      "no placement trains this model under 25.00 GiB without streaming"));
+  // under what a card holds beyond any plan, no model trains: that is said, not the weights
+  RunConfig tiny = small_run("adamw");
+  tiny.memory_limit = GiB;
+  CHECK_THAT(memory_verdict(tiny, storage).line,
+             Contains("(the CUDA context and libraries, the reservation's free memory): nothing "
+                      "trains under 1.00 GiB on the GPU"));
+  // under 27 GiB offloading the optimizer states is what fits (24.83 GiB planned on the device)
+  cfg.memory_limit = 27 * GiB;
+  const MemoryVerdict offloaded = memory_verdict(cfg, storage);
+  CHECK_FALSE(offloaded.fits);
+  CHECK_THAT(offloaded.line, Contains("not even micro_batch_size 1 fits; offload \"auto\" fits it "
+                                      "with optimizer states in the host tier: 24.83 GiB on the device"));
+  CHECK_THAT(offloaded.line, !Contains("weights alone"));
+  // the plan alone under the cap (what grass train enforces) but not the card: both said
+  cfg.memory_limit = 29 * GiB;
+  const MemoryVerdict capped = memory_verdict(cfg, storage);
+  CHECK_FALSE(capped.fits);
+  CHECK_THAT(capped.details, Contains("grass train's memory_limit caps the plan alone, 28.39 GiB"));
+}
+
+TEST_CASE("without a limit grass mem names the card sizes a GPU run fits, and exits 0",
+          "[memory][verdict]") {
+  const RunConfig grass = run_13b();
+  const Storage storage = planned_storage(grass);
+  const MemoryVerdict v = memory_verdict(grass, storage);
+  CHECK_FALSE(v.limited);
+  CHECK(v.exit_code() == 0);
+  CHECK(v.card == 32 * GiB);  // 29.65 GiB needed
+  CHECK(v.line.starts_with("fits a 32 GB card and larger, not a 24 GB card: "));
+  CHECK_THAT(v.line, Contains("needs 29.65 GiB (2.35 GiB to spare on a 32 GB card)"));
+  CHECK(v.largest_micro_batch == largest_micro_batch(grass, storage, 32 * GiB - beyond_plan_bytes(storage)));
+  CHECK_THAT(v.details, Contains("a card sold as N GB counted as N GiB"));
+  const nlohmann::json cards = nlohmann::json::parse(memory_plan_json(grass, storage))["verdict"]["cards"];
+  REQUIRE(cards.size() == std::size(kCardGiB));
+  for (const nlohmann::json& card : cards)
+    CHECK(card["fits"] == (card["gib"].get<int64_t>() * GiB >= v.needed));
+
+  // AdamW in bf16-mixed: over every card; the floor it states is under 80 GiB, so a smaller
+  // micro-batch cannot help and the line says what would
+  const RunConfig adamw = run_13b({R"(optimizer={"name": "adamw", "lr": 0.001})", "precision=bf16-mixed"});
+  const MemoryVerdict over = memory_verdict(adamw, planned_storage(adamw));
+  CHECK(over.exit_code() == 0);
+  CHECK(over.needed > 80 * GiB);
+  CHECK(over.line.starts_with("fits no card up to 80 GB: LLaMA 13.016B, adamw, bf16-mixed"));
+  CHECK_THAT(over.line, Contains(" over 80 GB); "));
+
+  // the CPU backend: no cards, nothing beyond the plan
+  RunConfig cpu = small_run("adamw");
+  const MemoryVerdict host = memory_verdict(cpu, storage_for(PrecisionChoice::F32, false));
+  CHECK(host.needed == plan_memory(cpu, storage_for(PrecisionChoice::F32, false)).total);
+  CHECK(host.line.starts_with("the CPU backend needs " + format_bytes(host.needed) + ": "));
+  CHECK(host.details.empty());
+}
+
+TEST_CASE("grass mem shows what the ranks sum only for a data-parallel run", "[memory][verdict]") {
+  RunConfig cfg = small_run("grass");
+  const Storage storage = storage_for(PrecisionChoice::Bf16, true);
+  CHECK_THAT(format_memory_plans(cfg, storage), !Contains("data-parallel"));
+  cfg.ranks = 2;
+  const std::string two = format_memory_plans(cfg, storage);
+  CHECK_THAT(first_line(two), Contains(", one of 2 data-parallel ranks needs "));
+  CHECK_THAT(two, Contains("\nsummed over the 2 data-parallel ranks, per rank:\n"));
+}
+
+TEST_CASE("a host_memory_limit the host tier is over makes the verdict does-not-fit",
+          "[memory][verdict]") {
+  RunConfig cfg = small_run("adamw");
+  cfg.offload.optimizer_states = true;
+  const Storage storage = storage_for(PrecisionChoice::F32, false);
+  const MemoryPlan plan = plan_memory(cfg, storage);
+  REQUIRE(plan.host_total > 0);
+  cfg.host_memory_limit = plan.host_total;
+  CHECK(memory_verdict(cfg, storage).exit_code() == 0);
+  cfg.host_memory_limit = plan.host_total - 1;
+  const MemoryVerdict v = memory_verdict(cfg, storage);
+  CHECK(v.exit_code() == kExitDoesNotFit);
+  CHECK_THAT(v.line, Contains("; its host tier's " + format_bytes(plan.host_total) +
+                              " does not fit host_memory_limit"));
 }

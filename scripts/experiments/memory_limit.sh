@@ -41,7 +41,9 @@ fi
 base=configs/runs/llama_13b_grass.json  # pure bf16, GRASS r=256, checkpointing per layer
 GiB=$((1024 * 1024 * 1024))
 gib() { awk -v b="$1" 'BEGIN { printf "%.2f", b / 1073741824 }'; }
-field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2" | tr -d '"'; }
+field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2" | tr -d '"'; }  # a flat JSON line
+# a top-level key of grass mem --json (its "verdict" object repeats some names)
+plan_key() { python3 -c 'import json, sys; print(json.loads(sys.argv[2])[sys.argv[1]])' "$1" "$2"; }
 
 echo "| model | optimizer | precision | peak GiB (checkpointing) | peak GiB (none) | 24 | 32 | 40 | 80 | largest token batch under 40 GiB | measured GiB (arena / device) |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
@@ -58,10 +60,11 @@ for m in 60m 130m 350m 1b 7b 13b; do
               label="FLORA r=${name#flora}" ;;
       *) args+=(--set optimizer='{"name":"adamw","lr":0.001}'); label=AdamW ;;
     esac
-    plan=$(build/grass mem "$base" "${args[@]}" --device cuda --memory-limit 40GiB --json)
+    # exit 3: the run does not fit 40 GiB, still a plan
+    plan=$(build/grass mem "$base" "${args[@]}" --device cuda --memory-limit 40GiB --json) || [ $? = 3 ]
     none=$(build/grass mem "$base" "${args[@]}" --device cuda --set activation_checkpointing=none --json)
-    total=$(field total "$plan")
-    largest=$(field largest_micro_batch "$plan")
+    total=$(plan_key total "$plan")
+    largest=$(plan_key largest_micro_batch "$plan")
     fits=""
     for cap in 24 32 40 80; do fits="$fits | $([ "$total" -le $((cap * GiB)) ] && echo yes || echo no)"; done
     measured="no GPU"
@@ -78,8 +81,8 @@ for m in 60m 130m 350m 1b 7b 13b; do
         rm -rf "$tmp/run"
       fi
     fi
-    echo "| llama_$m | $label | $precision | $(gib "$total") | $(gib "$(field total "$none")")$fits | $((largest * 256)) | $measured |"
-    echo "{\"model\":\"llama_$m\",\"optimizer\":\"$label\",\"precision\":\"$precision\",\"total\":$total,\"total_no_checkpointing\":$(field total "$none"),\"largest_tokens_40gib\":$((largest * 256)),\"measured\":\"$measured\"}" >>"$rows"
+    echo "| llama_$m | $label | $precision | $(gib "$total") | $(gib "$(plan_key total "$none")")$fits | $((largest * 256)) | $measured |"
+    echo "{\"model\":\"llama_$m\",\"optimizer\":\"$label\",\"precision\":\"$precision\",\"total\":$total,\"total_no_checkpointing\":$(plan_key total "$none"),\"largest_tokens_40gib\":$((largest * 256)),\"measured\":\"$measured\"}" >>"$rows"
   done
 done
 if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then

@@ -1,4 +1,4 @@
-// grass mem <run.json> [--set key=value ...]
+// grass mem <run.json> [--memory-limit SIZE] [--set key=value ...]: the verdict first, then the plan
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -16,19 +16,28 @@ const char* kMemUsage =
     "usage: grass mem <run.json> [--device cpu|cuda] [--memory-limit SIZE] [--ranks N] [--json]\n"
     "                 [--link-gbps GB/s] [--tflops T] [--set key=value ...]\n"
     "\n"
-    "Prints the memory the run will take, by category (weights, dense and compressed gradients,\n"
-    "optimizer states, activations, workspace), beside full AdamW on the same model and batch.\n"
-    "Nothing is allocated: the run's own allocations are made on a planning arena, so the figures\n"
-    "are exactly what `grass train` holds, for any model size. The plan is for the backend the run\n"
-    "would take on a machine with a GPU: the GPU (bf16 storage as the run's precision says), or the\n"
-    "CPU for device \"cpu\" and for precision fp32 with device \"auto\".\n"
+    "Says first whether the run fits: its first line is the verdict. With a memory_limit\n"
+    "(--memory-limit or the run's key): fits or does not fit it, the largest micro_batch_size\n"
+    "that fits, and when the run does not fit, what would (a smaller micro-batch, more activation\n"
+    "checkpointing, offload \"auto\"), or the floor: the weights alone. Without one, on the GPU:\n"
+    "which card sizes it fits (16, 24, 32, 40, 48, 80 GB; a card sold as N GB is counted as\n"
+    "N GiB, the total nvidia-smi shows for an A100 40GB, 40,960 MiB; some show less). A GPU plan\n"
+    "counts what a card holds beyond it: 1.01 GiB the CUDA context and libraries take outside\n"
+    "the plan (measured on an H200) and the 256 MiB the reservation leaves free.\n"
+    "\n"
+    "Then the memory the run will take, by category (weights, dense and compressed gradients,\n"
+    "optimizer states, activations, workspace), beside the other optimizers on the same model and\n"
+    "batch. Nothing is allocated: the run's own allocations are made on a planning arena, so the\n"
+    "figures are exactly what `grass train` holds, for any model size. The plan is for the backend\n"
+    "the run would take on a machine with a GPU: the GPU (bf16 storage as the run's precision\n"
+    "says), or the CPU for device \"cpu\" and for precision fp32 with device \"auto\".\n"
     "\n"
     "  --device cpu|cuda     plan for this backend instead of the run's\n"
-    "  --memory-limit SIZE   as the run key memory_limit (\"40GiB\", \"32GiB\", \"40GB\"): says\n"
-    "                        whether the run fits and the largest micro_batch_size that does\n"
+    "  --memory-limit SIZE   as the run key memory_limit (\"40GiB\", \"32GiB\", \"40GB\"): the memory\n"
+    "                        of the card the verdict is for\n"
     "  --ranks N             plan one rank of `mpirun -np N grass train`: each rank holds the\n"
     "                        same memory, and takes total_batch_size / (micro_batch_size x N)\n"
-    "                        micro-batches a step (docs/distributed.md)\n"
+    "                        micro-batches a step; adds the bytes each rank sums (docs/distributed.md)\n"
     "  --host-memory-limit SIZE  as the run key host_memory_limit: caps the host tier (offload)\n"
     "  --link-gbps GB/s      the host link offload copies over (default 25, PCIe 4 x16)\n"
     "  --disk-gbps GB/s      the disk the layer inputs go to with offload.activations \"disk\"\n"
@@ -36,8 +45,12 @@ const char* kMemUsage =
     "  --tflops T            the sustained rate a step computes at, for the step-time bound\n"
     "                        with offload (default: 40% of an H100's 989 on the GPU; none on\n"
     "                        the CPU)\n"
-    "  --json                one JSON object (the run's plan in bytes) instead of the table\n"
-    "  --set key=value       override a run config key, as for grass train\n";
+    "  --json                one JSON object (the run's plan in bytes, the verdict under \"verdict\")\n"
+    "                        instead of the text\n"
+    "  --set key=value       override a run config key, as for grass train\n"
+    "\n"
+    "Exit status: 0 the run fits (or no limit was asked), 3 it does not fit memory_limit or\n"
+    "host_memory_limit, 2 a user error (one line on stderr), 1 an internal error.\n";
 }  // namespace
 
 int cmd_mem(const Args& args) {
@@ -100,8 +113,8 @@ int cmd_mem(const Args& args) {
     why = std::move(choice.why);
   }
   if (json) std::fputs(memory_plan_json(cfg, storage, link, why).c_str(), stdout);
-  else std::fputs(((why.empty() ? "" : why + "\n") + format_memory_plans(cfg, storage, link)).c_str(), stdout);
-  return 0;
+  else std::fputs(format_memory_plans(cfg, storage, link, why).c_str(), stdout);
+  return memory_verdict(cfg, storage).exit_code();
 }
 
 }  // namespace grass::cli

@@ -114,7 +114,7 @@ int resolve_eval_batch(const RunConfig& cfg, const Storage& storage, int64_t eva
                       "are built for the micro-batch: lower it, or use attention \"grass\"");
     return int(std::min<int64_t>(cfg.eval_batch_size, windows));
   }
-  const int64_t allowance = storage.cuda ? kCudaOutsidePlanBytes : 0;
+  const int64_t allowance = beyond_plan_bytes(storage);
   int64_t budget = 0;
   if (standalone) {
     budget = cfg.memory_limit > 0 ? cfg.memory_limit - allowance
@@ -173,6 +173,41 @@ std::string offload_advice(const RunConfig& cfg, const Storage& storage) {
   return "offload \"auto\" fits it with " + placement(choice.cfg.offload) + ": " +
          format_bytes(p.total) + " on the device and " + format_bytes(p.host_total) +
          " in the host tier";
+}
+
+// What would fit cfg.memory_limit: the largest micro-batch, each checkpointing mode that
+// recomputes more where it fits a larger one, and offload "auto"'s placement where it fits.
+struct FitAdvice {
+  std::string largest_text;  // "the largest micro_batch_size that fits is 7 (112 tokens)"
+  std::string text;          // largest_text, then "; with activation_checkpointing ..." and so on
+  int largest = 0;           // the run's largest micro_batch_size under the limit
+  bool any = false;  // something fits: a micro-batch, another checkpointing mode or offload
+};
+FitAdvice fit_advice(const RunConfig& cfg, const Storage& storage) {
+  FitAdvice a;
+  a.largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
+  a.any = a.largest > 0;
+  a.largest_text = a.largest > 0 ? "the largest micro_batch_size that fits is " +
+                                       std::to_string(a.largest) + " (" +
+                                       std::to_string(int64_t(a.largest) * cfg.seq_len) + " tokens)"
+                                 : "not even micro_batch_size 1 fits";
+  a.text = a.largest_text;
+  for (const Checkpointing more : {Checkpointing::Elementwise, Checkpointing::Layer}) {
+    if (more <= cfg.activation_checkpointing) continue;  // recomputes no more than the run does
+    RunConfig other = cfg;
+    other.activation_checkpointing = more;
+    const int with_more = largest_micro_batch(other, storage, cfg.memory_limit);
+    if (with_more > a.largest) {
+      a.text += std::string("; with activation_checkpointing \"") + name_of(more) +
+                "\": " + std::to_string(with_more);
+      a.any = true;
+    }
+  }
+  if (const std::string offloaded = offload_advice(cfg, storage); !offloaded.empty()) {
+    a.text += "; " + offloaded;
+    a.any = true;
+  }
+  return a;
 }
 
 }  // namespace
@@ -250,25 +285,10 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
   if (plan.host_total > 0)
     std::printf("  and %s in the host tier (offload)\n", format_bytes(plan.host_total).c_str());
   std::fflush(stdout);
-  const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
-  std::string advice =
-      largest > 0 ? "the largest micro_batch_size that fits is " + std::to_string(largest) + " (" +
-                        std::to_string(int64_t(largest) * cfg.seq_len) + " tokens)"
-                  : "not even micro_batch_size 1 fits";
-  for (const Checkpointing more : {Checkpointing::Elementwise, Checkpointing::Layer}) {
-    if (more <= cfg.activation_checkpointing) continue;  // recomputes no more than the run does
-    RunConfig other = cfg;
-    other.activation_checkpointing = more;
-    const int with_more = largest_micro_batch(other, storage, cfg.memory_limit);
-    if (with_more > largest)
-      advice += std::string("; with activation_checkpointing \"") + name_of(more) +
-                "\": " + std::to_string(with_more);
-  }
-  if (const std::string offloaded = offload_advice(cfg, storage); !offloaded.empty())
-    advice += "; " + offloaded;
   throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "memory_limit: the run plans " +
                   format_bytes(plan.total) + ", over the limit of " +
-                  format_bytes(cfg.memory_limit) + " (breakdown above); " + advice +
+                  format_bytes(cfg.memory_limit) + " (breakdown above); " +
+                  fit_advice(cfg, storage).text +
                   " (grass mem <run.json> --memory-limit SIZE explores the options)");
 }
 
@@ -428,12 +448,166 @@ std::string plan_label(const RunConfig& cfg) {
   return label;
 }
 
+std::string precision_name(const Storage& storage) {
+  switch (storage.precision) {
+    case Precision::F32: return "fp32";
+    case Precision::Bf16Mixed: return "bf16-mixed";
+    case Precision::Bf16: return "pure bf16";
+  }
+  return "?";
+}
+
+// "LLaMA 13.016B, grass r=256, pure bf16, 1 x 256 tokens, checkpointed per layer": what the run
+// is, as far as its memory goes.
+std::string run_summary(const RunConfig& cfg, const Storage& storage) {
+  char params[32];
+  const double p = double(cfg.model.num_parameters());
+  std::snprintf(params, sizeof params, "%.3f%s", p >= 1e9 ? p / 1e9 : p / 1e6, p >= 1e9 ? "B" : "M");
+  std::string out = std::string("LLaMA ") + params + ", " + plan_label(cfg) + ", " +
+                    precision_name(storage) + ", " + std::to_string(cfg.micro_batch_size) + " x " +
+                    std::to_string(cfg.seq_len) + " tokens";
+  const ModelMemoryOptions memory = model_memory_options(cfg, storage);
+  if (memory.checkpointing == Checkpointing::Layer) out += ", checkpointed per layer";
+  if (memory.checkpointing == Checkpointing::Elementwise) out += ", elementwise recomputation";
+  if (cfg.offload.any()) out += ", " + placement(cfg.offload);
+  if (cfg.ranks > 1) out += ", one of " + std::to_string(cfg.ranks) + " data-parallel ranks";
+  return out;
+}
+
+std::string gb_card(int gib) {  // "a 32 GB card", "an 80 GB card"
+  const std::string n = std::to_string(gib);
+  return (n.starts_with("8") ? "an " : "a ") + n + " GB card";
+}
+
 }  // namespace
+
+namespace {
+
+// An eval_batch_size set by hand is memory the run always holds, so its plan counts it; "auto"
+// takes what the plan leaves (resolve_eval_batch), so the question of fit is the plan's alone.
+int fixed_eval_batch(const RunConfig& cfg, const Storage& storage) {
+  if (cfg.val_files.empty() || cfg.eval_batch_size <= 0) return 0;
+  return resolve_eval_batch(cfg, storage, cfg.eval_tokens, false);
+}
+
+// The evaluation's batch and memory, for grass mem; "" without data.val.
+std::string describe_eval(const RunConfig& cfg, const Storage& storage) {
+  if (cfg.val_files.empty()) return "";
+  const int batch = resolve_eval_batch(cfg, storage, cfg.eval_tokens, false);
+  const std::string setting =
+      cfg.eval_batch_size > 0 ? "eval_batch_size " + std::to_string(cfg.eval_batch_size)
+                              : std::string("eval_batch_size auto");
+  if (batch <= cfg.micro_batch_size)
+    return "eval    " + std::to_string(batch) + " sequences a forward, on the training model (" +
+           setting + ")\n";
+  return "eval    " + std::to_string(batch) + " sequences a forward (" + setting +
+         "): a forward-only model on the training weights, " +
+         format_bytes(eval_model_bytes(cfg, storage, batch, false)) +
+         (cfg.eval_batch_size > 0 ? ", counted above"
+          : cfg.memory_limit > 0  ? " beside the plan above (the room memory_limit leaves it)"
+                                  : " beside the plan above (on the CPU, up to the training "
+                                    "activations and workspace or 256 MiB)") +
+         "\n";
+}
+
+}  // namespace
+
+int64_t beyond_plan_bytes(const Storage& storage) {
+  return storage.cuda ? kCudaOutsidePlanBytes + kGpuHeadroomBytes : 0;
+}
+
+MemoryVerdict memory_verdict(const RunConfig& cfg, const Storage& storage) {
+  MemoryVerdict v;
+  const MemoryPlan plan = plan_memory(cfg, storage, fixed_eval_batch(cfg, storage));
+  const int64_t beyond = beyond_plan_bytes(storage);
+  const int64_t GiB = int64_t(1) << 30;
+  v.planned = plan.total;
+  v.needed = plan.total + beyond;
+  v.limited = cfg.memory_limit > 0 || cfg.host_memory_limit > 0;
+  const std::string what = run_summary(cfg, storage) + " needs " + format_bytes(v.needed);
+  // The largest micro-batch under `limit` and, when the run is over it, what would fit or the
+  // floor the weights set: every option planned against the limit less what lies beyond the plan.
+  const auto answer = [&](int64_t limit, const std::string& limit_name, const std::string& where) {
+    RunConfig budget = cfg;
+    budget.memory_limit = std::max<int64_t>(limit - beyond, 1);
+    budget.offload.automatic = false;
+    const FitAdvice advice = fit_advice(budget, storage);
+    v.largest_micro_batch = advice.largest;
+    if (v.needed <= limit)
+      return " (" + format_bytes(limit - v.needed) + " to spare" + where + "); " + advice.largest_text;
+    std::string out = " (" + format_bytes(v.needed - limit) + " over" + where + "); ";
+    if (advice.any) return out + advice.text;
+    const int64_t weights = plan.bytes[int(MemCategory::Weights)];
+    const std::string dtype = storage.weight_bytes == 2 ? "bf16" : "fp32";
+    const std::string no_placement = ": no placement trains this model under " + limit_name +
+                                     " without streaming or quantizing weights";
+    if (beyond >= limit)
+      return out + "a card holds " + format_bytes(beyond) +
+             " beyond any plan (the CUDA context and libraries, the reservation's free memory): "
+             "nothing trains under " + limit_name + " on the GPU";
+    if (weights > limit) return out + "the " + dtype + " weights alone take " + format_bytes(weights) + no_placement;
+    if (weights + beyond > limit)
+      return out + "the " + dtype + " weights take " + format_bytes(weights) + " and a card holds " +
+             format_bytes(beyond) + " beyond the plan" + no_placement;
+    return out + "no micro-batch, activation checkpointing or offload fits it (the " + dtype +
+           " weights alone take " + format_bytes(weights) + ")";
+  };
+  if (cfg.memory_limit > 0) {
+    v.card = cfg.memory_limit;
+    v.fits = v.needed <= cfg.memory_limit;
+    const std::string limit = format_bytes(cfg.memory_limit);
+    v.line = (v.fits ? "fits" : "does not fit") + std::string(" memory_limit ") + limit + ": " +
+             what + answer(cfg.memory_limit, limit, "");
+  } else if (storage.cuda) {
+    int smallest = 0, below = 0;  // the smallest card that fits, and the one below it
+    for (const int gib : kCardGiB) {
+      if (v.needed <= gib * GiB) {
+        smallest = gib;
+        break;
+      }
+      below = gib;
+    }
+    const int biggest = kCardGiB[std::size(kCardGiB) - 1];
+    v.card = int64_t(smallest ? smallest : biggest) * GiB;
+    if (!smallest) {
+      v.line = "fits no card up to " + std::to_string(biggest) + " GB: " + what +
+               answer(v.card, std::to_string(biggest) + " GiB", " " + std::to_string(biggest) + " GB");
+    } else {
+      v.line = "fits " + gb_card(smallest) + (smallest == biggest ? "" : " and larger") +
+               (below ? ", not " + gb_card(below) : std::string()) + ": " + what +
+               answer(v.card, "", " on " + gb_card(smallest));
+    }
+  } else {
+    v.line = "the CPU backend needs " + format_bytes(v.needed) + ": " + run_summary(cfg, storage) +
+             " (--memory-limit SIZE says whether it fits a limit and the largest micro_batch_size "
+             "that does)";
+  }
+  if (cfg.host_memory_limit > 0) {
+    const bool host_fits = plan.host_total <= cfg.host_memory_limit;
+    v.fits = v.fits && host_fits;
+    v.line += "; its host tier's " + format_bytes(plan.host_total) +
+              (host_fits ? " fits" : " does not fit") + " host_memory_limit " +
+              format_bytes(cfg.host_memory_limit);
+  }
+  if (storage.cuda)
+    v.details += "  " + format_bytes(v.needed) + " = " + format_bytes(v.planned) + " planned + " +
+                 format_bytes(kCudaOutsidePlanBytes) +
+                 " the CUDA context and libraries take outside the plan (measured on an H200) + " +
+                 format_bytes(kGpuHeadroomBytes) + " the reservation leaves free beside it\n";
+  if (cfg.memory_limit > 0 && !v.fits && plan.total <= cfg.memory_limit)
+    v.details += "  (grass train's memory_limit caps the plan alone, " + format_bytes(plan.total) +
+                 ", and would start it; a card of " + format_bytes(cfg.memory_limit) +
+                 " would not hold the rest)\n";
+  if (cfg.memory_limit <= 0 && storage.cuda)
+    v.details += "  a card sold as N GB counted as N GiB, the total nvidia-smi shows for an A100 40GB "
+                 "(40,960 MiB); some show less (an H100 80GB: 81,559 MiB)\n";
+  return v;
+}
 
 double default_tflops(const Storage& storage) { return storage.cuda ? 0.4 * 989 : 0; }
 
 std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
-                                const LinkModel& link) {
+                                const LinkModel& link, const std::string& offload_auto) {
   // The run's optimizer first, then every other one on the same model, batch and rank.
   std::vector<RunConfig> configs = {cfg};
   for (const ChoiceName<OptimizerKind>& c : choice_names<OptimizerKind>()) {
@@ -443,16 +617,12 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
     configs.back().optimizer.kind = c.value;
   }
   std::vector<MemoryPlan> plans;
-  for (const RunConfig& c : configs) plans.push_back(plan_memory(c, storage));
+  for (const RunConfig& c : configs) plans.push_back(plan_memory(c, storage, fixed_eval_batch(c, storage)));
 
   char line[200];
-  std::string out;
-  const double params = double(cfg.model.num_parameters());
-  std::snprintf(line, sizeof line, "model %.3f %s parameters, micro-batch %d x %d tokens",
-                params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M",
-                cfg.micro_batch_size, cfg.seq_len);
-  out += line;
-  out += cfg.ranks > 1 ? ", one of " + std::to_string(cfg.ranks) + " data-parallel ranks\n" : "\n";
+  const MemoryVerdict verdict = memory_verdict(cfg, storage);
+  std::string out = verdict.line + "\n" + verdict.details;
+  if (!offload_auto.empty()) out += offload_auto + "\n";
   out += std::string("storage ") + (storage.cuda ? "CUDA backend, " : "CPU backend, ") +
          storage.describe() + (storage.master ? "; the master copy counts as optimizer state" : "") +
          "\n";
@@ -467,9 +637,7 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
   if (memory.attention == AttentionKernel::Cudnn)  // in workspace; the T² term dominates long T
     out += "        cuDNN attention's workspace " +
            format_bytes(cudnn_workspace_bytes(cfg)) + " (grows as seq_len²)\n";
-  if (storage.cuda)  // not in the table: free memory the reservation must leave on the card
-    out += "        the GPU keeps " + format_bytes(kGpuHeadroomBytes) +
-           " free beyond the total below, for what allocates after the reservation\n";
+  out += describe_eval(cfg, storage);
   const auto table_row = [&](const std::string& head, const auto& cell) {
     std::snprintf(line, sizeof line, "%-22s", head.c_str());
     out += line;
@@ -493,11 +661,14 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
     if (cfg.offload.activations == ActivationOffload::Disk)
       table_row("disk file (offload)", [&](size_t i) { return format_bytes(plans[i].disk_bytes); });
   }
-  out += "summed over the ranks of a data-parallel run, per rank:\n";
-  table_row("each step", [&](size_t i) { return format_bytes(plans[i].step_sum_bytes); });
-  table_row("+ at a refresh", [&](size_t i) {
-    return plans[i].refresh_sum_bytes > 0 ? format_bytes(plans[i].refresh_sum_bytes) : std::string("-");
-  });
+  if (cfg.ranks > 1) {  // a one-GPU question has no sums to show
+    out += "summed over the " + std::to_string(cfg.ranks) + " data-parallel ranks, per rank:\n";
+    table_row("each step", [&](size_t i) { return format_bytes(plans[i].step_sum_bytes); });
+    table_row("+ at a refresh", [&](size_t i) {
+      return plans[i].refresh_sum_bytes > 0 ? format_bytes(plans[i].refresh_sum_bytes)
+                                            : std::string("-");
+    });
+  }
   // What each way of keeping activations takes, for the run's optimizer (the rest is the same).
   std::snprintf(line, sizeof line, "%-34s %14s %14s\n",
                 ("activations kept, " + plan_label(cfg) + ":").c_str(), "activations", "total");
@@ -509,38 +680,13 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
                   format_bytes(p.total).c_str());
     out += line;
   }
-  const MemoryPlan& run = plans[0];
-  out += describe_offload(cfg, run, link);
-  if (cfg.memory_limit > 0) {
-    const int largest = largest_micro_batch(cfg, storage, cfg.memory_limit);
-    std::snprintf(line, sizeof line, "memory_limit %s: %s; the largest micro_batch_size that fits: ",
-                  format_bytes(cfg.memory_limit).c_str(),
-                  run.total <= cfg.memory_limit
-                      ? ("fits, " + format_bytes(cfg.memory_limit - run.total) + " to spare").c_str()
-                      : ("does not fit, " + format_bytes(run.total - cfg.memory_limit) + " over").c_str());
-    out += line;
-    out += largest > 0 ? std::to_string(largest) + " (" +
-                             std::to_string(int64_t(largest) * cfg.seq_len) + " tokens)\n"
-                       : "none\n";
-    if (run.total > cfg.memory_limit && !cfg.offload.automatic) {  // what "auto" would do
-      RunConfig automatic = cfg;
-      automatic.offload.automatic = true;
-      out += "  with " + choose_offload(automatic, storage, link).why + "\n";
-    }
-  }
-  if (cfg.host_memory_limit > 0)
-    out += "host_memory_limit " + format_bytes(cfg.host_memory_limit) + ": " +
-           (run.host_total <= cfg.host_memory_limit
-                ? "fits, " + format_bytes(cfg.host_memory_limit - run.host_total) + " to spare"
-                : "does not fit, " + format_bytes(run.host_total - cfg.host_memory_limit) +
-                      " over") +
-           "\n";
+  out += describe_offload(cfg, plans[0], link);
   return out;
 }
 
 std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
                              const LinkModel& link, const std::string& offload_auto) {
-  const MemoryPlan plan = plan_memory(cfg, storage);
+  const MemoryPlan plan = plan_memory(cfg, storage, fixed_eval_batch(cfg, storage));
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   nlohmann::json bytes = nlohmann::json::object();
   for (int c = 0; c < kMemCategories; c++) bytes[mem_category_name(MemCategory(c))] = plan.bytes[c];
@@ -565,6 +711,15 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
       {"flops_per_token", plan.flops_per_token},
   };
   if (is_projected(cfg.optimizer.kind)) out["rank"] = cfg.optimizer.projection.rank;
+  if (!cfg.val_files.empty()) {
+    const int batch = resolve_eval_batch(cfg, storage, cfg.eval_tokens, false);
+    out["eval"] = {{"batch", batch},
+                   {"auto", cfg.eval_batch_size <= 0},
+                   {"model_bytes", batch > cfg.micro_batch_size
+                                       ? eval_model_bytes(cfg, storage, batch, false)
+                                       : int64_t(0)},
+                   {"in_total", cfg.eval_batch_size > 0}};
+  }
   const std::array<bool, 3> columns = inputs_kept_as_columns(cfg.model, memory);
   nlohmann::json kept_as_columns = nlohmann::json::array();
   for (int i = 0; i < SampledInputs::kInputs; i++)
@@ -614,6 +769,31 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
     out["fits"] = plan.total <= cfg.memory_limit;
     out["largest_micro_batch"] = largest_micro_batch(cfg, storage, cfg.memory_limit);
   }
+  const MemoryVerdict v = memory_verdict(cfg, storage);
+  nlohmann::json verdict = {
+      {"line", v.line},
+      {"fits", v.fits},
+      {"limited", v.limited},
+      {"planned_bytes", v.planned},
+      {"cuda_outside_plan_bytes", storage.cuda ? kCudaOutsidePlanBytes : 0},
+      {"reservation_headroom_bytes", storage.cuda ? kGpuHeadroomBytes : 0},
+      {"needed_bytes", v.needed},
+      {"largest_micro_batch", v.largest_micro_batch},
+      {"exit_code", v.exit_code()},
+      {"exit_codes", {{"0", "fits, or no limit was asked"},
+                      {"1", "internal error"},
+                      {"2", "user error"},
+                      {std::to_string(kExitDoesNotFit),
+                       "does not fit memory_limit or host_memory_limit"}}},
+  };
+  if (v.card > 0) verdict["card_bytes"] = v.card;
+  if (storage.cuda && cfg.memory_limit <= 0) {
+    nlohmann::json cards = nlohmann::json::array();
+    for (const int gib : kCardGiB)
+      cards.push_back({{"gib", gib}, {"fits", v.needed <= (int64_t(gib) << 30)}});
+    verdict["cards"] = cards;
+  }
+  out["verdict"] = verdict;
   return out.dump() + "\n";
 }
 

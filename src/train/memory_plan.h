@@ -51,15 +51,15 @@ int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t li
 // The sequences an evaluation forward takes: eval_batch_size, or for "auto" the most that memory
 // allows, never more than the windows of eval_tokens (ceil(eval_tokens / seq_len)):
 // - beside training (standalone false), the evaluation model comes on top of the training plan:
-//   under a memory_limit, it takes what the plan leaves (less kCudaOutsidePlanBytes on the GPU);
+//   under a memory_limit, it takes what the plan leaves (less beyond_plan_bytes on the GPU);
 //   without one, on the CPU, up to the training plan's activations and workspace or
 //   kEvalBudgetBytes, whichever is more; on the GPU, without a memory_limit, nothing (the engine
 //   does not know how much of the card is the run's), and with cuDNN's attention neither (its
 //   graphs are built for micro_batch_size). A result of at most micro_batch_size means the
 //   training model evaluates.
 // - `grass eval` alone (standalone true): its forward-only model with its own weights takes up to
-//   memory_limit (less the allowance on the GPU), or else what the training plan would take, and
-//   kEvalBudgetBytes more.
+//   memory_limit (less beyond_plan_bytes on the GPU), or else what the training plan would take,
+//   and kEvalBudgetBytes more.
 // UserError for an explicit eval_batch_size that cannot run (above micro_batch_size with cuDNN's
 // attention on the GPU).
 constexpr int64_t kEvalBudgetBytes = int64_t(256) << 20;
@@ -77,10 +77,6 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
 // for device "cpu", and for an fp32 run with device "auto", which the CPU computes).
 Storage planned_storage(const RunConfig& cfg);
 
-// The table `grass mem` prints: the run's plan beside full AdamW's on the same model, batch and
-// storage.
-// With cfg.memory_limit set, a last line says whether the run fits and the largest micro-batch
-// that does.
 // What bounds a step's time: its FLOPs at a sustained rate, and offload's copies over the host
 // link (one copy queue: both directions in turn).
 struct LinkModel {
@@ -92,8 +88,41 @@ struct LinkModel {
 // peak (989 TFLOP/s; the 1B run measured 47% MFU, docs/gpu-status.md) for the GPU; unknown for
 // the CPU.
 double default_tflops(const Storage& storage);
+
+// `grass mem`'s exit code when the run does not fit the memory_limit or host_memory_limit asked
+// (0: it fits, or no limit was asked; 1: internal error; 2: user error).
+constexpr int kExitDoesNotFit = 3;
+
+// What a card must hold beyond the plan: on the CUDA backend, kCudaOutsidePlanBytes and the free
+// memory the reservation leaves beside itself (kGpuHeadroomBytes); on the CPU, nothing.
+int64_t beyond_plan_bytes(const Storage& storage);
+
+// The card sizes `grass mem` names without a memory_limit: a card sold as N GB counted as N GiB,
+// the total nvidia-smi shows for an A100 40GB (40,960 MiB).
+constexpr int kCardGiB[] = {16, 24, 32, 40, 48, 80};
+
+// The answer `grass mem` gives first: whether the run fits the memory_limit asked (or, without one
+// on the GPU, which card sizes it fits), with the plan and what the card holds beyond it counted,
+// the largest micro_batch_size that fits, and when it does not fit, what would, or the floor the
+// weights set.
+struct MemoryVerdict {
+  bool limited = false;  // a memory_limit or host_memory_limit was asked
+  bool fits = true;      // limited: the run fits every limit asked
+  int64_t planned = 0, needed = 0;  // the plan's total; with beyond_plan_bytes
+  int64_t card = 0;      // the limit the micro-batch is for: memory_limit, else the smallest card
+                         // in kCardGiB that fits (the largest, when none does); 0 on the CPU
+  int largest_micro_batch = 0;  // under `card`, beyond_plan_bytes counted
+  std::string line;      // the first line
+  std::string details;   // indented lines after it (the arithmetic, the card convention)
+  int exit_code() const { return limited && !fits ? kExitDoesNotFit : 0; }
+};
+MemoryVerdict memory_verdict(const RunConfig& cfg, const Storage& storage);
+
+// What `grass mem` prints: the verdict, offload "auto"'s choice (its line, when the run asked for
+// "auto"), then the run's plan beside every other optimizer's on the same model, batch and
+// storage, the activation modes, offload's traffic, and with cfg.ranks > 1 what each rank sums.
 std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
-                                const LinkModel& link = {});
+                                const LinkModel& link = {}, const std::string& offload_auto = "");
 
 // offload "auto": the placement the planner picks for cfg, in cfg.offload (automatic cleared),
 // and why, in one line. Without a memory_limit nothing moves. Otherwise the placements that fit
@@ -109,8 +138,9 @@ OffloadChoice choose_offload(const RunConfig& cfg, const Storage& storage,
                              const LinkModel& link = {});
 
 // The run's plan as one JSON object (for scripts: scripts/experiments/memory_limit.sh): the
-// categories in bytes, the total, the memory options in force, and, with a memory_limit, whether
-// it fits and the largest micro-batch that does.
+// categories in bytes, the total, the memory options in force, with a memory_limit whether the
+// plan alone fits it and the largest micro-batch whose plan does (the cap `grass train` enforces),
+// and the verdict (key "verdict": memory_verdict's fields and exit code).
 // offload_auto: choose_offload's line, when the run asked for "auto" (key "offload_auto").
 std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
                              const LinkModel& link = {}, const std::string& offload_auto = "");

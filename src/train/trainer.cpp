@@ -157,7 +157,7 @@ void Run::build_state() {
     offload_why_ = std::move(choice.why);
   }
   const Storage& storage = backend_->storage();
-  if (evaluator_ || comm.world() > 1)  // every rank plans the same memory; rank 0 evaluates
+  if (!cfg.val_files.empty())  // every rank plans the same memory; rank 0 evaluates
     eval_batch_ = resolve_eval_batch(cfg, storage, cfg.eval_tokens, /*standalone=*/false);
   const MemoryPlan plan = plan_memory(cfg, storage, eval_batch_);
   if (cfg.memory_limit > 0 && plan.total > cfg.memory_limit &&

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# `grass mem` answers first: its first line is the verdict (fits or not, on which card or limit,
+# with what, the largest micro-batch), the GPU's allowance outside the plan is stated, the weights
+# are named as the floor when nothing fits, the exit code is 0 when the run fits (or no limit was
+# asked) and 3 when it does not, and the data-parallel rows appear only with --ranks. Planning is
+# arithmetic on a planning arena: 13B takes milliseconds and nothing here needs a data shard.
+# Run by ctest with GRASS=<path to the grass binary>, from the source directory.
+set -uo pipefail
+: "${GRASS:?set GRASS to the grass binary}"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# mem <want exit code> <grass mem args...>: runs it into $tmp/out, $tmp/err and $tmp/first (the
+# first line)
+mem() {
+  local want=$1
+  shift
+  "$GRASS" mem "$@" >"$tmp/out" 2>"$tmp/err"
+  local code=$?
+  head -1 "$tmp/out" >"$tmp/first"
+  if [ "$code" != "$want" ]; then
+    fail "grass mem $* exited $code, expected $want"; cat "$tmp/out" "$tmp/err"; return 1
+  fi
+  passes=$((passes + 1))
+}
+# first_starts <text>, first_has <text>, out_has <text>, out_lacks <text>
+first_starts() {
+  case "$(cat "$tmp/first")" in
+    "$1"*) passes=$((passes + 1)) ;;
+    *) fail "first line should start with \"$1\": $(cat "$tmp/first")" ;;
+  esac
+}
+first_has() { grep -qF -- "$1" "$tmp/first" && passes=$((passes + 1)) || fail "first line lacks \"$1\": $(cat "$tmp/first")"; }
+out_has() { grep -qF -- "$1" "$tmp/out" && passes=$((passes + 1)) || { fail "output lacks \"$1\":"; cat "$tmp/out"; }; }
+out_lacks() { grep -qF -- "$1" "$tmp/out" && { fail "output should not have \"$1\":"; cat "$tmp/out"; } || passes=$((passes + 1)); }
+
+big=configs/runs/llama_13b_grass.json  # GRASS r=256, pure bf16, 1 x 256 tokens: 28.39 GiB planned
+
+# the issue's command: 13B under 24 GiB cannot fit, and the weights are why
+mem 3 "$big" --memory-limit 24GiB
+first_starts "does not fit memory_limit 24.00 GiB: LLaMA 13.016B, grass r=256, pure bf16, 1 x 256 tokens"
+first_has "needs 29.65 GiB (5.65 GiB over)"
+first_has "the bf16 weights alone take 24.24 GiB: no placement trains this model under 24.00 GiB without streaming or quantizing weights"
+out_has "  29.65 GiB = 28.39 GiB planned + 1.01 GiB the CUDA context and libraries take outside the plan (measured on an H200) + 256.0 MiB the reservation leaves free beside it"
+out_lacks "data-parallel"
+[ -s "$tmp/err" ] && fail "a run that does not fit is an answer, not an error: $(cat "$tmp/err")" || passes=$((passes + 1))
+
+# one that fits: the largest micro-batch, counted with the allowance
+mem 0 "$big" --memory-limit 40GiB
+first_starts "fits memory_limit 40.00 GiB: LLaMA 13.016B, grass r=256"
+# (66 sequences would fit a 40 GiB cap on the plan alone: 59 leave room for the 1.26 GiB beyond it)
+first_has "needs 29.65 GiB (10.35 GiB to spare); the largest micro_batch_size that fits is 59 (15104 tokens)"
+
+# not fitting, with a way out: offload "auto" is named, not the floor
+mem 3 "$big" --memory-limit 28GiB
+first_has 'not even micro_batch_size 1 fits; offload "auto" fits it with optimizer states in the host tier'
+out_lacks "weights alone"
+
+# --json: the same verdict and exit code, the old keys kept
+mem 3 "$big" --memory-limit 24GiB --json
+python3 - "$tmp/out" <<'PY' && passes=$((passes + 1)) || fail "--json verdict"
+import json, sys
+j = json.load(open(sys.argv[1]))
+v = j["verdict"]
+for key in ("total", "bytes", "fits", "largest_micro_batch", "memory_limit", "step_sum_bytes"):
+    assert key in j, key
+assert j["fits"] is False and v["fits"] is False and v["exit_code"] == 3, v
+assert v["cuda_outside_plan_bytes"] == int(1.01 * 2**30), v
+assert v["needed_bytes"] == j["total"] + v["cuda_outside_plan_bytes"] + v["reservation_headroom_bytes"]
+assert v["exit_codes"]["3"].startswith("does not fit"), v["exit_codes"]
+assert "weights alone take 24.24 GiB" in v["line"], v["line"]
+PY
+
+# no limit: the card sizes it fits, exit 0; no data-parallel rows for a one-GPU question
+mem 0 "$big"
+first_starts "fits a 32 GB card and larger, not a 24 GB card: LLaMA 13.016B"
+out_has "a card sold as N GB counted as N GiB"
+out_lacks "data-parallel"
+out_lacks "summed over"
+# ... and even when no card holds it, no limit was asked: exit 0
+mem 0 "$big" --set optimizer='{"name": "adamw", "lr": 0.001}' --set precision=bf16-mixed
+first_starts "fits no card up to 80 GB: LLaMA 13.016B, adamw, bf16-mixed"
+
+# --ranks 2: one rank's verdict, and what each rank sums
+mem 0 "$big" --ranks 2 --set total_batch_size=2
+first_has ", one of 2 data-parallel ranks needs "
+out_has "summed over the 2 data-parallel ranks, per rank:"
+
+# the CPU backend: nothing outside the plan, the same exit codes
+mem 0 configs/runs/quickstart.json --device cpu
+first_starts "the CPU backend needs "
+out_lacks "CUDA context"
+mem 0 configs/runs/quickstart.json --device cpu --memory-limit 1GiB
+first_starts "fits memory_limit 1.00 GiB: LLaMA "
+mem 3 configs/runs/quickstart.json --device cpu --memory-limit 4MiB
+first_has "the fp32 weights alone take "
+
+# a user error is still 2, and --help documents the exit codes
+mem 2 "$big" --memory-limit lots
+mem 0 --help
+out_has "Exit status: 0 the run fits (or no limit was asked), 3 it does not fit memory_limit"
+
+echo "cli_mem: $passes passed, $failures failed"
+[ "$failures" = 0 ]
