@@ -1,10 +1,12 @@
 // prepare(): text -> shards equals SentencePiece's own encoding with BOS/EOS, the same bytes for
-// any thread count, shard splitting, options, the manifest, bad records (stop or skip), and that a
-// failed run leaves nothing behind.
+// any thread count, shard splitting, options, the manifest, bad records (stop or skip), that a
+// failed run leaves nothing behind, and that progress reaches the input's size only with its last
+// record.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "src/data/jsonl_reader.h"
 #include "src/data/loader.h"
@@ -247,4 +249,49 @@ TEST_CASE("a truncated gzip input fails the whole prepare", "[prepare]") {
   CHECK_THAT(user_error_of([&] { prepare(options); }),
              StartsWith(corpus.inputs[1] + ": truncated gzip"));
   CHECK_FALSE(fs::exists(options.out_dir));
+}
+
+TEST_CASE("a reader's bytes consumed reach the file size only with its last record",
+          "[prepare]") {
+  // About 3 MiB of lines of random letters (they compress about 1.7x): several times the reader's
+  // and zlib's buffers, whose read-ahead must not count as progress.
+  TempDir dir("test_prepare_progress");
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> letter(0, 26), length(100, 400);
+  std::string text;
+  size_t lines = 0;
+  while (text.size() < (size_t{3} << 20)) {
+    for (int n = length(rng); n > 0; --n) {
+      const int c = letter(rng);
+      text += c == 26 ? ' ' : static_cast<char>('a' + c);
+    }
+    text += "x\n";
+    ++lines;
+  }
+  write_text_file(dir.file("plain.txt"), text);
+  write_text_file(dir.file("packed.txt.gz"), gzip_bytes(text));
+
+  for (const std::string& path : {dir.file("plain.txt"), dir.file("packed.txt.gz")}) {
+    INFO(path);
+    const uint64_t size = fs::file_size(path);
+    RecordReader reader(path);
+    std::string_view line;
+    size_t read = 0;
+    uint64_t previous = 0;
+    bool backwards = false, full_early = false;
+    double at_half = 0;
+    while (reader.next(line)) {
+      const uint64_t consumed = reader.bytes_consumed();
+      backwards |= consumed < previous;
+      full_early |= ++read < lines && consumed >= size;
+      if (read == lines / 2) at_half = static_cast<double>(consumed) / static_cast<double>(size);
+      previous = consumed;
+    }
+    CHECK(read == lines);
+    CHECK_FALSE(backwards);
+    CHECK_FALSE(full_early);
+    CHECK(at_half > 0.45);
+    CHECK(at_half < 0.55);
+    CHECK(reader.bytes_consumed() == size);
+  }
 }
