@@ -1,13 +1,14 @@
 // prepare(): text -> shards equals SentencePiece's own encoding with BOS/EOS, the same bytes for
-// any thread count, shard splitting, options, the manifest, bad records (stop or skip), that a
-// failed run leaves nothing behind, and that progress reaches the input's size only with its last
-// record.
+// any thread count, shard splitting, options, the manifest (and a run reading its set through it),
+// bad records (stop or skip), that a failed run leaves nothing behind, and that progress reaches
+// the input's size only with its last record.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include "src/data/data_sets.h"
 #include "src/data/jsonl_reader.h"
 #include "src/data/loader.h"
 #include "src/data/prepare.h"
@@ -63,8 +64,9 @@ std::vector<uint32_t> expected_stream(const std::vector<std::string>& docs, bool
 std::vector<uint32_t> read_stream(const std::vector<PreparedShard>& shards) {
   std::vector<std::string> paths;
   for (const PreparedShard& shard : shards) paths.push_back(shard.path);
-  const TokenStream stream(paths);
-  stream.check_tokenizer(tiny_tokenizer_path());
+  const TokenStream stream("data.train", paths);
+  for (const ShardReader& shard : stream.shards())
+    REQUIRE(shard.info().tokenizer_hash == fnv1a64_file(tiny_tokenizer_path()));
   std::vector<uint32_t> tokens(stream.total_tokens());
   stream.read(0, tokens.size(), tokens.data());
   return tokens;
@@ -249,6 +251,33 @@ TEST_CASE("a truncated gzip input fails the whole prepare", "[prepare]") {
   CHECK_THAT(user_error_of([&] { prepare(options); }),
              StartsWith(corpus.inputs[1] + ": truncated gzip"));
   CHECK_FALSE(fs::exists(options.out_dir));
+}
+
+TEST_CASE("a prepared set reads back through its manifest or its directory", "[prepare][data]") {
+  Corpus corpus;
+  PrepareOptions options = corpus.options("out");
+  options.shard_tokens = 5000;
+  options.prefix = "train";
+  const PrepareSummary summary = prepare(options);
+  REQUIRE(summary.shards.size() > 2);
+  std::vector<std::string> written;
+  for (const PreparedShard& shard : summary.shards) written.push_back(shard.path);
+  for (const std::string& spec : {summary.manifest_path, options.out_dir}) {
+    const TokenStream stream("data.train", {spec});
+    std::vector<std::string> opened;
+    for (const ShardReader& shard : stream.shards()) opened.push_back(shard.info().path);
+    CHECK(opened == written);
+    CHECK(stream.total_tokens() == summary.tokens);
+  }
+
+  // A second set prepared beside it makes the directory ambiguous; its manifest names it.
+  options.prefix = "val";
+  options.max_docs = 50;
+  const PrepareSummary val = prepare(options);
+  CHECK_THAT(user_error_of([&] { TokenStream("data.train", {options.out_dir}); }),
+             StartsWith("data.train: the directory " + options.out_dir +
+                        " holds 2 manifests (train.manifest.json, val.manifest.json)"));
+  CHECK(TokenStream("data.val", {val.manifest_path}).total_tokens() == val.tokens);
 }
 
 TEST_CASE("a reader's bytes consumed reach the file size only with its last record",
