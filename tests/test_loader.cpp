@@ -1,17 +1,13 @@
 // TokenLoader: window layout (inputs/targets shifted by one, stride seq_len), wrap-around and
 // epochs, windows spanning shards, shuffled orders (a permutation per epoch, deterministic),
-// rank slices (disjoint, complete), exact resume, prefetching, and the vocabulary and tokenizer
-// checks.
+// rank slices (disjoint, complete), exact resume and prefetching. The data specs and the checks
+// of a run's shards are test_data_sets.cpp's.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <cstring>
-#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
-
-#include "src/io/hash.h"
 
 #include "src/core/error.h"
 #include "src/data/loader.h"
@@ -178,58 +174,7 @@ TEST_CASE("loader needs at least one window of seq_len + 1 tokens", "[loader]") 
   CHECK(loader.epoch() == 3);
 
   CHECK_THAT(user_error_of([&] { grass::TokenLoader none({}, 1, 8); }),
-             Contains("no training data"));
-}
-
-TEST_CASE("loader requires shards from one tokenizer", "[loader]") {
-  TempDir dir("grass_test_loader");
-  const std::vector<uint32_t> tokens = random_tokens(100, 1000, 7);
-  const std::string a =
-      write_shard(dir.file("a.bin"), tokens, {.vocab_size = 32000, .tokenizer_hash = 11});
-  const std::string b =
-      write_shard(dir.file("b.bin"), tokens, {.vocab_size = 32100, .tokenizer_hash = 11});
-  const std::string c =
-      write_shard(dir.file("c.bin"), tokens, {.vocab_size = 32000, .tokenizer_hash = 12});
-  CHECK_THAT(user_error_of([&] {
-               grass::TokenLoader loader({a, b}, 1, 8);
-             }),
-             Contains(b + ": vocab_size 32100 differs from " + a + "'s 32000"));
-  CHECK_THAT(user_error_of([&] {
-               grass::TokenLoader loader({a, c}, 1, 8);
-             }),
-             Contains(c + ": tokenizer_hash differs from " + a + "'s"));
-  CHECK_THAT(user_error_of([&] {
-               grass::TokenLoader loader({a, dir.file("gone.bin")}, 1, 8);
-             }),
-             Contains(dir.file("gone.bin") + ": cannot open"));
-}
-
-TEST_CASE("loader check_vocab names the shard, the token and its position", "[loader]") {
-  TempDir dir("grass_test_loader");
-  const std::string good =
-      write_shard(dir.file("good.bin"), random_tokens(3000, 1000, 8), {.vocab_size = 1000});
-  const std::string bad =
-      write_shard(dir.file("bad.bin"), random_tokens(3000, 1000, 9), {.vocab_size = 1000});
-  {
-    grass::TokenLoader loader({good, bad}, 2, 64);
-    loader.check_vocab(1000);
-    loader.check_vocab(32000);
-    CHECK_THAT(user_error_of([&] { loader.check_vocab(999); }),
-               Contains(good + ": the shard's vocab_size 1000 exceeds the model's vocab_size 999"));
-  }
-
-  // Damage two token ids in the payload (the header checksum does not cover tokens).
-  {
-    std::fstream file(bad, std::ios::in | std::ios::out | std::ios::binary);
-    const uint16_t out_of_range = 4000;
-    for (uint64_t position : {2900u, 777u}) {
-      file.seekp(static_cast<std::streamoff>(256 + position * 2));
-      file.write(reinterpret_cast<const char*>(&out_of_range), 2);
-    }
-  }
-  grass::TokenLoader loader({good, bad}, 2, 64);
-  CHECK_THAT(user_error_of([&] { loader.check_vocab(32000); }),
-             Contains(bad + ": token id 4000 at position 777 is out of range"));
+             Contains("data.train: no token shards given"));
 }
 
 namespace {
@@ -401,28 +346,4 @@ TEST_CASE("prefetching gives the same batches as reading on demand", "[loader]")
     grass::TokenLoader one(paths, 4, 32, {.prefetch = true});
     next(one);
   }
-}
-
-TEST_CASE("shards must come from the tokenizer the run names", "[loader]") {
-  TempDir dir("grass_test_loader");
-  const std::string tokenizer = dir.file("tokenizer.model");
-  const std::string other = dir.file("other.model");
-  std::ofstream(tokenizer) << "pretend sentencepiece model";
-  std::ofstream(other) << "another model";
-  const uint64_t hash = grass::fnv1a64_file(tokenizer);
-  const std::vector<uint32_t> tokens = random_tokens(100, 1000, 13);
-  const std::string made_with_it = write_shard(
-      dir.file("a.bin"), tokens, {.vocab_size = 1000, .tokenizer_hash = hash});
-  const std::string synthetic = write_shard(dir.file("s.bin"), tokens, {.vocab_size = 1000});
-
-  grass::TokenStream({made_with_it}).check_tokenizer(tokenizer);
-  CHECK_THAT(user_error_of([&] { grass::TokenStream({made_with_it}).check_tokenizer(other); }),
-             Contains(made_with_it + ": made with a different tokenizer than " + other) &&
-                 Contains("re-run grass prepare"));
-  CHECK_THAT(user_error_of([&] { grass::TokenStream({synthetic}).check_tokenizer(tokenizer); }),
-             Contains(synthetic + ": records no tokenizer") && Contains(tokenizer));
-  CHECK_THAT(user_error_of([&] {
-               grass::TokenStream({made_with_it}).check_tokenizer(dir.file("gone.model"));
-             }),
-             Contains(dir.file("gone.model") + ": cannot open"));
 }

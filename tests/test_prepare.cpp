@@ -1,11 +1,14 @@
 // prepare(): text -> shards equals SentencePiece's own encoding with BOS/EOS, the same bytes for
-// any thread count, shard splitting, options, the manifest, bad records (stop or skip), and that a
-// failed run leaves nothing behind.
+// any thread count, shard splitting, options, the manifest (and a run reading its set through it),
+// bad records (stop or skip), that a failed run leaves nothing behind, and that progress reaches
+// the input's size only with its last record.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 
+#include "src/data/data_sets.h"
 #include "src/data/jsonl_reader.h"
 #include "src/data/loader.h"
 #include "src/data/prepare.h"
@@ -61,8 +64,9 @@ std::vector<uint32_t> expected_stream(const std::vector<std::string>& docs, bool
 std::vector<uint32_t> read_stream(const std::vector<PreparedShard>& shards) {
   std::vector<std::string> paths;
   for (const PreparedShard& shard : shards) paths.push_back(shard.path);
-  const TokenStream stream(paths);
-  stream.check_tokenizer(tiny_tokenizer_path());
+  const TokenStream stream("data.train", paths);
+  for (const ShardReader& shard : stream.shards())
+    REQUIRE(shard.info().tokenizer_hash == fnv1a64_file(tiny_tokenizer_path()));
   std::vector<uint32_t> tokens(stream.total_tokens());
   stream.read(0, tokens.size(), tokens.data());
   return tokens;
@@ -247,4 +251,76 @@ TEST_CASE("a truncated gzip input fails the whole prepare", "[prepare]") {
   CHECK_THAT(user_error_of([&] { prepare(options); }),
              StartsWith(corpus.inputs[1] + ": truncated gzip"));
   CHECK_FALSE(fs::exists(options.out_dir));
+}
+
+TEST_CASE("a prepared set reads back through its manifest or its directory", "[prepare][data]") {
+  Corpus corpus;
+  PrepareOptions options = corpus.options("out");
+  options.shard_tokens = 5000;
+  options.prefix = "train";
+  const PrepareSummary summary = prepare(options);
+  REQUIRE(summary.shards.size() > 2);
+  std::vector<std::string> written;
+  for (const PreparedShard& shard : summary.shards) written.push_back(shard.path);
+  for (const std::string& spec : {summary.manifest_path, options.out_dir}) {
+    const TokenStream stream("data.train", {spec});
+    std::vector<std::string> opened;
+    for (const ShardReader& shard : stream.shards()) opened.push_back(shard.info().path);
+    CHECK(opened == written);
+    CHECK(stream.total_tokens() == summary.tokens);
+  }
+
+  // A second set prepared beside it makes the directory ambiguous; its manifest names it.
+  options.prefix = "val";
+  options.max_docs = 50;
+  const PrepareSummary val = prepare(options);
+  CHECK_THAT(user_error_of([&] { TokenStream("data.train", {options.out_dir}); }),
+             StartsWith("data.train: the directory " + options.out_dir +
+                        " holds 2 manifests (train.manifest.json, val.manifest.json)"));
+  CHECK(TokenStream("data.val", {val.manifest_path}).total_tokens() == val.tokens);
+}
+
+TEST_CASE("a reader's bytes consumed reach the file size only with its last record",
+          "[prepare]") {
+  // About 3 MiB of lines of random letters (they compress about 1.7x): several times the reader's
+  // and zlib's buffers, whose read-ahead must not count as progress.
+  TempDir dir("test_prepare_progress");
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> letter(0, 26), length(100, 400);
+  std::string text;
+  size_t lines = 0;
+  while (text.size() < (size_t{3} << 20)) {
+    for (int n = length(rng); n > 0; --n) {
+      const int c = letter(rng);
+      text += c == 26 ? ' ' : static_cast<char>('a' + c);
+    }
+    text += "x\n";
+    ++lines;
+  }
+  write_text_file(dir.file("plain.txt"), text);
+  write_text_file(dir.file("packed.txt.gz"), gzip_bytes(text));
+
+  for (const std::string& path : {dir.file("plain.txt"), dir.file("packed.txt.gz")}) {
+    INFO(path);
+    const uint64_t size = fs::file_size(path);
+    RecordReader reader(path);
+    std::string_view line;
+    size_t read = 0;
+    uint64_t previous = 0;
+    bool backwards = false, full_early = false;
+    double at_half = 0;
+    while (reader.next(line)) {
+      const uint64_t consumed = reader.bytes_consumed();
+      backwards |= consumed < previous;
+      full_early |= ++read < lines && consumed >= size;
+      if (read == lines / 2) at_half = static_cast<double>(consumed) / static_cast<double>(size);
+      previous = consumed;
+    }
+    CHECK(read == lines);
+    CHECK_FALSE(backwards);
+    CHECK_FALSE(full_early);
+    CHECK(at_half > 0.45);
+    CHECK(at_half < 0.55);
+    CHECK(reader.bytes_consumed() == size);
+  }
 }

@@ -21,8 +21,10 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: make_synthetic_shard --out PATH --vocab V --tokens N [--ngrams K] [--ngram-len L] "
-    "[--seed S]\n"
+    "[--seed S] [--tokenizer-hash H]\n"
     "  writes N tokens (ids in [0, V)) made of K random n-grams of length L, chosen uniformly\n"
+    "  --tokenizer-hash: the header's tokenizer_hash (default 0: no tokenizer); tests give\n"
+    "  shards different ones to stand for data made with different tokenizers\n"
     "  defaults: --ngrams 64 --ngram-len 8 --seed 1234\n";
 
 [[noreturn]] void usage_error(const std::string& problem) {
@@ -59,6 +61,7 @@ struct Options {
   uint64_t ngrams = 64;
   uint64_t ngram_len = 8;
   uint64_t seed = 1234;
+  uint64_t tokenizer_hash = 0;
 };
 
 Options parse_options(int argc, char** argv) {
@@ -83,6 +86,8 @@ Options parse_options(int argc, char** argv) {
       options.ngram_len = parse_count(flag, value, 1, 1u << 16);
     else if (flag == "--seed")
       options.seed = parse_count(flag, value, 0, UINT64_MAX);
+    else if (flag == "--tokenizer-hash")
+      options.tokenizer_hash = parse_count(flag, value, 0, UINT64_MAX);
     else
       usage_error("unknown option " + flag);
   }
@@ -100,7 +105,8 @@ void write_shard(const Options& options) {
   std::vector<uint32_t> ngrams(options.ngrams * options.ngram_len);
   for (uint32_t& token : ngrams) token = static_cast<uint32_t>(rng.below(options.vocab));
 
-  grass::ShardWriter writer(options.out, {.vocab_size = static_cast<uint32_t>(options.vocab)});
+  grass::ShardWriter writer(options.out, {.vocab_size = static_cast<uint32_t>(options.vocab),
+                                          .tokenizer_hash = options.tokenizer_hash});
   constexpr uint64_t kChunkTokens = uint64_t{1} << 20;
   std::vector<uint32_t> chunk;
   chunk.reserve(kChunkTokens + options.ngram_len);

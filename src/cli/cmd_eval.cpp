@@ -9,6 +9,7 @@
 #include "src/config/config.h"
 #include "src/core/arena.h"
 #include "src/core/error.h"
+#include "src/data/data_sets.h"
 #include "src/io/safetensors.h"
 #include "src/model/hf_weights.h"
 #include "src/model/llama.h"
@@ -75,8 +76,8 @@ int cmd_eval(const Args& args) {
       tokens_text.empty() ? cfg.eval_tokens : int64_t(parse_count("--tokens", tokens_text, 1));
 
   const Evaluator evaluator(cfg.val_files, tokens);
-  evaluator.stream().check_vocab(cfg.model.vocab_size);
-  if (!cfg.tokenizer.empty()) evaluator.stream().check_tokenizer(cfg.tokenizer);
+  for (const std::string& warning : check_run_data(cfg, nullptr, &evaluator.stream()))
+    std::fprintf(stderr, "warning: %s\n", warning.c_str());
   const std::unique_ptr<Backend> backend = choose_backend(cfg);
   const int batch = resolve_eval_batch(cfg, backend->storage(), tokens, /*standalone=*/true);
   Arena arena(false, *backend);

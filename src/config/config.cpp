@@ -245,7 +245,8 @@ void read_model(const ObjectReader& run, RunConfig& c) {
             describe(model));
   c.model_path = model.get<std::string>();
   std::error_code ec;
-  if (!std::filesystem::exists(c.model_path, ec)) at.fail("file not found: " + c.model_path);
+  if (!std::filesystem::exists(c.model_path, ec))
+    at.fail("file not found: " + c.model_path + relative_path_note(c.model_path));
   c.model = load_model_config(c.model_path);
 }
 
@@ -259,27 +260,26 @@ void read_data(const ObjectReader& run, RunConfig& c) {
     if (path.empty()) where.fail("expected a path, got an empty string");
     return path;
   };
-  const auto read_paths = [&](const std::string& key) {
+  // Only the form is checked here: the shards and the tokenizer are opened, and the specs
+  // expanded, by what reads them (src/data/data_sets.h), so a plan needs no data on this machine.
+  const auto read_specs = [&](const std::string& key) {
     const json& value = data.required(key);
     const Location at = data.at(key);
-    std::vector<std::string> paths;
+    std::vector<std::string> specs;
     if (value.is_string()) {
-      paths.push_back(read_path(value, at));
+      specs.push_back(read_path(value, at));
     } else if (value.is_array() && !value.empty()) {
-      for (size_t i = 0; i < value.size(); ++i) paths.push_back(read_path(value[i], at.element(i)));
+      for (size_t i = 0; i < value.size(); ++i) specs.push_back(read_path(value[i], at.element(i)));
     } else {
-      at.fail("expected a token shard path or a non-empty array of paths, got " + describe(value));
+      at.fail("expected a token shard path or a non-empty array of paths (each a shard, a glob, "
+              "a directory or a manifest), got " + describe(value));
     }
-    return paths;
+    return specs;
   };
-  c.train_files = read_paths("train");
-  if (data.find("val")) c.val_files = read_paths("val");
-  if (const json* tokenizer = data.find("tokenizer")) {
+  c.train_files = read_specs("train");
+  if (data.find("val")) c.val_files = read_specs("val");
+  if (const json* tokenizer = data.find("tokenizer"))
     c.tokenizer = read_path(*tokenizer, data.at("tokenizer"));
-    std::error_code ec;
-    if (!std::filesystem::exists(c.tokenizer, ec))
-      data.at("tokenizer").fail("file not found: " + c.tokenizer);
-  }
   c.shuffle = data.boolean("shuffle").value_or(c.shuffle);
 }
 
@@ -580,7 +580,8 @@ void read_checkpointing(const ObjectReader& run, RunConfig& c) {
     std::error_code ec;
     if (!std::filesystem::exists(*init_from, ec))
       run.at("init_from").fail("not found: " + *init_from +
-                               " (expected a Hugging Face model directory or a .safetensors file)");
+                               "; expected a Hugging Face model directory or a .safetensors "
+                               "file" + relative_path_note(*init_from));
     c.init_from = *init_from;
   }
 }
@@ -860,6 +861,14 @@ const SizeUnit kSizeUnits[] = {{"TiB", 1099511627776.0}, {"GiB", 1073741824.0},
                                {"MB", 1e6},              {"KB", 1e3},
                                {"B", 1.0}};
 }  // namespace
+
+std::string relative_path_note(const std::string& path) {
+  if (std::filesystem::path(path).is_absolute()) return "";
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec);
+  return " (relative paths resolve against the working directory" +
+         (ec ? std::string() : ", " + cwd.string()) + ")";
+}
 
 std::optional<int64_t> parse_memory_size(const std::string& text) {
   size_t used = 0;

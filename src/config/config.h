@@ -173,9 +173,12 @@ struct RunConfig {
   std::string source;               // the file this came from (for messages); "" if inline
   ModelConfig model;
   std::string model_path;           // "" when the model was given inline
-  std::vector<std::string> train_files;  // data.train: a path or a list of paths (token shards)
-  std::vector<std::string> val_files;    // data.val: validation shards; empty: no evaluation
+  // data.train and data.val as written (a string is a list of one): shard files, globs,
+  // directories, manifests, expanded only where the shards are opened (src/data/data_sets.h)
+  std::vector<std::string> train_files;
+  std::vector<std::string> val_files;    // empty: no evaluation
   std::string tokenizer;            // data.tokenizer: the .model the shards must come from; "": any
+                                    // (checked with the shards, not while parsing)
   bool shuffle = true;              // data.shuffle: windows in a seeded order per epoch
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
@@ -242,8 +245,10 @@ ModelConfig load_model_config(const std::string& path);
 
 // Load a run config file, apply "--set key=value" overrides (dotted keys, value parsed as JSON
 // when it is valid JSON, else taken as a string), then validate. Relative paths inside (model,
-// data.train) are resolved against the current directory. ranks: the data-parallel ranks the run
-// will have, against which the batch sizes are checked.
+// init_from, data.*, offload.disk_dir) resolve against the working directory, not the config's
+// folder. Parsing checks that model and init_from exist; the data is opened only by the commands
+// that read it, so `grass mem` plans a run whose data is elsewhere. ranks: the data-parallel ranks
+// the run will have, against which the batch sizes are checked.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {},
                           int ranks = 1);
 RunConfig parse_run_config(const nlohmann::json& j, const std::string& where, int ranks = 1);
@@ -268,6 +273,10 @@ std::vector<ConfigDifference> result_differences(const nlohmann::json& saved,
 // created where absent (parse_run_config then rejects unknown keys). Throws UserError naming a
 // malformed override, or one whose path runs through a value that is not an object.
 void apply_overrides(nlohmann::json& run, const std::vector<std::string>& overrides);
+
+// For a relative path, " (relative paths resolve against the working directory, /home/u)", else
+// "": every "not found" message about a run config's path ends with it.
+std::string relative_path_note(const std::string& path);
 
 // "40GiB", "40 GiB", "512MiB", "40GB", "1.5TiB", "1073741824" -> bytes; nullopt when malformed.
 std::optional<int64_t> parse_memory_size(const std::string& text);

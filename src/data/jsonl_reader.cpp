@@ -132,14 +132,23 @@ RecordReader::RecordReader(const std::string& path)
     : path_(path), format_(input_format(path)), buffer_(kReadChunk) {
   file_ = gzopen(path.c_str(), "rb");
   if (!file_) throw UserError(path + ": cannot open: " + std::strerror(errno));
-  gzbuffer(file_, kReadChunk);
+  // zlib inflates straight into our buffer when a read asks for at least twice this size (ours
+  // ask for kReadChunk / 2 or more), so no text waits inside zlib and bytes_consumed() sees all
+  // that was inflated.
+  gzbuffer(file_, kReadChunk / 4);
 }
 
 RecordReader::~RecordReader() {
   if (file_) gzclose(file_);
 }
 
-uint64_t RecordReader::file_offset() const { return static_cast<uint64_t>(gzoffset(file_)); }
+uint64_t RecordReader::bytes_consumed() const {
+  const auto delivered = static_cast<uint64_t>(gztell(file_));  // text bytes read into buffer_
+  const uint64_t used = delivered - (end_ - begin_);
+  if (delivered == 0 || gzdirect(file_)) return used;  // plain: text bytes are file bytes
+  const auto inflated = static_cast<uint64_t>(gzoffset(file_));  // compressed bytes behind them
+  return static_cast<uint64_t>(static_cast<unsigned __int128>(inflated) * used / delivered);
+}
 
 bool RecordReader::refill() {
   if (at_eof_) return false;

@@ -51,8 +51,11 @@ class RecordReader {
   const std::string& path() const { return path_; }
   InputFormat format() const { return format_; }
   uint64_t line_number() const { return line_number_; }  // of the last line returned, 1-based
-  // Bytes of the file consumed so far (compressed bytes for a gzip): progress against its size.
-  uint64_t file_offset() const;
+  // The part of the file the records returned so far came from, in bytes of the file, as
+  // progress against its size: exact for a plain file; for a gzip, the compressed bytes inflated
+  // so far times the share of their text those records used. Read-ahead does not count, so it
+  // equals the file size only once every record has been returned.
+  uint64_t bytes_consumed() const;
 
  private:
   bool refill();  // reads more of the file behind the unread bytes; false at its end

@@ -3,30 +3,32 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <utility>
 
 #include "src/core/error.h"
-#include "src/core/format.h"
 #include "src/core/rng.h"
-#include "src/io/hash.h"
+#include "src/data/data_sets.h"
 
 namespace grass {
 
 // ---- TokenStream ------------------------------------------------------------------------------
 
-TokenStream::TokenStream(const std::vector<std::string>& paths) {
-  if (paths.empty()) throw UserError("no training data: the list of token shards is empty");
-  shards_.reserve(paths.size());
-  for (const std::string& path : paths) {
-    shards_.emplace_back(path);
-    const ShardInfo& first = shards_.front().info();
+TokenStream::TokenStream(std::string key, const std::vector<std::string>& specs)
+    : key_(std::move(key)) {
+  const std::vector<ShardSource> sources = expand_data_spec(key_, specs);
+  shards_.reserve(sources.size());
+  for (const ShardSource& source : sources) {
+    try {
+      shards_.emplace_back(source.path);
+    } catch (const UserError& e) {  // a damaged or unreadable shard: say which set it is in
+      throw UserError(key_ + ": " + e.what());
+    }
     const ShardInfo& info = shards_.back().info();
-    if (info.vocab_size != first.vocab_size)
-      throw UserError(info.path + ": vocab_size " + std::to_string(info.vocab_size) +
-                      " differs from " + first.path + "'s " + std::to_string(first.vocab_size) +
-                      "; all shards of one run must come from the same tokenizer");
-    if (info.tokenizer_hash != first.tokenizer_hash)
-      throw UserError(info.path + ": tokenizer_hash differs from " + first.path +
-                      "'s; the shards were made with different tokenizers");
+    if (source.manifest_tokens && info.token_count != *source.manifest_tokens)
+      throw UserError(key_ + ": " + source.manifest + " records " +
+                      std::to_string(*source.manifest_tokens) + " tokens for " + info.path +
+                      " but its header says " + std::to_string(info.token_count) +
+                      "; the shards changed since grass prepare wrote the manifest: re-run it");
     shard_starts_.push_back(total_tokens_);
     total_tokens_ += info.token_count;
   }
@@ -57,41 +59,6 @@ void TokenStream::read(uint64_t offset, uint64_t n, uint32_t* out) const {
     n -= take;
     ++s;
   }
-}
-
-void TokenStream::check_vocab(int model_vocab) const {
-  GRASS_CHECK(model_vocab > 0, "check_vocab needs a positive model vocab_size");
-  const auto model_vocab_u = static_cast<uint32_t>(model_vocab);
-  for (const ShardReader& shard : shards_) {
-    const ShardInfo& info = shard.info();
-    if (info.vocab_size > model_vocab_u)
-      throw UserError(info.path + ": the shard's vocab_size " + std::to_string(info.vocab_size) +
-                      " exceeds the model's vocab_size " + std::to_string(model_vocab) +
-                      "; use a model whose vocab_size covers the tokenizer");
-    // The writer keeps every token below the shard's vocab_size (<= model_vocab here), so a
-    // token at or above it means the token data itself is damaged.
-    if (const auto position = shard.find_first_token_at_least(info.vocab_size))
-      throw UserError(info.path + ": token id " + std::to_string(shard.token(*position)) +
-                      " at position " + std::to_string(*position) +
-                      " is out of range (shard vocab_size " + std::to_string(info.vocab_size) +
-                      ", model vocab_size " + std::to_string(model_vocab) +
-                      "); the shard is corrupt: re-create it");
-  }
-}
-
-void TokenStream::check_tokenizer(const std::string& tokenizer_path) const {
-  const uint64_t expected = fnv1a64_file(tokenizer_path);
-  // The constructor made every shard agree on tokenizer_hash, so the first speaks for all.
-  const ShardInfo& info = shards_.front().info();
-  if (info.tokenizer_hash == expected) return;
-  if (info.tokenizer_hash == 0)
-    throw UserError(info.path + ": records no tokenizer (tokenizer_hash 0, e.g. synthetic data) "
-                    "but the run names tokenizer " + tokenizer_path +
-                    "; prepare the data with that tokenizer or drop data.tokenizer");
-  throw UserError(info.path + ": made with a different tokenizer than " + tokenizer_path +
-                  " (shard tokenizer_hash " + hex64(info.tokenizer_hash) + ", tokenizer file " +
-                  hex64(expected) + "); re-run grass prepare with " + tokenizer_path +
-                  " or set data.tokenizer to the tokenizer the shards were made with");
 }
 
 // ---- WindowPermutation ------------------------------------------------------------------------
@@ -126,9 +93,9 @@ uint64_t WindowPermutation::operator()(uint64_t i) const {
 
 // ---- TokenLoader ------------------------------------------------------------------------------
 
-TokenLoader::TokenLoader(const std::vector<std::string>& paths, int batch, int seq_len,
+TokenLoader::TokenLoader(const std::vector<std::string>& specs, int batch, int seq_len,
                          const LoaderOptions& options)
-    : stream_(paths), batch_(batch), seq_len_(seq_len), options_(options) {
+    : stream_(options.key, specs), batch_(batch), seq_len_(seq_len), options_(options) {
   GRASS_CHECK(batch > 0 && seq_len > 0, "TokenLoader needs positive batch and seq_len");
   GRASS_CHECK(options.world > 0 && options.rank >= 0 && options.rank < options.world,
               "TokenLoader rank must lie in [0, world)");

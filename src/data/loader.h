@@ -1,8 +1,8 @@
 // Token data for training and evaluation.
 //
-// TokenStream: a list of shards read as one concatenated stream of token ids, with the checks
-// that the shards belong together (vocab_size, tokenizer), to the model (check_vocab) and to the
-// run's tokenizer (check_tokenizer).
+// TokenStream: the shards of one data set (data.train or data.val, expanded from their spec by
+// expand_data_spec: files, globs, directories, manifests) read as one concatenated stream of
+// token ids. check_run_data (data_sets.h) checks that a run's sets belong together.
 //
 // TokenLoader: training batches from a TokenStream. Each batch row is a window of seq_len + 1
 // consecutive tokens; inputs are its first seq_len tokens and targets its last seq_len (the next
@@ -28,9 +28,13 @@ namespace grass {
 
 class TokenStream {
  public:
-  // All shards must agree on vocab_size and tokenizer_hash; UserError otherwise.
-  explicit TokenStream(const std::vector<std::string>& paths);
+  // Expands `specs`, the value of config key `key` ("data.train", "data.val"), and opens every
+  // shard. UserError naming the key for a spec without shards (expand_data_spec), a shard that
+  // cannot be read or is damaged (ShardReader's message after the key), and a shard whose header
+  // holds another token count than its manifest records.
+  TokenStream(std::string key, const std::vector<std::string>& specs);
 
+  const std::string& key() const { return key_; }
   uint64_t total_tokens() const { return total_tokens_; }
   const std::vector<ShardReader>& shards() const { return shards_; }
   // "a.bin, b.bin, c.bin and 3 more": names the data in one line.
@@ -39,15 +43,8 @@ class TokenStream {
   // Copies stream tokens [offset, offset + n) into out, crossing shard boundaries as needed.
   void read(uint64_t offset, uint64_t n, uint32_t* out) const;
 
-  // UserError, naming the shard, if any shard's vocab_size exceeds model_vocab or any token is
-  // outside its shard's vocabulary (the first such token id and its position in the shard).
-  // Call once before training: it reads every token.
-  void check_vocab(int model_vocab) const;
-  // UserError naming the shard and the tokenizer file if the shards were not made with the
-  // tokenizer model at `tokenizer_path` (their header's tokenizer_hash is its FNV-1a).
-  void check_tokenizer(const std::string& tokenizer_path) const;
-
  private:
+  std::string key_;
   std::vector<ShardReader> shards_;
   std::vector<uint64_t> shard_starts_;  // [shards]: stream offset of each shard's first token
   uint64_t total_tokens_ = 0;
@@ -66,6 +63,7 @@ struct LoaderOptions {
   int rank = 0;           // this process's slice of every epoch ...
   int world = 1;          // ... out of `world` disjoint ones
   bool prefetch = false;  // prepare the next batch on a background thread
+  std::string key = "data.train";  // the config key the shard specs came from, for messages
 };
 
 // Maps [0, n) onto itself one to one, differently for every key: a 6-round Feistel network on
@@ -88,7 +86,7 @@ class TokenLoader {
  public:
   // UserError if the shards hold no complete window (seq_len + 1 tokens), or if this rank's
   // slice of an epoch would be empty (fewer windows than ranks).
-  TokenLoader(const std::vector<std::string>& paths, int batch, int seq_len,
+  TokenLoader(const std::vector<std::string>& specs, int batch, int seq_len,
               const LoaderOptions& options = {});
   ~TokenLoader();  // stops and joins the prefetch thread
   TokenLoader(const TokenLoader&) = delete;
@@ -99,7 +97,6 @@ class TokenLoader {
   void next_batch(int32_t* inputs, int32_t* targets);
 
   const TokenStream& stream() const { return stream_; }
-  void check_vocab(int model_vocab) const { stream_.check_vocab(model_vocab); }
   uint64_t total_tokens() const { return stream_.total_tokens(); }
   const std::vector<ShardReader>& shards() const { return stream_.shards(); }
   uint64_t num_windows() const { return num_windows_; }

@@ -81,8 +81,9 @@ class InputStream {
     return !batch.empty();
   }
 
-  // Bytes of the input files consumed so far (compressed bytes for .gz).
-  uint64_t bytes_read() const { return done_bytes_ + (reader_ ? reader_->file_offset() : 0); }
+  // Bytes of the input files behind the records returned so far (compressed bytes for .gz, see
+  // RecordReader::bytes_consumed): the total only when every record has been read.
+  uint64_t bytes_read() const { return done_bytes_ + (reader_ ? reader_->bytes_consumed() : 0); }
 
  private:
   const std::vector<std::string>& inputs_;

@@ -10,7 +10,7 @@
 namespace grass {
 
 Evaluator::Evaluator(const std::vector<std::string>& val_files, int64_t tokens)
-    : stream_(val_files), tokens_(tokens) {
+    : stream_("data.val", val_files), tokens_(tokens) {
   GRASS_CHECK(tokens > 0, "Evaluator needs a positive token count");
   if (stream_.total_tokens() < static_cast<uint64_t>(tokens) + 1)
     throw UserError(stream_.describe() + ": " + std::to_string(stream_.total_tokens()) +

@@ -15,6 +15,7 @@
 #include "src/core/error.h"
 #include "src/core/format.h"
 #include "src/core/trace.h"
+#include "src/data/data_sets.h"
 #include "src/data/loader.h"
 #include "src/io/durable_file.h"
 #include "src/io/out_dir_lock.h"
@@ -136,13 +137,10 @@ void Run::check_inputs() {
       cfg.train_files, cfg.micro_batch_size, cfg.seq_len,
       LoaderOptions{.shuffle = cfg.shuffle, .seed = cfg.seed, .rank = comm.rank(),
                            .world = comm.world(), .prefetch = true});
-  loader_->check_vocab(cfg.model.vocab_size);
-  if (!cfg.tokenizer.empty()) loader_->stream().check_tokenizer(cfg.tokenizer);
-  if (!cfg.val_files.empty() && leader) {
-    evaluator_.emplace(cfg.val_files, cfg.eval_tokens);
-    evaluator_->stream().check_vocab(cfg.model.vocab_size);
-    if (!cfg.tokenizer.empty()) evaluator_->stream().check_tokenizer(cfg.tokenizer);
-  }
+  if (!cfg.val_files.empty() && leader) evaluator_.emplace(cfg.val_files, cfg.eval_tokens);
+  for (const std::string& warning :
+       check_run_data(cfg, &loader_->stream(), evaluator_ ? &evaluator_->stream() : nullptr))
+    if (leader) std::fprintf(stderr, "warning: %s\n", warning.c_str());
 }
 
 // GPU memory comes as one reservation of the planned size, cut into the named buffers.
