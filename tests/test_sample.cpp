@@ -166,7 +166,7 @@ TEST_CASE("sampling slides its window past the model's context", "[sample]") {
   }
 }
 
-TEST_CASE("a fixed seed gives the same samples, another seed others; top-k 1 is greedy",
+TEST_CASE("a fixed seed gives the same samples and another seed others, and top-k 1 is greedy",
           "[sample]") {
   grass::Arena arena;
   const int samples = 3, T = 20;
