@@ -221,11 +221,13 @@ class CudaBackend final : public Backend {
     // backend_sizes.cpp sized these without the kernels: check that the kernels agree
     const int64_t N = int64_t(s.B) * s.T;
     const BackendScratch sizes = backend_scratch(storage_, s);
-    GRASS_CHECK(cuda::attention_scratch_floats(s.B, s.T, s.NH, s.NKV, s.HD) * 4 <=
-                    sizes.attention_bytes,
-                "attention scratch smaller than the kernel needs");
-    GRASS_CHECK(cuda::rmsnorm_scratch_floats(N, s.C) * 4 <= sizes.norm_bytes,
-                "RMSNorm scratch smaller than the kernel needs");
+    if (!s.forward_only) {  // a forward-only model's: the backward's scratch is not there
+      GRASS_CHECK(cuda::attention_scratch_floats(s.B, s.T, s.NH, s.NKV, s.HD) * 4 <=
+                      sizes.attention_bytes,
+                  "attention scratch smaller than the kernel needs");
+      GRASS_CHECK(cuda::rmsnorm_scratch_floats(N, s.C) * 4 <= sizes.norm_bytes,
+                  "RMSNorm scratch smaller than the kernel needs");
+    }
     GRASS_CHECK(cuda::sum_squares_scratch_doubles(int64_t(1) << 40) * 8 <= sizes.reduce_bytes,
                 "reduction scratch smaller than the kernel needs");
     GRASS_CHECK(s.attention == attention_, "a workspace planned for other attention kernels");

@@ -17,6 +17,7 @@ int cmd_eval(const Args& args);
 int cmd_prepare(const Args& args);
 int cmd_tokenizer(const Args& args);
 int cmd_export(const Args& args);
+int cmd_sample(const Args& args);
 
 bool is_help(const std::string& arg);  // -h or --help
 // The ranks this process is one of: MPI's when mpirun (or srun) started it, else one process.

@@ -32,6 +32,8 @@ const Command kCommands[] = {
      grass::cli::cmd_eval},
     {"export", "export --checkpoint DIR --out HF_DIR [--dtype fp32|bf16]   a checkpoint as a Hugging Face model",
      grass::cli::cmd_export},
+    {"sample", "sample <weights> [--prompt TEXT] [--tokens N] [--greedy]   text the model writes (from a run, checkpoint or HF dir)",
+     grass::cli::cmd_sample},
     {"prepare", "prepare --input <files> --tokenizer <model> --out <dir>   tokenize text into shards",
      grass::cli::cmd_prepare},
     {"tokenizer", "tokenizer train|encode|info ...   make a SentencePiece tokenizer, or use one",

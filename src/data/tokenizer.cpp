@@ -123,6 +123,13 @@ std::vector<int> Tokenizer::encode(std::string_view text) const {
   return ids;
 }
 
+std::string Tokenizer::decode(const std::vector<int>& ids) const {
+  std::string text;
+  const auto status = processor_->Decode(ids, &text);
+  GRASS_CHECK(status.ok(), "SentencePiece decode failed: " + status.ToString());
+  return text;
+}
+
 std::vector<std::string> Tokenizer::pieces(const std::vector<int>& ids) const {
   std::vector<std::string> out;
   out.reserve(ids.size());

@@ -25,6 +25,9 @@ class Tokenizer {
   // Token ids of `text`, no BOS/EOS added. Safe to call from several threads at once.
   void encode(std::string_view text, std::vector<int>& ids) const;
   std::vector<int> encode(std::string_view text) const;
+  // The text of `ids` (ids below vocab_size()): pieces joined, "▁" as spaces, byte pieces as
+  // their bytes, BOS and EOS as nothing.
+  std::string decode(const std::vector<int>& ids) const;
   // The pieces of `ids` (for debugging: "▁The", "<0x0A>", ...).
   std::vector<std::string> pieces(const std::vector<int>& ids) const;
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "src/core/bf16.h"
 #include "src/core/error.h"
 #include "src/core/rng.h"
 #include "src/core/trace.h"
@@ -684,6 +685,27 @@ double LlamaModel::forward_only_head(int64_t N) {
   double sum = 0;
   for (const double s : sums) sum += s;
   return valid_ > 0 ? sum / double(valid_) : 0.0;
+}
+
+std::vector<float> LlamaModel::head_logits(const std::vector<int64_t>& rows) {
+  GRASS_CHECK(B_ > 0, "head_logits() without a forward()");
+  const int C = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int bytes = storage().act_bytes;
+  std::vector<float> out(rows.size() * size_t(V));
+  std::vector<uint16_t> bf16(bytes == 2 ? size_t(V) : 0);
+  for (size_t i = 0; i < rows.size(); i++) {
+    GRASS_CHECK(rows[i] >= 0 && rows[i] < int64_t(B_) * T_, "head_logits: row out of range");
+    backend_->linear_forward(logits_, at(nf_, rows[i] * C, bytes), lm_head_weights(), 1, C, V);
+    float* row = out.data() + i * size_t(V);
+    if (bytes == 2) {
+      backend_->download(bf16.data(), logits_, size_t(V) * 2);
+      std::transform(bf16.begin(), bf16.end(), row, bf16_to_float);
+    } else {
+      backend_->download(row, logits_, size_t(V) * sizeof(float));
+    }
+  }
+  B_ = 0;  // the logits buffer no longer holds the forward's logits (the CPU's backward reads them)
+  return out;
 }
 
 void LlamaModel::read_losses() {

@@ -191,6 +191,11 @@ class LlamaModel {
   std::vector<double> take_losses();
   // forward_async() and its loss (nothing else may be queued): for evaluation and tests.
   double forward(const int32_t* inputs, const int32_t* targets, int B);
+  // The logits of `rows` (b·T + t) of the last forward, fp32 on the host, rows.size() x V: each
+  // row's final-norm output through lm_head by the head's GEMM, in the head's storage. For
+  // sampling (model/generate.h), since the GPU's head keeps no logits past its loss. It
+  // overwrites the logits buffer, so backward() then needs a new forward().
+  std::vector<float> head_logits(const std::vector<int64_t>& rows);
   // Adds d(loss_scale * mean loss)/dθ to the gradients, for the batch of the last forward().
   void backward(double loss_scale);
   // Training's micro-batch: forward_async() then backward(loss_scale), with the head's forward
