@@ -65,7 +65,7 @@
 # checkpoint_every 0 (clipoff: grad_clip 0 too), and the optimizer, replaced by
 # the method's with the learning rate of the grid; the config's betas, eps and weight_decay stay,
 # and for the projected methods its rank, update_interval, scale and targets (else the engine's
-# defaults: rank 128, K 200, scale 0.25). The methods are ranked by the final validation loss, so
+# defaults, docs/configs.md). The methods are ranked by the final validation loss, so
 # the config needs data.val. Its runs go to DIR/a/NAME/... (NAME: the config's file name without
 # .json), its tables to DIR/<table>.md and its plots to DIR, not docs/img. One run at a time (on
 # a GPU, two would share its memory) and OMP_NUM_THREADS as you set it: --jobs N for more at once.
