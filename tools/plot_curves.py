@@ -156,7 +156,7 @@ def draw(runs, out):
 
 
 def main():
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="scripts/plot.sh", description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="the PNG to write (default: RUN_DIR/curves.png for one run, "
                         "./curves.png for several)")
     parser.add_argument("--check", action="store_true", help="read and check the runs, draw nothing")
