@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Installs the Debian packages grass builds with, if any are missing. Idempotent; silent when all
-# are present. CUDA is not installed here: when /usr/local/cuda exists the build uses it.
+# Installs the Debian packages grass builds with, if any are missing; with arguments, those
+# packages instead (scripts/plot.sh: python3-matplotlib). Idempotent; silent when all are
+# present. CUDA is not installed here: when /usr/local/cuda exists the build uses it.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config nlohmann-json3-dev catch2 zlib1g-dev
           libopenblas-openmp-dev libsentencepiece-dev sentencepiece libopenmpi-dev openmpi-bin)
+[ $# -eq 0 ] || packages=("$@")
 
 missing=()
 for p in "${packages[@]}"; do

@@ -55,12 +55,25 @@
 # Resumable: each run goes to its own folder under DIR (default runs/compare) and is skipped when
 # it finished; delete a folder to redo that run. One progress line per run on stderr; the markdown
 # tables on stdout and in DIR/<table>.md, the plots in docs/img/.
+#
+# Your own run config instead of the bundled models: --config RUN_JSON with tables a and clipoff
+# (clipoff after a, with the same --config and --out), e.g.
+#   scripts/experiments/compare_optimizers.sh a --config my_run.json --methods adamw,grass_top_r,galore
+# Every run is `grass train RUN_JSON` as you would run it (from the directory you are in, so its
+# relative paths mean what they mean to you), with its model, data, batch, steps, schedule,
+# precision, device and evaluations, and these changes only: out_dir (one folder a run), seed,
+# checkpoint_every 0 (clipoff: grad_clip 0 too), and the optimizer, replaced by
+# the method's with the learning rate of the grid; the config's betas, eps and weight_decay stay,
+# and for the projected methods its rank, update_interval, scale and targets (else the engine's
+# defaults, docs/configs.md). The methods are ranked by the final validation loss, so
+# the config needs data.val. Its runs go to DIR/a/NAME/... (NAME: the config's file name without
+# .json), its tables to DIR/<table>.md and its plots to DIR, not docs/img. One run at a time (on
+# a GPU, two would share its memory) and OMP_NUM_THREADS as you set it: --jobs N for more at once.
 set -euo pipefail
+user_pwd=$PWD
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 a|b|c|d|e|clipoff|peers|prox [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied] [--modes MODE1,...]" >&2; exit 2; }
-[ $# -ge 1 ] || usage
-table=$1; shift
-out=runs/compare jobs=2 only= model_list=quickstart,quickstart_tied mode_list=
+usage() { echo "usage: $0 a|b|c|d|e|clipoff|peers|prox [--out DIR] [--jobs N] [--methods M1,M2,...] [--models quickstart,quickstart_tied] [--modes MODE1,...] [--config RUN_JSON]" >&2; exit 2; }
+table= out=runs/compare jobs= only= model_list= mode_list= config=
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift ;;
@@ -68,13 +81,29 @@ while [ $# -gt 0 ]; do
     --methods) only=$2; shift ;;
     --models) model_list=$2; shift ;;
     --modes) mode_list=$2; shift ;;
-    *) usage ;;
+    --config) config=$2; shift ;;
+    -*) usage ;;
+    *) [ -z "$table" ] || usage; table=$1 ;;
   esac
   shift
 done
 case $table in a|b|c|d|e|clipoff|peers|prox) ;; *) usage ;; esac
-[ -x build/grass ] || scripts/build.sh >/dev/null
 report() { /usr/bin/python3 scripts/experiments/compare_report.py "$@"; }
+threads=1  # the bundled tables' runs: one thread each (the CPU's sums depend on the thread count)
+if [ -n "$config" ]; then
+  case $table in a|clipoff) ;; *)
+    echo "error: --config applies to tables a and clipoff; table $table is an experiment on the bundled models" >&2
+    exit 2 ;;
+  esac
+  [ -z "$model_list" ] || { echo "error: --models names bundled models; with --config the model is the config's" >&2; exit 2; }
+  case $config in /*) ;; *) config=$user_pwd/$config ;; esac
+  [ -f "$config" ] || { echo "error: --config $config: no such file" >&2; exit 2; }
+  out=$(realpath -m "$out")  # the runs start in $user_pwd: their out_dir must not be relative
+  model_list=$(basename "$config" .json) jobs=${jobs:-1} threads=${OMP_NUM_THREADS:-}
+  export COMPARE_PLOTS=$out
+fi
+model_list=${model_list:-quickstart,quickstart_tied} jobs=${jobs:-2}
+[ -x build/grass ] || scripts/build.sh >/dev/null
 
 # The methods of Tables A and C: name, then the optimizer's --set arguments.
 methods=(
@@ -133,6 +162,9 @@ projected_args=(--set optimizer.rank=$rank --set optimizer.update_interval=$inte
 grass_train=(build/grass train configs/runs/quickstart.json)
 
 finished() { [ -f "$1/metrics.jsonl" ] && grep -q "\"eval\":true,\"step\":$steps," "$1/metrics.jsonl"; }
+if [ -n "$config" ]; then  # its steps are the config's: whether the run evaluated at its last
+  finished() { report finished "$1"; }
+fi
 
 # A queue of runs, each "label|dir|command...", run $jobs at a time (the command writes to dir).
 queue=()
@@ -150,7 +182,7 @@ run_queue() {
     (
       rm -rf "$dir"; mkdir -p "$dir"
       start=$SECONDS
-      if OMP_NUM_THREADS=1 "${f[@]:2}" >"$dir.log" 2>&1 && finished "$dir"; then
+      if env ${threads:+OMP_NUM_THREADS=$threads} "${f[@]:2}" >"$dir.log" 2>&1 && finished "$dir"; then
         echo "[$table $n/$total] $label: $((SECONDS - start)) s, val loss $(report last-val "$dir")" >&2
       else
         echo "[$table $n/$total] $label: FAILED (log: $dir.log)" >&2; exit 1
@@ -163,6 +195,12 @@ run_queue() {
 }
 
 quality_prereqs() {
+  if [ -n "$config" ]; then  # the config's errors, in grass's own line, before any run starts
+    report check-config "$config"
+    env -C "$user_pwd" "$PWD/build/grass" mem "$config" >/dev/null || exit 2
+    mkdir -p "$out"
+    return
+  fi
   [ -f data/c4_sample/tokens/train.manifest.json ] ||
     { echo "the sample's shards are missing: run scripts/run.sh once first" >&2; exit 2; }
 }
@@ -174,6 +212,15 @@ enqueue_a() {
   local model=$1 name=$2 lr=$3 seed=$4 note=${5:-} root=${a_root:-$out/a} margs extra=()
   local dir=${a_dir:-$root/$1/$2}/lr$3_s$4
   mapfile -t margs < <(method_args "$name")
+  if [ -n "$config" ]; then  # the user's run, its optimizer replaced by the method's (above)
+    local kind=projected
+    case $name in adamw*) kind=dense ;; esac
+    enqueue "$model $name lr $lr seed $seed$note" "$dir" env -C "$user_pwd" "$PWD/build/grass" train \
+      "$config" --set out_dir="$dir" --set checkpoint_every=0 \
+      --set optimizer="$(report optimizer-base "$config" $kind)" "${margs[@]}" \
+      --set optimizer.lr="$lr" --set seed="$seed" ${a_extra[@]+"${a_extra[@]}"}
+    return
+  fi
   case $name in adamw*) ;; *) extra=("${projected_args[@]}") ;; esac
   enqueue "$model $name lr $lr seed $seed$note" "$dir" "${grass_train[@]}" --set out_dir="$dir" \
     --set model=configs/models/llama_$model.json "${quality_args[@]}" "${margs[@]}" "${extra[@]}" \

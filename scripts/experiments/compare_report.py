@@ -18,10 +18,19 @@
     compare_report.py table-e E_DIR MODEL...      Table E: ways of keeping activations at equal
                                                   activation memory
     compare_report.py table-c-row METRICS NAME K PLAN_BYTES   one row of Table C
+    compare_report.py finished RUN_DIR            exit status 0 when the run evaluated after its
+                                                  last step
+    compare_report.py check-config RUN_JSON       one error line, exit 2, unless the run config
+                                                  names data.val (--config runs are ranked by it)
+    compare_report.py optimizer-base RUN_JSON dense|projected   the run config's optimizer keys
+                                                  that every method of that kind keeps (betas,
+                                                  eps, weight_decay; rank, update_interval,
+                                                  scale, targets), as a JSON object for --set
 
 A difference between two methods "counts" when it exceeds twice the larger of their seed spreads
 (max - min of the final validation loss over seeds 42, 1, 2). Plots need python3-matplotlib
-(without it the tables are printed and the plots skipped with a line on stderr).
+(without it the tables are printed and the plots skipped with a line on stderr); they go to
+docs/img/, or to the folder COMPARE_PLOTS names (compare_optimizers.sh --config: its --out DIR).
 """
 import json
 import os
@@ -29,6 +38,11 @@ import statistics
 import sys
 
 SEEDS = (42, 1, 2)
+PLOTS = os.environ.get("COMPARE_PLOTS", "docs/img")
+# The optimizer keys a --config comparison keeps from the user's run config; the rest (the name,
+# the rate, one optimizer's own choices) are the method's.
+DENSE_KEYS = ("betas", "eps", "weight_decay")
+PROJECTED_KEYS = DENSE_KEYS + ("rank", "update_interval", "scale", "targets")
 BASELINE_B = "r32_K40"
 LABELS = {
     "adamw": "AdamW",
@@ -183,7 +197,7 @@ def table_a(a_dir, models):
                   for b in ("adamw", "adamw_split")]
             print(f"| {LABELS[m]} | " + " | ".join(cells) +
                   f" | {lr}{edge} | {runs['mean']:.4f} | {runs['spread']:.4f} | {vs[0]} | {vs[1]} |")
-        plot(f"docs/img/compare_a_{model}.png",
+        plot(os.path.join(PLOTS, f"compare_a_{model}.png"),
              f"Table A, {model}: validation loss, mean and min-max of 3 seeds at each method's best lr",
              [(f"{LABELS[m]} (lr {results[m][0]})", results[m][1]) for m in methods])
 
@@ -208,7 +222,7 @@ def table_b(b_dir, lr):
     print("|---|---|---|")
     for v in others:
         print(f"| {v} | {cell(v)} | {versus(results[v], base)} |")
-    plot("docs/img/compare_b.png",
+    plot(os.path.join(PLOTS, "compare_b.png"),
          f"Table B: GRASS selection variants (r 32, K 40, lr {lr}), mean and min-max of 3 seeds",
          [(v, results[v]) for v in [BASELINE_B] + others])
 
@@ -237,7 +251,7 @@ def table_peers(peers_dir):
         print(f"| {LABELS[name]} vs {peer} | {cell(ours)} | {cell(theirs)} | {versus(theirs, ours)} | "
               f"{ms[f'grass_{name}']:.0f} ms | {ms[peer]:.0f} ms |")
         series += [(f"grass {LABELS[name]}", ours), (peer, theirs)]
-    plot("docs/img/compare_peers.png",
+    plot(os.path.join(PLOTS, "compare_peers.png"),
          "grass's GaLore and FLORA beside galore-torch and flora-opt (quickstart model, 3 seeds)",
          series)
 
@@ -302,7 +316,7 @@ def table_prox(prox_dir):
     for label, (lr, without), (lr_p, with_) in bests:
         print(f"| {label} | {cell(without)} (lr {lr}) | {cell(with_)} (lr {lr_p}) | "
               f"{versus(with_, without)} |")
-    plot("docs/img/compare_prox.png",
+    plot(os.path.join(PLOTS, "compare_prox.png"),
          "One sequence per step: with and without the proximal method, each at its best lr (3 seeds)",
          series)
 
@@ -364,7 +378,7 @@ def table_d(d_dir, models):
                       f" | {lr} | {runs['mean']:.4f} | {runs['spread']:.4f} | {vs} | {small} |")
                 if precision == "fp32":
                     series.append((f"{LABELS[m]}, {states} states (lr {lr})", runs))
-        plot(f"docs/img/compare_d_{model}.png",
+        plot(os.path.join(PLOTS, f"compare_d_{model}.png"),
              f"Table D, {model}: fp32 against 8-bit Adam states, mean and min-max of 3 seeds",
              series)
 
@@ -416,7 +430,7 @@ def table_e(e_dir, models):
                       f" | {lr} | {runs['mean']:.4f} | {runs['spread']:.4f} | {vs} |")
                 series.append((f"{words}, {micro} seq (lr {lr})", runs))
             print()
-            plot(f"docs/img/compare_e_{model}_{m}.png",
+            plot(os.path.join(PLOTS, f"compare_e_{model}_{m}.png"),
                  f"Table E, {model}, {LABELS[m]}: equal activation memory, mean and min-max of 3 seeds",
                  series)
 
@@ -438,6 +452,28 @@ def table_c_row(path, name, interval, plan):
     else:
         cols = ["-", "-"]
     print(f"| {name} | {step:.0f} | {cols[0]} | {cols[1]} | {mib(peak)} | {mib(plan)} |")
+
+
+def read_config(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {path}: cannot read the run config: {e}")
+
+
+def check_config(path):
+    config = read_config(path)
+    if not isinstance(config, dict) or not (config.get("data") or {}).get("val"):
+        print(f"error: {path}: no data.val: a comparison ranks the methods by their final "
+              "validation loss; add data.val (validation shards) to the run config", file=sys.stderr)
+        sys.exit(2)
+
+
+def optimizer_base(path, kind):
+    optimizer = read_config(path).get("optimizer") or {}
+    keys = PROJECTED_KEYS if kind == "projected" else DENSE_KEYS
+    print(json.dumps({k: optimizer[k] for k in keys if k in optimizer}, separators=(",", ":")))
 
 
 def main():
@@ -464,6 +500,12 @@ def main():
         table_e(args[0], args[1:])
     elif cmd == "table-c-row":
         table_c_row(args[0], args[1], int(args[2]), int(args[3]))
+    elif cmd == "finished":
+        sys.exit(0 if finished(args[0]) else 1)
+    elif cmd == "check-config":
+        check_config(args[0])
+    elif cmd == "optimizer-base":
+        optimizer_base(args[0], args[1])
     else:
         sys.exit(__doc__)
 
