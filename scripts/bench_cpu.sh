@@ -39,6 +39,7 @@ for m in "${models[@]}"; do
   [ -f "$shard" ] || build/make_synthetic_shard --out "$shard" --vocab "$vocab" --tokens 2000000 >/dev/null
   g=(); t=()  # t[k * rounds + r]: interpreter k's round r
   for ((r = 0; r < rounds; r++)); do
+    rm -rf "runs/bench_$m"  # a fresh run each round, never a resumed or refused one
     g+=("$(build/grass train configs/runs/bench_tiny.json --set model="$cfg" --set data.train="$shard" \
           --set micro_batch_size="$batch" --set total_batch_size="$batch" --set seq_len="$seq_len" \
           --set steps="$steps" --set out_dir=runs/bench_$m \

@@ -2,7 +2,9 @@
 # The main job: installs what is missing, builds, tokenizes the bundled C4-format sample
 # (data/c4_sample, see data/README.md) when its shards are missing, trains the quickstart model
 # on it, and prints the validation perplexity of the trained model against the untrained one's.
-# A few minutes on 2 cores. Extra arguments go to `grass train` (e.g. --set steps=100).
+# A few minutes on 2 cores. Extra arguments go to `grass train` (e.g. --set steps=100). Each run
+# starts afresh: an earlier run's out_dir is moved aside to <out_dir>.old-N (--overwrite), never
+# deleted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh grass  # the tests and tools are scripts/test.sh's to build
@@ -23,7 +25,7 @@ untrained=$(build/grass eval "$run" "$@")
 echo "$untrained"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-build/grass train "$run" "$@" | tee "$log"
+build/grass train "$run" --overwrite "$@" | tee "$log"
 
 ppl_of() { sed -n 's/.*| ppl \([0-9.]*\) |.*/\1/p' | tail -n 1; }
 echo "validation perplexity: untrained $(echo "$untrained" | ppl_of) -> trained $(ppl_of < "$log")" \

@@ -39,6 +39,11 @@ JSON
 
 expect 0 "" -- --help
 expect 0 "" -- train --help
+expect 0 "" -- tokenizer train --help
+grep -q -- "--vocab-size" "$tmp/stdout" && passes=$((passes + 1)) || { echo "FAIL: tokenizer train --help should list its options"; failures=$((failures + 1)); }
+expect 0 "" -- --version
+head -1 "$tmp/stdout" | grep -Eq "^grass [0-9a-f]{12}|^grass unknown" && grep -q "CUDA backend" "$tmp/stdout" && grep -q "MPI" "$tmp/stdout" \
+  && passes=$((passes + 1)) || { echo "FAIL: --version should name the commit and the build's options:"; cat "$tmp/stdout"; failures=$((failures + 1)); }
 "$GRASS" >/dev/null 2>&1; [ $? = 2 ] && passes=$((passes + 1)) || { echo "FAIL: grass with no command should exit 2"; failures=$((failures + 1)); }
 expect 2 'unknown command "trian"' -- trian x.json
 expect 2 "missing <run.json>" -- train

@@ -24,6 +24,7 @@ for m in "${models[@]}"; do
           --set total_batch_size=4 --set seq_len=256 --set steps=8 --set out_dir=runs/grass_step_time
           --set optimizer.name="$name" --set optimizer.lr=1e-3)
     [ "$name" = grass ] && args+=(--set optimizer.rank="$rank" --set optimizer.update_interval=1000)
+    rm -rf runs/grass_step_time  # a fresh run each setting, never a resumed or refused one
     out=$(build/grass train configs/runs/bench_tiny.json "${args[@]}")
     flops=$(echo "$out" | sed -n 's/^  FLOPs\/token *\([0-9.e+]*\).*/\1/p')
     tok_s=$(echo "$out" | sed -n 's/.*median \([0-9.]*\) tok\/s.*/\1/p')

@@ -10,6 +10,8 @@
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 #include "src/core/gpu_environment.h"
+#include "src/train/backend_choice.h"
+#include "grass_version.h"
 
 namespace {
 
@@ -24,9 +26,9 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"train", "train <run.json> [--resume DIR] [--set key=value ...]   train (resumes from out_dir's checkpoints)",
+    {"train", "train <run.json> [--resume DIR] [--overwrite] [--set key=value ...]   train (resumes from out_dir's checkpoints)",
      grass::cli::cmd_train},
-    {"mem", "mem <run.json> [--set key=value ...]     the memory a run will take, by category",
+    {"mem", "mem <run.json> [--memory-limit SIZE] [--set key=value ...]   will it fit: the memory a run will take, by category",
      grass::cli::cmd_mem},
     {"eval", "eval <run.json> [--weights PATH] [--tokens N] [--json]   validation perplexity",
      grass::cli::cmd_eval},
@@ -46,10 +48,30 @@ void print_usage(FILE* out) {
              out);
   for (const Command& c : kCommands) std::fprintf(out, "  %s\n", c.synopsis);
   std::fputs("\noptions:\n"
-             "  -h, --help      this help; `grass <command> --help` for a command's own\n\n"
+             "  -h, --help      this help; `grass <command> --help` for a command's own\n"
+             "  --version       the commit, the build's options, and the GPU and cuDNN found\n\n"
              "Run configs live in configs/runs/, model configs (Hugging Face LlamaConfig JSON) in\n"
              "configs/models/; docs/configs.md lists every key.\n",
              out);
+}
+
+// The commit and the build's options, then what this machine offers them.
+void print_version() {
+  std::printf("grass %s (%s build, %s)\n", GRASS_COMMIT, GRASS_BUILD_TYPE, GRASS_CXX_COMPILER);
+  const std::string cuda = GRASS_CUDA_BUILD;
+  std::printf("  CUDA backend     %s\n",
+              cuda.empty() ? "not built (no nvcc at configure time): the CPU backend only"
+                           : ("built with " + cuda + " for sm " + GRASS_CUDA_ARCHS).c_str());
+  const grass::RuntimeReport runtime = grass::runtime_report();
+  if (!runtime.gpu.empty()) std::printf("                   %s\n", runtime.gpu.c_str());
+  const std::string cudnn = GRASS_CUDNN_BUILD;
+  if (!cuda.empty())
+    std::printf("  cuDNN attention  %s\n",
+                cudnn.empty() ? "not built (no cudnn.h at configure time)"
+                              : ("built (cudnn.h from " + cudnn + "); at run time: " + runtime.cudnn).c_str());
+  const std::string mpi = GRASS_MPI_BUILD;
+  std::printf("  MPI              %s\n",
+              mpi.empty() ? "not built: one process only" : ("built with " + mpi).c_str());
 }
 
 }  // namespace
@@ -96,6 +118,10 @@ int main(int argc, char** argv) {
     }
     if (grass::cli::is_help(args[0])) {
       print_usage(stdout);
+      return 0;
+    }
+    if (args[0] == "--version") {
+      print_version();
       return 0;
     }
     const std::string name = args[0];

@@ -3,6 +3,7 @@
 #include "src/core/error.h"
 #include "src/train/run_resolution.h"
 #ifdef GRASS_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.h"
 #endif
 
@@ -41,6 +42,23 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
                     "configure time); rebuild where CUDA is installed, or use \"auto\" or \"cpu\"");
 #endif
   return make_cpu_backend(resolve(cfg, false).storage);
+}
+
+RuntimeReport runtime_report() {
+  RuntimeReport report;
+#ifdef GRASS_HAVE_CUDA
+  const cuda::DeviceProbe gpu = cuda::probe_device(0);
+  report.gpu = gpu.usable ? "GPU 0: " + gpu.description : gpu.description;
+#ifdef GRASS_HAVE_CUDNN
+  try {
+    cuda::make_cudnn_attention(nullptr);
+    report.cudnn = "libcudnn.so.9 loads and creates a handle";
+  } catch (const UserError& e) {
+    report.cudnn = e.what();
+  }
+#endif
+#endif
+  return report;
 }
 
 }  // namespace grass

@@ -16,4 +16,12 @@ namespace grass {
 std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_cpu = nullptr,
                                         int gpu_index = 0);
 
+// What this machine offers the build, for `grass --version`: the first GPU (or why none is
+// usable) and whether cuDNN's library loads; one line each, "" for what the build lacks.
+struct RuntimeReport {
+  std::string gpu;
+  std::string cudnn;
+};
+RuntimeReport runtime_report();
+
 }  // namespace grass

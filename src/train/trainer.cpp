@@ -363,12 +363,13 @@ void Run::print_memory_lines() const {
 
 void Run::print_run_lines() const {
   if (evaluator_)
-    std::printf("  eval          first %lld tokens of %s, %s, %d sequences a forward%s\n",
+    std::printf("  eval          first %lld tokens of %s, %s, %d sequence%s a forward%s\n",
                 (long long)cfg.eval_tokens, evaluator_->stream().describe().c_str(),
                 cfg.eval_every > 0
                     ? ("every " + std::to_string(cfg.eval_every) + " steps and at the end").c_str()
                     : "after the last step",
-                eval_batch_, state_.eval_model ? " (a forward-only model on the same weights)" : "");
+                eval_batch_, eval_batch_ == 1 ? "" : "s",
+                state_.eval_model ? " (a forward-only model on the same weights)" : "");
   if (cfg.checkpoint_every > 0)
     std::printf("  checkpoints   every %lld steps and after the last, into %s; keep the last %lld%s\n",
                 (long long)cfg.checkpoint_every, checkpoint_root(cfg).c_str(),
