@@ -192,14 +192,14 @@ compgen -G "$ck/.tmp_step_*" >/dev/null && fail "a temporary checkpoint director
 [ "$before" = "$(md5sum "$ck/$final"/*)" ] && "$GRASS" export --checkpoint "$ck/$final" --out "$tmp/verify" >/dev/null \
   && pass || fail "the previous checkpoint changed"
 
-# An out_dir whose checkpoints directory cannot be created: refused before any step.
-mkdir -p "$tmp/blocked" && touch "$tmp/blocked/checkpoints"
+# An out_dir of this run whose checkpoints directory cannot be created: refused before any step.
+mkdir -p "$tmp/blocked" && touch "$tmp/blocked/checkpoints" && cp "$tmp/ref/config.json" "$tmp/blocked/"
 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/blocked" >"$tmp/blocked.log" 2>"$tmp/blocked.err"
 code=$?
 [ "$code" = 2 ] && grep -q "^error: $tmp/blocked/checkpoints: cannot create the checkpoint directory" "$tmp/blocked.err" \
   && ! grep -q "^step" "$tmp/blocked.log" && pass || fail "unwritable checkpoints: exit $code, $(cat "$tmp/blocked.err")"
 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/train.bin" >/dev/null 2>"$tmp/file.err"
-[ $? = 2 ] && grep -q "cannot create out_dir" "$tmp/file.err" && pass || fail "out_dir is a file: $(cat "$tmp/file.err")"
+[ $? = 2 ] && grep -q "out_dir is a file, not a directory" "$tmp/file.err" && pass || fail "out_dir is a file: $(cat "$tmp/file.err")"
 
 # Two runs on one out_dir: the second is refused while the first holds the lock.
 GRASS_TEST_CHECKPOINT_PAUSE_MS=200 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/locked" >/dev/null 2>&1 &

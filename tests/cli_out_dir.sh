@@ -119,5 +119,13 @@ check "grep -q 'run the same command again to resume' '$tmp/stop.out'" "a stop w
 expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/stopped_ck" --set checkpoint_every=1000 --set steps=$((stopped_at + 2))
 check "[ \"\$(step_rows '$tmp/stopped_ck')\" = $((stopped_at + 2)) ]" "the resumed run should continue after the stop"
 
+# Killed outright before its first checkpoint (nothing saved): a run with checkpoints starts again
+# from step 0, as from a checkpoint there.
+code=$(stop_with KILL "$tmp/killed" --set checkpoint_every=1000)
+check "[ '$code' = 137 ]" "SIGKILL should exit 137, got $code"
+expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/killed" --set checkpoint_every=1000 --set steps=3
+check "grep -q 'resume        none: $tmp/killed holds this run to step [0-9]* but no checkpoint yet, so it starts again from step 0' '$tmp/stdout'" "the restart should say so"
+check "[ \"\$(step_rows '$tmp/killed')\" = 3 ]" "the restarted run should hold steps 1..3 once each"
+
 echo "cli_out_dir: $passes passed, $failures failed"
 [ "$failures" = 0 ]

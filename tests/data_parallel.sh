@@ -161,7 +161,7 @@ for f in model.safetensors state.safetensors; do
     fail "resumed on 2 ranks: $f differs from the uninterrupted run's"
 done
 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/resume" "${ckpt[@]}" --set steps=9 \
-  --set micro_batch_size=8 >"$tmp/resume_one.log" 2>&1
+  --set micro_batch_size=8 --resume "$tmp/resume" >"$tmp/resume_one.log" 2>&1
 if [ $? -ne 2 ] || ! grep -q "written by a run of 2 rank(s); this run has 1" "$tmp/resume_one.log"; then
   fail "a 2-rank checkpoint resumed by one process is not refused with one line"; cat "$tmp/resume_one.log"
 fi

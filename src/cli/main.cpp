@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "kernels/cpu/blas_kernels.h"
+#include "src/cli/build_info.h"
 #include "src/cli/commands.h"
 #include "src/core/error.h"
 #include "src/core/gpu_environment.h"
 #include "src/train/backend_choice.h"
-#include "grass_version.h"
 
 namespace {
 
@@ -57,19 +57,21 @@ void print_usage(FILE* out) {
 
 // The commit and the build's options, then what this machine offers them.
 void print_version() {
-  std::printf("grass %s (%s build, %s)\n", GRASS_COMMIT, GRASS_BUILD_TYPE, GRASS_CXX_COMPILER);
-  const std::string cuda = GRASS_CUDA_BUILD;
+  const grass::cli::BuildInfo& build = grass::cli::build_info();
+  std::printf("grass %s (%s build, %s)\n", build.commit, build.build_type, build.compiler);
+  const std::string cuda = build.cuda;
   std::printf("  CUDA backend     %s\n",
               cuda.empty() ? "not built (no nvcc at configure time): the CPU backend only"
-                           : ("built with " + cuda + " for sm " + GRASS_CUDA_ARCHS).c_str());
+                           : ("built with " + cuda + " for sm " + build.cuda_archs).c_str());
   const grass::RuntimeReport runtime = grass::runtime_report();
   if (!runtime.gpu.empty()) std::printf("                   %s\n", runtime.gpu.c_str());
-  const std::string cudnn = GRASS_CUDNN_BUILD;
+  const std::string cudnn = build.cudnn;
   if (!cuda.empty())
     std::printf("  cuDNN attention  %s\n",
                 cudnn.empty() ? "not built (no cudnn.h at configure time)"
-                              : ("built (cudnn.h from " + cudnn + "); at run time: " + runtime.cudnn).c_str());
-  const std::string mpi = GRASS_MPI_BUILD;
+                              : ("built (cudnn.h from " + cudnn + "); at run time: " +
+                                 runtime.cudnn).c_str());
+  const std::string mpi = build.mpi;
   std::printf("  MPI              %s\n",
               mpi.empty() ? "not built: one process only" : ("built with " + mpi).c_str());
 }

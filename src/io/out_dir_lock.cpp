@@ -12,6 +12,22 @@
 
 namespace grass {
 
+namespace {
+UserError locked(const std::string& out_dir, const std::string& path) {
+  return UserError(out_dir + ": another grass process is training into this out_dir (it holds " +
+                   path + "); wait for it or choose another out_dir");
+}
+}  // namespace
+
+void refuse_if_locked(const std::string& out_dir) {
+  const std::string path = out_dir + "/.lock";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // no lock file: nobody has trained there
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  if (held) throw locked(out_dir, path);
+}
+
 OutDirLock::OutDirLock(const std::string& out_dir) {
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
@@ -22,8 +38,7 @@ OutDirLock::OutDirLock(const std::string& out_dir) {
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     ::close(fd_);
     fd_ = -1;
-    throw UserError(out_dir + ": another grass process is training into this out_dir (it holds " +
-                    path + "); wait for it or choose another out_dir");
+    throw locked(out_dir, path);
   }
 }
 

@@ -118,14 +118,15 @@ bool out_dir_has_contents(const std::string& out_dir) {
   return fs::is_directory(out_dir, ec) && !contents(out_dir).empty();
 }
 
-void check_out_dir(const RunConfig& cfg, bool explicit_resume) {
+std::string check_out_dir(const RunConfig& cfg, bool explicit_resume) {
   const std::string& dir = cfg.out_dir;
   std::error_code ec;
-  if (!fs::exists(dir, ec)) return;
+  if (!fs::exists(dir, ec)) return "";
   if (!fs::is_directory(dir, ec))
     throw UserError(dir + ": out_dir is a file, not a directory; choose another out_dir");
+  refuse_if_locked(dir);  // a run in progress is named as such, whatever it holds
   const std::vector<std::string> names = contents(dir);
-  if (names.empty()) return;
+  if (names.empty()) return "";
   const std::string way_out = "train into a new out_dir, or pass --overwrite to move its contents "
                               "to " + next_old_name(dir);
   const std::string checkpoints = checkpoint_root(cfg);
@@ -152,11 +153,17 @@ void check_out_dir(const RunConfig& cfg, bool explicit_resume) {
   }
   // A resume (or, from a checkpoint at `steps`, a finished run: finished_run_error, once the
   // checkpoint it would resume from has been verified)
-  if (!complete.empty()) return;
-  if (explicit_resume) return;  // from a checkpoint elsewhere
+  if (!complete.empty()) return "";
+  if (explicit_resume) return "";  // from a checkpoint elsewhere
   const int64_t last = last_metrics_step(dir + "/metrics.jsonl");
   const bool model = fs::exists(final_model_dir(dir), ec);
-  if (last == 0 && !model) return;  // it never finished a step: nothing to lose
+  if (last == 0 && !model) return "";  // it never finished a step: nothing to lose
+  // Killed before its first checkpoint: it resumes from its start, as from a checkpoint at step
+  // 0 (metrics.jsonl cut back to it), as a run with checkpoints is meant to.
+  const json* every = saved->contains("checkpoint_every") ? &(*saved)["checkpoint_every"] : nullptr;
+  if (!model && every && every->is_number_integer() && every->get<int64_t>() > 0)
+    return "none: " + dir + " holds this run to step " + std::to_string(last) +
+           " but no checkpoint yet, so it starts again from step 0";
   std::string results;
   if (last > 0) results = "metrics.jsonl to step " + std::to_string(last);
   if (model) results += (results.empty() ? "" : ", ") + std::string("its model in ") + final_model_dir(dir);

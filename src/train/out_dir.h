@@ -17,8 +17,11 @@ namespace grass {
 // config lacks (written by an older grass) is not compared. With `explicit_resume` (--resume),
 // another run's config is accepted (the resume warns about each key that differs) and a run
 // without checkpoints there too, since the named checkpoint is where it continues from.
-// A finished run with checkpoints passes here: see finished_run_error.
-void check_out_dir(const RunConfig& cfg, bool explicit_resume);
+// A finished run with checkpoints passes here: see finished_run_error. So does a run with
+// checkpoint_every that was stopped before its first checkpoint and left no model: it starts
+// again from step 0, as from a checkpoint there (the note says so).
+// Returns "" or, for a run that starts again, a note for the start-up table's resume line.
+std::string check_out_dir(const RunConfig& cfg, bool explicit_resume);
 
 // The refusal for a run whose newest complete checkpoint in out_dir, at `step`, is at its steps
 // already (decided once the checkpoint has been verified: a damaged newer one does not count).

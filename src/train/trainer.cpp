@@ -82,6 +82,7 @@ class Run {
   int64_t start_step = 0;
   std::string resumed_from;  // the checkpoint's directory, "" for a fresh start
   std::string moved_to;      // --overwrite: where out_dir's earlier contents went; "" if nowhere
+  std::string restart_note;  // check_out_dir's: this run starts again from step 0, and why
 
  private:
   void check_inputs();
@@ -123,7 +124,7 @@ Run::Run(const RunConfig& c, const TrainOptions& options)
   if (options.overwrite)
     check_overwrite(cfg, options.resume);
   else
-    check_out_dir(cfg, !options.resume.empty());
+    restart_note = check_out_dir(cfg, !options.resume.empty());
   build_state();
   if (leader && options.overwrite && out_dir_has_contents(cfg.out_dir))
     moved_to = move_out_dir_aside(cfg.out_dir);
@@ -380,6 +381,8 @@ void Run::print_run_lines() const {
   if (!resumed_from.empty())
     std::printf("  resume        from %s (step %lld of %lld)\n", resumed_from.c_str(),
                 (long long)start_step, (long long)cfg.steps);
+  else if (!restart_note.empty())
+    std::printf("  resume        %s\n", restart_note.c_str());
   else if (!cfg.init_from.empty())
     std::printf("  init          weights from %s\n", cfg.init_from.c_str());
 }
