@@ -5,6 +5,7 @@
 // buffer; "auto" picks the most that memory allows and the plan counts it.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -107,9 +108,24 @@ TEST_CASE("eval_batch_size auto takes what memory allows, and the plan counts it
   const grass::Storage gpu = grass::storage_for(grass::PrecisionChoice::Auto, true);
   const int windows = 500;
 
-  // The CPU without a limit: up to the training plan's activations and workspace or 256 MiB,
-  // which takes every window of this small model.
-  CHECK(grass::resolve_eval_batch(cfg, cpu, cfg.eval_tokens, false) == windows);
+  // The CPU without a limit: the most that fits in the training plan's activations and workspace
+  // or kEvalBudgetBytes, whichever is more.
+  {
+    const grass::MemoryPlan base = grass::plan_memory(cfg, cpu);
+    const int64_t budget = std::max(base.bytes[int(grass::MemCategory::Activations)] +
+                                        base.bytes[int(grass::MemCategory::Workspace)],
+                                    grass::kEvalBudgetBytes);
+    const int batch = grass::resolve_eval_batch(cfg, cpu, cfg.eval_tokens, false);
+    CHECK(batch > cfg.micro_batch_size);
+    CHECK(batch <= windows);
+    CHECK(grass::eval_model_bytes(cfg, cpu, batch, false) <= budget);
+    if (batch < windows) CHECK(grass::eval_model_bytes(cfg, cpu, batch + 1, false) > budget);
+    // and grass eval alone: what the run would train in, and the budget more
+    const int alone = grass::resolve_eval_batch(cfg, cpu, cfg.eval_tokens, true);
+    CHECK(grass::eval_model_bytes(cfg, cpu, alone, true) <= base.total + grass::kEvalBudgetBytes);
+    if (alone < windows)
+      CHECK(grass::eval_model_bytes(cfg, cpu, alone + 1, true) > base.total + grass::kEvalBudgetBytes);
+  }
   // The GPU without a limit: the training model evaluates.
   CHECK(grass::resolve_eval_batch(cfg, gpu, cfg.eval_tokens, false) == cfg.micro_batch_size);
   // Under a limit: the largest batch whose plan leaves the allowance (GPU) free.

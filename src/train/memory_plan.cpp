@@ -506,7 +506,7 @@ std::string describe_eval(const RunConfig& cfg, const Storage& storage) {
          (cfg.eval_batch_size > 0 ? ", counted above"
           : cfg.memory_limit > 0  ? " beside the plan above (the room memory_limit leaves it)"
                                   : " beside the plan above (on the CPU, up to the training "
-                                    "activations and workspace or 256 MiB)") +
+                                    "activations and workspace or 64 MiB)") +
          "\n";
 }
 

@@ -62,7 +62,9 @@ int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t li
 //   and kEvalBudgetBytes more.
 // UserError for an explicit eval_batch_size that cannot run (above micro_batch_size with cuDNN's
 // attention on the GPU).
-constexpr int64_t kEvalBudgetBytes = int64_t(256) << 20;
+// (64 MiB: at the quickstart's size a CPU evaluation is as fast from about 16 sequences on, which
+// that holds; docs/memory.md)
+constexpr int64_t kEvalBudgetBytes = int64_t(64) << 20;
 int resolve_eval_batch(const RunConfig& cfg, const Storage& storage, int64_t eval_tokens,
                        bool standalone);
 // The bytes of a forward-only model for `batch` sequences: with its own weights and scratch
