@@ -781,8 +781,11 @@ bool warp_arrive(const char* op) {
   Block& b = *running;
   const Fiber& me = b.fibers[size_t(b.current)];
   Barrier& bar = b.warp_barriers[size_t(me.warp)];
-  const auto reached = [&] { return std::string(op ? op : "a warp-wide operation") + " reached by " + describe_thread(me); };
-  if (b.warp_exited[size_t(me.warp)] > 0) fail_fiber(reached() + " after lanes of its warp returned");
+  const auto reached = [&] {
+    return std::string(op ? op : "a warp-wide operation") + " reached by " + describe_thread(me);
+  };
+  if (b.warp_exited[size_t(me.warp)] > 0)
+    fail_fiber(reached() + " after lanes of its warp returned");
   if (bar.arrived > 0 && bar.op != op)
     fail_fiber(reached() + " while " + std::to_string(bar.arrived) + " lanes of its warp wait at " +
                (bar.op ? bar.op : "__syncwarp or a shuffle"));
