@@ -41,6 +41,7 @@ INFRASTRUCTURE = {
         "gemm.cu": "the cuBLASLt GEMM every product goes through (the CPU's is BLAS)",
         "gemm.cuh": "the cuBLASLt GEMM every product goes through",
         "quant8.cuh": "the 8-bit optimizer steps' dequantize-step-requantize block",
+        "mma_ptx.cuh": "sm_80's mma.sync, ldmatrix and cp.async as inline PTX (the emulator's model)",
     },
 }
 OP_EXTENSION = {"cpu": ".cpp", "cuda": ".cu"}

@@ -59,6 +59,8 @@ void set_error(cudaError_t err) {
 // A fault of a kernel that ran: reported by the next synchronising call, as a GPU does.
 // Atomic: a data-parallel run's watchdog queries events from its own thread (dist/watchdog.h).
 std::atomic<cudaError_t> pending_fault{cudaSuccess};
+std::mutex fault_message_mutex;
+std::string fault_message;  // the last kernel fault's line (cuda_emu.h's last_kernel_fault)
 cudaError_t take_fault() { return pending_fault.exchange(cudaSuccess); }
 
 // Module loading, as the process's first CUDA call found CUDA_MODULE_LOADING (cuda_runtime.h).
@@ -526,6 +528,16 @@ struct Barrier {
   int arrived = 0;
   int expected = 0;
   std::vector<int> waiters;  // fibers suspended here, released together by the last arrival
+  // A warp's: the warp-collective instruction its waiters are at (mma.sync, ldmatrix), or null
+  // for __syncwarp and shuffles.
+  const char* op = nullptr;
+};
+
+// One cp.async under CUDA_EMU_CP_ASYNC=late: the source's bytes as they were at issue, to land
+// at the wait that needs them.
+struct AsyncCopy {
+  unsigned char* dst;
+  unsigned char bytes[16];
 };
 
 struct Fiber {
@@ -534,6 +546,17 @@ struct Fiber {
   int warp = 0;
   bool done = false;
   unsigned shuffles = 0;  // how many shuffles it has made: picks the exchange round
+  // Its cp.async copies not yet landed (late mode): those issued since its last commit, and its
+  // committed groups, oldest first.
+  std::vector<AsyncCopy> open_copies;
+  std::deque<std::vector<AsyncCopy>> copy_groups;
+};
+
+// A warp-collective instruction's operands, deposited by each lane, and its results, written for
+// every lane by the last lane to arrive.
+struct WarpOperands {
+  alignas(16) unsigned char in[32][48];
+  alignas(16) unsigned char out[32][16];
 };
 
 // CUDA_EMU_ORDER picks the order in which threads and blocks run; a race (a read of what another
@@ -576,8 +599,10 @@ struct Block {
   std::vector<Barrier> warp_barriers;
   std::vector<int> warp_exited;
   std::vector<std::array<uint64_t, 64>> exchange;  // two rounds of 32 slots per warp
+  std::vector<WarpOperands> operands;               // one per warp
   std::vector<unsigned char> dynamic_shared;
-  std::vector<const void*> shared_seen;  // static __shared__ variables poisoned in this block
+  // static __shared__ variables poisoned in this block: address and size
+  std::vector<std::pair<const void*, size_t>> shared_seen;
   std::deque<int> ready;  // fibers to run, in order
   int current = 0;
   int exited = 0;
@@ -606,6 +631,11 @@ char* stack_for(size_t i) {
 std::mutex attribute_mutex;
 std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute per kernel
 
+std::string describe_thread(const Fiber& f) {
+  return "thread (" + std::to_string(f.tid.x) + "," + std::to_string(f.tid.y) + "," +
+         std::to_string(f.tid.z) + ")";
+}
+
 // A fiber that broke a rule: note it and hand control back for good (the launch is abandoned).
 [[noreturn]] void fail_fiber(const std::string& why,
                              cudaError_t fault = cudaErrorLaunchFailure) {
@@ -627,6 +657,11 @@ std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute per kern
     fail_fiber(std::string("exception in the kernel: ") + e.what());
   }
   Fiber& me = b.fibers[size_t(b.current)];
+  // a .sync.aligned instruction waits for every lane: on the GPU the waiting lanes hang
+  const Barrier& warp = b.warp_barriers[size_t(me.warp)];
+  if (warp.arrived > 0 && warp.op)
+    fail_fiber(describe_thread(me) + " returned while " + std::to_string(warp.arrived) +
+               " lanes of its warp wait at " + warp.op + ", which every lane must reach");
   me.done = true;
   b.exited++;
   b.warp_exited[size_t(me.warp)]++;
@@ -634,23 +669,19 @@ std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute per kern
   std::abort();  // a finished fiber is never resumed
 }
 
-// The last thread to arrive releases the others and goes on; the others wait for it.
-void arrive(Barrier& bar) {
+// The last thread to arrive releases the others and goes on (true); the others wait for it.
+bool arrive(Barrier& bar) {
   Block& b = *running;
   if (++bar.arrived == bar.expected) {
     bar.arrived = 0;
     if (order().kind == Order::Random) std::shuffle(bar.waiters.begin(), bar.waiters.end(), order_rng);
     b.ready.insert(b.ready.end(), bar.waiters.begin(), bar.waiters.end());
     bar.waiters.clear();
-    return;
+    return true;
   }
   bar.waiters.push_back(b.current);
   switch_context(b.fibers[size_t(b.current)].context, b.scheduler);
-}
-
-std::string describe_thread(const Fiber& f) {
-  return "thread (" + std::to_string(f.tid.x) + "," + std::to_string(f.tid.y) + "," +
-         std::to_string(f.tid.z) + ")";
+  return false;
 }
 
 // An access past a device buffer hits its guard page: SIGSEGV, which a GPU reports as an
@@ -714,6 +745,8 @@ std::string run_block(Block& b, int threads) {
     Fiber& f = b.fibers[size_t(i)];
     f.done = false;
     f.shuffles = 0;
+    f.open_copies.clear();  // copies a thread of the last block never waited for never land
+    f.copy_groups.clear();
     make_context(f.context, stack_for(size_t(i)), kStackBytes, fiber_entry);
     b.ready.push_back(i);
   }
@@ -729,11 +762,108 @@ std::string run_block(Block& b, int threads) {
   }
   if (b.exited == threads) return "";
   size_t at_warp = 0;
-  for (const Barrier& w : b.warp_barriers) at_warp += w.waiters.size();
+  std::string ops;  // the warp-collective instructions lanes wait at
+  for (const Barrier& w : b.warp_barriers) {
+    at_warp += w.waiters.size();
+    if (!w.waiters.empty() && w.op && ops.find(w.op) == std::string::npos)
+      ops += std::string(ops.empty() ? " (" : ", ") + w.op;
+  }
+  if (!ops.empty()) ops += ")";
   return "deadlock: " + std::to_string(b.block_barrier.waiters.size()) +
-         " threads wait at __syncthreads, " + std::to_string(at_warp) + " at a warp barrier, " +
-         std::to_string(b.exited) + " have returned";
+         " threads wait at __syncthreads, " + std::to_string(at_warp) + " at a warp barrier" +
+         ops + ", " + std::to_string(b.exited) + " have returned";
 }
+
+// Arrival of the calling thread at its warp's barrier for `op`, a warp-collective instruction
+// (null: __syncwarp or a shuffle); true for the last lane to arrive. Lanes that meet at one
+// barrier must all be at the same instruction.
+bool warp_arrive(const char* op) {
+  Block& b = *running;
+  const Fiber& me = b.fibers[size_t(b.current)];
+  Barrier& bar = b.warp_barriers[size_t(me.warp)];
+  const auto reached = [&] {
+    return std::string(op ? op : "a warp-wide operation") + " reached by " + describe_thread(me);
+  };
+  if (b.warp_exited[size_t(me.warp)] > 0)
+    fail_fiber(reached() + " after lanes of its warp returned");
+  if (bar.arrived > 0 && bar.op != op)
+    fail_fiber(reached() + " while " + std::to_string(bar.arrived) + " lanes of its warp wait at " +
+               (bar.op ? bar.op : "__syncwarp or a shuffle"));
+  bar.op = op;
+  return arrive(bar);
+}
+
+// A warp-collective instruction: every lane of a full warp deposits `in`; the last to arrive
+// runs compute(ins, outs, warp) on all 32 lanes' operands at once (so the instruction reads
+// memory at one moment, with every lane of the warp stopped at it), and each lane leaves with
+// its own result. A lane's next deposit cannot overwrite a result not yet read: results are
+// written only when all 32 lanes have arrived again.
+template <typename Out, typename In, typename Compute>
+Out warp_collective(const char* op, const In& in, Compute compute) {
+  static_assert(sizeof(In) <= sizeof(WarpOperands::in[0]) && sizeof(Out) <= sizeof(WarpOperands::out[0]));
+  Block& b = *running;
+  const Fiber& me = b.fibers[size_t(b.current)];
+  const int lane = b.current % 32;
+  if (b.warp_barriers[size_t(me.warp)].expected != 32)
+    fail_fiber(std::string(op) + " by " + describe_thread(me) + " in a warp of fewer than 32 threads");
+  WarpOperands& w = b.operands[size_t(me.warp)];
+  std::memcpy(w.in[lane], &in, sizeof(In));
+  if (warp_arrive(op)) {
+    In ins[32];
+    Out outs[32];
+    for (int l = 0; l < 32; l++) std::memcpy(&ins[l], w.in[l], sizeof(In));
+    compute(ins, outs, me.warp);
+    for (int l = 0; l < 32; l++) std::memcpy(w.out[l], &outs[l], sizeof(Out));
+  }
+  Out out;
+  std::memcpy(&out, w.out[lane], sizeof(Out));
+  return out;
+}
+
+const Fiber& lane_fiber(int warp, int lane) { return running->fibers[size_t(warp * 32 + lane)]; }
+
+std::string pointer_text(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", p);
+  return text;
+}
+
+// Whether [p, p + bytes) lies inside the running block's shared memory: its dynamic shared
+// memory or one static __shared__ variable it has reached.
+bool in_shared(const void* p, size_t bytes) {
+  const Block& b = *running;
+  const auto inside = [&](const void* base, size_t size) {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(base), at = reinterpret_cast<uintptr_t>(p);
+    return at >= start && at + bytes <= start + size;
+  };
+  if (inside(b.dynamic_shared.data(), b.dynamic_shared.size())) return true;
+  for (const auto& [base, size] : b.shared_seen)
+    if (inside(base, size)) return true;
+  return false;
+}
+
+// CUDA_EMU_CP_ASYNC: unset, a cp.async copies at issue; "late", at the wait that needs it
+// (cuda_runtime.h). cuda_emu.h's set_cp_async_late overrides it.
+bool late_copies_from_environment() {
+  static const bool late = [] {
+    const char* text = std::getenv("CUDA_EMU_CP_ASYNC");
+    const std::string v = text ? text : "";
+    if (!v.empty() && v != "late") {
+      std::fprintf(stderr, "cuda_emu: CUDA_EMU_CP_ASYNC=%s: not \"late\"\n", v.c_str());
+      std::abort();
+    }
+    return v == "late";
+  }();
+  return late;
+}
+std::atomic<int> late_copies_override{-1};  // -1: the environment's
+bool late_copies() {
+  const int o = late_copies_override;
+  return o < 0 ? late_copies_from_environment() : o == 1;
+}
+
+float bf16_low(uint32_t pair) { return __uint_as_float(pair << 16); }
+float bf16_high(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
 
 }  // namespace
 
@@ -749,9 +879,10 @@ cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
 unsigned char* dynamic_shared_memory() { return running->dynamic_shared.data(); }
 
 void shared_declared(void* p, size_t bytes) {
-  std::vector<const void*>& seen = running->shared_seen;
-  if (std::find(seen.begin(), seen.end(), p) != seen.end()) return;
-  seen.push_back(p);
+  auto& seen = running->shared_seen;
+  for (const auto& [base, size] : seen)
+    if (base == p) return;
+  seen.emplace_back(p, bytes);
   std::memset(p, 0xFF, bytes);
 }
 
@@ -763,14 +894,7 @@ void block_barrier() {
   arrive(b.block_barrier);
 }
 
-void warp_barrier() {
-  Block& b = *running;
-  const Fiber& me = b.fibers[size_t(b.current)];
-  if (b.warp_exited[size_t(me.warp)] > 0)
-    fail_fiber("a warp-wide operation reached by " + describe_thread(me) +
-               " after lanes of its warp returned");
-  arrive(b.warp_barriers[size_t(me.warp)]);
-}
+void warp_barrier() { warp_arrive(nullptr); }
 
 uint64_t* warp_exchange() {
   Block& b = *running;
@@ -783,6 +907,123 @@ uint64_t* warp_exchange() {
 int lane_id() { return running->current % 32; }
 
 unsigned shuffle_round() { return running->fibers[size_t(running->current)].shuffles++; }
+
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+  struct Operands {
+    uint32_t a[4], b[2];
+    float c[4];
+  } in;
+  std::memcpy(in.a, a, sizeof in.a);
+  std::memcpy(in.b, b, sizeof in.b);
+  std::memcpy(in.c, c, sizeof in.c);
+  struct Result {
+    float d[4];
+  };
+  const Result out = warp_collective<Result>(
+      "mma.sync.m16n8k16", in, [](const Operands* ins, Result* outs, int) {
+        float A[16][16], B[16][8], C[16][8];
+        for (int lane = 0; lane < 32; lane++) {  // the PTX ISA's fragments (cuda_runtime.h)
+          const int g = lane / 4, t = lane % 4;
+          const Operands& o = ins[lane];
+          for (int h = 0; h < 4; h++) {  // a[h]: rows g (+8 for h odd), columns 2t (+8 for h >= 2)
+            const int row = g + 8 * (h & 1), col = 2 * t + 8 * (h >> 1);
+            A[row][col] = bf16_low(o.a[h]);
+            A[row][col + 1] = bf16_high(o.a[h]);
+          }
+          for (int h = 0; h < 2; h++) {  // b[h]: rows (k) 2t (+8 for h = 1), column g
+            B[2 * t + 8 * h][g] = bf16_low(o.b[h]);
+            B[2 * t + 8 * h + 1][g] = bf16_high(o.b[h]);
+          }
+          for (int i = 0; i < 4; i++) C[g + 8 * (i >> 1)][2 * t + (i & 1)] = o.c[i];
+        }
+        for (int lane = 0; lane < 32; lane++) {
+          const int g = lane / 4, t = lane % 4;
+          for (int i = 0; i < 4; i++) {
+            const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+            float s = C[row][col];
+            for (int k = 0; k < 16; k++) s = std::fma(A[row][k], B[k][col], s);
+            outs[lane].d[i] = s;
+          }
+        }
+      });
+  std::memcpy(d, out.d, sizeof out.d);
+}
+
+void ldmatrix(uint32_t* r, int count, bool trans, const void* row) {
+  static const char* const names[3][2] = {{"ldmatrix.x1", "ldmatrix.x1.trans"},
+                                          {"ldmatrix.x2", "ldmatrix.x2.trans"},
+                                          {"ldmatrix.x4", "ldmatrix.x4.trans"}};
+  if (count != 1 && count != 2 && count != 4) std::abort();  // the header's templates ask 1, 2, 4
+  struct Result {
+    uint32_t r[4];
+  };
+  const Result out = warp_collective<Result>(
+      names[count / 2][trans], row, [count, trans](const void* const* rows, Result* outs, int warp) {
+        uint16_t m[4][8][8];
+        for (int l = 0; l < 8 * count; l++) {  // lane 8·matrix + row gives that row's address
+          if (reinterpret_cast<uintptr_t>(rows[l]) % 16 != 0 || !in_shared(rows[l], 16))
+            fail_fiber(std::string(names[count / 2][trans]) + ": the row address " +
+                       pointer_text(rows[l]) + " of " + describe_thread(lane_fiber(warp, l)) +
+                       " is not 16 aligned bytes of the block's shared memory");
+          std::memcpy(m[l / 8][l % 8], rows[l], 16);
+        }
+        for (int lane = 0; lane < 32; lane++) {
+          const int g = lane / 4, t = lane % 4;
+          for (int i = 0; i < count; i++) {
+            const uint16_t lo = trans ? m[i][2 * t][g] : m[i][g][2 * t];
+            const uint16_t hi = trans ? m[i][2 * t + 1][g] : m[i][g][2 * t + 1];
+            outs[lane].r[i] = uint32_t(lo) | uint32_t(hi) << 16;
+          }
+        }
+      });
+  std::memcpy(r, out.r, sizeof(uint32_t) * size_t(count));
+}
+
+void cp_async_16(void* shared_dst, const void* global_src) {
+  Fiber& me = running->fibers[size_t(running->current)];
+  const auto fail = [&](const char* why) {
+    fail_fiber("cp.async of 16 bytes from " + pointer_text(global_src) + " to " +
+               pointer_text(shared_dst) + " by " + describe_thread(me) + ": " + why);
+  };
+  if (reinterpret_cast<uintptr_t>(shared_dst) % 16 || reinterpret_cast<uintptr_t>(global_src) % 16)
+    fail("both addresses must be 16-byte aligned");
+  if (!in_shared(shared_dst, 16)) fail("the destination is not in the block's shared memory");
+  if (!is_device_range(global_src, 16)) fail("the source is not 16 bytes of one device allocation");
+  if (!late_copies()) {
+    std::memcpy(shared_dst, global_src, 16);
+    return;
+  }
+  AsyncCopy copy{static_cast<unsigned char*>(shared_dst), {}};
+  std::memcpy(copy.bytes, global_src, 16);
+  std::memset(shared_dst, 0xFF, 16);
+  me.open_copies.push_back(copy);
+}
+
+void cp_async_commit() {
+  Fiber& me = running->fibers[size_t(running->current)];
+  me.copy_groups.push_back(std::move(me.open_copies));
+  me.open_copies.clear();
+}
+
+void cp_async_wait(int pending) {
+  Fiber& me = running->fibers[size_t(running->current)];
+  if (pending < 0) fail_fiber("cp.async.wait_group with a negative count by " + describe_thread(me));
+  while (me.copy_groups.size() > size_t(pending)) {
+    for (const AsyncCopy& c : me.copy_groups.front()) std::memcpy(c.dst, c.bytes, 16);
+    me.copy_groups.pop_front();
+  }
+}
+
+std::string last_kernel_fault() {
+  std::lock_guard<std::mutex> lock(fault_message_mutex);
+  return fault_message;
+}
+
+bool set_cp_async_late(bool late) {
+  const bool before = late_copies();
+  late_copies_override = late ? 1 : 0;
+  return before;
+}
 
 namespace {
 void execute_grid(const LaunchConfig& cfg, const std::function<void()>& body);
@@ -838,6 +1079,7 @@ void execute_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
   b.warp_barriers.resize(size_t(warps));
   b.warp_exited.assign(size_t(warps), 0);
   b.exchange.resize(size_t(warps));
+  b.operands.resize(size_t(warps));
   b.block_barrier.expected = int(threads);
   for (int w = 0; w < warps; w++) b.warp_barriers[size_t(w)].expected = std::min(32, int(threads) - 32 * w);
   for (unsigned z = 0, i = 0; z < bd.z; z++)
@@ -882,6 +1124,10 @@ void execute_grid(const LaunchConfig& cfg, const std::function<void()>& body) {
   running = nullptr;
   if (!error.empty()) {  // the kernel ran and failed: the next synchronising call says so
     std::fprintf(stderr, "cuda_emu: kernel %s: %s\n", cfg.name, error.c_str());
+    {
+      std::lock_guard<std::mutex> lock(fault_message_mutex);
+      fault_message = std::string("kernel ") + cfg.name + ": " + error;
+    }
     if (pending_fault == cudaSuccess) pending_fault = b.fault;
   }
 }

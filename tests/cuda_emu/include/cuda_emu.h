@@ -3,6 +3,7 @@
 // under __has_include(<cuda_emu.h>).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "cuda_runtime.h"
 
@@ -21,5 +22,11 @@ void fail_next_lt_matmuls(int count);
 // The reduction-scheme mask of the last cuBLASLt heuristic query for an output (D) of type
 // `output`; -1 before any.
 int64_t last_reduction_scheme_mask(cudaDataType_t output);
+// What the last kernel that failed while it ran reported ("kernel NAME: block (x,y,z): why"; ""
+// before any), as printed on stderr.
+std::string last_kernel_fault();
+// cp.async's late copies (cuda_runtime.h) on or off for the kernels run from now on, whatever
+// CUDA_EMU_CP_ASYNC says; returns the mode before.
+bool set_cp_async_late(bool late);
 
 }  // namespace cuda_emu

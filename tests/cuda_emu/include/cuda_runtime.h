@@ -4,7 +4,7 @@
 //
 // Execution model (tests/cuda_emu/runtime.cpp): the blocks of a grid run one after another; the
 // threads of a block run as fibers (ucontext) on one OS thread, switching only at __syncthreads,
-// __syncwarp and warp shuffles. __shared__ variables become static thread_local: one copy per
+// __syncwarp, warp shuffles and the warp-collective matrix instructions (mma.sync, ldmatrix). __shared__ variables become static thread_local: one copy per
 // block at a time, which is what a block sees on the GPU. The emulator checks what it can see:
 // launch limits, a __syncthreads or warp operation that not every thread reaches (a deadlock or
 // an early return on the GPU), and device buffers are fenced by guard pages.
@@ -174,6 +174,37 @@ void warp_barrier();
 uint64_t* warp_exchange();  // 2 x 32 slots of 8 bytes for the calling thread's warp
 int lane_id();
 unsigned shuffle_round();  // the calling thread's shuffle count so far, then counted up
+
+// sm_80's warp-level matrix instructions and asynchronous copies, exactly as the PTX ISA lays them
+// out (kernels/cuda/mma_ptx.cuh is the kernels' interface; these are its emulated side). The
+// matrix operations are warp-collective: all 32 lanes of a full warp must reach the same one, or
+// the launch fails naming the thread (a lane that returned, or one at another warp operation).
+// When the last lane arrives it computes every lane's result at once, from every lane's operands.
+//
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: d = a·b + c, a 16x16 (row), b 16x8
+// (col), c and d 16x8 fp32. groupID g = lane/4, t = lane%4; a register holds two bf16, the lower
+// index in the low half. a[0]: A[g][2t..2t+1], a[1]: A[g+8][2t..], a[2]: A[g][2t+8..],
+// a[3]: A[g+8][2t+8..]; b[0]: B[2t..2t+1][g], b[1]: B[2t+8..2t+9][g]; c, d: [0] (g, 2t),
+// [1] (g, 2t+1), [2] (g+8, 2t), [3] (g+8, 2t+1). Summation order, the emulator's choice: each
+// d[i][j] starts from c[i][j] and adds the 16 products in ascending k, each by one fused
+// multiply-add (fmaf: one rounding a step; a bf16 product is exact in fp32). The hardware's
+// order and internal rounding are not specified: a GPU may differ in the last bits.
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+// ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16: lane 8·m + r gives the shared-memory
+// address of row r of matrix m (m < count; 16 bytes, 16-byte aligned); lane l receives in r[m]
+// row l/4, elements 2·(l%4) and +1 of matrix m (the low half the first), or with trans the
+// transpose's: rows 2·(l%4) and +1 of column l/4.
+void ldmatrix(uint32_t* r, int count, bool trans, const void* row);
+// cp.async.cg.shared.global, 16 bytes, and its groups (the calling thread's own, as on the GPU):
+// a copy joins the group open when it is issued; commit closes that group; wait(n) returns when
+// at most n committed groups are pending (an uncommitted copy is never waited for). Both addresses
+// must be 16-byte aligned, the destination in the block's shared memory, the source in a device
+// allocation. When the copy lands is CUDA_EMU_CP_ASYNC's: unset, at issue; "late", only when a
+// wait needs it, its destination holding 0xFF bytes (NaN) until then, so a read before the wait
+// (or before the barrier that follows other threads' waits) reads NaN.
+void cp_async_16(void* shared_dst, const void* global_src);
+void cp_async_commit();
+void cp_async_wait(int pending);
 
 // Stops the program, naming both devices, when `stream` is not the current device's (runtime.cpp).
 void check_stream_device(cudaStream_t stream, const char* call);

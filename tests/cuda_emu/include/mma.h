@@ -3,7 +3,8 @@
 // lane the full result (the stores of a warp write the same values). The operations are
 // warp-collective, as on the GPU: a load ends at a warp barrier, so no lane stores over a tile
 // before every lane has read it (load, mma, store in place). Code that reads fragment elements
-// (frag.x[i]) depends on the hardware layout and is not emulated.
+// (frag.x[i]) depends on the hardware layout and is not emulated: kernels that need element access
+// use kernels/cuda/mma_ptx.cuh's mma.sync and ldmatrix, whose layouts the emulator models exactly.
 #pragma once
 #include <type_traits>
 
