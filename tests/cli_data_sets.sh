@@ -7,33 +7,11 @@
 # Run by ctest with GRASS=<grass> and MAKE_SHARD=<make_synthetic_shard>, from the source directory.
 set -uo pipefail
 : "${GRASS:?set GRASS to the grass binary}" "${MAKE_SHARD:?set MAKE_SHARD to make_synthetic_shard}"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
+source "$(dirname "$0")/cli_lib.sh"
 
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 check() {  # check <description> <command...>
   local what=$1; shift
-  if "$@"; then passes=$((passes + 1)); else fail "$what"; fi
-}
-
-# expect <exit code> <substring of stdout+stderr> -- <grass args...>; a user error must be one line
-expect() {
-  local want_code=$1 want_msg=$2
-  shift 3
-  "$GRASS" "$@" >"$tmp/stdout" 2>"$tmp/err"
-  local code=$?
-  if [ "$code" != "$want_code" ]; then
-    fail "grass $* exited $code, expected $want_code"; cat "$tmp/stdout" "$tmp/err"; return
-  fi
-  if [ -n "$want_msg" ] && ! grep -qF -- "$want_msg" "$tmp/stdout" "$tmp/err"; then
-    fail "grass $*: output lacks \"$want_msg\":"; cat "$tmp/stdout" "$tmp/err"; return
-  fi
-  if [ "$want_code" = 2 ] && [ "$(wc -l <"$tmp/err")" != 1 ]; then
-    fail "grass $*: expected one error line:"; cat "$tmp/err"; return
-  fi
-  passes=$((passes + 1))
+  if "$@"; then pass; else fail "$what"; fi
 }
 
 # shard <path> <vocab> <tokenizer hash> <seed>
@@ -91,5 +69,4 @@ check "no refused run created its out_dir" test ! -e "$tmp/x"
 # grass mem needs the model, not the data
 expect 0 "" -- mem "$tmp/run.json" --set data.train="elsewhere/c4/train_*.bin" --set data.tokenizer=elsewhere/c4.model
 
-echo "$passes passed, $failures failed"
-[ "$failures" = 0 ]
+finish cli_data_sets

@@ -7,11 +7,7 @@
 # Run by ctest with GRASS=<path to the grass binary>, from the source directory.
 set -uo pipefail
 : "${GRASS:?set GRASS to the grass binary}"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/cli_lib.sh"
 
 # mem <want exit code> <grass mem args...>: runs it into $tmp/out, $tmp/err and $tmp/first (the
 # first line)
@@ -24,18 +20,18 @@ mem() {
   if [ "$code" != "$want" ]; then
     fail "grass mem $* exited $code, expected $want"; cat "$tmp/out" "$tmp/err"; return 1
   fi
-  passes=$((passes + 1))
+  pass
 }
 # first_starts <text>, first_has <text>, out_has <text>, out_lacks <text>
 first_starts() {
   case "$(cat "$tmp/first")" in
-    "$1"*) passes=$((passes + 1)) ;;
+    "$1"*) pass ;;
     *) fail "first line should start with \"$1\": $(cat "$tmp/first")" ;;
   esac
 }
-first_has() { grep -qF -- "$1" "$tmp/first" && passes=$((passes + 1)) || fail "first line lacks \"$1\": $(cat "$tmp/first")"; }
-out_has() { grep -qF -- "$1" "$tmp/out" && passes=$((passes + 1)) || { fail "output lacks \"$1\":"; cat "$tmp/out"; }; }
-out_lacks() { grep -qF -- "$1" "$tmp/out" && { fail "output should not have \"$1\":"; cat "$tmp/out"; } || passes=$((passes + 1)); }
+first_has() { grep -qF -- "$1" "$tmp/first" && pass || fail "first line lacks \"$1\": $(cat "$tmp/first")"; }
+out_has() { grep -qF -- "$1" "$tmp/out" && pass || { fail "output lacks \"$1\":"; cat "$tmp/out"; }; }
+out_lacks() { grep -qF -- "$1" "$tmp/out" && { fail "output should not have \"$1\":"; cat "$tmp/out"; } || pass; }
 
 big=configs/runs/llama_13b_grass.json  # GRASS r=256, pure bf16, 1 x 256 tokens: 28.39 GiB planned
 
@@ -46,7 +42,7 @@ first_has "needs 29.65 GiB (5.65 GiB over)"
 first_has "the bf16 weights alone take 24.24 GiB: no placement trains this model under 24.00 GiB without streaming or quantizing weights"
 out_has "  29.65 GiB = 28.39 GiB planned + 1.01 GiB the CUDA context and libraries take outside the plan (measured on an H200) + 256.0 MiB the reservation leaves free beside it"
 out_lacks "data-parallel"
-[ -s "$tmp/err" ] && fail "a run that does not fit is an answer, not an error: $(cat "$tmp/err")" || passes=$((passes + 1))
+[ -s "$tmp/err" ] && fail "a run that does not fit is an answer, not an error: $(cat "$tmp/err")" || pass
 
 # one that fits: the largest micro-batch, counted with the allowance
 mem 0 "$big" --memory-limit 40GiB
@@ -61,7 +57,7 @@ out_lacks "weights alone"
 
 # --json: the same verdict and exit code, the old keys kept
 mem 3 "$big" --memory-limit 24GiB --json
-python3 - "$tmp/out" <<'PY' && passes=$((passes + 1)) || fail "--json verdict"
+python3 - "$tmp/out" <<'PY' && pass || fail "--json verdict"
 import json, sys
 j = json.load(open(sys.argv[1]))
 v = j["verdict"]
@@ -103,5 +99,4 @@ mem 2 "$big" --memory-limit lots
 mem 0 --help
 out_has "Exit status: 0 the run fits (or no limit was asked), 3 it does not fit memory_limit"
 
-echo "cli_mem: $passes passed, $failures failed"
-[ "$failures" = 0 ]
+finish cli_mem

@@ -7,29 +7,8 @@
 # Run by ctest with GRASS and MAKE_SHARD set, from the source directory.
 set -uo pipefail
 : "${GRASS:?set GRASS to the grass binary}" "${MAKE_SHARD:?set MAKE_SHARD}"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-ok() { passes=$((passes + 1)); }
-check() { if eval "$1"; then ok; else fail "$2"; fi; }
-
-# expect <exit code> <substring of stderr> -- <grass args...>: a refusal is one line
-expect() {
-  local want_code=$1 want_msg=$2
-  shift 3
-  "$GRASS" "$@" >"$tmp/stdout" 2>"$tmp/err"
-  local code=$?
-  if [ "$code" != "$want_code" ]; then fail "grass $* exited $code, expected $want_code"; cat "$tmp/err"; return; fi
-  if [ -n "$want_msg" ] && ! grep -qF -- "$want_msg" "$tmp/err"; then
-    fail "grass $*: stderr lacks \"$want_msg\":"; cat "$tmp/err"; return
-  fi
-  if [ "$want_code" = 2 ] && [ "$(wc -l <"$tmp/err")" != 1 ]; then
-    fail "grass $*: expected one error line:"; cat "$tmp/err"; return
-  fi
-  ok
-}
+source "$(dirname "$0")/cli_lib.sh"
+check() { if eval "$1"; then pass; else fail "$2"; fi; }  # check <condition> <what failed>
 # the bytes of every file under a directory, for "left as it was"
 snapshot() { (cd "$1" && find . -type f ! -name .lock -print0 | sort -z | xargs -0 md5sum); }
 step_rows() { grep -c '"loss"' "$1/metrics.jsonl" | tr -d ' '; }
@@ -127,5 +106,4 @@ expect 0 "" -- train "$tmp/run.json" --set out_dir="$tmp/killed" --set checkpoin
 check "grep -q 'resume        none: $tmp/killed holds this run to step [0-9]* but no checkpoint yet, so it starts again from step 0' '$tmp/stdout'" "the restart should say so"
 check "[ \"\$(step_rows '$tmp/killed')\" = 3 ]" "the restarted run should hold steps 1..3 once each"
 
-echo "cli_out_dir: $passes passed, $failures failed"
-[ "$failures" = 0 ]
+finish cli_out_dir

@@ -7,31 +7,7 @@
 # Run by ctest with GRASS=<path to the grass binary>, from the source directory.
 set -uo pipefail
 : "${GRASS:?set GRASS to the grass binary}"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { passes=$((passes + 1)); }
-
-# expect <exit code> <substring of stdout+stderr> -- <grass args...>; a user error must be one line
-expect() {
-  local want_code=$1 want_msg=$2
-  shift 3
-  "$GRASS" "$@" >"$tmp/stdout" 2>"$tmp/err"
-  local code=$?
-  if [ "$code" != "$want_code" ]; then
-    fail "grass $* exited $code, expected $want_code"; cat "$tmp/stdout" "$tmp/err"; return
-  fi
-  if [ -n "$want_msg" ] && ! grep -qF -- "$want_msg" "$tmp/stdout" "$tmp/err"; then
-    fail "grass $*: output lacks \"$want_msg\":"; cat "$tmp/stdout" "$tmp/err"; return
-  fi
-  if [ "$want_code" = 2 ] && [ "$(wc -l <"$tmp/err")" != 1 ]; then
-    fail "grass $*: expected one error line:"; cat "$tmp/err"; return
-  fi
-  pass
-}
+source "$(dirname "$0")/cli_lib.sh"
 
 # The samples' text (stdout without the settings line), or "FAILED" when grass fails.
 texts() {
@@ -132,5 +108,4 @@ expect 2 "--temperature 0: expected a number > 0" -- sample "$tmp/run" --tempera
 expect 2 "--device gpu: expected one of" -- sample "$tmp/run" --device gpu
 expect 2 "missing <weights>" -- sample --prompt "$prompt"
 
-echo "$passes passed, $failures failed"
-[ "$failures" = 0 ]
+finish cli_sample
