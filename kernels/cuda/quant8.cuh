@@ -30,8 +30,8 @@
 //                 column, the block's rows shared among 8 warps), flat blocks of 512 to 4,096,
 //                 GRASS's flat layout, arrays not aligned for vector loads and a flat tail of
 //                 under 256 elements (a thread block per block): two passes over the elements,
-//                 one at a time a thread, coalesced, the second recomputing the first's moments
-//                 (quant8_block_step).
+//                 coalesced, each thread loading 4 of its elements at once, the second pass
+//                 recomputing the first's moments (quant8_block_step).
 // Both keep the maps in shared memory (kQuant8Copies copies, a lane reading its own, so lanes
 // whose searches meet the same bank in one copy mostly do not in theirs), load them once per
 // thread block and walk their work grid-stride over about SMs x 8 thread blocks of 256 threads,
@@ -50,6 +50,7 @@ constexpr int kQuant8Warps = kQuant8Threads / 32;
 constexpr int kQuant8Lane = 8;                          // consecutive elements a lane holds (flat)
 constexpr int kQuant8Span = 32 * kQuant8Lane;           // 256: what a warp holds at once (flat)
 constexpr int kQuant8MaxBlock = 4096;
+constexpr int kQuant8Rows = 4;  // elements a thread-block driver's thread loads at once
 constexpr int kQuant8Copies = 4;
 constexpr int kQuant8Stride = 264;  // ≡ 8 (mod 32): copy k's entry c sits in bank (c + 8k) % 32
 
@@ -252,9 +253,10 @@ __device__ void quant8_warp_step(Op op, const Quant8Moments& s, int64_t n, const
 // ---- the thread-block driver --------------------------------------------------------------------
 
 // The layouts a warp cannot hold a block of, one task at a time per thread block, each thread
-// taking its share of elements one at a time (consecutive threads, consecutive elements), in two
-// passes: the step for the block's absmax alone, then the step again (the same function of the
-// same inputs: the same moments) with the writes and the encode, its reads mostly from L2.
+// taking its share of elements (consecutive threads, consecutive elements), kQuant8Rows of them
+// loaded at once, in two passes: the step for the block's absmax alone, then the step again (the
+// same function of the same inputs: the same moments) with the writes and the encode, its reads
+// mostly from L2.
 //   columns (layout.columns): block b is rows [(b % per)·block, +block) of column b / per, per =
 //     layout.blocks_per_column(); a task is 32 columns of one block of rows, lane l column l,
 //     warp w rows w, w + 8, ...: 32 blocks, each the maxima of the 8 warps' lanes l.
@@ -310,15 +312,39 @@ __device__ void quant8_block_step(Op op, const Quant8Moments& s, const Quant8Lay
         op.position(i, row, c);
       }
     };
+    // the inputs of this thread's elements k0, k0 + stride, ... (kQuant8Rows of them at most, all
+    // loads issued before any is used)
+    struct Rows {
+      uint32_t m = 0, v = 0;  // the codes, element u in byte u
+      float g[kQuant8Rows], w[kQuant8Rows];
+    };
+    auto load = [&](int64_t k0, bool weights, Rows& in) {
+#pragma unroll
+      for (int u = 0; u < kQuant8Rows; u++) {
+        if (k0 + u * stride >= here) break;
+        int64_t i, row, c;
+        locate(k0 + u * stride, i, row, c);
+        in.m |= uint32_t(s.m[i]) << (8 * u);
+        in.v |= uint32_t(s.v[i]) << (8 * u);
+        in.g[u] = op.gradient(i);
+        in.w[u] = weights ? op.weight(i, row, c) : 0.0f;
+      }
+    };
     const float old_m = live ? s.absmax_m[b] : 0.0f, old_v = live ? s.absmax_v[b] : 0.0f;
     float max_m = 0.0f, max_v = 0.0f;
-    for (int64_t k = first_k; k < here; k += stride) {
-      int64_t i, row, c;
-      locate(k, i, row, c);
-      float m = qm.decode(s.m[i], 0, old_m), v = qv.decode(s.v[i], 0, old_v);
-      op.step(i, row, c, op.gradient(i), step_reads_weight ? op.weight(i, row, c) : 0.0f, m, v);
-      max_m = fmaxf(max_m, fabsf(m));
-      max_v = fmaxf(max_v, v);
+    for (int64_t k0 = first_k; k0 < here; k0 += kQuant8Rows * stride) {
+      Rows in;
+      load(k0, step_reads_weight, in);
+#pragma unroll
+      for (int u = 0; u < kQuant8Rows; u++) {
+        if (k0 + u * stride >= here) break;
+        int64_t i, row, c;
+        locate(k0 + u * stride, i, row, c);
+        float m = qm.decode(in.m, u, old_m), v = qv.decode(in.v, u, old_v);
+        op.step(i, row, c, in.g[u], in.w[u], m, v);
+        max_m = fmaxf(max_m, fabsf(m));
+        max_v = fmaxf(max_v, v);
+      }
     }
     max_m = quant8_group_max(max_m, columns ? 1 : 32);
     max_v = quant8_group_max(max_v, columns ? 1 : 32);
@@ -330,13 +356,19 @@ __device__ void quant8_block_step(Op op, const Quant8Moments& s, const Quant8Lay
       max_v = fmaxf(max_v, partial[turn][1][w * 32 + lane]);
     }
     const float inv_m = 1.0f / max_m, inv_v = 1.0f / max_v;  // quant8_encode's, once per block
-    for (int64_t k = first_k; k < here; k += stride) {
-      int64_t i, row, c;
-      locate(k, i, row, c);
-      float m = qm.decode(s.m[i], 0, old_m), v = qv.decode(s.v[i], 0, old_v);
-      op.put(i, row, c, op.step(i, row, c, op.gradient(i), op.weight(i, row, c), m, v));
-      s.m[i] = uint8_t(qm.encode(m, 0, max_m, inv_m));
-      s.v[i] = uint8_t(qv.encode(v, 0, max_v, inv_v));
+    for (int64_t k0 = first_k; k0 < here; k0 += kQuant8Rows * stride) {
+      Rows in;
+      load(k0, true, in);
+#pragma unroll
+      for (int u = 0; u < kQuant8Rows; u++) {
+        if (k0 + u * stride >= here) break;
+        int64_t i, row, c;
+        locate(k0 + u * stride, i, row, c);
+        float m = qm.decode(in.m, u, old_m), v = qv.decode(in.v, u, old_v);
+        op.put(i, row, c, op.step(i, row, c, in.g[u], in.w[u], m, v));
+        s.m[i] = uint8_t(qm.encode(m, 0, max_m, inv_m));
+        s.v[i] = uint8_t(qv.encode(v, 0, max_v, inv_v));
+      }
     }
     // every thread read the old absmax before the barrier
     if (live && (columns ? warp == 0 : threadIdx.x == 0)) {
