@@ -157,6 +157,40 @@ GRASS_HOST_DEVICE float quant8_decode(const Quant8Map& map, uint8_t code, float 
   return map.value[code] * absmax;
 }
 
+// quant8_encode as the GPU's 8-bit steps run it (kernels/cuda/quant8.cuh), the same code for every
+// x: the same comparisons in the same order, the first three halving steps against seven bounds
+// held apart (warp-uniform registers there), the last five against `bound` (a lane's copy of the
+// map in shared memory there); inv = 1.0f / absmax comes from the caller, which divides once per
+// block; and the sign rule by code, since value[c] ≤ 0 exactly where c ≤ zero (the maps ascend
+// through one 0). tests/gpu/test_gpu_quant8.cpp compares it with quant8_encode at every bound.
+struct Quant8Pivots {
+  float b127, b63, b191, b31, b95, b159, b223;  // bound[c]: step 1, step 2's two, step 3's four
+};
+
+GRASS_HOST_DEVICE Quant8Pivots quant8_pivots(const Quant8Map& map) {
+  const float* b = map.bound;
+  return {b[127], b[63], b[191], b[31], b[95], b[159], b[223]};
+}
+
+GRASS_HOST_DEVICE int quant8_nearest_pivoted(const Quant8Pivots& p, const float* bound, float s) {
+  int c = p.b127 < s ? 128 : 0;
+  c += (c != 0 ? p.b191 : p.b63) < s ? 64 : 0;
+  const float third = c >= 128 ? (c >= 192 ? p.b223 : p.b159) : (c >= 64 ? p.b95 : p.b31);
+  c += third < s ? 32 : 0;
+  for (int step = 16; step > 0; step /= 2) c += bound[c + step - 1] < s ? step : 0;
+  return c;
+}
+
+GRASS_HOST_DEVICE uint8_t quant8_encode_pivoted(const Quant8Pivots& p, const float* bound,
+                                                int zero, float x, float absmax, float inv) {
+  if (!(absmax > 0.0f)) return uint8_t(zero);
+  const float s = fminf(1.0f, fmaxf(-1.0f, x * inv));
+  int c = quant8_nearest_pivoted(p, bound, s);
+  if (x > 0.0f && c <= zero) c += 1;
+  else if (x < 0.0f && c >= zero) c -= 1;
+  return uint8_t(c);
+}
+
 namespace ops {
 // The CPU reference (kernels/cpu/quant8.cpp; the GPU's: kernels/cuda/quant8.cu):
 // x[n] -> codes[n], absmax[ceil(n / block)], blocks of `block` consecutive values, the last one

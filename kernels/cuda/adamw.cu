@@ -79,34 +79,96 @@ __global__ void adamw_pure_kernel(bf16* param, const bf16* g, bf16* m, bf16* v, 
   param[i] = stochastic_round_bf16(p, seed_param, counter);
 }
 
-// The 8-bit step (ops::adamw_update_q8), a flat layout over the tensor (kernels/cuda/quant8.cuh).
+// The 8-bit step's element op (ops::adamw_update_q8; kernels/cuda/quant8.cuh), over the flat
+// layout of the tensor:
 //   S = float: mixed (master is the weight, param its bf16 copy, g fp32);
 //   S = bf16:  pure bf16 (param is the weight, g bf16, stochastic rounding of the weight).
 template <typename S>
-__global__ void adamw_q8_kernel(bf16* param, float* master, const S* g, Quant8Moments s,
-                                int64_t n, AdamwStep k, uint64_t seed_param, const Quant8Map map_m,
-                                const Quant8Map map_v) {
-  constexpr bool kPure = std::is_same_v<S, bf16>;
-  __shared__ Quant8Shared sh;
-  load_quant8_maps(sh, map_m, map_v);
+struct AdamwQ8 {
+  static constexpr bool kPure = std::is_same_v<S, bf16>;
+  bf16* param;
+  float* master;
+  const S* g;
+  AdamwStep k;
+  uint64_t seed_param;
+  float grad_scale = 0;  // prepare(): with the clipping coefficient, read once
+
+  __device__ void prepare() { grad_scale = float(grad_scale_of(k.grad_scale, k.clip)); }
+  __device__ bool reads_weight() const { return k.proximal.anchor != nullptr; }
+  __device__ void position(int64_t, int64_t& row, int64_t& col) const { row = col = 0; }
+  __device__ float gradient(int64_t i) const { return to_f32(g[i]); }
+  __device__ float weight(int64_t i, int64_t, int64_t) const {
+    return kPure ? __bfloat162float(param[i]) : master[i];
+  }
+  __device__ float step(int64_t i, int64_t, int64_t, float g, float p0, float& m, float& v) const {
+    const float gi = k.proximal.apply<S>(g * grad_scale, p0, i);  // read_gradient's
+    adam_moments_rn(m, v, gi, k.beta1, k.one_minus_beta1, k.beta2, k.one_minus_beta2);
+    float p = fmaf(p0, k.decay, -((k.step_size * m) / (sqrtf(v) / k.bc2_sqrt + k.eps)));
+    if (!quant8_finite(gi) || !quant8_finite(v)) {
+      p = p0;  // a non-finite gradient leaves the weight and zeroes the moments
+      m = v = 0.0f;
+    }
+    return p;
+  }
+  __device__ void put(int64_t i, int64_t, int64_t, float p) const {
+    if constexpr (kPure) {
+      param[i] = stochastic_round_bf16(p, seed_param, k.first + uint64_t(i));  // exact for p0
+    } else {
+      master[i] = p;
+      param[i] = __float2bfloat16_rn(p);
+    }
+  }
+  __device__ void gradient8(int64_t i0, float (&x)[8]) const { load8(g + i0, x); }
+  __device__ void weight8(int64_t i0, float (&x)[8]) const {
+    if constexpr (kPure) load8(param + i0, x);
+    else load8(master + i0, x);
+  }
+  __device__ void put8(int64_t i0, const float (&p)[8]) const {
+    if constexpr (kPure) {
+      BF16Pack<8> pack;
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        pack.v[e] = stochastic_round_bf16(p[e], seed_param, k.first + uint64_t(i0 + e));
+      *reinterpret_cast<BF16Pack<8>*>(param + i0) = pack;
+    } else {
+      store8(master + i0, p);
+      store8(param + i0, p);
+    }
+  }
+};
+
+// The step on quant8.cuh's drivers: the warp driver (elements [0, n), whole spans of 256) and the
+// thread-block driver (from element `from` on; layout: the tensor as one row).
+template <typename S>
+__global__ void __launch_bounds__(kQuant8Threads, 4)
+    adamw_q8_kernel(AdamwQ8<S> op, Quant8Moments s, int64_t n, const Quant8Map map_m,
+                    const Quant8Map map_v) {
+  quant8_warp_step(op, s, n, map_m, map_v);
+}
+template <typename S>
+__global__ void __launch_bounds__(kQuant8Threads, 4)
+    adamw_q8_block_kernel(AdamwQ8<S> op, Quant8Moments s, Quant8Layout layout, int64_t from,
+                          const Quant8Map map_m, const Quant8Map map_v) {
+  quant8_block_step(op, s, layout, from, map_m, map_v);
+}
+
+template <typename S>
+void launch_adamw_q8(const Context& ctx, const AdamwQ8<S>& op, const Quant8Moments& s, int64_t n) {
   const Quant8Layout layout{.rows = 1, .cols = n, .block = s.block};
-  for (int64_t b = blockIdx.x; b < layout.blocks(); b += gridDim.x)
-    quant8_adam_block(layout, b, s, sh, [&](int64_t i, float& m, float& v) {
-      const float p0 = kPure ? __bfloat162float(param[i]) : master[i];
-      const float gi = read_gradient<S>(k, to_f32(g[i]), p0, i);
-      adam_moments_rn(m, v, gi, k.beta1, k.one_minus_beta1, k.beta2, k.one_minus_beta2);
-      float p = fmaf(p0, k.decay, -((k.step_size * m) / (sqrtf(v) / k.bc2_sqrt + k.eps)));
-      if (!quant8_finite(gi) || !quant8_finite(v)) {
-        p = p0;  // a non-finite gradient leaves the weight and zeroes the moments
-        m = v = 0.0f;
-      }
-      if constexpr (kPure) {
-        param[i] = stochastic_round_bf16(p, seed_param, k.first + uint64_t(i));  // exact for p0
-      } else {
-        master[i] = p;
-        param[i] = __float2bfloat16_rn(p);
-      }
-    });
+  const Quant8Map& qm = quant8_map(true);
+  const Quant8Map& qv = quant8_map(false);
+  const bool aligned = quant8_codes_aligned(s) && aligned16(op.param) &&
+                       (op.master == nullptr || aligned16(op.master)) && aligned16(op.g);
+  const int64_t end = quant8_warp_end(layout, aligned);
+  if (end > 0) {
+    adamw_q8_kernel<<<quant8_warp_grid(end), kQuant8Threads, 0, ctx.stream>>>(op, s, end, qm, qv);
+    GRASS_LAUNCH_CHECK();
+  }
+  if (end < n) {
+    adamw_q8_block_kernel<<<quant8_block_grid(layout, end), kQuant8Threads, 0, ctx.stream>>>(
+        op, s, layout, end, qm, qv);
+    GRASS_LAUNCH_CHECK();
+  }
 }
 
 // The kernels' scalars from the step's arguments (adam_scalars(), narrowed to fp32).
@@ -152,21 +214,16 @@ void adamw_update(const Context& ctx, bf16* param, float* master, const void* g,
 void adamw_update_q8(const Context& ctx, bf16* param, float* master, const void* g,
                      const Quant8Moments& s, int64_t n, const AdamArgs& a, uint64_t seed) {
   GRASS_CHECK(n >= 0 && a.step >= 1, "adamw_update_q8: bad size or step (steps count from 1)");
-  GRASS_CHECK(s.block >= 1 && s.block <= kQuant8PerThread * kQuant8Threads,
-              "adamw_update_q8: a quantization block of more than 4096 elements");
+  check_quant8_block(s.block, "adamw_update_q8");
   if (n == 0) return;
   const AdamwStep k = adamw_step(a);
-  const unsigned grid = unsigned(std::min(ceil_div(n, s.block), kQuant8MaxGrid));
-  const Quant8Map& qm = quant8_map(true);
-  const Quant8Map& qv = quant8_map(false);
   if (master != nullptr)
-    adamw_q8_kernel<float><<<grid, kQuant8Threads, 0, ctx.stream>>>(
-        param, master, static_cast<const float*>(g), s, n, k, 0, qm, qv);
+    launch_adamw_q8(ctx, AdamwQ8<float>{param, master, static_cast<const float*>(g), k, 0}, s, n);
   else
-    adamw_q8_kernel<bf16><<<grid, kQuant8Threads, 0, ctx.stream>>>(
-        param, nullptr, static_cast<const bf16*>(g), s, n, k,
-        rounding_stream_seed(seed, a.step, kRoundWeight), qm, qv);
-  GRASS_LAUNCH_CHECK();
+    launch_adamw_q8(ctx,
+                    AdamwQ8<bf16>{param, nullptr, static_cast<const bf16*>(g), k,
+                                  rounding_stream_seed(seed, a.step, kRoundWeight)},
+                    s, n);
 }
 
 }  // namespace grass::cuda

@@ -201,11 +201,10 @@ void cross_entropy_fused(const Context& ctx, bf16* logits, float* loss, const in
 // adam_scalars() (kernels/adam_args.h) derives from those in double on the host.
 void adamw_update(const Context& ctx, bf16* param, float* master, const void* g, void* m, void* v,
                   int64_t n, const AdamArgs& a, uint64_t seed);
-// The same step with 8-bit moments (ops::adamw_update_q8 is the reference): one thread block
-// per quantization block dequantizes, steps in fp32, takes the block's new absmax and
-// requantizes with quant8_encode, so a code differs from the CPU's only where the fp32 moment
-// does (FMA contraction). The weight and g as in adamw_update; the anchor is fp32 (mixed) or
-// bf16 (pure).
+// The same step with 8-bit moments (ops::adamw_update_q8 is the reference; the kernels:
+// kernels/cuda/quant8.cuh), in blocks of a power of two from 8 to 4096: codes, absmax and weights
+// the CPU's bit for bit (every rounding of the step written out). The weight and g as in
+// adamw_update; the anchor is fp32 (mixed) or bf16 (pure).
 void adamw_update_q8(const Context& ctx, bf16* param, float* master, const void* g,
                      const Quant8Moments& s, int64_t n, const AdamArgs& a, uint64_t seed);
 

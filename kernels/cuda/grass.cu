@@ -144,38 +144,68 @@ __global__ void grass_adam_kernel(bf16* param, float* master, const S* gc, S* m,
   }
 }
 
-// The 8-bit step (ops::grass_adam_update_q8; kernels/cuda/quant8.cuh): σ distinct, so the thread
-// of state element i owns its weight element. S as in grass_adam_kernel.
+// The 8-bit step's element op (ops::grass_adam_update_q8; kernels/cuda/quant8.cuh): state
+// element (row, col) of gc [r, in] (rows) or [out, r] (cols) is slice j = row or col of the
+// weight element at σ_j; σ distinct, so each weight element has one state element. S as in
+// grass_adam_kernel.
 template <typename S>
-__global__ void grass_adam_q8_kernel(bf16* param, float* master, const S* gc, Quant8Moments q,
-                                     Quant8Layout layout, const int32_t* sigma, const float* scale,
-                                     int in, int r, bool rows, AdamStep k, const Quant8Map map_m,
-                                     const Quant8Map map_v) {
-  constexpr bool kPure = std::is_same_v<S, bf16>;
-  __shared__ Quant8Shared sh;
-  load_quant8_maps(sh, map_m, map_v);
-  for (int64_t b = blockIdx.x; b < layout.blocks(); b += gridDim.x)
-    quant8_adam_block(layout, b, q, sh, [&](int64_t i, float& m, float& v) {
-      const int64_t j = rows ? i / in : i % r, c = rows ? i % in : i / r;
-      const int64_t w_index = rows ? int64_t(sigma[j]) * in + c : c * in + sigma[j];
-      const float w0 = kPure ? __bfloat162float(param[w_index]) : master[w_index];
-      const float g = k.proximal.apply<S>(to_f32(gc[i]) * float(grad_scale_of(k.grad_scale, k.clip)),
-                                          w0, i);
-      adam_moments_rn(m, v, g, k.beta1, k.one_minus_beta1, k.beta2, k.one_minus_beta2);
-      float w = w0;
-      if (quant8_finite(g) && quant8_finite(v)) {
-        const float delta = (m / k.bias_correction1) / (sqrtf(v) / k.bias_correction2_sqrt + k.eps);
-        w = fmaf(-(k.step_size * scale[j]), delta, k.apply_decay ? w0 * k.decay : w0);
-      } else {
-        m = v = 0.0f;  // a non-finite gradient leaves the weight and zeroes the moments
-      }
-      if constexpr (kPure) {
-        param[w_index] = stochastic_round_bf16(w, k.seed_param, uint64_t(w_index));
-      } else {
-        master[w_index] = w;
-        param[w_index] = __float2bfloat16_rn(w);
-      }
-    });
+struct GrassQ8 {
+  static constexpr bool kPure = std::is_same_v<S, bf16>;
+  bf16* param;
+  float* master;
+  const S* gc;
+  const int32_t* sigma;
+  const float* scale;
+  int in, r;
+  bool rows;
+  AdamStep k;
+  float grad_scale = 0;  // prepare(): with the clipping coefficient, read once
+
+  __device__ int64_t weight_index(int64_t row, int64_t col) const {
+    return rows ? int64_t(sigma[row]) * in + col : row * in + sigma[col];
+  }
+  __device__ void prepare() { grad_scale = float(grad_scale_of(k.grad_scale, k.clip)); }
+  __device__ bool reads_weight() const { return k.proximal.anchor != nullptr; }
+  // 32-bit: the launcher checks the state has fewer than 2^32 elements
+  __device__ void position(int64_t i, int64_t& row, int64_t& col) const {
+    const uint32_t cols = rows ? uint32_t(in) : uint32_t(r), q = uint32_t(i) / cols;
+    row = q;
+    col = uint32_t(i) - q * cols;
+  }
+  __device__ float gradient(int64_t i) const { return to_f32(gc[i]); }
+  __device__ float weight(int64_t, int64_t row, int64_t col) const {
+    const int64_t w = weight_index(row, col);
+    return kPure ? __bfloat162float(param[w]) : master[w];
+  }
+  __device__ float step(int64_t i, int64_t row, int64_t col, float g, float w0, float& m,
+                        float& v) const {
+    g = k.proximal.apply<S>(g * grad_scale, w0, i);
+    adam_moments_rn(m, v, g, k.beta1, k.one_minus_beta1, k.beta2, k.one_minus_beta2);
+    if (!quant8_finite(g) || !quant8_finite(v)) {
+      m = v = 0.0f;  // a non-finite gradient leaves the weight and zeroes the moments
+      return w0;
+    }
+    const float delta = (m / k.bias_correction1) / (sqrtf(v) / k.bias_correction2_sqrt + k.eps);
+    return fmaf(-(k.step_size * scale[rows ? row : col]), delta, k.apply_decay ? w0 * k.decay : w0);
+  }
+  __device__ void put(int64_t, int64_t row, int64_t col, float w) const {
+    const int64_t e = weight_index(row, col);
+    if constexpr (kPure) {
+      param[e] = stochastic_round_bf16(w, k.seed_param, uint64_t(e));
+    } else {
+      master[e] = w;
+      param[e] = __float2bfloat16_rn(w);
+    }
+  }
+};
+
+// The step on quant8.cuh's thread-block driver, in either layout (the warp driver's vector
+// loads and stores do not fit weights scattered by σ).
+template <typename S>
+__global__ void __launch_bounds__(kQuant8Threads, 4)
+    grass_adam_q8_kernel(GrassQ8<S> op, Quant8Moments q, Quant8Layout layout,
+                         const Quant8Map map_m, const Quant8Map map_v) {
+  quant8_block_step(op, q, layout, 0, map_m, map_v);
 }
 
 // The kernels' scalars from the step's arguments (adam_scalars(), narrowed to fp32).
@@ -276,22 +306,23 @@ void grass_adam_update_q8(const Context& ctx, bf16* param, float* master, const 
                           const float* scale, int out, int in, int r, bool rows, double alpha,
                           const AdamArgs& a, uint64_t seed) {
   GRASS_CHECK(a.step >= 1, "grass_adam_update_q8: step counts from 1");
-  GRASS_CHECK(q.block >= 1 && q.block <= kQuant8PerThread * kQuant8Threads,
-              "grass_adam_update_q8: a quantization block of more than 4096 elements");
+  check_quant8_block(q.block, "grass_adam_update_q8");
   if (r == 0 || (rows ? in : out) == 0) return;
   const AdamStep k = adam_step_of(a, alpha, seed);
   const Quant8Layout layout = projected_quant8_layout(out, in, r, rows, q.block, by_columns);
-  const unsigned grid = unsigned(std::min(layout.blocks(), kQuant8MaxGrid));
+  GRASS_CHECK(layout.rows * layout.cols <= int64_t(UINT32_MAX),
+              "grass_adam_update_q8: a state of 2^32 elements or more");
   const Quant8Map& qm = quant8_map(true);
   const Quant8Map& qv = quant8_map(false);
+  const unsigned grid = quant8_block_grid(layout, 0);
   if (master)
-    grass_adam_q8_kernel<float><<<grid, kQuant8Threads, 0, ctx.stream>>>(
-        param, master, static_cast<const float*>(gc), q, layout, sigma, scale, in, r, rows, k, qm,
-        qv);
+    grass_adam_q8_kernel<<<grid, kQuant8Threads, 0, ctx.stream>>>(
+        GrassQ8<float>{param, master, static_cast<const float*>(gc), sigma, scale, in, r, rows, k},
+        q, layout, qm, qv);
   else
-    grass_adam_q8_kernel<bf16><<<grid, kQuant8Threads, 0, ctx.stream>>>(
-        param, nullptr, static_cast<const bf16*>(gc), q, layout, sigma, scale, in, r, rows, k, qm,
-        qv);
+    grass_adam_q8_kernel<<<grid, kQuant8Threads, 0, ctx.stream>>>(
+        GrassQ8<bf16>{param, nullptr, static_cast<const bf16*>(gc), sigma, scale, in, r, rows, k},
+        q, layout, qm, qv);
   GRASS_LAUNCH_CHECK();
 }
 

@@ -151,22 +151,69 @@ __global__ void lowrank_adam_direction(bf16* direction, const S* R, S* m, S* v, 
   direction[idx] = __float2bfloat16_rn(k.scale * (mi / (sqrtf(vi) + k.eps)));
 }
 
-// The same from 8-bit moments (kernels/cuda/quant8.cuh): a non-finite g leaves a zero direction
-// and zero moments. S: R's storage.
+// The same from 8-bit moments: the element op of kernels/cuda/quant8.cuh, whose output is the
+// direction; a non-finite g leaves a zero direction and zero moments. S: R's storage.
 template <typename S>
-__global__ void lowrank_adam_direction_q8(bf16* direction, const S* R, Quant8Moments q,
-                                          Quant8Layout layout, LowRankStep k,
-                                          const Quant8Map map_m, const Quant8Map map_v) {
-  __shared__ Quant8Shared sh;
-  load_quant8_maps(sh, map_m, map_v);
-  for (int64_t b = blockIdx.x; b < layout.blocks(); b += gridDim.x)
-    quant8_adam_block(layout, b, q, sh, [&](int64_t i, float& m, float& v) {
-      const float g = to_f32(R[i]) * float(grad_scale_of(k.grad_scale, k.clip));
-      adam_moments_rn(m, v, g, k.beta1, k.one_minus_beta1, k.beta2, k.one_minus_beta2);
-      float d = k.scale * (m / (sqrtf(v) + k.eps));
-      if (!quant8_finite(g) || !quant8_finite(v)) m = v = d = 0.0f;
-      direction[i] = __float2bfloat16_rn(d);
-    });
+struct LowRankQ8 {
+  bf16* direction;
+  const S* R;
+  LowRankStep k;
+  float grad_scale = 0;  // prepare(): with the clipping coefficient, read once
+
+  __device__ void prepare() { grad_scale = float(grad_scale_of(k.grad_scale, k.clip)); }
+  __device__ bool reads_weight() const { return false; }
+  __device__ void position(int64_t, int64_t& row, int64_t& col) const { row = col = 0; }
+  __device__ float gradient(int64_t i) const { return to_f32(R[i]); }
+  __device__ float weight(int64_t, int64_t, int64_t) const { return 0.0f; }
+  __device__ float step(int64_t, int64_t, int64_t, float g, float, float& m, float& v) const {
+    g *= grad_scale;
+    adam_moments_rn(m, v, g, k.beta1, k.one_minus_beta1, k.beta2, k.one_minus_beta2);
+    float d = k.scale * (m / (sqrtf(v) + k.eps));
+    if (!quant8_finite(g) || !quant8_finite(v)) m = v = d = 0.0f;
+    return d;
+  }
+  __device__ void put(int64_t i, int64_t, int64_t, float d) const {
+    direction[i] = __float2bfloat16_rn(d);
+  }
+  __device__ void gradient8(int64_t i0, float (&x)[8]) const { load8(R + i0, x); }
+  __device__ void weight8(int64_t, float (&x)[8]) const {
+    for (float& w : x) w = 0.0f;
+  }
+  __device__ void put8(int64_t i0, const float (&d)[8]) const { store8(direction + i0, d); }
+};
+
+// The step on quant8.cuh's drivers: the warp driver (elements [0, n), whole spans of 256) and the
+// thread-block driver (from element `from` on, or the per-feature layout).
+template <typename S>
+__global__ void __launch_bounds__(kQuant8Threads, 4)
+    lowrank_adam_direction_q8(LowRankQ8<S> op, Quant8Moments q, int64_t n, const Quant8Map map_m,
+                              const Quant8Map map_v) {
+  quant8_warp_step(op, q, n, map_m, map_v);
+}
+template <typename S>
+__global__ void __launch_bounds__(kQuant8Threads, 4)
+    lowrank_adam_direction_q8_block(LowRankQ8<S> op, Quant8Moments q, Quant8Layout layout,
+                                    int64_t from, const Quant8Map map_m, const Quant8Map map_v) {
+  quant8_block_step(op, q, layout, from, map_m, map_v);
+}
+
+template <typename S>
+void launch_lowrank_adam_q8(const Context& ctx, const LowRankQ8<S>& op, const Quant8Moments& q,
+                            const Quant8Layout& layout) {
+  const Quant8Map& qm = quant8_map(true);
+  const Quant8Map& qv = quant8_map(false);
+  const bool aligned = quant8_codes_aligned(q) && aligned16(op.R) && aligned16(op.direction);
+  const int64_t end = quant8_warp_end(layout, aligned);
+  if (end > 0) {
+    lowrank_adam_direction_q8<<<quant8_warp_grid(end), kQuant8Threads, 0, ctx.stream>>>(op, q, end,
+                                                                                       qm, qv);
+    GRASS_LAUNCH_CHECK();
+  }
+  if (end < layout.rows * layout.cols) {
+    lowrank_adam_direction_q8_block<<<quant8_block_grid(layout, end), kQuant8Threads, 0,
+                                      ctx.stream>>>(op, q, layout, end, qm, qv);
+    GRASS_LAUNCH_CHECK();
+  }
 }
 
 // The update's RMS bound on the direction d[n] = scale·N (scale < 0 or = 0): with *sum_squares =
@@ -368,22 +415,18 @@ void lowrank_adam_update_q8(const Context& ctx, bf16* param, float* master, cons
                             const AdamArgs& a, uint64_t seed) {
   GRASS_CHECK(a.step >= 1, "lowrank_adam_update_q8: step counts from 1");
   GRASS_CHECK(r >= 1 && out >= 1 && in >= 1, "lowrank_adam_update_q8: bad shape");
-  GRASS_CHECK(q.block >= 1 && q.block <= kQuant8PerThread * kQuant8Threads,
-              "lowrank_adam_update_q8: a quantization block of more than 4096 elements");
+  check_quant8_block(q.block, "lowrank_adam_update_q8");
   const Workspace ws = carve(workspace, workspace_bytes, out, in, r);
   GRASS_CHECK(master || ws.update_rows >= 1,
               "lowrank_adam_update_q8: pure bf16 needs the workspace's fp32 back-projection rows");
   const LowRankStep k = lowrank_step(a, alpha, seed);
   const Quant8Layout layout = projected_quant8_layout(out, in, r, rows, q.block, by_columns);
-  const unsigned grid = unsigned(std::min(layout.blocks(), kQuant8MaxGrid));
   if (!master)
-    lowrank_adam_direction_q8<<<grid, kQuant8Threads, 0, ctx.stream>>>(
-        ws.direction, static_cast<const bf16*>(R), q, layout, k, quant8_map(true), quant8_map(false));
+    launch_lowrank_adam_q8(ctx, LowRankQ8<bf16>{ws.direction, static_cast<const bf16*>(R), k}, q,
+                           layout);
   else
-    lowrank_adam_direction_q8<<<grid, kQuant8Threads, 0, ctx.stream>>>(
-        ws.direction, static_cast<const float*>(R), q, layout, k, quant8_map(true),
-        quant8_map(false));
-  GRASS_LAUNCH_CHECK();
+    launch_lowrank_adam_q8(ctx, LowRankQ8<float>{ws.direction, static_cast<const float*>(R), k}, q,
+                           layout);
   apply_direction(ctx, ws, k, param, master, reduce_scratch, P, out, in, r, rows, alpha, max_rms, a);
 }
 

@@ -36,6 +36,7 @@ constexpr size_t kTotalMemory = size_t(16) << 30;  // what cudaMemGetInfo report
 // the one at its index on the node, as on a real node.
 constexpr int kDevices = 8;
 constexpr int kMaxSharedOptin = 232448;             // sm_90: 227 KiB of shared memory per block
+constexpr int kMultiProcessors = 132;                // an H100 SXM's
 constexpr int kDefaultMaxShared = 48 << 10;
 
 // The current device is the calling thread's, as CUDA's: a new thread starts on device 0. Events,
@@ -346,12 +347,16 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->totalGlobalMem = kTotalMemory;
   prop->major = 9;
   prop->minor = 0;
-  prop->multiProcessorCount = 132;
+  prop->multiProcessorCount = kMultiProcessors;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (device < 0 || device >= kDevices || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin)
-    return cudaErrorInvalidValue;
+  if (device < 0 || device >= kDevices) return cudaErrorInvalidValue;
+  if (attr == cudaDevAttrMultiProcessorCount) {
+    *value = kMultiProcessors;
+    return cudaSuccess;
+  }
+  if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
   *value = kMaxSharedOptin;
   return cudaSuccess;
 }

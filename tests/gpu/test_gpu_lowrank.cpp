@@ -665,89 +665,93 @@ TEST_CASE("lowrank: the same calls twice give the same bits", "[gpu][lowrank]") 
 // CPU backend's, in both storage schemes, flat and per-feature blocks: the step's codes and absmax
 // bit for bit (adam_moments_rn), the transfer's codes equal or one off where its sums (fp32 in
 // another order) differ, and the weight change to bf16 accuracy (the direction is bf16 on the GPU).
+// Blocks of 64 and 256 (flat: kernels/cuda/quant8.cuh's warp driver, then its thread-block driver
+// on the ragged tail; R has 420 or 258 elements) and 2,048 (the thread-block driver alone).
 TEST_CASE("lowrank: 8-bit moments, the CPU's step and transfer", "[gpu][lowrank][quant8]") {
   for (const PrecisionChoice precision : {PrecisionChoice::Bf16Mixed, PrecisionChoice::Bf16}) {
     Backends be(precision);
     const AdamArgs a = adam_args();
     const Shape s = kShapes[1];
-    for (const bool rows : {true, false})
-      for (const bool by_columns : {false, true}) {
-        INFO((be.pure() ? "pure bf16" : "bf16-mixed") << (rows ? ", rows" : ", cols")
-                                                       << (by_columns ? ", per feature" : ", flat"));
-        const int side = rows ? s.out : s.in, block = 64;
-        const Quant8Layout L = projected_quant8_layout(s.out, s.in, s.r, rows, block, by_columns);
-        const size_t numel = size_t(s.out) * s.in, state = size_t(L.rows * L.cols),
-                     blocks = size_t(L.blocks());
-        // pure bf16: weights of 0.01 and alpha 1, so the steps stand well above the bf16 spacing
-        const double alpha = be.pure() ? 1.0 : 0.25;
-        const std::vector<float> w0 = bf16_rounded(randn(numel, be.pure() ? 0.01 : 1.0)),
-                                 P = random_projection(side, s.r),
-                                 P_new = random_projection(side, s.r);
-        std::vector<float> R0 = randn(state), m0 = randn(state, 0.1), v0 = squares(randn(state, 0.1));
-        if (be.pure()) R0 = bf16_rounded(R0);
-        std::vector<uint8_t> m(state), v(state);
-        std::vector<float> am(blocks), av(blocks);
-        ops::quantize_layout(quant8_map(true), m0.data(), L, m.data(), am.data());
-        ops::quantize_layout(quant8_map(false), v0.data(), L, v.data(), av.data());
+    for (const int block : {64, 256, 2048})
+      for (const bool rows : {true, false})
+        for (const bool by_columns : {false, true}) {
+          INFO((be.pure() ? "pure bf16" : "bf16-mixed") << ", blocks of " << block
+                                                         << (rows ? ", rows" : ", cols")
+                                                         << (by_columns ? ", per feature" : ", flat"));
+          const int side = rows ? s.out : s.in;
+          const Quant8Layout L = projected_quant8_layout(s.out, s.in, s.r, rows, block, by_columns);
+          const size_t numel = size_t(s.out) * s.in, state = size_t(L.rows * L.cols),
+                       blocks = size_t(L.blocks());
+          // pure bf16: weights of 0.01 and alpha 1, so the steps stand well above the bf16 spacing
+          const double alpha = be.pure() ? 1.0 : 0.25;
+          const std::vector<float> w0 = bf16_rounded(randn(numel, be.pure() ? 0.01 : 1.0)),
+                                   P = random_projection(side, s.r),
+                                   P_new = random_projection(side, s.r);
+          std::vector<float> R0 = randn(state), m0 = randn(state, 0.1), v0 = squares(randn(state, 0.1));
+          if (be.pure()) R0 = bf16_rounded(R0);
+          std::vector<uint8_t> m(state), v(state);
+          std::vector<float> am(blocks), av(blocks);
+          ops::quantize_layout(quant8_map(true), m0.data(), L, m.data(), am.data());
+          ops::quantize_layout(quant8_map(false), v0.data(), L, v.data(), av.data());
 
-        DeviceBuffer<uint8_t> d_m(state), d_v(state);
-        DeviceBuffer<float> d_am(blocks), d_av(blocks), d_P(P.size()), d_P_new(P.size()),
-            d_master(numel), d_scratch(size_t(s.r) * s.r + 2 * state);
-        DeviceBuffer<bf16> d_param(numel);
-        TypedBuffer d_R(!be.pure(), state);
-        DeviceBuffer<char> workspace(size_t(lowrank_workspace_bytes(be.gpu_storage, s.out, s.in, s.r)));
-        d_m.upload(m);
-        d_v.upload(v);
-        d_am.upload(am);
-        d_av.upload(av);
-        d_P.upload(P);
-        d_P_new.upload(P_new);
-        d_R.upload(R0);
-        d_param.upload(to_bf16(w0));
-        d_master.upload(w0);
-        workspace.poison();
-        const Quant8Moments dq{.m = d_m.ptr, .v = d_v.ptr, .absmax_m = d_am.ptr, .absmax_v = d_av.ptr,
-                               .block = block};
-        const WeightRef gw{d_param.ptr, be.pure() ? nullptr : d_master.ptr};
-        be.gpu->lowrank_adam_update_q8(gw, d_R.ptr(), dq, by_columns, workspace.ptr,
-                                       {d_P.ptr, s.out, s.in, s.r, rows}, alpha, 0.0, a, 7);
-        const std::vector<uint8_t> step_m = d_m.download(), step_v = d_v.download();
-        const std::vector<float> step_am = d_am.download(), step_av = d_av.download();
-        be.gpu->flora_transfer_q8(dq, by_columns, d_scratch.ptr, d_P.ptr,
-                                  {d_P_new.ptr, s.out, s.in, s.r, rows});
+          DeviceBuffer<uint8_t> d_m(state), d_v(state);
+          DeviceBuffer<float> d_am(blocks), d_av(blocks), d_P(P.size()), d_P_new(P.size()),
+              d_master(numel), d_scratch(size_t(s.r) * s.r + 2 * state);
+          DeviceBuffer<bf16> d_param(numel);
+          TypedBuffer d_R(!be.pure(), state);
+          DeviceBuffer<char> workspace(size_t(lowrank_workspace_bytes(be.gpu_storage, s.out, s.in, s.r)));
+          d_m.upload(m);
+          d_v.upload(v);
+          d_am.upload(am);
+          d_av.upload(av);
+          d_P.upload(P);
+          d_P_new.upload(P_new);
+          d_R.upload(R0);
+          d_param.upload(to_bf16(w0));
+          d_master.upload(w0);
+          workspace.poison();
+          const Quant8Moments dq{.m = d_m.ptr, .v = d_v.ptr, .absmax_m = d_am.ptr, .absmax_v = d_av.ptr,
+                                 .block = block};
+          const WeightRef gw{d_param.ptr, be.pure() ? nullptr : d_master.ptr};
+          be.gpu->lowrank_adam_update_q8(gw, d_R.ptr(), dq, by_columns, workspace.ptr,
+                                         {d_P.ptr, s.out, s.in, s.r, rows}, alpha, 0.0, a, 7);
+          const std::vector<uint8_t> step_m = d_m.download(), step_v = d_v.download();
+          const std::vector<float> step_am = d_am.download(), step_av = d_av.download();
+          be.gpu->flora_transfer_q8(dq, by_columns, d_scratch.ptr, d_P.ptr,
+                                    {d_P_new.ptr, s.out, s.in, s.r, rows});
 
-        std::vector<float> master = w0, weights = w0, R = R0;
-        const Quant8Moments cq{.m = m.data(), .v = v.data(), .absmax_m = am.data(),
-                               .absmax_v = av.data(), .block = block};
-        std::vector<float> scratch(size_t(s.r) * s.r + 2 * state);
-        be.cpu->lowrank_adam_update_q8({weights.data(), be.pure() ? nullptr : master.data()}, R.data(),
-                                       cq, by_columns, nullptr, {P.data(), s.out, s.in, s.r, rows},
-                                       alpha, 0.0, a, 7);
-        CHECK(step_m == m);
-        CHECK(step_v == v);
-        CHECK(step_am == am);
-        CHECK(step_av == av);
-        be.cpu->flora_transfer_q8(cq, by_columns, scratch.data(), P.data(),
-                                  {P_new.data(), s.out, s.in, s.r, rows});
+          std::vector<float> master = w0, weights = w0, R = R0;
+          const Quant8Moments cq{.m = m.data(), .v = v.data(), .absmax_m = am.data(),
+                                 .absmax_v = av.data(), .block = block};
+          std::vector<float> scratch(size_t(s.r) * s.r + 2 * state);
+          be.cpu->lowrank_adam_update_q8({weights.data(), be.pure() ? nullptr : master.data()}, R.data(),
+                                         cq, by_columns, nullptr, {P.data(), s.out, s.in, s.r, rows},
+                                         alpha, 0.0, a, 7);
+          CHECK(step_m == m);
+          CHECK(step_v == v);
+          CHECK(step_am == am);
+          CHECK(step_av == av);
+          be.cpu->flora_transfer_q8(cq, by_columns, scratch.data(), P.data(),
+                                    {P_new.data(), s.out, s.in, s.r, rows});
 
-        CHECK(rel_error(d_am.download(), am) <= 1e-5);
-        CHECK(rel_error(d_av.download(), av) <= 1e-5);
-        const std::vector<uint8_t> gm = d_m.download(), gv = d_v.download();
-        int64_t differ = 0, far = 0;
-        for (size_t i = 0; i < state; i++) {
-          differ += (gm[i] != m[i]) + (gv[i] != v[i]);
-          far += std::abs(gm[i] - m[i]) > 1 || std::abs(gv[i] - v[i]) > 1;
+          CHECK(rel_error(d_am.download(), am) <= 1e-5);
+          CHECK(rel_error(d_av.download(), av) <= 1e-5);
+          const std::vector<uint8_t> gm = d_m.download(), gv = d_v.download();
+          int64_t differ = 0, far = 0;
+          for (size_t i = 0; i < state; i++) {
+            differ += (gm[i] != m[i]) + (gv[i] != v[i]);
+            far += std::abs(gm[i] - m[i]) > 1 || std::abs(gv[i] - v[i]) > 1;
+          }
+          CHECK(far == 0);
+          CHECK(differ <= int64_t(state) / 50);
+          const std::vector<float> got = be.pure() ? to_f32(d_param.download()) : d_master.download();
+          const std::vector<float>& want = be.pure() ? weights : master;
+          std::vector<float> change(numel), want_change(numel);
+          for (size_t e = 0; e < numel; e++) {
+            change[e] = got[e] - w0[e];
+            want_change[e] = want[e] - w0[e];
+          }
+          CHECK(rel_error(change, want_change) <= (be.pure() ? 2e-2 : 1e-2));
         }
-        CHECK(far == 0);
-        CHECK(differ <= int64_t(state) / 50);
-        const std::vector<float> got = be.pure() ? to_f32(d_param.download()) : d_master.download();
-        const std::vector<float>& want = be.pure() ? weights : master;
-        std::vector<float> change(numel), want_change(numel);
-        for (size_t e = 0; e < numel; e++) {
-          change[e] = got[e] - w0[e];
-          want_change[e] = want[e] - w0[e];
-        }
-        CHECK(rel_error(change, want_change) <= (be.pure() ? 2e-2 : 1e-2));
-      }
   }
 }

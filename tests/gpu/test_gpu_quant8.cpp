@@ -3,9 +3,11 @@
 // the GPU" over values that include 0 and -0, denormals, each block's ±absmax, NaN and ±Inf,
 // blocks spanning magnitudes from 1e-30 to 1e30, an all-zero block and a last, shorter block.
 // 10⁷ values on a GPU, 10⁶ on the emulator (its fibers are slower than a GPU's threads).
-// Then the 8-bit AdamW and GRASS steps (kernels/cuda/adamw.cu, grass.cu) against their CPU ops
-// in both storage schemes: codes, absmax and weights bit for bit (every rounding of the step is
-// written out, so no compiler's contraction separates them; the emulator checks both builds).
+// Then the 8-bit AdamW and GRASS steps (kernels/cuda/adamw.cu, grass.cu, on the drivers of
+// kernels/cuda/quant8.cuh) against their CPU ops in both storage schemes: codes, absmax and
+// weights bit for bit (every rounding of the step is written out, so no compiler's contraction
+// separates them; the emulator checks both builds), and the drivers' split search against
+// quant8_encode.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -114,6 +116,49 @@ TEST_CASE("quant8: the GPU's codes, absmax and decoded values are the CPU's, bit
     }
 }
 
+// kernels/quant8.h's quant8_encode_pivoted, the 8-bit steps' encode on the GPU (the first three
+// halving steps from registers, the sign rule by code), against quant8_encode: the same code at
+// every bound and value of both maps and their nearest floats, at the specials, and at 10^5 fresh
+// values, for absmax 1 (x·(1/absmax) = x exactly) and others.
+TEST_CASE("quant8: the GPU steps' split search gives quant8_encode's code for every input",
+          "[gpu][quant8]") {
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<float> uniform(-1.25f, 1.25f), exponent(-45.0f, 1.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const bool is_signed : {true, false}) {
+    INFO((is_signed ? "signed" : "unsigned") << " map");
+    const Quant8Map& map = quant8_map(is_signed);
+    const Quant8Pivots pivots = quant8_pivots(map);
+    for (int c = 0; c < 256; c++) CHECK((map.value[c] <= 0.0f) == (c <= map.zero));
+    std::vector<float> s = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f, inf, -inf,
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::denorm_min(), 1e-40f, -3e-42f};
+    for (int c = 0; c < 256; c++)
+      for (const float at : {map.value[c], c < 255 ? map.bound[c] : 1.0f}) {
+        float up = at, down = at;
+        for (int k = 0; k < 3; k++) {
+          s.push_back(up);
+          s.push_back(down);
+          up = std::nextafter(up, inf);
+          down = std::nextafter(down, -inf);
+        }
+      }
+    for (int k = 0; k < 100000; k++) {
+      s.push_back(uniform(rng));
+      s.push_back(std::copysign(std::pow(10.0f, exponent(rng)), uniform(rng)));
+    }
+    int64_t differ = 0;
+    for (const float absmax : {1.0f, 0.37f, 3e-20f, 7e15f, 0.0f, inf})
+      for (float x : s) {
+        if (!is_signed) x = std::fabs(x);  // the unsigned map codes v ≥ 0
+        x *= absmax;
+        differ += quant8_encode_pivoted(pivots, map.bound, map.zero, x, absmax, 1.0f / absmax) !=
+                  quant8_encode(map, x, absmax);
+      }
+    CHECK(differ == 0);
+  }
+}
+
 namespace {
 
 // Moments as after some training, quantized on the CPU: m ~ gradients, v ~ their squares, with a
@@ -152,154 +197,267 @@ void check_moments(const Q8Moments& got, const Q8Moments& want) {
 
 }  // namespace
 
-TEST_CASE("gpu adamw q8: the CPU's 8-bit step in both storage schemes", "[gpu][quant8]") {
-  TestContext tc;
-  const int64_t n = 100003;
-  const size_t count = 100003;
-  const AdamArgs a{.grad_scale = 0.7, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
-                   .weight_decay = 0.1, .step = 4};
-  for (const int block : {256, 64, 4096})
-    for (const bool pure : {false, true}) {
-      INFO("blocks of " << block << (pure ? ", pure bf16" : ", bf16-mixed"));
-      const Q8Moments start = trained_moments(n, block);
-      std::vector<float> p0 = randn(count, 0.1), g = randn(count, 0.01);
-      g[7] = std::numeric_limits<float>::quiet_NaN();
-      g[8] = std::numeric_limits<float>::infinity();
-      for (int64_t i = 256; i < 512; i++) g[size_t(i)] = 0.0f;  // the reset block gets none
-      if (pure) {
-        p0 = bf16_rounded(p0);
-        g = bf16_rounded(g);
-      }
-      const size_t blocks = start.absmax_m.size();
-      DeviceBuffer<uint8_t> d_m(count), d_v(count);
-      DeviceBuffer<float> d_am(blocks), d_av(blocks), d_master(count), d_gf(count);
-      DeviceBuffer<cuda::bf16> d_param(count), d_gb(count);
-      d_m.upload(start.m);
-      d_v.upload(start.v);
-      d_am.upload(start.absmax_m);
-      d_av.upload(start.absmax_v);
-      const uint64_t seed = 77;
-      const Quant8Moments dq{.m = d_m.ptr, .v = d_v.ptr, .absmax_m = d_am.ptr, .absmax_v = d_av.ptr,
-                             .block = block};
-      if (pure) {
-        d_param.upload(to_bf16(p0));
-        d_gb.upload(to_bf16(g));
-        cuda::adamw_update_q8(tc.ctx, d_param.ptr, nullptr, d_gb.ptr, dq, n, a, seed);
-      } else {
-        d_master.upload(p0);
-        d_gf.upload(g);
-        d_param.poison();
-        cuda::adamw_update_q8(tc.ctx, d_param.ptr, d_master.ptr, d_gf.ptr, dq, n, a, seed);
-      }
-      // the CPU: the same step, in fp32, then the same rounding of the weight
-      Q8Moments want = start;
-      std::vector<float> p = p0;
-      ops::adamw_update_q8(p.data(), g.data(),
-                           {.m = want.m.data(), .v = want.v.data(), .absmax_m = want.absmax_m.data(),
-                            .absmax_v = want.absmax_v.data(), .block = block},
-                           n, a);
-      const Q8Moments got{d_m.download(), d_v.download(), d_am.download(), d_av.download()};
-      check_moments(got, want);
-      const std::vector<float> param = to_f32(d_param.download());
-      CHECK(param[7] == (pure ? p0[7] : float(bf16_rounded({p0[7]})[0])));  // NaN: left alone
-      // the weights too: the same fp32 step (its roundings written out), the same draws
-      if (pure) {
-        std::vector<float> rounded = p;
-        ops::stochastic_round_to_bf16(rounded.data(), n, rounding_stream_seed(seed, a.step, kRoundWeight));
-        CHECK(same_bits(param, rounded));
-        CHECK(rel_error(param, p) <= 1e-2);
-      } else {
-        const std::vector<float> master = d_master.download();
-        CHECK(same_bits(master, p));
-        CHECK(same_bits(d_param.download(), to_bf16(master)));
-      }
-    }
+namespace {
+
+// A device array of n values starting `offset` elements into its allocation: offset 1 puts every
+// array off the warp driver's vector alignment (kernels/cuda/quant8.cuh).
+template <typename T>
+struct OffsetBuffer {
+  DeviceBuffer<T> buffer;
+  size_t offset;
+  OffsetBuffer(size_t n, size_t off) : buffer(n + off), offset(off) {}
+  T* ptr() const { return buffer.ptr + offset; }
+  void upload(const std::vector<T>& x) {
+    std::vector<T> padded(offset, x.empty() ? T() : x[0]);
+    padded.insert(padded.end(), x.begin(), x.end());
+    buffer.upload(padded);
+  }
+  std::vector<T> download() const {
+    const std::vector<T> all = buffer.download();
+    return {all.begin() + ptrdiff_t(offset), all.end()};
+  }
+  void poison() { buffer.poison(); }
+};
+
+enum class Proximal { None, Term, Reset };
+
+// The proximal term's arguments (AdamArgs::anchor): none, θ's distance to the anchor, or the
+// anchor taking θ first (an inner loop's first step).
+void set_proximal(AdamArgs& a, Proximal proximal, void* anchor) {
+  a.anchor = proximal == Proximal::None ? nullptr : anchor;
+  a.proximal_coef = 2.5;  // with |θ - anchor| ~ 0.05: a term of ~0.1 beside gradients of ~0.01
+  a.anchor_reset = proximal == Proximal::Reset;
 }
 
+const char* name_of(Proximal proximal) {
+  return proximal == Proximal::None ? "no proximal term"
+         : proximal == Proximal::Term ? "the proximal term"
+                                      : "the proximal term's reset";
+}
+
+// One 8-bit AdamW step of n elements on the GPU against the CPU's, from the same trained moments:
+// codes, absmax, weights and the anchor bit for bit. The clipping coefficient is read from device
+// memory, as in training; pure bf16 rounds from a rounding counter that does not start at 0
+// (AdamArgs::first: a piece of a tensor).
+void check_adamw_q8(int64_t n, int block, bool pure, Proximal proximal, size_t offset) {
+  INFO("n " << n << ", blocks of " << block << (pure ? ", pure bf16" : ", bf16-mixed") << ", "
+            << name_of(proximal) << (offset ? ", arrays off vector alignment" : ""));
+  TestContext tc;
+  const size_t count = size_t(n);
+  AdamArgs a{.grad_scale = 0.7, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+             .weight_decay = 0.1, .step = 4, .first = pure ? 1000 : 0};
+  const double clip = 0.8;
+  const Q8Moments start = trained_moments(n, block);
+  std::vector<float> p0 = randn(count, 0.1), g = randn(count, 0.01), anchor0 = randn(count, 0.05);
+  g[7] = std::numeric_limits<float>::quiet_NaN();
+  g[8] = std::numeric_limits<float>::infinity();
+  for (int64_t i = 256; i < 512 && i < n; i++) g[size_t(i)] = 0.0f;  // the reset block gets none
+  for (size_t i = 0; i < count; i++) anchor0[i] += p0[i];
+  if (pure) {
+    p0 = bf16_rounded(p0);
+    g = bf16_rounded(g);
+    anchor0 = bf16_rounded(anchor0);
+  }
+  const size_t blocks = start.absmax_m.size();
+  OffsetBuffer<uint8_t> d_m(count, offset), d_v(count, offset);
+  OffsetBuffer<float> d_master(count, offset), d_gf(count, offset), d_anchorf(count, offset);
+  OffsetBuffer<cuda::bf16> d_param(count, offset), d_gb(count, offset), d_anchorb(count, offset);
+  DeviceBuffer<float> d_am(blocks), d_av(blocks);
+  DeviceBuffer<double> d_clip(1);
+  d_m.upload(start.m);
+  d_v.upload(start.v);
+  d_am.upload(start.absmax_m);
+  d_av.upload(start.absmax_v);
+  d_clip.upload({clip});
+  const uint64_t seed = 77;
+  const Quant8Moments dq{.m = d_m.ptr(), .v = d_v.ptr(), .absmax_m = d_am.ptr,
+                         .absmax_v = d_av.ptr, .block = block};
+  AdamArgs gpu_args = a;
+  gpu_args.clip = d_clip.ptr;
+  if (pure) {
+    d_param.upload(to_bf16(p0));
+    d_gb.upload(to_bf16(g));
+    d_anchorb.upload(to_bf16(anchor0));
+    set_proximal(gpu_args, proximal, d_anchorb.ptr());
+    cuda::adamw_update_q8(tc.ctx, d_param.ptr(), nullptr, d_gb.ptr(), dq, n, gpu_args, seed);
+  } else {
+    d_master.upload(p0);
+    d_gf.upload(g);
+    d_anchorf.upload(anchor0);
+    d_param.poison();
+    set_proximal(gpu_args, proximal, d_anchorf.ptr());
+    cuda::adamw_update_q8(tc.ctx, d_param.ptr(), d_master.ptr(), d_gf.ptr(), dq, n, gpu_args,
+                          seed);
+  }
+  // the CPU: the same step, in fp32, then the same rounding of the weight
+  Q8Moments want = start;
+  std::vector<float> p = p0, anchor = anchor0;
+  AdamArgs cpu_args = a;
+  cpu_args.clip = &clip;
+  set_proximal(cpu_args, proximal, anchor.data());
+  ops::adamw_update_q8(p.data(), g.data(),
+                       {.m = want.m.data(), .v = want.v.data(), .absmax_m = want.absmax_m.data(),
+                        .absmax_v = want.absmax_v.data(), .block = block},
+                       n, cpu_args);
+  const Q8Moments got{d_m.download(), d_v.download(), d_am.download(), d_av.download()};
+  check_moments(got, want);
+  const std::vector<float> param = to_f32(d_param.download());
+  CHECK(param[7] == (pure ? p0[7] : float(bf16_rounded({p0[7]})[0])));  // NaN: left alone
+  CHECK(same_bits(pure ? to_f32(d_anchorb.download()) : d_anchorf.download(), anchor));
+  // the weights too: the same fp32 step (its roundings written out), the same draws
+  if (pure) {
+    std::vector<float> rounded = p;
+    const uint64_t stream = rounding_stream_seed(seed, a.step, kRoundWeight);
+    ops::stochastic_round_to_bf16(rounded.data(), n, stream, uint64_t(a.first));
+    CHECK(same_bits(param, rounded));
+    CHECK(rel_error(param, p) <= 1e-2);
+  } else {
+    const std::vector<float> master = d_master.download();
+    CHECK(same_bits(master, p));
+    CHECK(same_bits(d_param.download(), to_bf16(master)));
+  }
+}
+
+}  // namespace
+
+// Every block size the two drivers of kernels/cuda/quant8.cuh take apart: the warp driver's 64,
+// 128 and 256, each with the thread-block driver on the ragged tail (n = 100,003), and the
+// thread-block driver's 2,048 and 4,096; the proximal term and its reset on both; and arrays off
+// the vector loads' alignment, which the thread-block driver takes whole.
+TEST_CASE("gpu adamw q8: the CPU's 8-bit step in both storage schemes", "[gpu][quant8]") {
+  struct Case {
+    int block;
+    Proximal proximal;
+    size_t offset;
+  };
+  for (const Case c : {Case{256, Proximal::None, 0}, Case{256, Proximal::Term, 0},
+                       Case{64, Proximal::Reset, 0}, Case{128, Proximal::None, 0},
+                       Case{2048, Proximal::Term, 0}, Case{4096, Proximal::Reset, 0},
+                       Case{256, Proximal::Term, 1}})
+    for (const bool pure : {false, true})
+      check_adamw_q8(100003, c.block, pure, c.proximal, c.offset);
+}
+
+// A tensor of fewer than 256 elements (the warp driver takes none of it), and one of whole spans
+// (the thread-block driver takes none).
+TEST_CASE("gpu adamw q8: a tensor shorter than one span, and one of whole spans", "[gpu][quant8]") {
+  for (const bool pure : {false, true}) {
+    check_adamw_q8(200, 64, pure, Proximal::None, 0);
+    check_adamw_q8(4096, 256, pure, Proximal::Term, 0);
+  }
+}
+
+// Blocks of 64 (several down each column in the per-feature layout), 256 and 2,048 (ragged, or one
+// per column), all on the thread-block driver; the proximal term on one size, its reset on another.
 TEST_CASE("gpu grass q8: the CPU's 8-bit step, rows and columns, flat and per feature",
           "[gpu][quant8]") {
   TestContext tc;
   const int out = 160, in = 136, r = 40;
   const AdamArgs a{.grad_scale = 0.7, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                    .weight_decay = 0.1, .step = 2};
+  const double clip = 0.8;
+  DeviceBuffer<double> d_clip(1);
+  d_clip.upload({clip});
   std::mt19937_64 rng(std::random_device{}());
-  for (const bool rows : {true, false})
-    for (const bool by_columns : {false, true})
-      for (const bool pure : {false, true}) {
-        INFO((rows ? "rows" : "cols") << (by_columns ? ", per feature" : ", flat")
-                                      << (pure ? ", pure bf16" : ", bf16-mixed"));
-        const int block = 64;
-        const Quant8Layout L = projected_quant8_layout(out, in, r, rows, block, by_columns);
-        const int64_t n = L.rows * L.cols;
-        const size_t count = static_cast<size_t>(n), weights = size_t(out) * in, slices = size_t(r);
-        // moments quantized per the layout on the CPU (a flat AdamW-style start, then reblocked)
-        Q8Moments start{std::vector<uint8_t>(count), std::vector<uint8_t>(count),
-                        std::vector<float>(size_t(L.blocks())), std::vector<float>(size_t(L.blocks()))};
-        std::vector<float> m0 = randn(count, 0.01), v0 = randn(count, 0.01);
-        for (float& x : v0) x = x * x + 1e-9f;
-        for (int64_t b = 0; b < L.blocks(); b++)
-          for (const bool first : {true, false}) {
-            const std::vector<float>& x = first ? m0 : v0;
-            float am = 0;
-            for (int k = 0; k < block && L.index(b, k) >= 0; k++) am = std::fmax(am, std::fabs(x[size_t(L.index(b, k))]));
-            (first ? start.absmax_m : start.absmax_v)[size_t(b)] = am;
-            for (int k = 0; k < block && L.index(b, k) >= 0; k++)
-              (first ? start.m : start.v)[size_t(L.index(b, k))] = quant8_encode(quant8_map(first), x[size_t(L.index(b, k))], am);
+  for (const int block : {64, 256, 2048})
+    for (const bool rows : {true, false})
+      for (const bool by_columns : {false, true})
+        for (const bool pure : {false, true}) {
+          const Proximal proximal = block == 64    ? Proximal::None
+                                    : block == 256 ? Proximal::Term
+                                                   : Proximal::Reset;
+          INFO("blocks of " << block << (rows ? ", rows" : ", cols")
+                            << (by_columns ? ", per feature" : ", flat")
+                            << (pure ? ", pure bf16, " : ", bf16-mixed, ") << name_of(proximal));
+          const Quant8Layout L = projected_quant8_layout(out, in, r, rows, block, by_columns);
+          const int64_t n = L.rows * L.cols;
+          const size_t count = size_t(n), weights = size_t(out) * in, slices = size_t(r);
+          // moments quantized per the layout on the CPU
+          const size_t blocks = size_t(L.blocks());
+          Q8Moments start{std::vector<uint8_t>(count), std::vector<uint8_t>(count),
+                          std::vector<float>(blocks), std::vector<float>(blocks)};
+          std::vector<float> m0 = randn(count, 0.01), v0 = randn(count, 0.01);
+          for (float& x : v0) x = x * x + 1e-9f;
+          ops::quantize_layout(quant8_map(true), m0.data(), L, start.m.data(),
+                               start.absmax_m.data());
+          ops::quantize_layout(quant8_map(false), v0.data(), L, start.v.data(),
+                               start.absmax_v.data());
+          std::vector<int32_t> sigma(size_t(rows ? out : in));
+          for (size_t i = 0; i < sigma.size(); i++) sigma[i] = int32_t(i);
+          std::shuffle(sigma.begin(), sigma.end(), rng);
+          sigma.resize(size_t(r));
+          std::sort(sigma.begin(), sigma.end());
+          std::vector<float> scale(size_t(r), 1.0f);
+          scale[3] = 2.0f;
+          std::vector<float> w0 = randn(weights, 0.1), gc = randn(count, 0.01),
+                             anchor0 = randn(count, 0.05);
+          gc[5] = std::numeric_limits<float>::quiet_NaN();
+          for (int64_t i = 0; i < n; i++) {  // the anchor near the weight its element updates
+            const int64_t j = rows ? i / in : i % r, c = rows ? i % in : i / r;
+            const int64_t w = rows ? sigma[size_t(j)] * int64_t(in) + c : c * in + sigma[size_t(j)];
+            anchor0[size_t(i)] += w0[size_t(w)];
           }
-        std::vector<int32_t> sigma(size_t(rows ? out : in));
-        for (size_t i = 0; i < sigma.size(); i++) sigma[i] = int32_t(i);
-        std::shuffle(sigma.begin(), sigma.end(), rng);
-        sigma.resize(size_t(r));
-        std::sort(sigma.begin(), sigma.end());
-        std::vector<float> scale(size_t(r), 1.0f);
-        scale[3] = 2.0f;
-        std::vector<float> w0 = randn(weights, 0.1), gc = randn(count, 0.01);
-        gc[5] = std::numeric_limits<float>::quiet_NaN();
-        if (pure) {
-          w0 = bf16_rounded(w0);
-          gc = bf16_rounded(gc);
+          if (pure) {
+            w0 = bf16_rounded(w0);
+            gc = bf16_rounded(gc);
+            anchor0 = bf16_rounded(anchor0);
+          }
+          DeviceBuffer<uint8_t> d_m(count), d_v(count);
+          DeviceBuffer<float> d_am(blocks), d_av(blocks), d_master(weights), d_gf(count),
+              d_anchorf(count), d_scale(slices);
+          DeviceBuffer<cuda::bf16> d_param(weights), d_gb(count), d_anchorb(count);
+          DeviceBuffer<int32_t> d_sigma(slices);
+          d_m.upload(start.m);
+          d_v.upload(start.v);
+          d_am.upload(start.absmax_m);
+          d_av.upload(start.absmax_v);
+          d_sigma.upload(sigma);
+          d_scale.upload(scale);
+          const uint64_t seed = 99;
+          const Quant8Moments dq{.m = d_m.ptr, .v = d_v.ptr, .absmax_m = d_am.ptr,
+                                 .absmax_v = d_av.ptr, .block = block};
+          AdamArgs gpu_args = a;
+          gpu_args.clip = d_clip.ptr;
+          d_param.upload(to_bf16(w0));
+          if (pure) {
+            d_gb.upload(to_bf16(gc));
+            d_anchorb.upload(to_bf16(anchor0));
+            set_proximal(gpu_args, proximal, d_anchorb.ptr);
+            cuda::grass_adam_update_q8(tc.ctx, d_param.ptr, nullptr, d_gb.ptr, dq, by_columns,
+                                       d_sigma.ptr, d_scale.ptr, out, in, r, rows, 0.25, gpu_args,
+                                       seed);
+          } else {
+            d_master.upload(w0);
+            d_gf.upload(gc);
+            d_anchorf.upload(anchor0);
+            set_proximal(gpu_args, proximal, d_anchorf.ptr);
+            cuda::grass_adam_update_q8(tc.ctx, d_param.ptr, d_master.ptr, d_gf.ptr, dq, by_columns,
+                                       d_sigma.ptr, d_scale.ptr, out, in, r, rows, 0.25, gpu_args,
+                                       seed);
+          }
+          Q8Moments want = start;
+          std::vector<float> w = w0, anchor = anchor0;
+          AdamArgs cpu_args = a;
+          cpu_args.clip = &clip;
+          set_proximal(cpu_args, proximal, anchor.data());
+          ops::grass_adam_update_q8(w.data(), gc.data(),
+                                    {.m = want.m.data(), .v = want.v.data(),
+                                     .absmax_m = want.absmax_m.data(),
+                                     .absmax_v = want.absmax_v.data(), .block = block},
+                                    by_columns, sigma.data(), scale.data(), out, in, r, rows, 0.25,
+                                    cpu_args);
+          check_moments({d_m.download(), d_v.download(), d_am.download(), d_av.download()}, want);
+          CHECK(same_bits(pure ? to_f32(d_anchorb.download()) : d_anchorf.download(), anchor));
+          const std::vector<float> param = to_f32(d_param.download());
+          if (pure) {
+            std::vector<float> rounded = w;
+            ops::stochastic_round_to_bf16(rounded.data(), int64_t(weights),
+                                          rounding_stream_seed(seed, a.step, kRoundWeight));
+            CHECK(same_bits(param, rounded));
+          } else {
+            const std::vector<float> master = d_master.download();
+            CHECK(same_bits(master, w));
+            CHECK(same_bits(d_param.download(), to_bf16(master)));
+          }
         }
-        DeviceBuffer<uint8_t> d_m(count), d_v(count);
-        DeviceBuffer<float> d_am(start.absmax_m.size()), d_av(start.absmax_v.size()), d_master(weights),
-            d_gf(count), d_scale(slices);
-        DeviceBuffer<cuda::bf16> d_param(weights), d_gb(count);
-        DeviceBuffer<int32_t> d_sigma(slices);
-        d_m.upload(start.m);
-        d_v.upload(start.v);
-        d_am.upload(start.absmax_m);
-        d_av.upload(start.absmax_v);
-        d_sigma.upload(sigma);
-        d_scale.upload(scale);
-        const uint64_t seed = 99;
-        const Quant8Moments dq{.m = d_m.ptr, .v = d_v.ptr, .absmax_m = d_am.ptr, .absmax_v = d_av.ptr,
-                               .block = block};
-        d_param.upload(to_bf16(w0));
-        if (pure) {
-          d_gb.upload(to_bf16(gc));
-          cuda::grass_adam_update_q8(tc.ctx, d_param.ptr, nullptr, d_gb.ptr, dq, by_columns,
-                                     d_sigma.ptr, d_scale.ptr, out, in, r, rows, 0.25, a, seed);
-        } else {
-          d_master.upload(w0);
-          d_gf.upload(gc);
-          cuda::grass_adam_update_q8(tc.ctx, d_param.ptr, d_master.ptr, d_gf.ptr, dq, by_columns,
-                                     d_sigma.ptr, d_scale.ptr, out, in, r, rows, 0.25, a, seed);
-        }
-        Q8Moments want = start;
-        std::vector<float> w = w0;
-        ops::grass_adam_update_q8(w.data(), gc.data(),
-                                  {.m = want.m.data(), .v = want.v.data(), .absmax_m = want.absmax_m.data(),
-                                   .absmax_v = want.absmax_v.data(), .block = block},
-                                  by_columns, sigma.data(), scale.data(), out, in, r, rows, 0.25, a);
-        check_moments({d_m.download(), d_v.download(), d_am.download(), d_av.download()}, want);
-        const std::vector<float> param = to_f32(d_param.download());
-        if (pure) {
-          std::vector<float> rounded = w;
-          ops::stochastic_round_to_bf16(rounded.data(), int64_t(weights), rounding_stream_seed(seed, a.step, kRoundWeight));
-          CHECK(same_bits(param, rounded));
-        } else {
-          const std::vector<float> master = d_master.download();
-          CHECK(same_bits(master, w));
-          CHECK(same_bits(d_param.download(), to_bf16(master)));
-        }
-      }
 }

@@ -320,6 +320,9 @@ void Lab::print_header() const {
   std::printf("peak: %s bf16 dense, %s memory; CPU reference: %s\n",
               peak(gpu.peak_flops(), 1e12, "TFLOP/s").c_str(),
               peak(peak_bytes_per_s_, 1e9, "GB/s").c_str(), cpu.describe().c_str());
+  if (options.q8)
+    std::printf("optimizer moments: 8-bit in blocks of %d (projected states per feature)\n",
+                options.state_block);
   std::printf("(op*: derived, the difference of the two rows above it, not timed on its own)\n");
   std::printf("%-24s %-5s %-46s %10s %10s %-7s %6s %9s %8s %s\n", "op", "model", "shape", "ms",
               "rate", "unit", "%peak", "max_err", "tol", "ok");

@@ -150,6 +150,11 @@ struct Options {
   int repeat = 20, warmup = 2;
   PrecisionChoice precision = PrecisionChoice::Bf16Mixed;
   AttentionKernel attention = AttentionKernel::Grass;  // the GPU's attention rows
+  // The optimizers' moments: the precision's (fp32 or bf16), or 8-bit (q8: the adamw, grass and
+  // lowrank rows time the *_q8 steps, projected states blocked per feature) in blocks of
+  // state_block.
+  bool q8 = false;
+  int state_block = 256;
   bool smoke = false;
   std::string csv;  // empty: none
   uint64_t seed = 0;

@@ -4,6 +4,7 @@
 //   build/kernel_bench [--model 60m,1b,13b] [--ops linear,head,...] [--batch 16] [--seq 256]
 //                      [--repeat 20] [--precision bf16-mixed|bf16] [--smoke] [--csv FILE]
 //                      [--seed S] [--configs DIR] [--attention grass|cudnn]
+//                      [--state-dtype auto|q8] [--state-block 256]
 // Exit status: 0 every check within its tolerance; 1 a check failed, or an error; 2 a bad flag;
 // 77 no usable GPU (ctest: skipped). kernel_bench_emu is the same program on the CUDA emulator.
 #include <algorithm>
@@ -30,7 +31,8 @@ constexpr std::pair<const char*, int> kRanks[] = {{"60m", 128}, {"1b", 512}, {"1
 const char* kUsage =
     "usage: kernel_bench [--model 60m,1b,13b] [--ops NAME,...] [--batch B] [--seq T] [--repeat N]\n"
     "                    [--precision bf16-mixed|bf16] [--smoke] [--csv FILE] [--seed S]\n"
-    "                    [--configs DIR] [--attention grass|cudnn]\n"
+    "                    [--configs DIR] [--attention grass|cudnn] [--state-dtype auto|q8]\n"
+    "                    [--state-block B]\n"
     "ops: linear rmsnorm attention swiglu residual embedding head adamw sum_squares grass "
     "lowrank\n";
 
@@ -115,6 +117,16 @@ Options parse(int argc, char** argv) {
       if (value != "grass" && value != "cudnn")
         throw UserError("--attention expects grass or cudnn, got \"" + value + "\"");
       o.attention = value == "cudnn" ? AttentionKernel::Cudnn : AttentionKernel::Grass;
+    } else if (flag == "--state-dtype") {
+      if (value != "auto" && value != "q8")
+        throw UserError("--state-dtype expects auto (the precision's moments) or q8, got \"" +
+                        value + "\"");
+      o.q8 = value == "q8";
+    } else if (flag == "--state-block") {
+      o.state_block = positive(flag, value);
+      if (o.state_block < 64 || o.state_block > 4096 || (o.state_block & (o.state_block - 1)) != 0)
+        throw UserError("--state-block expects a power of two from 64 to 4096 (optimizer."
+                        "state_block's range), got " + value);
     } else if (flag == "--csv") {
       o.csv = value;
     } else if (flag == "--seed") {
@@ -125,6 +137,7 @@ Options parse(int argc, char** argv) {
       throw UserError(flag + ": unknown flag");
     }
   }
+  if (o.state_block != 256 && !o.q8) throw UserError("--state-block needs --state-dtype q8");
   for (const std::string& name : o.models)
     if (std::none_of(std::begin(kRanks), std::end(kRanks),
                      [&](const auto& known) { return name == known.first; }))

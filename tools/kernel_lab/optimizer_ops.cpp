@@ -6,10 +6,17 @@
 //
 // An update's check compares the change it made to the weights (and the new moments) with the
 // CPU's, from the same start and with the same step; the CPU reference runs on every element.
+// With --state-dtype q8 the updates are the 8-bit steps (adamw_update_q8, grass_adam_update_q8,
+// lowrank_adam_update_q8), whose codes and absmax must be the CPU's bit for bit (kernels/quant8.h):
+// their check is the weights' error, or 1 where any code or absmax differs.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
+#include "kernels/quant8.h"
 #include "src/core/bf16.h"
 #include "tools/kernel_lab/lab.h"
 
@@ -86,10 +93,19 @@ class UpdateTensors {
     };
     const double moments =
         worst({compare(gm_.get(), m_, moment_width_), compare(gv_.get(), v_, moment_width_)});
-    if (!s_.master) return worst({compare(change(gw_.get()), change(w_), width_), moments});
+    return worst({weight_error(by_columns), moments});
+  }
+  // ... the weights alone (an 8-bit step's moments are Q8State's)
+  double weight_error(bool by_columns) const {
+    auto compare = [&](const std::vector<float>& got, const std::vector<float>& want) {
+      if (!by_columns) return max_row_error(got, want, width_);
+      return max_row_error(transposed(got, width_), transposed(want, width_),
+                           int64_t(got.size()) / width_);
+    };
+    if (!s_.master) return compare(change(gw_.get()), change(w_));
     const std::vector<float> got_master = gmaster_.get();
-    return worst({compare(change(got_master), change(master_), width_),
-                  compare(gw_.get(), bf16_rounded(got_master), width_), moments});
+    return worst({compare(change(got_master), change(master_)),
+                  compare(gw_.get(), bf16_rounded(got_master))});
   }
 
  private:
@@ -107,6 +123,77 @@ class UpdateTensors {
   Buffer gw_, gmaster_, gm_, gv_;
 };
 
+// 8-bit moments (kernels/quant8.h) of a state laid out as `layout`, on the GPU and as the CPU's
+// copy, from the same random start (m in ±0.1, v in [0, 0.01), quantized on the CPU).
+class Q8State {
+ public:
+  Q8State(Lab& lab, const Quant8Layout& layout)
+      : gpu_(lab.gpu),
+        layout_(layout),
+        n_(layout.rows * layout.cols),
+        blocks_(layout.blocks()),
+        m_(size_t(n_)),
+        v_(size_t(n_)),
+        absmax_m_(size_t(blocks_)),
+        absmax_v_(size_t(blocks_)),
+        gm_(lab.gpu, n_, 1),
+        gv_(lab.gpu, n_, 1),
+        gabsmax_m_(lab.gpu, blocks_, 4),
+        gabsmax_v_(lab.gpu, blocks_, 4) {
+    const std::vector<float> m = lab.uniform(n_, -0.1, 0.1, 4), v = lab.uniform(n_, 0, 0.01, 4);
+    ops::quantize_layout(quant8_map(true), m.data(), layout, m_.data(), absmax_m_.data());
+    ops::quantize_layout(quant8_map(false), v.data(), layout, v_.data(), absmax_v_.data());
+    gpu_.upload(gm_.ptr(), m_.data(), m_.size());
+    gpu_.upload(gv_.ptr(), v_.data(), v_.size());
+    gabsmax_m_.put(absmax_m_);
+    gabsmax_v_.put(absmax_v_);
+  }
+
+  Quant8Moments gpu() const {
+    return {.m = static_cast<uint8_t*>(gm_.ptr()), .v = static_cast<uint8_t*>(gv_.ptr()),
+            .absmax_m = gabsmax_m_.f32(), .absmax_v = gabsmax_v_.f32(), .block = layout_.block};
+  }
+  Quant8Moments cpu() {
+    return {.m = m_.data(), .v = v_.data(), .absmax_m = absmax_m_.data(),
+            .absmax_v = absmax_v_.data(), .block = layout_.block};
+  }
+  // 0 when the GPU's codes and absmax are the CPU's bit for bit, else 1
+  double error() const {
+    std::vector<uint8_t> m(m_.size()), v(v_.size());
+    gpu_.download(m.data(), gm_.ptr(), m.size());
+    gpu_.download(v.data(), gv_.ptr(), v.size());
+    const std::vector<float> absmax_m = gabsmax_m_.get(), absmax_v = gabsmax_v_.get();
+    const bool same = m == m_ && v == v_ &&
+                      std::memcmp(absmax_m.data(), absmax_m_.data(), 4 * absmax_m.size()) == 0 &&
+                      std::memcmp(absmax_v.data(), absmax_v_.data(), 4 * absmax_v.size()) == 0;
+    return same ? 0 : 1;
+  }
+  // What a step moves in them: every code read and written, every absmax read and written.
+  double bytes() const { return 4.0 * double(n_) + 16.0 * double(blocks_); }
+
+ private:
+  Backend& gpu_;
+  Quant8Layout layout_;
+  int64_t n_, blocks_;
+  std::vector<uint8_t> m_, v_;           // the CPU's copy
+  std::vector<float> absmax_m_, absmax_v_;
+  Buffer gm_, gv_, gabsmax_m_, gabsmax_v_;
+};
+
+// r distinct indices in [0, bound), sorted: an 8-bit GRASS step's σ (each weight element then
+// has one state element), from the lab's random stream.
+std::vector<int32_t> distinct_sorted(Lab& lab, int r, int bound) {
+  const std::vector<float> keys = lab.uniform(bound, 0, 1, 4);
+  std::vector<int32_t> order(static_cast<size_t>(bound));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return keys[size_t(a)] < keys[size_t(b)] || (keys[size_t(a)] == keys[size_t(b)] && a < b);
+  });
+  order.resize(size_t(r));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
 // The GPU's gc or R [r, in] or [out, r] against the CPU's slices J of it (want_J [J, in] or
 // [out, J]): the error over those slices.
 double slice_error(const std::vector<float>& got, const std::vector<float>& want_J,
@@ -123,7 +210,35 @@ double slice_error(const std::vector<float>& got, const std::vector<float>& want
 // One AdamW step on n = V·C elements (the embedding's size: the largest tensor AdamW trains in a
 // GRASS run), viewed as [V, C]. Bytes: reads g (n·G), reads and writes m and v (4·n·S) and the
 // weights (n·weight_update_bytes).
+//   --state-dtype q8: adamw_update_q8 on n = C·C (a square projection's size: 2048² at 1B) and
+//   n = V·C, flat blocks of --state-block. Bytes: n·(G + upd) + 4·n (each code read and written)
+//   + 16 per block (each absmax read and written).
+void bench_adamw_q8(Lab& lab, const Model& m) {
+  Backend &gpu = lab.gpu, &cpu = lab.cpu;
+  const Storage& s = gpu.storage();
+  const int C = m.C();
+  for (const auto& [rows, what] : {std::pair{C, "C x C"}, std::pair{m.V(), "V x C"}}) {
+    const int64_t n = int64_t(rows) * C;
+    UpdateTensors u(lab, rows, C, 0, 0);
+    Q8State q(lab, {.rows = rows, .cols = C, .block = lab.options.state_block});  // flat blocks
+    const std::vector<float> g = lab.uniform(n, -1, 1, s.grad_bytes);
+    Buffer gg(gpu, g, s.grad_bytes);
+    const AdamArgs a = adam_args();
+    auto step = [&] { gpu.adamw_update_q8(u.gpu_weight(), gg.ptr(), q.gpu(), n, a, kSeed); };
+    step();
+    cpu.adamw_update_q8(u.cpu_weight(), g.data(), q.cpu(), n, a, kSeed);
+    const double err = worst({u.weight_error(/*by_columns=*/false), q.error()});
+    lab.report(m, {.op = "adamw_update_q8",
+                   .shape = dims({{"n", n}}) + " (" + what + "), blocks of " +
+                            std::to_string(lab.options.state_block),
+                   .ms = lab.time_ms(step),
+                   .bytes = double(n) * (s.grad_bytes + weight_update_bytes(s)) + q.bytes(),
+                   .err = err, .tol = s.pure_bf16() ? kTolUpdateBf16 : kTolUpdateF32});
+  }
+}
+
 void bench_adamw(Lab& lab, const Model& m) {
+  if (lab.options.q8) return bench_adamw_q8(lab, m);
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
   const Storage& s = gpu.storage();
   const int V = m.V(), C = m.C();
@@ -174,6 +289,33 @@ void bench_sum_squares(Lab& lab, const Model& m) {
 //   grass_adam_update: Adam on gc and the update of the selected slices of w. Bytes over the
 //     E = r·in or out·r elements: reads gc (E·G), reads and writes m and v (4·E·S) and the slices
 //     of the weights (E·weight_update_bytes).
+//   --state-dtype q8: grass_adam_update_q8 instead, σ distinct (its requirement), the states
+//   blocked per feature. Bytes: E·(G + upd) + 4·E + 16 per block (codes and absmax, as AdamW's).
+void bench_grass_adam_q8(Lab& lab, const Model& m, const LinearShape& l, bool rows,
+                         const std::string& shape, const std::vector<float>& gc,
+                         const std::vector<float>& scale) {
+  Backend &gpu = lab.gpu, &cpu = lab.cpu;
+  const Storage& s = gpu.storage();
+  const int r = m.rank;
+  const int64_t E = int64_t(gc.size());
+  const std::vector<int32_t> sigma = distinct_sorted(lab, r, rows ? l.out : l.in);
+  Buffer gsigma(gpu, sigma), gscale(gpu, scale, 4), ggc(gpu, gc, s.grad_bytes);
+  const GrassSlices gpu_slices{gsigma.i32(), gscale.f32(), l.out, l.in, r, rows};
+  const GrassSlices cpu_slices{sigma.data(), scale.data(), l.out, l.in, r, rows};
+  UpdateTensors u(lab, l.out, l.in, 0, 0);
+  Q8State q(lab, projected_quant8_layout(l.out, l.in, r, rows, lab.options.state_block, true));
+  const AdamArgs a = adam_args();
+  auto step = [&] {
+    gpu.grass_adam_update_q8(u.gpu_weight(), ggc.ptr(), q.gpu(), true, gpu_slices, 1.0, a, kSeed);
+  };
+  step();
+  cpu.grass_adam_update_q8(u.cpu_weight(), gc.data(), q.cpu(), true, cpu_slices, 1.0, a, kSeed);
+  const double err = worst({u.weight_error(/*by_columns=*/!rows), q.error()});
+  lab.report(m, {.op = "grass_adam_update_q8", .shape = shape, .ms = lab.time_ms(step),
+                 .bytes = double(E) * (s.grad_bytes + weight_update_bytes(s)) + q.bytes(),
+                 .err = err, .tol = s.pure_bf16() ? kTolUpdateBf16 : kTolUpdateF32});
+}
+
 void bench_grass(Lab& lab, const Model& m) {
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
   const Storage& s = gpu.storage();
@@ -213,13 +355,17 @@ void bench_grass(Lab& lab, const Model& m) {
     lab.report(m, {.op = "grass_compressed_grad", .shape = shape, .ms = lab.time_ms(compress),
                    .flops = 2.0 * double(N) * r * other, .err = compress_err, .tol = kTolBf16});
 
-    UpdateTensors u(lab, l.out, l.in, rows ? r : l.out, rows ? l.in : r);
     const std::vector<float> gc = lab.uniform(E, -1, 1, s.grad_bytes);
     const std::vector<float> scale = lab.uniform(r, 0.5, 1.5, 4);  // [r]: each slice's step factor
+    if (lab.options.q8) {
+      bench_grass_adam_q8(lab, m, l, rows, shape, gc, scale);
+      continue;
+    }
     Buffer gupdate_gc(gpu, gc, s.grad_bytes), gscale(gpu, scale, 4);
+    const AdamArgs a = adam_args();
+    UpdateTensors u(lab, l.out, l.in, rows ? r : l.out, rows ? l.in : r);
     const GrassSlices gpu_slices{gsigma.i32(), gscale.f32(), l.out, l.in, r, rows};
     const GrassSlices cpu_slices{sigma.data(), scale.data(), l.out, l.in, r, rows};
-    const AdamArgs a = adam_args();
     auto step = [&] {
       gpu.grass_adam_update(u.gpu_weight(), gupdate_gc.ptr(), u.gpu_m(), u.gpu_v(), gpu_slices,
                             1.0, a, kSeed);
@@ -246,6 +392,8 @@ void bench_grass(Lab& lab, const Model& m) {
 //     2·out·in·r FLOPs, yet memory-bound: 2·r FLOPs per weight element of >= 4 bytes, under an
 //     H100's ~295 FLOPs per byte at every rank here). Bytes: reads R (E·G), reads and writes m and
 //     v (4·E·S) for E = r·in or out·r, and every weight (out·in·weight_update_bytes).
+//   --state-dtype q8: lowrank_adam_update_q8 instead, the states blocked per feature; m and v
+//     move 4·E bytes and 16 per block (codes and absmax, as AdamW's).
 void bench_lowrank(Lab& lab, const Model& m) {
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
   const Storage& s = gpu.storage();
@@ -284,16 +432,33 @@ void bench_lowrank(Lab& lab, const Model& m) {
                    .flops = 2.0 * double(N) * r * (l.out + l.in), .err = compress_err,
                    .tol = kTolBf16});
 
-    UpdateTensors u(lab, l.out, l.in, rows ? r : l.out, rows ? l.in : r);
     const std::vector<float> R = lab.uniform(E, -1, 1, s.grad_bytes);
     Buffer gupdate_R(gpu, R, s.grad_bytes);
     const AdamArgs a = adam_args();
+    std::vector<float> cpu_R = R;  // overwritten with the Adam direction
+    if (lab.options.q8) {
+      UpdateTensors u(lab, l.out, l.in, 0, 0);
+      Q8State q(lab, projected_quant8_layout(l.out, l.in, r, rows, lab.options.state_block, true));
+      auto step = [&] {
+        gpu.lowrank_adam_update_q8(u.gpu_weight(), gupdate_R.ptr(), q.gpu(), true,
+                                   gworkspace.ptr(), gpu_p, 1.0, 0.0, a, kSeed);
+      };
+      step();
+      cpu.lowrank_adam_update_q8(u.cpu_weight(), cpu_R.data(), q.cpu(), true, nullptr,
+                                 {P.data(), l.out, l.in, r, rows}, 1.0, 0.0, a, kSeed);
+      const double err = worst({u.weight_error(/*by_columns=*/!rows), q.error()});
+      lab.report(m, {.op = "lowrank_adam_update_q8", .shape = shape, .ms = lab.time_ms(step),
+                     .bytes = double(E) * s.grad_bytes + q.bytes() +
+                              double(l.out) * l.in * weight_update_bytes(s),
+                     .err = err, .tol = kTolLowRankUpdate});
+      continue;
+    }
+    UpdateTensors u(lab, l.out, l.in, rows ? r : l.out, rows ? l.in : r);
     auto step = [&] {
       gpu.lowrank_adam_update(u.gpu_weight(), gupdate_R.ptr(), u.gpu_m(), u.gpu_v(),
                               gworkspace.ptr(), gpu_p, 1.0, 0.0, a, kSeed);
     };
     step();
-    std::vector<float> cpu_R = R;  // overwritten with the Adam direction
     cpu.lowrank_adam_update(u.cpu_weight(), cpu_R.data(), u.cpu_m(), u.cpu_v(), nullptr,
                             {P.data(), l.out, l.in, r, rows}, 1.0, 0.0, a, kSeed);
     const double update_err = u.error(/*by_columns=*/!rows);

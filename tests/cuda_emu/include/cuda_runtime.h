@@ -90,7 +90,10 @@ enum cudaMemcpyKind {
 };
 enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
 using cudaDataType = cudaDataType_t;
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
 enum cudaLimit { cudaLimitStackSize = 0x00 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 struct cudaDeviceProp {
