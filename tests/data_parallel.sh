@@ -175,6 +175,16 @@ grep -q "error (rank 0 of 4): .*total_batch_size: 16 must be a multiple of micro
 [ $rc -ne 0 ] || fail "an unsplittable batch exits 0"
 [ ! -e "$tmp/split" ] || fail "an unsplittable batch created out_dir"
 
+# An out_dir holding another run: rank 0 alone checks it (the other ranks must not race its lock
+# and files, as they did once), refuses in one line, exits non-zero and touches nothing.
+cp "$tmp/grass2.dp/metrics.jsonl" "$tmp/grass2.before"
+"${mpi[@]}" -np 2 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/grass2.dp" --set micro_batch_size=4 \
+  --set seed=7 >"$tmp/foreign.log" 2>&1 && fail "a 2-rank run into another run's out_dir exits 0"
+grep -q "error (rank 0 of 2): $tmp/grass2.dp: out_dir holds another run (" \
+  "$tmp/foreign.log" || { fail "another run's out_dir is not named by rank 0"; cat "$tmp/foreign.log"; }
+cmp -s "$tmp/grass2.dp/metrics.jsonl" "$tmp/grass2.before" ||
+  fail "a refused 2-rank run changed the other run's metrics.jsonl"
+
 # A timeout that is not a number: one line, before MPI starts.
 GRASS_TIMEOUT_S=abc "${mpi[@]}" -x GRASS_TIMEOUT_S -np 2 "$GRASS" train "$tmp/run.json" \
   --set out_dir="$tmp/badtimeout" >"$tmp/badtimeout.log" 2>&1 && fail "GRASS_TIMEOUT_S=abc exits 0"

@@ -121,9 +121,11 @@ Run::Run(const RunConfig& c, const TrainOptions& options)
       launched(&comm != &single_process()) {
   GRASS_CHECK(cfg.ranks == comm.world(), "a run config checked for another number of ranks");
   check_inputs();
+  // out_dir is rank 0's alone (other ranks may not even see it): checking it there also keeps
+  // the others from finding rank 0's fresh lock and files, which would be a race.
   if (options.overwrite)
     check_overwrite(cfg, options.resume);
-  else
+  else if (leader)
     restart_note = check_out_dir(cfg, !options.resume.empty());
   build_state();
   if (leader && options.overwrite && out_dir_has_contents(cfg.out_dir))
