@@ -29,7 +29,7 @@ ModelConfig eval_model() {
   m.intermediate_size = 172;
   m.num_attention_heads = 4;
   m.num_key_value_heads = 2;
-  m.num_hidden_layers = 3;  // odd: the last layer writes the stream buffer it did not start in
+  m.num_hidden_layers = 1;  // odd: the last layer writes the stream buffer it did not start in
   m.vocab_size = 4096;
   m.max_position_embeddings = 64;
   m.initializer_range = 0.04;
@@ -56,7 +56,7 @@ double mean_loss(LlamaModel& model, const std::vector<int32_t>& inputs,
 TEST_CASE("eval: a forward-only model on the GPU scores the training model's windows", "[gpu]") {
   const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, true);
   const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
-  const int T = 16, sequences = 80;  // 1,280 rows: two chunks of the head
+  const int T = 16, sequences = 66;  // 1,056 rows: two chunks of the head, the second short
   std::vector<int32_t> inputs(size_t(sequences) * T), targets(inputs.size());
   for (size_t i = 0; i < inputs.size(); i++) {
     inputs[i] = int32_t(uniform_open01(41, i) * 4096);
@@ -82,14 +82,12 @@ TEST_CASE("eval: a forward-only model on the GPU scores the training model's win
 #else
   const double bound = 2e-3;
 #endif
-  for (const int batch : {sequences, 7}) {
-    CAPTURE(batch);
-    CHECK(std::abs(mean_loss(view, inputs, targets, sequences, batch) - reference) <=
-          bound * reference);
-    CHECK(std::abs(mean_loss(own, inputs, targets, sequences, batch) - reference) <=
-          bound * reference);
-  }
-  // Repeats give the same bits.
-  CHECK(mean_loss(view, inputs, targets, sequences, sequences) ==
-        mean_loss(view, inputs, targets, sequences, sequences));
+  // All windows in one forward (the head in two chunks), and 7 a forward with a short last one.
+  const double view_all = mean_loss(view, inputs, targets, sequences, sequences);
+  CHECK(std::abs(view_all - reference) <= bound * reference);
+  CHECK(std::abs(mean_loss(view, inputs, targets, sequences, 7) - reference) <= bound * reference);
+  CHECK(std::abs(mean_loss(own, inputs, targets, sequences, sequences) - reference) <=
+        bound * reference);
+  // A repeat gives the same bits.
+  CHECK(mean_loss(view, inputs, targets, sequences, sequences) == view_all);
 }
