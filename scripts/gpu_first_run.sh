@@ -27,7 +27,9 @@
 #   T6     large shapes: tests/gpu/test_gpu_large_shapes.cpp (hidden tag [large])
 #   T7     13B GRASS headroom: configs/runs/llama_13b_grass.json for a few steps under
 #          --memory-limit 40GiB; the step lines' memory beside `grass mem`'s plan (then, if time
-#          is left, 2 steps with the cap at the plan itself)
+#          is left, 2 steps with the cap at the plan itself); then 13B at a batch that fills the
+#          GPU (issue 45 item 4): 16 x 256 and the largest micro-batch `grass mem` fits under
+#          40 GiB, each with its plan, device peak, tok/s and MFU
 #   T8     data parallelism through the real NCCL: `mpirun -np 1 grass train` on llama_60m (when
 #          mpirun and a build with MPI are there; without them NCCL's one-rank path runs in T3's
 #          tests/gpu/test_gpu_nccl.cpp)
@@ -35,13 +37,17 @@
 #          the engine's kernels) and the kernel lab's attention rows at 1B with --attention cudnn
 #          ($OUT/kernel_bench_cudnn.csv), when the build found cudnn.h (the CUDA install's, or
 #          PyTorch's nvidia/cudnn, whose lib/ then goes on LD_LIBRARY_PATH)
+#   T11    GRASS against AdamW (issue 45 item 3): T5's 1B run with AdamW and with GRASS r=512
+#          (its refresh at step 0, outside the median), in alternating rounds A B A B on the one
+#          GPU; each run's median tok/s and MFU, and GRASS's tok/s over AdamW's (target >= 1.2x)
 #   T10    one 8-bit Adam step against bitsandbytes' CUDA kernel (tools/peers/bitsandbytes_check.py
 #          with build-gpu/quant8_codes; bitsandbytes from build-deps/python, which
 #          scripts/gpu_deps.sh copies out of tools/peers' torch2 environment)
 #   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv)
 #          when that target exists; last, being optional
 # It ends with a markdown table (also $OUT/summary.md, rewritten after every step) to paste
-# into docs/gpu-status.md. Logs: build-gpu/first_run/logs/, packed after every step into
+# into docs/gpu-status.md; every measured figure is also a row of $OUT/figures.csv (step, run,
+# figure, value, unit). Logs: build-gpu/first_run/logs/, packed after every step into
 # $OUT/first_run_logs.tar.gz (the device tool returns at most 8 files from $OUT).
 #
 #   scripts/gpu_first_run.sh [--dry-run] [--only STEPS] [--skip STEPS] [--budget SECONDS]
@@ -51,7 +57,7 @@
 #                    runs the Python probes' --dry-run and profile_shares' self-test, builds the
 #                    sync counter, makes the shard, runs `grass mem` for the 13B plan, and prints
 #                    each GPU step's commands instead of running them
-#     --only/--skip  comma-separated step names from: T0,T1,T4,build,T3,T5,T2,T9,T10,T6,T7,T8,bench
+#     --only/--skip  comma-separated step names from: T0,T1,T4,build,T3,T5,T11,T2,T9,T10,T6,T7,T8,bench
 #     --budget       seconds for the whole run (default 560: the device tool allows 600 a call)
 #     --skip-build   use the binaries already in build-gpu/
 # Environment: OUT (where results go), CUDA_ARCH (default 90), CMAKE_ARGS (more -D options),
@@ -65,7 +71,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 
 # In the order they run (docs/gpu-status.md): the GPU tests and the headline first, so a lease cut
 # short still brings them back; T1 and T4 (PyTorch probes) run beside the build.
-ALL_STEPS=(T0 T1 T4 build T3 T5 T2 T9 T10 T6 T7 T8 bench)
+ALL_STEPS=(T0 T1 T4 build T3 T5 T11 T2 T9 T10 T6 T7 T8 bench)
 dry=0 skip_build=0 budget=560 only="" skip=""
 usage() { sed -n '2,45p' "$0"; }
 while [ $# -gt 0 ]; do
@@ -96,6 +102,8 @@ start=$SECONDS
 deadline=$((start + budget))
 mkdir -p "$logs" "$out" || exit 2
 rm -f "$logs"/*.log "$logs"/*.csv "$logs"/*.txt "$logs"/*.json
+figures_csv=$out/figures.csv
+echo "step,run,figure,value,unit" >"$figures_csv"
 # the device's copy of the tree may have no .git: GRASS_COMMIT=<hash> names the commit then
 if commit=$(git rev-parse --short HEAD 2>/dev/null); then
   git diff --quiet HEAD 2>/dev/null || commit="$commit+dirty"
@@ -140,6 +148,18 @@ record() {
   write_summary >/dev/null
   tar czf "$out/first_run_logs.tar.gz.tmp" -C "$work" logs 2>/dev/null &&
     mv "$out/first_run_logs.tar.gz.tmp" "$out/first_run_logs.tar.gz"
+}
+# figure_row STEP RUN FIGURE VALUE UNIT: one measured figure in figures.csv (none when empty)
+figure_row() {
+  [ -n "$4" ] && [ $dry = 0 ] && echo "$1,$2,$3,$4,$5" >>"$figures_csv"
+  return 0
+}
+# run_figures STEP RUN LOG: a training run's median tok/s and MFU into figures.csv
+run_figures() {
+  figure_row "$1" "$2" tokens_per_s "$(done_field "$3")" tok/s
+  local m
+  m=$(mfu_field "$3")
+  figure_row "$1" "$2" mfu "${m%\%}" %
 }
 status_of() {  # status_of RC [what-skip-means]: pass / fail / timeout
   case $1 in
@@ -608,6 +628,9 @@ step_t5() {
         if (NR) printf "SM clock min %d median %d MHz, power mean %.0f W over %d samples; ", c[1], c[int((NR+1)/2)], p/NR, NR}')"
     fi
     figure+="host syncs/step $syncs; $(grep -c 'using cublasGemmEx' "$log4") cublasGemmEx fallback lines; "
+    run_figures T5 adamw "$log4"
+    [ "$cudnn_rc" = 0 ] && run_figures T5 adamw-cudnn "$logs/t5_train_cudnn.log"
+    figure_row T5 adamw host_syncs_per_step "${syncs/n\/a/}" syncs
   fi
 
   # the profile: nsys when it makes a report, else ncu over one step
@@ -665,6 +688,53 @@ step_t5() {
   record T5 "$result" "$figure"
 }
 
+# ---- T11 -----------------------------------------------------------------------------------------
+# GRASS against AdamW, the paper's speed claim (issue 45 item 3; ../shared/GPU_PERF.md §2.3): T5's
+# run (1B bf16-mixed, 512 x 256 tokens a step in micro-batches of 64) with AdamW and with GRASS
+# r=512, in alternating rounds on the one GPU so that a clock or thermal drift falls on both. Each
+# run's median covers the steps after the first (GRASS's refresh step is step 1).
+step_t11() {
+  begin T11 200 60 || return
+  need_build T11 || return
+  ensure_shard || { record T11 "fail (no shard)" "log: logs/shard.log"; return; }
+  local base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json
+              --set "data.train=$shard" --set device=cuda --set precision=bf16-mixed
+              --set micro_batch_size=64 --set total_batch_size=512 --set seq_len=256
+              --set log_every=1 --set steps=4)
+  local -A extra=([adamw]="--set optimizer.name=adamw"
+                  [grass]="--set optimizer.name=grass --set optimizer.rank=512")
+  local round opt log rc figure="" failed=0 ran=0
+  for round in 1 2; do
+    for opt in adamw grass; do
+      log=$logs/t11_${opt}_$round.log
+      if [ $dry = 0 ] && [ "$(cap 60)" -lt 45 ]; then figure+="$opt round $round skipped (budget); "; continue; fi
+      rm -rf "$work/t11_$opt"
+      # shellcheck disable=SC2086
+      run_cmd "$(cap 60)" "$log" "$BUILD"/grass train "${base[@]}" ${extra[$opt]} --set "out_dir=$work/t11_$opt"
+      rc=$?
+      [ $dry = 1 ] && continue
+      if [ $rc = 0 ] && [ -n "$(done_field "$log")" ]; then
+        ran=$((ran + 1))
+        run_figures T11 "$opt-round$round" "$log"
+      else
+        failed=1; figure+="$opt round $round $(status_of $rc); "
+      fi
+    done
+  done
+  [ $dry = 1 ] && { record T11 dry-run "AdamW and GRASS r=512 at 1B, two alternating rounds, printed"; return; }
+  # each optimizer's best round (the other round's figure is in figures.csv), and the ratio
+  local a g
+  a=$(grep -h 'median' "$logs"/t11_adamw_*.log 2>/dev/null | sed -n 's/.*median \([0-9.]*\) tok\/s.*/\1/p' | sort -n | tail -1)
+  g=$(grep -h 'median' "$logs"/t11_grass_*.log 2>/dev/null | sed -n 's/.*median \([0-9.]*\) tok\/s.*/\1/p' | sort -n | tail -1)
+  if [ -n "$a" ] && [ -n "$g" ]; then
+    local ratio
+    ratio=$(awk -v g="$g" -v a="$a" 'BEGIN { printf "%.3f", g / a }')
+    figure="1B, 512x256 tokens/step, $ran runs in alternating rounds: AdamW $a tok/s, GRASS r=512 $g tok/s (best round each): GRASS/AdamW ${ratio}x (target >= 1.2x); $figure"
+    figure_row T11 grass-over-adamw tokens_per_s_ratio "$ratio" x
+  fi
+  record T11 "$([ $failed = 0 ] && [ -n "$a" ] && [ -n "$g" ] && echo pass || echo fail)" "${figure%; }"
+}
+
 # ---- T6 ------------------------------------------------------------------------------------------
 step_t6() {
   local lim log=$logs/t6_large.log rc
@@ -712,6 +782,9 @@ step_t7() {
   peak=$(grep '^step' "$log" | sed -n 's/.*(device \([0-9.]*\)\/.*/\1/p' | sort -n | tail -1)
   local figure
   figure="plan ${plan_gib} GiB; arena ${arena:-?} GiB; device peak ${peak:-?} GiB (CUDA context and library memory included); $(grep -c '^step' "$log") step lines; $(done_field "$log") tok/s"
+  figure_row T7 13b-1x256 plan_gib "$plan_gib" GiB
+  figure_row T7 13b-1x256 device_peak_gib "$peak" GiB
+  run_figures T7 13b-1x256 "$log"
   # then under a cap equal to the plan, if there is time: the plan's own gate at its edge
   if [ $rc = 0 ] && [ -n "$plan_total" ] && [ "$(cap 120)" -ge 90 ]; then
     rm -rf "$work/t7_13b_cap"
@@ -719,6 +792,27 @@ step_t7() {
       "${sets[@]}" --set steps=2 --set log_every=1 --set "out_dir=$work/t7_13b_cap"
     figure+="; with the cap at the plan: $(status_of $?)"
   fi
+  # 13B at a batch that fills the GPU (issue 45 item 4): 16 x 256, and the largest micro-batch the
+  # plan fits under 40 GiB, each one micro-batch a step
+  local largest mb
+  largest=$(sed -n 's/.*largest micro_batch_size that fits is \([0-9]*\).*/\1/p' "$plan_log" | head -1)
+  for mb in 16 $largest; do
+    if [ $rc != 0 ] || [ "$(cap 120)" -lt 100 ]; then figure+="; 13B at ${mb}x256: skipped"; continue; fi
+    local blog=$logs/t7_13b_mb$mb.log bplan
+    bplan=$("$BUILD"/grass mem "$run_cfg" --device cuda --json "${sets[@]}" --set micro_batch_size=$mb \
+            --set total_batch_size=$mb 2>/dev/null | sed -n 's/.*"total":\([0-9]*\).*/\1/p')
+    bplan=$([ -n "$bplan" ] && awk -v b="$bplan" 'BEGIN { printf "%.2f", b / 2^30 }')
+    rm -rf "$work/t7_13b_mb$mb"
+    run_cmd "$(cap 120)" "$blog" "$BUILD"/grass train "$run_cfg" --memory-limit 40GiB "${sets[@]}" \
+      --set micro_batch_size=$mb --set total_batch_size=$mb --set steps=4 --set log_every=1 \
+      --set "out_dir=$work/t7_13b_mb$mb"
+    local brc=$? bpeak
+    bpeak=$(grep '^step' "$blog" | sed -n 's/.*(device \([0-9.]*\)\/.*/\1/p' | sort -n | tail -1)
+    figure+="; 13B at ${mb}x256: $(status_of $brc), plan ${bplan:-?} GiB, device peak ${bpeak:-?} GiB, $(done_field "$blog") tok/s, MFU $(mfu_field "$blog" | grep . || echo n/a)"
+    figure_row T7 "13b-${mb}x256" plan_gib "$bplan" GiB
+    figure_row T7 "13b-${mb}x256" device_peak_gib "$bpeak" GiB
+    run_figures T7 "13b-${mb}x256" "$blog"
+  done
   record T7 "$(status_of $rc)" "$figure"
 }
 
@@ -770,6 +864,7 @@ step_build
 finish_probes
 step_t3  # the GPU tests: the first failures
 step_t5  # the headline: 1B's step time and MFU
+step_t11  # GRASS against AdamW at the headline's run
 step_t2
 step_t9
 step_t10

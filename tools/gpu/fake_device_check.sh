@@ -74,9 +74,9 @@ args=()
 for a in "\$@"; do
   case \$a in
     model=configs/models/llama_1b.json) a=model=$fake/model.json ;;
-    micro_batch_size=16|total_batch_size=16|micro_batch_size=64) a=\${a%=*}=2 ;;
     total_batch_size=512) a=total_batch_size=4 ;;
-    optimizer.rank=64|optimizer.rank=128) a=optimizer.rank=8 ;;  # the shrunk model's k/v are 32 wide
+    micro_batch_size=*|total_batch_size=*) a=\${a%=*}=2 ;;  # T7's 16 and 59 too
+    optimizer.rank=*) a=optimizer.rank=8 ;;  # the shrunk model's k/v are 32 wide
     seq_len=256) a=seq_len=64 ;;
   esac
   args+=("\$a")
@@ -120,9 +120,22 @@ expect "T3 reports Catch's totals" '^\| T3 \| pass \| (Passed|All tests)'
 expect "T5 measures tok/s, clocks, syncs and the shares" '^\| T5 \| pass \| 1B, 512x256 tokens/step.*tok/s.*SM clock min 1755 median 1980 MHz, power mean 639 W over 3 samples; host syncs/step [0-9]+.*GEMM 60\.0%, attention 30\.0%, other 10\.0%.*optimizer 0\.0%; top kernel: 60\.0%.*nvjet'
 expect "T6 runs the large-shape tests" '^\| T6 \| pass \| .*worst gradient rel error'
 expect "T7 sets the step lines beside the plan" '^\| T7 \| pass \| plan 28\.39 GiB; arena [0-9.]+ GiB; device peak [0-9.]+ GiB'
+expect "T7 runs 13B at 16x256 and the largest micro-batch" '^\| T7 \| pass \| .*13B at 16x256: pass, plan [0-9.]+ GiB, device peak [0-9.]+ GiB, [0-9.]+ tok/s, MFU ([0-9.]+%|n/a); 13B at 59x256: pass'
+expect "T11 times GRASS against AdamW in rounds" '^\| T11 \| pass \| 1B, 512x256 tokens/step, 4 runs in alternating rounds: AdamW [0-9.]+ tok/s, GRASS r=512 [0-9.]+ tok/s \(best round each\): GRASS/AdamW [0-9.]+x'
 expect "T10 skips without bitsandbytes and a GPU" '^\| T10 \| (skipped|pass)'
 expect "bench says not built" '^\| bench \| not built'
 expect "a history row" '^\| [0-9-]+ \| [^|]+ \| FAKE H100 .* \| \*\*gpu_first_run passed\.\*\*'
+# figures.csv: a header, then one row per figure (T5's, T11's four runs and ratio, T7's three runs)
+csv_rows() { grep -c "$1" "$fake/out/figures.csv" 2>/dev/null || echo 0; }
+if [ "$(head -1 "$fake/out/figures.csv" 2>/dev/null)" = "step,run,figure,value,unit" ] &&
+   [ "$(csv_rows '^T5,adamw,tokens_per_s,[0-9.]*,tok/s$')" = 1 ] &&
+   [ "$(csv_rows '^T11,[a-z]*-round[12],tokens_per_s,')" = 4 ] &&
+   [ "$(csv_rows '^T11,grass-over-adamw,tokens_per_s_ratio,[0-9.]*,x$')" = 1 ] &&
+   [ "$(csv_rows '^T7,13b-[0-9x]*,device_peak_gib,[0-9.]*,GiB$')" = 3 ]; then
+  echo "ok: figures.csv"
+else
+  echo "FAIL: figures.csv lacks rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
+fi
 if [ -s "$fake/out/first_run_logs.tar.gz" ]; then echo "ok: logs packed"; else echo "FAIL: no logs tarball"; fails=$((fails + 1)); fi
 if [ $rc = 0 ]; then echo "ok: exit 0"; else echo "FAIL: exit $rc"; fails=$((fails + 1)); fi
 echo "fake_device_check: $fails failure(s)"
