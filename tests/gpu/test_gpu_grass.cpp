@@ -178,8 +178,8 @@ TEST_CASE("grass: the cols gradient from kept columns gives grass_compressed_gra
     scratch.poison();
     cuda::grass_compressed_grad(tc.ctx, whole.ptr(), gtype, scratch.ptr, in.d_dy.ptr, in.d_x.ptr,
                                 in.d_sigma.ptr, in.d_rho.ptr, kTokens, kIn, kOut, kRank, false);
-    cuda::grass_selected_cols_grad(tc.ctx, kept.ptr(), gtype, in.d_dy.ptr, xs.ptr, kTokens, kOut,
-                                   kRank);
+    cuda::grass_selected_cols_grad(tc.ctx, kept.ptr(), gtype, in.d_dy.ptr, kOut, xs.ptr, kTokens,
+                                   kOut, kRank);
     CHECK(same_bits(whole.download(), kept.download()));
     CHECK_FALSE(same_bits(whole.download(), earlier));
   }
