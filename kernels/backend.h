@@ -354,11 +354,11 @@ class Backend : public MemoryResource {
                                      int out, int r, bool rows) = 0;
   // Its cols path in two halves with its bits: xs[N, r] (act-typed) = x[:, σ]·ρ of x[N, width],
   // which the forward can keep instead of x (GRASS `cols` between refreshes), then later
-  // gc[out, r] += dyᵀ·xs.
+  // gc[out, r] += dyᵀ·xs, dy [N, out] with rows ldy apart (ldy > out: a view of packed dy's).
   virtual void grass_gather_columns(void* xs, const void* x, const int32_t* sigma,
                                     const float* rho, int64_t N, int width, int r) = 0;
-  virtual void grass_selected_cols_grad(void* gc, const void* dy, const void* xs, int64_t N,
-                                        int out, int r) = 0;
+  virtual void grass_selected_cols_grad(void* gc, const void* dy, int64_t ldy, const void* xs,
+                                        int64_t N, int out, int r) = 0;
   // g[rows, in] = rows row0 .. row0 + rows of the weight gradient dyᵀ·x [out, in], in fp32: a
   // refresh's transient full gradient (GaLore: all of it; GRASS: in chunks of rows). row0 is a
   // multiple of 8 (aligned rows of dy for the GPU's GEMM).

@@ -157,12 +157,14 @@ void grass_compressed_grad(T* gc, T* scratch, const T* dy, const T* x, const int
                            const T* rho, int64_t N, int in, int out, int r, bool rows);
 // Its two halves, which it is made of (so the halves give its bits): the gather,
 // dst[N, r] = source[:, σ] ⊙ ρ for source[N, width], and the cols GEMM from gathered columns,
-// gc[out, r] += dyᵀ · xs. The model keeps xs from the forward (GRASS `cols` between refreshes).
+// gc[out, r] += dyᵀ · xs, dy's rows ldy apart. The model keeps xs from the forward (GRASS `cols`
+// between refreshes).
 template <typename T>
 void grass_gather_columns(T* dst, const T* source, const int32_t* sigma, const T* rho, int64_t N,
                           int width, int r);
 template <typename T>
-void grass_selected_cols_grad(T* gc, const T* dy, const T* xs, int64_t N, int out, int r);
+void grass_selected_cols_grad(T* gc, const T* dy, int64_t ldy, const T* xs, int64_t N, int out,
+                              int r);
 // Squared L2 norms of the rows (norms_sq[out]) or columns (norms_sq[in]) of g[out, in].
 template <typename T>
 void grass_slice_norms(double* norms_sq, const T* g, int out, int in, bool rows);

@@ -5,14 +5,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "src/core/arena.h"
+#include "src/core/bf16.h"
 #include "src/core/rng.h"
 #include "src/model/llama.h"
 #include "src/optim/adamw.h"
@@ -20,6 +24,7 @@
 #include "src/optim/grass.h"
 #include "src/optim/grass_selection.h"
 #include "src/optim/step.h"
+#include "src/train/run_resolution.h"
 #include "tests/named_choice.h"
 #include "tests/test_util.h"
 
@@ -334,8 +339,9 @@ TEST_CASE("at full rank GRASS reproduces dense AdamW step for step", "[grass]") 
         dense.update();
         sparse.update();
       }
-      // Not the same bits: with gate and up dense the backward runs them as one stacked GEMM
-      // (LlamaModel::gate_up_backward), projected as two, so the sums are reordered, and Adam moves
+      // Not the same bits: with q projected and k and v dense the backward runs q's dx GEMM
+      // apart from k's and v's (LlamaModel::qkv_backward), where the dense rig runs one stacked
+      // GEMM for all three, so the sums are reordered, and Adam moves
       // an element whose gradient nearly cancels by lr-sized amounts on last-bit differences
       // (measured 9.2e-6 after 4 steps over OpenBLAS's Haswell kernels, as the pad test's bound)
       for (const ParamTensor& p : dense.model->tensors()) {
@@ -570,4 +576,253 @@ TEST_CASE("refresh_stagger spreads the targets' refreshes over the interval", "[
     CHECK(refreshed[k] == want);
   }
   CHECK(phases.size() == size_t(K));  // every step of the interval has targets refreshing
+}
+
+// ---- targets formed together: q|k|v and gate|up (Grass::accumulate_stack) ----------------------
+
+namespace {
+
+// The step's sink, passing everything on, that also forms each GRASS target's G_C the per-target
+// way (Grass::accumulate on the target's own dy, copied out of a stack's packed one) into
+// `alone`, and from |dy| and |x| into `scale`: ρ > 0 in every rule, so that is Σ_n |terms| of
+// each element's sum, which bounds the error of adding those terms in any order. With
+// stack = false it forms no stack, and the backward takes the per-target path.
+class StackCheckSink final : public GradientSink {
+ public:
+  StackCheckSink(StepStrategy& step, Grass& grass, const LlamaModel& model)
+      : step_(step), grass_(grass), model_(model) {}
+  bool stack = true;
+  int64_t stacked = 0, stacked_from_columns = 0;  // projected_stack calls, those with x_selected
+  std::map<int, std::vector<float>> alone, scale;  // per target: projected_numel, from zero
+
+  bool stacks(int first, int count) const override { return stack && step_.stacks(first, count); }
+  void projected_stack(int first, int count, const void* dy, const void* const* x, int64_t N,
+                       bool x_selected) override {
+    stacked++;
+    stacked_from_columns += x_selected;
+    int width = 0;
+    for (int i = 0; i < count; i++) width += out(first + i);
+    const float* packed = static_cast<const float*>(dy);
+    for (int i = 0, offset = 0; i < count; offset += out(first + i), i++) {
+      const int o = out(first + i);
+      std::vector<float> dy_i(size_t(N) * o);
+      for (int64_t n = 0; n < N; n++) std::copy_n(packed + n * width + offset, o, &dy_i[size_t(n * o)]);
+      reference(first + i, dy_i.data(), static_cast<const float*>(x[i]), N, x_selected);
+    }
+    step_.projected_stack(first, count, dy, x, N, x_selected);
+  }
+  void projected(int tensor, const void* dy, const void* x, int64_t N, bool x_selected) override {
+    step_.projected(tensor, dy, x, N, x_selected);  // first: a refresh selects there
+    reference(tensor, static_cast<const float*>(dy), static_cast<const float*>(x), N, x_selected);
+  }
+  bool selected_columns(int tensor, SelectedColumns* columns) const override {
+    return step_.selected_columns(tensor, columns);
+  }
+  void dense_ready(int tensor, void* grad) override { step_.dense_ready(tensor, grad); }
+
+ private:
+  int out(int tensor) const { return int(model_.tensors()[size_t(tensor)].shape[0]); }
+  static std::vector<float> magnitudes(const float* v, int64_t n) {
+    std::vector<float> m(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; i++) m[size_t(i)] = std::abs(v[i]);
+    return m;
+  }
+  void reference(int tensor, const float* dy, const float* x, int64_t N, bool x_selected) {
+    const Grass::Target& t = grass_.target_of(tensor);
+    std::vector<float>& a = alone[tensor];
+    std::vector<float>& s = scale[tensor];
+    a.resize(size_t(grass_.projected_numel(tensor)));
+    s.resize(a.size());
+    grass_.accumulate(tensor, a.data(), dy, x, N, x_selected);
+    const std::vector<float> dy_abs = magnitudes(dy, N * t.out);
+    const std::vector<float> x_abs = magnitudes(x, N * (x_selected ? t.slices : t.in));
+    grass_.accumulate(tensor, s.data(), dy_abs.data(), x_abs.data(), N, x_selected);
+  }
+
+  StepStrategy& step_;
+  Grass& grass_;
+  const LlamaModel& model_;
+};
+
+// small_config's model on a CPU backend of `precision`, every target GRASS's, AdamW for the
+// rest, deferred (or, with memory.fused_update, fused) steps without clipping, through a
+// StackCheckSink.
+struct StackRig {
+  std::unique_ptr<Backend> backend;
+  Arena arena;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<OptimizerSet> optimizers;
+  Grass* grass = nullptr;
+  std::unique_ptr<StepStrategy> step;
+  std::unique_ptr<StackCheckSink> sink;
+  OptimizerConfig opt;
+  int T;
+
+  StackRig(PrecisionChoice precision, const OptimizerConfig& o, int max_batch, int T_,
+           uint64_t seed, ModelMemoryOptions memory = {})
+      : backend(make_cpu_backend(storage_for(precision, false))), arena(false, *backend), opt(o),
+        T(T_) {
+    const ModelConfig cfg = small_config();
+    model = std::make_unique<LlamaModel>(
+        cfg, arena, max_batch, T, projection_tensor_names(cfg.num_hidden_layers, o.projection.targets),
+        *backend, memory);
+    model->init_weights(seed);
+    optimizers = std::make_unique<OptimizerSet>(model->tensors().size());
+    optimizers->add(std::make_unique<AdamW>(o, *model, arena, 5));
+    auto g = std::make_unique<Grass>(o, *model, int64_t(max_batch) * T, arena);
+    grass = g.get();
+    optimizers->add(std::move(g));
+    if (memory.fused_update)
+      step = std::make_unique<FusedStep>(*model, *optimizers, 0.0, arena);
+    else
+      step = std::make_unique<DeferredStep>(*model, *optimizers, 0.0, arena);
+    sink = std::make_unique<StackCheckSink>(*step, *grass, *model);
+    model->set_gradient_sink(sink.get());
+  }
+  // one step's forward and backward over `micro` micro-batches of B / micro sequences, no update
+  void gradients(int64_t step_index, const std::vector<int32_t>& in,
+                 const std::vector<int32_t>& tg, int B, int micro) {
+    sink->alone.clear();
+    sink->scale.clear();
+    step->begin(step_index, opt.lr);
+    const int b = B / micro;
+    for (int k = 0; k < micro; k++)  // as the trainer: the forward keeps selected columns
+      model->forward_backward(in.data() + size_t(k) * b * T, tg.data() + size_t(k) * b * T, b,
+                              1.0 / micro);
+    model->take_losses();
+  }
+  const float* gc(int tensor) const {
+    return static_cast<const float*>(
+        static_cast<const DeferredStep&>(*step).projected_gradient(tensor));
+  }
+  bool stacked(int tensor) const {
+    for (const LlamaModel::TensorStack& s : model->projected_stacks())
+      if (tensor >= s.first && tensor < s.first + s.count) return true;
+    return false;
+  }
+};
+
+uint64_t fresh_seed() { return std::random_device{}(); }
+
+}  // namespace
+
+TEST_CASE("stacked q|k|v and gate|up give each target's own G_C: rows within the bound of "
+          "another GEMM shape, cols bit for bit", "[grass][stack]") {
+  // Rows: one GEMM [3r or 2r, N]·[N, C] where the per-target path runs one per target, [slices,
+  // N]·[N, C]. OpenBLAS sums each element in an order that depends on M (measured with 0.3.21
+  // on shapes N 7..4096, C 16..512, r 2..128: another order for 13 of 300 stacked blocks with
+  // the SkylakeX kernels, 206 Haswell, 4 Sandybridge, 138 Prescott), so the claim is the bound
+  // of two orders of the same terms: |Δ| ≤ 2·γ(N+1)·Σ|terms|, plus a rounding per accumulation
+  // (and a bf16 spacing per micro-batch where pure bf16 rounds G_C). Cols: each target's own
+  // GEMM, its dy read in place from the packed one (lda = Σ out); OpenBLAS's order does not
+  // depend on lda (measured: the same bits on all 200 shapes with each of those four kernels).
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  const int B = 4, T = 8, micro = 2;
+  const int64_t N = B / micro * T;
+  bool repeats = false;  // some target drew a slice twice: its unused slots were checked
+  for (const PrecisionChoice precision :
+       {PrecisionChoice::F32, PrecisionChoice::Bf16Mixed, PrecisionChoice::Bf16})
+    for (const std::string dim : {"rows", "cols"})
+      for (const std::string rule : {"multinomial", "uniform"})
+        DYNAMIC_SECTION(name_of(precision) << ", " << dim << ", " << rule) {
+          // cols: r = 5 keeps n1 (3r < 16) and n2 (2r < 16) as the targets' selected columns
+          const int r = dim == "rows" ? 6 : 5;
+          const OptimizerConfig o = grass_config(r, rule, dim, 10);
+          ModelMemoryOptions memory;
+          if (dim == "cols") memory.columns = {r, o.projection.targets};
+          StackRig rig(precision, o, B, T, seed, memory);
+          const bool pure_bf16 = precision == PrecisionChoice::Bf16;
+          for (int64_t step = 0; step < 2; step++) {
+            const auto in = tokens(B * T, 40, seed + 2 * step), tg = tokens(B * T, 40, seed + 2 * step + 1);
+            rig.sink->stacked = rig.sink->stacked_from_columns = 0;
+            rig.gradients(step, in, tg, B, micro);
+            // step 0 selects in its first micro-batch, alone; from then on every stack is formed
+            // together (L layers x 2 stacks a micro-batch), cols from kept columns in layer 0
+            const int stacks = 2 * small_config().num_hidden_layers;
+            CHECK(rig.sink->stacked == (step == 0 ? 1 : micro) * stacks);
+            if (dim == "cols") CHECK(rig.sink->stacked_from_columns > 0);
+            for (const Grass::Target& t : rig.grass->targets()) {
+              const int tensor = t.tensor_index;
+              INFO(rig.model->tensors()[size_t(tensor)].name << " at step " << step);
+              repeats = repeats || t.slices < r;
+              const std::vector<float>& want = rig.sink->alone.at(tensor);
+              const std::vector<float>& scale = rig.sink->scale.at(tensor);
+              const float* got = rig.gc(tensor);
+              if (!t.rows || !rig.stacked(tensor)) {
+                CHECK(std::memcmp(got, want.data(), want.size() * sizeof(float)) == 0);
+                continue;
+              }
+              int64_t outside = 0;
+              for (size_t i = 0; i < want.size(); i++) {
+                const double s = double(scale[i]) * 1.02;  // itself rounded (bf16: per batch)
+                double bound = (2.0 * double(N + 1) + 2.0 * micro) * std::ldexp(1.0, -24) * s;
+                if (pure_bf16 && s > 0) bound += micro * bf16_spacing(s);
+                outside += !(std::abs(double(got[i]) - double(want[i])) <= bound);
+              }
+              CHECK(outside == 0);
+            }
+            rig.step->finish();
+          }
+        }
+  CHECK(repeats);
+}
+
+TEST_CASE("a stacked backward follows the per-target one (dx from the stacked weights)",
+          "[grass][stack]") {
+  // dx = dy·W of q, k and v (gate and up) as one GEMM over the packed dy where the per-target
+  // path adds three (two): the sums reordered, so the layers below see dx to fp32's rounding.
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  const int B = 2, T = 8;
+  for (const std::string dim : {"rows", "cols"})
+    DYNAMIC_SECTION("select_dim " << dim) {
+      const OptimizerConfig o = grass_config(4, "multinomial", dim, 10);
+      StackRig stacked(PrecisionChoice::F32, o, B, T, seed), alone(PrecisionChoice::F32, o, B, T, seed);
+      alone.sink->stack = false;
+      for (int64_t step = 0; step < 3; step++) {
+        const auto in = tokens(B * T, 40, seed + 2 * step), tg = tokens(B * T, 40, seed + 2 * step + 1);
+        stacked.gradients(step, in, tg, B, 1);
+        alone.gradients(step, in, tg, B, 1);
+        for (const Grass::Target& t : stacked.grass->targets()) {
+          INFO(stacked.model->tensors()[size_t(t.tensor_index)].name << " at step " << step);
+          CHECK(rel_err(stacked.gc(t.tensor_index), alone.gc(t.tensor_index), t.gc_numel) < 1e-4);
+        }
+        CHECK(rel_err(test::grads(*stacked.model), test::grads(*alone.model),
+                      stacked.model->num_dense_grads()) < 1e-4);
+        stacked.step->finish();
+        alone.step->finish();
+      }
+      CHECK(stacked.sink->stacked > 0);
+      CHECK(alone.sink->stacked == 0);
+    }
+}
+
+TEST_CASE("stacked runs repeat their bits, and fused updates form the same stacks as deferred",
+          "[grass][stack]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  const int B = 2, T = 8;
+  for (const PrecisionChoice precision : {PrecisionChoice::F32, PrecisionChoice::Bf16})
+    for (const std::string dim : {"rows", "cols"})
+      DYNAMIC_SECTION(name_of(precision) << ", select_dim " << dim) {
+        // refreshes at steps 0 and 2: stacks form in steps 1 and 3
+        const OptimizerConfig o = grass_config(4, "multinomial", dim, 2);
+        ModelMemoryOptions fused;
+        fused.fused_update = true;
+        StackRig first(precision, o, B, T, seed), again(precision, o, B, T, seed),
+            fused_rig(precision, o, B, T, seed, fused);
+        for (int64_t step = 0; step < 4; step++) {
+          const auto in = tokens(B * T, 40, seed + 2 * step), tg = tokens(B * T, 40, seed + 2 * step + 1);
+          for (StackRig* rig : {&first, &again, &fused_rig}) {
+            rig->gradients(step, in, tg, B, 1);
+            rig->step->finish();
+          }
+        }
+        CHECK(first.sink->stacked > 0);
+        CHECK(fused_rig.sink->stacked == first.sink->stacked);
+        const size_t bytes = size_t(first.model->num_stored_params()) * sizeof(float);
+        CHECK(std::memcmp(test::params(*first.model), test::params(*again.model), bytes) == 0);
+        CHECK(std::memcmp(test::params(*first.model), test::params(*fused_rig.model), bytes) == 0);
+      }
 }

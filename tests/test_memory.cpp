@@ -60,6 +60,12 @@ class CountingSink final : public GradientSink {
     from_columns += x_selected;
     inner_.projected(tensor, dy, x, N, x_selected);
   }
+  bool stacks(int first, int count) const override { return inner_.stacks(first, count); }
+  void projected_stack(int first, int count, const void* dy, const void* const* x, int64_t N,
+                       bool x_selected) override {
+    from_columns += x_selected ? count : 0;
+    inner_.projected_stack(first, count, dy, x, N, x_selected);
+  }
   bool selected_columns(int tensor, SelectedColumns* columns) const override {
     return inner_.selected_columns(tensor, columns);
   }

@@ -403,12 +403,12 @@ TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under
   CHECK_THAT(memory_verdict(tiny, storage).line,
              Contains("(the CUDA context and libraries, the reservation's free memory): nothing "
                       "trains under 1.00 GiB on the GPU"));
-  // under 27 GiB offloading the optimizer states is what fits (24.83 GiB planned on the device)
+  // under 27 GiB offloading the optimizer states is what fits (24.84 GiB planned on the device)
   cfg.memory_limit = 27 * GiB;
   const MemoryVerdict offloaded = memory_verdict(cfg, storage);
   CHECK_FALSE(offloaded.fits);
   CHECK_THAT(offloaded.line, Contains("not even micro_batch_size 1 fits; offload \"auto\" fits it "
-                                      "with optimizer states in the host tier: 24.83 GiB on the device"));
+                                      "with optimizer states in the host tier: 24.84 GiB on the device"));
   CHECK_THAT(offloaded.line, !Contains("weights alone"));
   // the plan alone under the cap (what grass train enforces) but not the card: both said
   cfg.memory_limit = 29 * GiB;

@@ -223,9 +223,9 @@ class CpuBackend final : public Backend {
                             int64_t N, int width, int r) override {
     ops::grass_gather_columns(f(xs), f(x), sigma, rho, N, width, r);
   }
-  void grass_selected_cols_grad(void* gc, const void* dy, const void* xs, int64_t N, int out,
-                                int r) override {
-    ops::grass_selected_cols_grad(f(gc), f(dy), f(xs), N, out, r);
+  void grass_selected_cols_grad(void* gc, const void* dy, int64_t ldy, const void* xs, int64_t N,
+                                int out, int r) override {
+    ops::grass_selected_cols_grad(f(gc), f(dy), ldy, f(xs), N, out, r);
     if (storage_.pure_bf16()) ops::round_to_bf16(f(gc), int64_t(r) * out);
   }
   void full_weight_grad(float* g, const void* dy, const void* x, int64_t N, int in, int out,

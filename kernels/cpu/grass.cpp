@@ -20,8 +20,9 @@ void grass_gather_columns(T* dst, const T* source, const int32_t* sigma, const T
 }
 
 template <typename T>
-void grass_selected_cols_grad(T* gc, const T* dy, const T* xs, int64_t N, int out, int r) {
-  cpu::gemm(true, false, out, r, int(N), T(1), dy, out, xs, r, T(1), gc, r);
+void grass_selected_cols_grad(T* gc, const T* dy, int64_t ldy, const T* xs, int64_t N, int out,
+                              int r) {
+  cpu::gemm(true, false, out, r, int(N), T(1), dy, int(ldy), xs, r, T(1), gc, r);
 }
 
 template <typename T>
@@ -32,7 +33,7 @@ void grass_compressed_grad(T* gc, T* scratch, const T* dy, const T* x, const int
   if (rows)  // gc[r, in] += scratchᵀ · x
     cpu::gemm(true, false, r, in, int(N), T(1), scratch, r, x, in, T(1), gc, in);
   else       // gc[out, r] += dyᵀ · scratch
-    grass_selected_cols_grad(gc, dy, scratch, N, out, r);
+    grass_selected_cols_grad(gc, dy, out, scratch, N, out, r);
 }
 
 template <typename T>
@@ -156,7 +157,7 @@ void grass_adam_update_q8(float* w, const float* gc, const Quant8Moments& s, boo
                                          int64_t, int, int, int, bool);                          \
   template void grass_gather_columns<T>(T*, const T*, const int32_t*, const T*, int64_t, int,    \
                                         int);                                                    \
-  template void grass_selected_cols_grad<T>(T*, const T*, const T*, int64_t, int, int);          \
+  template void grass_selected_cols_grad<T>(T*, const T*, int64_t, const T*, int64_t, int, int); \
   template void grass_slice_norms<T>(double*, const T*, int, int, bool);                         \
   template void grass_adam_update<T>(T*, T*, T*, T*, const int32_t*, const T*, int, int, int,    \
                                      bool, double, const AdamArgs&);

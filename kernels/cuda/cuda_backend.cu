@@ -427,9 +427,9 @@ class CudaBackend final : public Backend {
                             int64_t N, int width, int r) override {
     cuda::grass_gather_columns(ctx_, b(xs), b(x), sigma, rho, N, width, r);
   }
-  void grass_selected_cols_grad(void* gc, const void* dy, const void* xs, int64_t N, int out,
-                                int r) override {
-    cuda::grass_selected_cols_grad(ctx_, gc, grad_type(), b(dy), b(xs), N, out, r);
+  void grass_selected_cols_grad(void* gc, const void* dy, int64_t ldy, const void* xs, int64_t N,
+                                int out, int r) override {
+    cuda::grass_selected_cols_grad(ctx_, gc, grad_type(), b(dy), ldy, b(xs), N, out, r);
   }
   void grass_adam_update_q8(WeightRef w, const void* gc, const Quant8Moments& q, bool by_columns,
                             const GrassSlices& s, double alpha, const AdamArgs& a,

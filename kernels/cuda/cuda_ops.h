@@ -234,11 +234,11 @@ void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* s
                            const bf16* dy, const bf16* x, const int32_t* sigma, const float* rho,
                            int64_t N, int in, int out, int r, bool rows);
 // Its halves, of which it is made: xs[N, r] = source[:, σ] ⊙ ρ of source[N, width], and
-// gc[out, r] += dyᵀ · xs (the cols GEMM from columns the forward kept).
+// gc[out, r] += dyᵀ · xs (the cols GEMM from columns the forward kept), dy's rows ldy apart.
 void grass_gather_columns(const Context& ctx, bf16* xs, const bf16* source, const int32_t* sigma,
                           const float* rho, int64_t N, int width, int r);
 void grass_selected_cols_grad(const Context& ctx, void* gc, GradType gtype, const bf16* dy,
-                              const bf16* xs, int64_t N, int out, int r);
+                              int64_t ldy, const bf16* xs, int64_t N, int out, int r);
 // norms_sq[out] (rows) or norms_sq[in] (cols) = squared L2 norms of the slices of g[out, in]
 // (fp32), each in a fixed order; cols with `accumulate`: norms_sq[c] += the column's.
 void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int out, int in,

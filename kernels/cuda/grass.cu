@@ -248,9 +248,9 @@ void grass_gather_columns(const Context& ctx, bf16* xs, const bf16* source, cons
 }
 
 void grass_selected_cols_grad(const Context& ctx, void* gc, GradType gtype, const bf16* dy,
-                              const bf16* xs, int64_t N, int out, int r) {
+                              int64_t ldy, const bf16* xs, int64_t N, int out, int r) {
   if (N == 0 || r == 0) return;
-  gemm_bf16(ctx, true, false, out, r, N, dy, out, xs, r, 1.0f, gc, cuda_type(gtype), r);
+  gemm_bf16(ctx, true, false, out, r, N, dy, ldy, xs, r, 1.0f, gc, cuda_type(gtype), r);
 }
 
 void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* scratch,
@@ -262,7 +262,7 @@ void grass_compressed_grad(const Context& ctx, void* gc, GradType gtype, bf16* s
   if (rows)  // gc[r, in] += scratch[N, r]ᵀ · x[N, in]
     gemm_bf16(ctx, true, false, r, in, N, scratch, r, x, in, 1.0f, gc, cuda_type(gtype), in);
   else  // gc[out, r] += dy[N, out]ᵀ · scratch[N, r]
-    grass_selected_cols_grad(ctx, gc, gtype, dy, scratch, N, out, r);
+    grass_selected_cols_grad(ctx, gc, gtype, dy, out, scratch, N, out, r);
 }
 
 void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int out, int in,

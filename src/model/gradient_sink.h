@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "src/core/error.h"
+
 namespace grass {
 
 // The columns σ of its input that a projected tensor's gradient reads, each scaled by ρ (backend
@@ -23,6 +25,22 @@ class GradientSink {
   // (Backend::grass_gather_columns), kept by the forward.
   virtual void projected(int tensor, const void* dy, const void* x, int64_t N,
                          bool x_selected) = 0;
+  // Whether the tensors first .. first + count - 1, one of LlamaModel::projected_stacks() (a
+  // layer's q, k and v, or its gate and up), have their gradients formed together this step:
+  // then the backward hands them to projected_stack(), not one by one to projected(). The answer
+  // may change between micro-batches (a refresh forms each tensor's gradient alone first).
+  virtual bool stacks(int first, int count) const {
+    (void)first, (void)count;
+    return false;
+  }
+  // The stacked tensors' upstream gradients side by side, dy [N, Σ out] (tensor first's columns
+  // first, as the forward's one GEMM wrote y), and each one's input: x[t] [N, in], one x that all
+  // read, or with x_selected the columns of it selected_columns() gave tensor first + t.
+  virtual void projected_stack(int first, int count, const void* dy, const void* const* x,
+                               int64_t N, bool x_selected) {
+    (void)first, (void)count, (void)dy, (void)x, (void)N, (void)x_selected;
+    throw InternalError("projected_stack on a sink that stacks nothing");
+  }
   // Whether the gradient of `tensor` reads only some columns of its input this step, fixed until
   // its next refresh (then `columns` says which): the forward may keep those alone.
   virtual bool selected_columns(int tensor, SelectedColumns* columns) const {

@@ -452,6 +452,18 @@ void LlamaModel::gate_up_backward(int l, const LayerWeights& w, const LayerActs&
   Backend& be = *backend_;
   const int C = cfg_.hidden_size, F = F_;
   const int bytes = storage().act_bytes;
+  if (stacked_projected(l, LayerTensor::Gate, 2, kept)) {
+    // dgate|dup packed as for dense tensors: dx from the stacked weights, then both gradients
+    // from the packed dy at once
+    be.swiglu_backward(ws_.dgu, at(ws_.dgu, F, bytes), ws_.dact, a.gu, N, F, 2 * int64_t(F));
+    be.linear_backward(ws_.dnorm, nullptr, ws_.dgu, nullptr, w.wgate, N, C, 2 * F, false);
+    const void* xs[2] = {kept_columns(l, SampledInputs::N2, LayerTensor::Gate),
+                         kept_columns(l, SampledInputs::N2, LayerTensor::Up)};
+    const void* x[2] = {xs[0] ? xs[0] : a.n2, xs[1] ? xs[1] : a.n2};
+    sink_->projected_stack(layer_tensor_index(l, LayerTensor::Gate), 2, ws_.dgu, x, N,
+                           xs[0] != nullptr);
+    return;
+  }
   if (!stacked_dense(l, LayerTensor::Gate, 2)) {
     // A projected tensor's optimizer reads its dy whole: dgate and dup as two [N, F] buffers,
     // each tensor's own backward
@@ -475,18 +487,32 @@ void LlamaModel::qkv_backward(int l, const LayerWeights& w, const LayerActs& a, 
   const int NH = cfg_.num_attention_heads, NKV = cfg_.num_key_value_heads;
   const int64_t N = int64_t(B) * T, QD = int64_t(NH) * HD, KVD = int64_t(NKV) * HD;
   const int bytes = storage().act_bytes;
-  // All dense: dq|dk|dv packed as qkv, for the stacked weights [QD + 2 KVD, C]. Otherwise three
-  // buffers: a projected tensor's optimizer reads its dy whole.
-  const bool packed = stacked_dense(l, LayerTensor::Q, 3);
+  // All dense, or all projected and formed together: dq|dk|dv packed as qkv, for the stacked
+  // weights [QD + 2 KVD, C]. Otherwise three buffers: a projected tensor's optimizer reads its dy
+  // whole.
+  const bool dense = stacked_dense(l, LayerTensor::Q, 3);
+  const bool stacked = stacked_projected(l, LayerTensor::Q, 3, kept);
   const QkvRows<void*> d =
-      packed ? packed_qkv(ws_.dqkv, NH, NKV, HD, bytes)
-             : separate_qkv(ws_.dqkv, at(ws_.dqkv, N * QD, bytes),
-                            at(ws_.dqkv, N * (QD + KVD), bytes), NH, NKV, HD);
+      dense || stacked ? packed_qkv(ws_.dqkv, NH, NKV, HD, bytes)
+                       : separate_qkv(ws_.dqkv, at(ws_.dqkv, N * QD, bytes),
+                                      at(ws_.dqkv, N * (QD + KVD), bytes), NH, NKV, HD);
   backend_->attention_backward(d, ws_.datt, a.att, a.saved, read_only(qkv_rows(a)), B, T, NH,
                                NKV, HD, cfg_.rope_theta);
-  if (packed) {
+  if (dense) {
     stacked_backward(ws_.dnorm, l, LayerTensor::Q, 3, w.wq, ws_.dqkv, a.n1, N, C,
                      int(QD + 2 * KVD), kept);
+    return;
+  }
+  if (stacked) {
+    backend_->linear_backward(ws_.dnorm, nullptr, ws_.dqkv, nullptr, w.wq, N, C,
+                              int(QD + 2 * KVD), false);
+    const void* xs[3] = {kept_columns(l, SampledInputs::N1, LayerTensor::Q),
+                         kept_columns(l, SampledInputs::N1, LayerTensor::K),
+                         kept_columns(l, SampledInputs::N1, LayerTensor::V)};
+    const void* x[3];
+    for (int t = 0; t < 3; t++) x[t] = xs[t] ? xs[t] : a.n1;
+    sink_->projected_stack(layer_tensor_index(l, LayerTensor::Q), 3, ws_.dqkv, x, N,
+                           xs[0] != nullptr);
     return;
   }
   linear_backward(ws_.dnorm, false, l, LayerTensor::Q, w.wq, d.q, a.n1, N, C, int(QD), kept,
@@ -501,6 +527,26 @@ bool LlamaModel::stacked_dense(int l, LayerTensor first, int count) const {
   for (int i = 0; i < count; i++)
     if (!tensors_[layer_tensor_index(l, first) + i].dense()) return false;
   return true;
+}
+
+bool LlamaModel::stacked_projected(int l, LayerTensor first, int count,
+                                   const SampledInputs::Kept* kept) const {
+  const int index = layer_tensor_index(l, first);
+  for (int i = 0; i < count; i++)
+    if (tensors_[index + i].dense()) return false;
+  return !kept && sink_ && sink_->stacks(index, count);
+}
+
+std::vector<LlamaModel::TensorStack> LlamaModel::projected_stacks() const {
+  std::vector<TensorStack> stacks;
+  for (int l = 0; l < cfg_.num_hidden_layers; l++)
+    for (const auto& [first, count] : kStacks) {
+      const int index = layer_tensor_index(l, first);
+      bool projected = true;
+      for (int i = 0; i < count; i++) projected = projected && !tensors_[index + i].dense();
+      if (projected) stacks.push_back({index, count});
+    }
+  return stacks;
 }
 
 void LlamaModel::stacked_backward(void* dx, int l, LayerTensor first, int count, const void* w,

@@ -148,6 +148,12 @@ class LlamaModel {
   // Where the backward hands projected tensors' dy and x and, with fused updates, each dense
   // gradient as it completes (model/gradient_sink.h).
   void set_gradient_sink(GradientSink* sink) { sink_ = sink; }
+  // The projected tensors the backward can hand the sink together (GradientSink::stacks): per
+  // layer, q, k and v when all three are projected, and gate and up when both are.
+  struct TensorStack {
+    int first, count;  // tensors first .. first + count - 1
+  };
+  std::vector<TensorStack> projected_stacks() const;
   const ModelMemoryOptions& memory_options() const { return memory_; }
 
   const ModelConfig& config() const { return cfg_; }
@@ -297,6 +303,11 @@ class LlamaModel {
   // Whether layer l's `count` tensors from `first` all have dense gradients; then their backward
   // is one stacked_backward.
   bool stacked_dense(int l, LayerTensor first, int count) const;
+  // Whether they are all projected and the sink forms their gradients together this pass (not
+  // in a sampled pass, `kept`): then their dy is packed as the dense tensors' is, dx is one GEMM
+  // with their stacked weights, and the sink gets projected_stack().
+  bool stacked_projected(int l, LayerTensor first, int count,
+                         const SampledInputs::Kept* kept) const;
   // The weight gradients of `count` adjacent dense tensors from `first` as one [Σ out, in] matrix
   // w, and dx (overwritten) from dy [N, Σ out], packed as the forward's one GEMM wrote y: one dx
   // GEMM and one weight-gradient GEMM into gradients that lie next to each other (with `kept`, the

@@ -68,8 +68,26 @@ Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
   if (cfg.projection.refresh_stagger)  // spread over the K steps of an interval
     for (size_t k = 0; k < targets_.size(); k++)
       targets_[k].phase = int64_t(k) * cfg.projection.update_interval / int64_t(targets_.size());
+  // Stacks of targets that select the same dimension; rows stacks gather count·r columns at once.
+  int gathered = 1;
+  for (const LlamaModel::TensorStack& s : model.projected_stacks()) {
+    bool grass = true;
+    for (int i = 0; i < s.count; i++) grass = grass && target_of_tensor_[size_t(s.first + i)] >= 0;
+    if (!grass) continue;
+    Stack stack{s.first, s.count, target_of(s.first).rows};
+    bool same_dim = true;
+    for (int i = 1; i < s.count; i++) same_dim = same_dim && target_of(s.first + i).rows == stack.rows;
+    if (!same_dim) continue;
+    if (stack.rows) {
+      const std::string name = model.tensors()[size_t(s.first)].name + " stack";
+      stack.sigma = arena.alloc<int32_t>(MemCategory::Workspace, name + ".grass.sigma", s.count * r);
+      stack.rho = arena.alloc<float>(MemCategory::Workspace, name + ".grass.rho", s.count * r);
+      gathered = std::max(gathered, s.count);
+    }
+    stacks_.push_back(stack);
+  }
   scratch_ = arena.alloc_bytes(MemCategory::Workspace, "grass.gather",
-                               max_tokens * r * storage.act_bytes);
+                               max_tokens * r * gathered * storage.act_bytes);
   // The slice norms need the full gradient one chunk of rows at a time (16 MiB by default, not
   // 270 MiB for 13B's MLP), in whole multiples of 8 rows so that each chunk's columns of dy
   // start 16-byte aligned for the GPU.
@@ -107,12 +125,81 @@ void Grass::accumulate(int tensor, void* gc, const void* dy, const void* x, int6
   if (x_selected) {  // the forward kept x[:, σ]·ρ: the cols GEMM alone, grass_compressed_grad's
     GRASS_CHECK(!t.rows && !t.needs_selection,
                 "selected columns handed for a GRASS target that reads x whole");
-    backend_->grass_selected_cols_grad(gc, dy, x, N, t.out, t.slices);
+    backend_->grass_selected_cols_grad(gc, dy, t.out, x, N, t.out, t.slices);
     return;
   }
   if (t.needs_selection) select(t, dy, x, N);
   backend_->grass_compressed_grad(gc, scratch_, dy, x, t.sigma, t.rho, N, t.in, t.out, t.slices,
                                   t.rows);
+}
+
+const Grass::Stack* Grass::stack_of(int first) const {
+  for (const Stack& s : stacks_)
+    if (s.first == first) return &s;
+  return nullptr;
+}
+
+bool Grass::stackable(int first, int count) const {
+  const Stack* stack = stack_of(first);
+  return stack && stack->count == count;
+}
+
+bool Grass::stacks(int first, int count) const {
+  if (!stackable(first, count)) return false;
+  for (int i = 0; i < count; i++)
+    if (target_of(first + i).needs_selection) return false;
+  return true;
+}
+
+void Grass::store_stack_selection(Stack& stack) {
+  const int r = rank_;
+  std::vector<int32_t> sigma(size_t(stack.count) * r);
+  std::vector<float> rho(sigma.size(), 0.0f);
+  int offset = 0;  // the member's first column in the packed dy
+  for (int i = 0; i < stack.count; i++) {
+    const Target& t = target_of(stack.first + i);
+    for (int j = 0; j < r; j++) {
+      const size_t k = size_t(i) * r + size_t(j);
+      // A slot no slice fills gathers ρ = 0 times one of the member's selected columns: a zero
+      // row of G_C (non-finite only where the selected columns already make G_C so).
+      sigma[k] = offset + t.host_sigma[size_t(j < t.slices ? j : 0)];
+      if (j < t.slices) rho[k] = t.host_rho[size_t(j)];
+    }
+    offset += t.out;
+  }
+  backend_->upload_async(stack.sigma, sigma.data(), sigma.size() * sizeof(int32_t));
+  backend_->upload_async(stack.rho, rho.data(), rho.size() * sizeof(float));
+  stack.stale = false;
+}
+
+void Grass::accumulate_stack(int first, int count, void* gc, const void* dy, const void* const* x,
+                             int64_t N, bool x_selected) {
+  GRASS_CHECK(stacks(first, count), "accumulate_stack: not a stack formed together this step");
+  Stack& stack = stacks_[size_t(stack_of(first) - stacks_.data())];
+  const Target& head = target_of(first);
+  int width = 0;  // of the packed dy
+  for (int i = 0; i < count; i++) width += target_of(first + i).out;
+  if (stack.rows) {
+    GRASS_CHECK(!x_selected, "selected columns handed for GRASS rows targets");
+    if (stack.stale) store_stack_selection(stack);
+    backend_->grass_compressed_grad(gc, scratch_, dy, x[0], stack.sigma, stack.rho, N, head.in,
+                                    width, count * rank_, true);
+    return;
+  }
+  const Storage& storage = backend_->storage();
+  const char* dy_t = static_cast<const char*>(dy);
+  char* gc_t = static_cast<char*>(gc);
+  for (int i = 0; i < count; i++) {
+    const Target& t = target_of(first + i);
+    const void* xs = x[i];
+    if (!x_selected) {
+      backend_->grass_gather_columns(scratch_, x[i], t.sigma, t.rho, N, t.in, t.slices);
+      xs = scratch_;
+    }
+    backend_->grass_selected_cols_grad(gc_t, dy_t, width, xs, N, t.out, t.slices);
+    dy_t += int64_t(t.out) * storage.act_bytes;
+    gc_t += projected_numel(first + i) * storage.grad_bytes;
+  }
 }
 
 bool Grass::selected_columns(int tensor, SelectedColumns* columns) const {
@@ -141,6 +228,11 @@ void Grass::store_selection(Target& t, const SliceSelection& s) {
   t.slices = int(s.sigma.size());
   t.gc_numel = int64_t(t.slices) * (t.rows ? t.in : t.out);
   t.count = s.count;
+  t.host_sigma = s.sigma;
+  t.host_rho = s.rho;
+  for (Stack& stack : stacks_)
+    if (t.tensor_index >= stack.first && t.tensor_index < stack.first + stack.count)
+      stack.stale = true;
   std::vector<float> scale(size_t(t.slices));
   for (size_t j = 0; j < scale.size(); j++)
     scale[j] = float(s.count[j]) * (cfg_.projection.rho_in_update ? s.rho[j] : 1.0f);

@@ -43,6 +43,17 @@ class Grass final : public Optimizer {
   void begin_step(int64_t step) override;  // a refresh step re-selects on the next accumulate
   void accumulate(int tensor, void* gc, const void* dy, const void* x, int64_t N,
                   bool x_selected) override;
+  // A stack of targets (LlamaModel::projected_stacks) that select the same dimension, formed
+  // together between their refreshes (a refresh forms each one's gradient alone, from its own
+  // dy).
+  bool stackable(int first, int count) const override;
+  bool stacks(int first, int count) const override;
+  // Rows: one gather of every target's selected columns of the packed dy (each target's r
+  // columns of the scratch, the slices a merge of repeats left unused zero), then one GEMM
+  // [count·r, N]·[N, in] into the adjacent G_C, whose rows of unused slices stay zero. Columns:
+  // each target's gather and GEMM as accumulate()'s, its dy read in place from the packed one.
+  void accumulate_stack(int first, int count, void* gc, const void* dy, const void* const* x,
+                        int64_t N, bool x_selected) override;
   // A `cols` target between refreshes: its σ and ρ.
   bool selected_columns(int tensor, SelectedColumns* columns) const override;
   // The sparse Adam update of the target; the targets use lr·scale. Precision as in AdamW
@@ -92,6 +103,8 @@ class Grass final : public Optimizer {
     float* rho;            // [slices] their scales in G_C
     float* update_scale;   // [slices] their step factors: count·(ρ with rho_in_update, else 1)
     std::vector<int32_t> count;  // [slices] draws of each (host)
+    std::vector<int32_t> host_sigma;  // [slices] σ and ρ as stored, for a stack's (host)
+    std::vector<float> host_rho;
     int64_t phase = 0;     // refresh_stagger: re-selects at the steps ≡ phase (mod K)
     int64_t adam_step = 0; // steps since the last refresh
     bool needs_selection = true;
@@ -107,6 +120,18 @@ class Grass final : public Optimizer {
                                    cfg_.state_blocking == StateBlocking::Feature);
   }
   int target_index(int tensor) const;
+  // Targets formed together (stacks()): tensors first .. first + count - 1. Rows: their σ side by
+  // side, each offset by the columns of the packed dy before its own and padded to r slices with
+  // ρ = 0 (backend memory), rebuilt after a member's selection changes.
+  struct Stack {
+    int first, count;
+    bool rows;
+    int32_t* sigma = nullptr;  // [count·r]
+    float* rho = nullptr;
+    bool stale = true;
+  };
+  const Stack* stack_of(int first) const;
+  void store_stack_selection(Stack& stack);
   int64_t moment_bytes(const Target& t) const;  // of m (or v) at r slices
   void select(Target& t, const void* dy, const void* x, int64_t N);
   // Squared slice norms of dyᵀ·x, a chunk of rows of it at a time.
@@ -120,8 +145,10 @@ class Grass final : public Optimizer {
   int rank_;
   std::vector<Target> targets_;
   std::vector<int> target_of_tensor_;  // tensor index -> targets_ index, or -1
+  std::vector<Stack> stacks_;
   Backend* backend_;
-  void* scratch_ = nullptr;            // [max_tokens, r] gathered columns (act-typed)
+  void* scratch_ = nullptr;            // [max_tokens, r · the largest rows stack] gathered
+                                       // columns (act-typed)
   float* chunk_grad_ = nullptr;        // [chunk_rows_ x largest in]: rows of a refresh's gradient
   int chunk_rows_ = 0;
   int64_t step_ = 0;

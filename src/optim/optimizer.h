@@ -96,6 +96,22 @@ class Optimizer {
   // x_selected from xs[N, count] = x[:, σ]·ρ, the columns selected_columns() gave.
   virtual void accumulate(int tensor, void* pg, const void* dy, const void* x, int64_t N,
                           bool x_selected);
+  // Whether it can form the projected gradients of tensors first .. first + count - 1 (all its
+  // own; one of LlamaModel::projected_stacks) together, at the steps stacks() says: the step
+  // strategies then keep their gradients next to each other.
+  virtual bool stackable(int first, int count) const {
+    (void)first, (void)count;
+    return false;
+  }
+  // GradientSink::stacks: whether it forms them together this step, with accumulate_stack.
+  virtual bool stacks(int first, int count) const { return stackable(first, count); }
+  // Their accumulate() at once (GradientSink::projected_stack: dy [N, Σ out], x per tensor), into
+  // their projected gradients lying next to each other from pg, each projected_numel() long.
+  virtual void accumulate_stack(int first, int count, void* pg, const void* dy,
+                                const void* const* x, int64_t N, bool x_selected) {
+    (void)first, (void)count, (void)pg, (void)dy, (void)x, (void)N, (void)x_selected;
+    throw InternalError(std::string(name()) + " stacks no gradients");
+  }
   // GradientSink::selected_columns: the columns of its input tensor t's gradient reads alone
   // until its next refresh, if it reads only some.
   virtual bool selected_columns(int tensor, SelectedColumns* columns) const {

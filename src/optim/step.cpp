@@ -12,10 +12,36 @@ namespace {
 int64_t projected_numel(const OptimizerSet& optimizers, int tensor) {
   return optimizers.of(tensor).projected_numel(tensor);
 }
+
+// The model's stacks whose tensors' one optimizer can form their gradients together.
+std::vector<LlamaModel::TensorStack> stackable(const LlamaModel& model,
+                                               const OptimizerSet& optimizers) {
+  std::vector<LlamaModel::TensorStack> stacks;
+  for (const LlamaModel::TensorStack& s : model.projected_stacks()) {
+    const Optimizer& o = optimizers.of(s.first);
+    bool one = true;
+    for (int i = 1; i < s.count; i++) one = one && &optimizers.of(s.first + i) == &o;
+    if (one && o.stackable(s.first, s.count)) stacks.push_back(s);
+  }
+  return stacks;
+}
+
+int64_t stack_numel(const OptimizerSet& optimizers, const LlamaModel::TensorStack& s) {
+  int64_t numel = 0;
+  for (int i = 0; i < s.count; i++) numel += projected_numel(optimizers, s.first + i);
+  return numel;
+}
 }  // namespace
 
 bool StepStrategy::selected_columns(int tensor, SelectedColumns* columns) const {
   return optimizers_.of(tensor).selected_columns(tensor, columns);
+}
+
+bool StepStrategy::stacks(int first, int count) const {
+  const Optimizer& o = optimizers_.of(first);
+  for (int i = 1; i < count; i++)
+    if (&optimizers_.of(first + i) != &o) return false;
+  return o.stacks(first, count);
 }
 
 StepStrategy::StepStrategy(LlamaModel& model, const OptimizerSet& optimizers, double max_norm,
@@ -102,11 +128,25 @@ DeferredStep::DeferredStep(LlamaModel& model, const OptimizerSet& optimizers, do
                            Arena& arena, Communicator& comm)
     : StepStrategy(model, optimizers, max_norm, arena, comm), projected_(model.tensors().size(), nullptr) {
   GRASS_CHECK(!model.memory_options().fused_update, "DeferredStep needs the model's gradient buffer");
+  const int grad_bytes = model.storage().grad_bytes;
+  std::vector<bool> stacked(projected_.size(), false);
+  for (const LlamaModel::TensorStack& stack : stackable(model, optimizers)) {
+    std::string name;
+    for (int i = 0; i < stack.count; i++)
+      name += (i ? " + " : "") + model.tensors()[size_t(stack.first + i)].name + ".G_C";
+    char* g = static_cast<char*>(arena.alloc_bytes(MemCategory::CompressedGradients, name,
+                                                   stack_numel(optimizers, stack) * grad_bytes));
+    for (int i = 0; i < stack.count; i++) {
+      projected_[size_t(stack.first + i)] = g;
+      stacked[size_t(stack.first + i)] = true;
+      if (g) g += projected_numel(optimizers, stack.first + i) * grad_bytes;
+    }
+  }
   for (size_t i = 0; i < model.tensors().size(); i++) {
     const ParamTensor& t = model.tensors()[i];
-    if (t.dense()) continue;
+    if (t.dense() || stacked[i]) continue;
     projected_[i] = arena.alloc_bytes(MemCategory::CompressedGradients, t.name + ".G_C",
-                                      projected_numel(optimizers, int(i)) * model.storage().grad_bytes);
+                                      projected_numel(optimizers, int(i)) * grad_bytes);
   }
 }
 
@@ -127,6 +167,18 @@ void DeferredStep::projected(int tensor, const void* dy, const void* x, int64_t 
   optimizers_.of(tensor).accumulate(tensor, gc, dy, x, N, x_selected);
   if (summing_) {
     comm_.start_sum(gc, projected_numel(optimizers_, tensor), grad_element(model_.storage()));
+    sums_started_++;
+  }
+}
+
+void DeferredStep::projected_stack(int first, int count, const void* dy, const void* const* x,
+                                   int64_t N, bool x_selected) {
+  optimizers_.of(first).accumulate_stack(first, count, projected_.at(size_t(first)), dy, x, N,
+                                         x_selected);
+  if (!summing_) return;
+  for (int i = 0; i < count; i++) {
+    comm_.start_sum(projected_[size_t(first + i)], projected_numel(optimizers_, first + i),
+                    grad_element(model_.storage()));
     sums_started_++;
   }
 }
@@ -165,6 +217,8 @@ FusedStep::FusedStep(LlamaModel& model, const OptimizerSet& optimizers, double m
   int64_t largest = 0;
   for (size_t i = 0; i < model.tensors().size(); i++)
     largest = std::max(largest, projected_numel(optimizers, int(i)));
+  for (const LlamaModel::TensorStack& stack : stackable(model, optimizers))
+    largest = std::max(largest, stack_numel(optimizers, stack));
   if (largest > 0)
     projected_ = arena.alloc_bytes(MemCategory::CompressedGradients,
                                    "G_C (one tensor at a time)", largest * model.storage().grad_bytes);
@@ -188,6 +242,20 @@ void FusedStep::projected(int tensor, const void* dy, const void* x, int64_t N,
   model_.backend().zero(projected_, size_t(numel) * model_.storage().grad_bytes);
   optimizers_.of(tensor).accumulate(tensor, projected_, dy, x, N, x_selected);
   apply(tensor, projected_, numel);
+}
+
+void FusedStep::projected_stack(int first, int count, const void* dy, const void* const* x,
+                                int64_t N, bool x_selected) {
+  const int64_t numel = stack_numel(optimizers_, {first, count});
+  const int grad_bytes = model_.storage().grad_bytes;
+  model_.backend().zero(projected_, size_t(numel) * grad_bytes);
+  optimizers_.of(first).accumulate_stack(first, count, projected_, dy, x, N, x_selected);
+  char* g = static_cast<char*>(projected_);
+  for (int i = 0; i < count; i++) {
+    const int64_t n = projected_numel(optimizers_, first + i);
+    apply(first + i, g, n);
+    g += n * grad_bytes;
+  }
 }
 
 void FusedStep::dense_ready(int tensor, void* grad) {

@@ -54,6 +54,8 @@ class StepStrategy : public GradientSink {
   virtual void begin(int64_t step, double lr) = 0;
   // The tensor's optimizer's (Optimizer::selected_columns).
   bool selected_columns(int tensor, SelectedColumns* columns) const override;
+  // Their one optimizer's (Optimizer::stacks).
+  bool stacks(int first, int count) const override;
   // Before the step's last forward: from here each gradient is complete when the backward hands
   // it over, and its sum over the ranks can start.
   void last_micro_batch() { summing_ = launched(); }
@@ -113,11 +115,14 @@ class StepStrategy : public GradientSink {
 
 class DeferredStep final : public StepStrategy {
  public:
-  // Allocates each projected tensor's gradient buffer.
+  // Allocates each projected tensor's gradient buffer; those of a stack their optimizer can form
+  // together (Optimizer::stackable) in one block, in tensor order.
   DeferredStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena,
                Communicator& comm = single_process());
   void begin(int64_t step, double lr) override;
   void projected(int tensor, const void* dy, const void* x, int64_t N, bool x_selected) override;
+  void projected_stack(int first, int count, const void* dy, const void* const* x, int64_t N,
+                       bool x_selected) override;
   void dense_ready(int tensor, void* grad) override;
   double finish() override;
   // Tensor t's projected gradient as accumulated so far (grad-typed; null for a dense tensor).
@@ -130,11 +135,16 @@ class DeferredStep final : public StepStrategy {
 
 class FusedStep final : public StepStrategy {
  public:
-  // Allocates one projected-gradient buffer, the largest any tensor needs, shared by all.
+  // Allocates one projected-gradient buffer, the largest any tensor needs, or any stack formed
+  // together (Optimizer::stackable: both strategies form the same stacks, so their numbers are
+  // the same), shared by all.
   FusedStep(LlamaModel& model, const OptimizerSet& optimizers, double max_norm, Arena& arena,
             Communicator& comm = single_process());
   void begin(int64_t step, double lr) override;
   void projected(int tensor, const void* dy, const void* x, int64_t N, bool x_selected) override;
+  // The stack's gradients formed together, then each tensor clipped and updated in turn.
+  void projected_stack(int first, int count, const void* dy, const void* const* x, int64_t N,
+                       bool x_selected) override;
   void dense_ready(int tensor, void* grad) override;
   double finish() override;
 

@@ -178,8 +178,8 @@ TEST_CASE("grass: the cols gradient from kept columns gives grass_compressed_gra
     scratch.poison();
     cuda::grass_compressed_grad(tc.ctx, whole.ptr(), gtype, scratch.ptr, in.d_dy.ptr, in.d_x.ptr,
                                 in.d_sigma.ptr, in.d_rho.ptr, kTokens, kIn, kOut, kRank, false);
-    cuda::grass_selected_cols_grad(tc.ctx, kept.ptr(), gtype, in.d_dy.ptr, xs.ptr, kTokens, kOut,
-                                   kRank);
+    cuda::grass_selected_cols_grad(tc.ctx, kept.ptr(), gtype, in.d_dy.ptr, kOut, xs.ptr, kTokens,
+                                   kOut, kRank);
     CHECK(same_bits(whole.download(), kept.download()));
     CHECK_FALSE(same_bits(whole.download(), earlier));
   }
@@ -459,4 +459,204 @@ TEST_CASE("grass: the same calls twice give the same bits", "[gpu]") {
   CHECK(same_bits(m[0], m[1]));
   CHECK(same_bits(v[0], v[1]));
   CHECK(same_bits(norm[0], norm[1]));
+}
+
+// ---- targets formed together (Grass::accumulate_stack) -----------------------------------------
+
+namespace {
+
+// A stack of rows targets that read one x [N, in], their dy packed side by side [N, Σ out] as the
+// backward leaves them for q, k and v: each target's G_C alone (its own contiguous dy, σ, ρ, its
+// slices only) and the stack's (the packed dy, every target's σ offset by the columns before
+// it, padded to r slots with ρ = 0: Grass::store_stack_selection's layout) from the same start.
+struct RowsStack {
+  int64_t N;
+  int in, r;
+  std::vector<int> out, slices;
+  std::vector<std::vector<int32_t>> sigma;
+  std::vector<std::vector<float>> rho, dy;  // per target; dy bf16 values
+  std::vector<std::vector<float>> gathered;  // per target [N, slices]: bf16(dy[:, σ]·ρ), the GEMM's
+  std::vector<float> x, packed;
+  std::vector<int32_t> stack_sigma;
+  std::vector<float> stack_rho;
+
+  RowsStack(int64_t N_, int in_, int r_, std::vector<int> out_) : N(N_), in(in_), r(r_), out(out_) {
+    x = bf16_rounded(randn(size_t(N) * in));
+    int width = 0;
+    for (size_t t = 0; t < out.size(); t++) {
+      // the first draws with repeats (the op adds them up), the others merged to fewer slices
+      const int s = t == 0 ? r : r - 3 - int(t);
+      slices.push_back(s);
+      std::vector<int32_t> sg = sigma_with_repeats(s, out[t]);
+      if (t > 0) {  // distinct, as a merge of repeated draws leaves them
+        sg.erase(std::unique(sg.begin(), sg.end()), sg.end());
+        slices.back() = int(sg.size());
+      }
+      sigma.push_back(sg);
+      rho.push_back(random_rho(slices.back()));
+      dy.push_back(bf16_rounded(randn(size_t(N) * out[t])));
+      std::vector<float> g(size_t(N) * slices.back());
+      ops::grass_gather_columns<float>(g.data(), dy.back().data(), sigma.back().data(),
+                                       rho.back().data(), N, out[t], slices.back());
+      gathered.push_back(bf16_rounded(g));
+      width += out[t];
+    }
+    packed.resize(size_t(N) * width);
+    for (int64_t n = 0, offset = 0; n < N; n++, offset = 0)
+      for (size_t t = 0; t < out.size(); offset += out[t], t++)
+        std::copy_n(&dy[t][size_t(n * out[t])], out[t], &packed[size_t(n * width + offset)]);
+    for (size_t t = 0, offset = 0; t < out.size(); offset += size_t(out[t]), t++)
+      for (int j = 0; j < r; j++) {
+        stack_sigma.push_back(int32_t(offset) + sigma[t][size_t(j < slices[t] ? j : 0)]);
+        stack_rho.push_back(j < slices[t] ? rho[t][size_t(j)] : 0.0f);
+      }
+  }
+  int width() const { return int(packed.size() / size_t(N)); }
+  size_t targets() const { return out.size(); }
+  // Σ_n |gathered[n, j]·x[n, c]| of target t's element (j, c): the terms each GEMM sums.
+  double magnitude(size_t t, int j, int c) const {
+    double s = 0;
+    for (int64_t n = 0; n < N; n++)
+      s += std::abs(double(gathered[t][size_t(n * slices[t] + j)]) * x[size_t(n * in + c)]);
+    return s;
+  }
+};
+
+// Elements of target t's G_C [slices, in] where the stack's `got` and the target's own `want`
+// (from the same start `start`) differ by more than two orders of the same N fp32 sums may:
+// 2·γ(N+1)·Σ|terms|, the start's rounding, and in bf16 one spacing (two fp32 values that close
+// may round to neighbours). Without `bound` any difference counts.
+int64_t stack_mismatches(const RowsStack& s, size_t t, const std::vector<float>& got,
+                         const std::vector<float>& want, const std::vector<float>& start,
+                         bool bf16_output, bool bound) {
+  int64_t off = 0;
+  for (int j = 0; j < s.slices[t]; j++)
+    for (int c = 0; c < s.in; c++) {
+      const size_t i = size_t(j) * s.in + c;
+      double allowed = 0;
+      if (bound) {
+        const double terms = s.magnitude(t, j, c) + std::abs(double(start[i]));
+        allowed = (2.0 * double(s.N + 1) + 2.0) * std::ldexp(1.0, -24) * terms * 1.01;
+        if (bf16_output) allowed += bf16_spacing(std::max(terms, 1e-30));
+      }
+      off += !(std::abs(double(got[i]) - double(want[i])) <= allowed);
+    }
+  return off;
+}
+
+}  // namespace
+
+TEST_CASE("grass: a rows stack's one GEMM gives each target's G_C, bit for bit where the "
+          "emulated cuBLAS sums in the same order, else within the bound of another shape",
+          "[gpu]") {
+  // The emulator's cuBLAS picks its order per GEMM (tests/cuda_emu/cublas.cpp): cublasGemmEx's
+  // fixed K tile unless every operand is 16-byte aligned, else cuBLASLt's, which also splits K
+  // for outputs of at most 128 x 128 with K >= 1024. The stack's GEMM [count·r, N]·[N, in] and a
+  // target's own [slices, N]·[N, in] (the gathered columns' rows slices apart) sum in the same
+  // order when both take the same route and split alike: there bit for bit, else the bound. A
+  // target whose repeats merged to a slice count off a multiple of 8 falls to cublasGemmEx alone.
+  // On a GPU cuBLASLt's heuristic chooses a kernel per shape, so there the bound is the claim.
+  const auto emulated_order = [](int64_t m, int64_t N, int in) {
+    if ((m * 2) % 16 != 0 || (int64_t(in) * 2) % 16 != 0) return 0;  // cublasGemmEx
+    return 1 + (m * in <= 128 * 128 && N >= 1024 ? int(std::min<int64_t>(8, N / 512)) : 1);
+  };
+  TestContext tc;
+  struct Shape {
+    int64_t N;
+    int in, r;
+  };
+  for (const Shape shape : {Shape{231, 512, 37},     // 2-byte aligned rows: cublasGemmEx
+                            Shape{231, 512, 40},     // 16-byte: cuBLASLt (merged targets not)
+                            Shape{1100, 128, 48}})   // the unmerged target splits K, the stack not
+    for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
+      INFO("N=" << shape.N << " in=" << shape.in << " r=" << shape.r
+                << " fp32=" << (gtype == cuda::GradType::F32));
+      const RowsStack s(shape.N, shape.in, shape.r, {256, 64, 64});  // q, k, v with 4:1 GQA
+      const size_t block = size_t(s.r) * s.in;  // a target's G_C capacity
+      // the earlier micro-batches' sums, the slots no slice fills zero
+      std::vector<std::vector<float>> start(s.targets());
+      std::vector<float> stack_start(block * s.targets(), 0.0f);
+      GradBuffer stacked(gtype, stack_start.size());
+      for (size_t t = 0; t < s.targets(); t++) {
+        start[t] = stacked.representable(randn(size_t(s.slices[t]) * s.in, std::sqrt(double(s.N))));
+        std::copy(start[t].begin(), start[t].end(), stack_start.begin() + ptrdiff_t(t * block));
+      }
+      stacked.upload(stack_start);
+      DeviceBuffer<bf16> d_packed(s.packed.size()), d_x(s.x.size()),
+          scratch(size_t(s.N) * s.r * s.targets());
+      DeviceBuffer<int32_t> d_sigma(s.stack_sigma.size());
+      DeviceBuffer<float> d_rho(s.stack_rho.size());
+      upload(d_packed, s.packed);
+      upload(d_x, s.x);
+      upload(d_sigma, s.stack_sigma);
+      upload(d_rho, s.stack_rho);
+      scratch.poison();
+      cuda::grass_compressed_grad(tc.ctx, stacked.ptr(), gtype, scratch.ptr, d_packed.ptr, d_x.ptr,
+                                  d_sigma.ptr, d_rho.ptr, s.N, s.in, s.width(),
+                                  s.r * int(s.targets()), true);
+      const std::vector<float> got = stacked.download();
+      for (size_t t = 0; t < s.targets(); t++) {
+        INFO("target " << t << " of " << s.targets() << ", " << s.slices[t] << " slices");
+        GradBuffer alone(gtype, start[t].size());
+        alone.upload(start[t]);
+        DeviceBuffer<bf16> d_dy(s.dy[t].size()), own_scratch(size_t(s.N) * s.slices[t]);
+        DeviceBuffer<int32_t> own_sigma(s.sigma[t].size());
+        DeviceBuffer<float> own_rho(s.rho[t].size());
+        upload(d_dy, s.dy[t]);
+        upload(own_sigma, s.sigma[t]);
+        upload(own_rho, s.rho[t]);
+        cuda::grass_compressed_grad(tc.ctx, alone.ptr(), gtype, own_scratch.ptr, d_dy.ptr, d_x.ptr,
+                                    own_sigma.ptr, own_rho.ptr, s.N, s.in, s.out[t], s.slices[t],
+                                    true);
+        const std::vector<float> want = alone.download();
+        const std::vector<float> got_t(got.begin() + ptrdiff_t(t * block),
+                                       got.begin() + ptrdiff_t(t * block + want.size()));
+        CHECK_FALSE(same_bits(want, start[t]));  // it added something
+        const bool same_order = emulated_order(s.slices[t], s.N, s.in) ==
+                                emulated_order(int64_t(s.r) * int(s.targets()), s.N, s.in);
+        INFO((same_order ? "the same order: bit for bit" : "another order: the bound"));
+        CHECK(stack_mismatches(s, t, got_t, want, start[t], gtype == cuda::GradType::BF16,
+                               !same_order) == 0);
+        // the slots no slice fills stay zero
+        CHECK(std::all_of(got.begin() + ptrdiff_t(t * block + want.size()),
+                          got.begin() + ptrdiff_t((t + 1) * block), [](float v) { return v == 0.0f; }));
+      }
+    }
+}
+
+TEST_CASE("grass: a cols stack's targets read their dy in place from the packed one, with the "
+          "contiguous dy's bits", "[gpu]") {
+  // gate and up: each its own GEMM [out, N]·[N, r], dy read with rows Σ out apart. The emulated
+  // cuBLAS orders a sum by shape and alignment, not by the leading dimension, and both layouts
+  // here are 16-byte aligned: the same bits. (On a GPU another lda may get another kernel: the
+  // bound of rows stacks' test.)
+  TestContext tc;
+  const int out = 384, count = 2, width = count * out;
+  for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
+    INFO("fp32=" << (gtype == cuda::GradType::F32));
+    const std::vector<float> packed = bf16_rounded(randn(size_t(kTokens) * width));
+    DeviceBuffer<bf16> d_packed(packed.size());
+    upload(d_packed, packed);
+    for (int t = 0; t < count; t++) {
+      const CompressInputs in(kIn);
+      std::vector<float> dy_t(size_t(kTokens) * out);
+      for (int64_t n = 0; n < kTokens; n++)
+        std::copy_n(&packed[size_t(n * width + t * out)], out, &dy_t[size_t(n * out)]);
+      DeviceBuffer<bf16> d_dy(dy_t.size()), xs(size_t(kTokens) * kRank);
+      upload(d_dy, dy_t);
+      cuda::grass_gather_columns(tc.ctx, xs.ptr, in.d_x.ptr, in.d_sigma.ptr, in.d_rho.ptr, kTokens,
+                                 kIn, kRank);
+      const size_t gc_size = size_t(out) * kRank;
+      GradBuffer in_place(gtype, gc_size), contiguous(gtype, gc_size);
+      const std::vector<float> earlier = in_place.representable(randn(gc_size));
+      in_place.upload(earlier);
+      contiguous.upload(earlier);
+      cuda::grass_selected_cols_grad(tc.ctx, in_place.ptr(), gtype, d_packed.ptr + t * out, width,
+                                     xs.ptr, kTokens, out, kRank);
+      cuda::grass_selected_cols_grad(tc.ctx, contiguous.ptr(), gtype, d_dy.ptr, out, xs.ptr,
+                                     kTokens, out, kRank);
+      CHECK(same_bits(in_place.download(), contiguous.download()));
+      CHECK_FALSE(same_bits(in_place.download(), earlier));
+    }
+  }
 }

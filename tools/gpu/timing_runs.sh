@@ -15,16 +15,22 @@
 #   grass-whole  GRASS r=512 (its refresh at step 0), inputs kept whole
 #   grass-columns the same, n2 kept as gate's and up's selected columns (issue 28)
 #   cudnn        AdamW with attention "cudnn" (RoPE rotated in place in the packed q, k, v)
+#   t5-adamw     AdamW at T5's batch: 512 x 256 tokens a step in micro-batches of 64
+#   t5-grass     GRASS r=512 at the same batch (refresh at step 0; q|k|v's G_C one stacked GEMM,
+#                issue 45 item 3): not run by default; --runs t5-adamw,t5-grass --rounds 3
+#                alternates them on one warm GPU (the GRASS-against-AdamW figure)
 # --runs keeps the named runs only (tools/gpu/ab_timing.sh runs them against another commit's
-# build in alternating rounds).
+# build in alternating rounds); --rounds N runs the selection N times over, its runs named
+# NAME#k from the second round.
 # Output: one line per step on stdout and in $OUT/timing_runs.log when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
-budget=150 only=""
+budget=150 only="" rounds=1
 while [ $# -gt 0 ]; do
   case $1 in
     --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
     --runs) only=${2:?--runs needs names}; shift 2 ;;
+    --rounds) rounds=${2:?--rounds needs a count}; shift 2 ;;
     *) echo "timing_runs: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -54,11 +60,17 @@ runs=(
   "grass-whole|--set optimizer.name=grass --set optimizer.rank=512 --set activations.selected_columns=off"
   "grass-columns|--set optimizer.name=grass --set optimizer.rank=512 --set activations.selected_columns=on"
   "cudnn|--set attention=cudnn"
+  "t5-adamw|--set micro_batch_size=64 --set total_batch_size=512"
+  "t5-grass|--set micro_batch_size=64 --set total_batch_size=512 --set optimizer.name=grass --set optimizer.rank=512"
 )
+default_off=",t5-adamw,t5-grass,"  # minutes of steps: only when named
 printf '%-14s %4s %10s %9s %6s %s\n' run step step_ms tok/s waits loss | tee -a "$log"
+for round in $(seq "$rounds"); do
 for r in "${runs[@]}"; do
   name=${r%%|*}
-  [ -n "$only" ] && [[ ",$only," != *",$name,"* ]] && continue
+  if [ -n "$only" ]; then [[ ",$only," != *",$name,"* ]] && continue
+  elif [[ $default_off == *",$name,"* ]]; then continue; fi
+  [ "$round" -gt 1 ] && name=$name#$round
   read -ra extra <<<"${r#*|}"
   left=$((deadline - SECONDS))
   [ "$left" -lt 20 ] && { echo "$name: skipped (budget)" | tee -a "$log"; continue; }
@@ -81,4 +93,5 @@ for line in open(path):
           f"{m.get('host_waits', -1):>6} {m.get('loss', float('nan')):.4f}")
 EOF
   grep -E 'memory in use|late allocation|warning' "$work/$name.out" | head -2 | sed "s/^/$name: /" | tee -a "$log"
+done
 done

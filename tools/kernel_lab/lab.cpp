@@ -78,7 +78,8 @@ std::vector<LinearShape> linear_shapes(const Model& m, bool model_gemms) {
   }
   if (model_gemms) {  // q_proj, k_proj and v_proj stacked, and gate_proj and up_proj (the forward's
                       // one GEMM each, and the backward's when the stack's gradients are dense:
-                      // LlamaModel::stacked_backward); the head
+                      // LlamaModel::stacked_backward; its dx GEMM alone when GRASS forms them
+                      // together: bench_grass's stack rows); the head
     const int qkv = m.config.linear_shape(ProjectionTarget::Q).first +
                     2 * m.config.linear_shape(ProjectionTarget::K).first;
     add(qkv, m.C(), "q+k+v");

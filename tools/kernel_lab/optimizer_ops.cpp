@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "kernels/quant8.h"
 #include "src/core/bf16.h"
+#include "src/model/llama.h"
 #include "tools/kernel_lab/lab.h"
 
 namespace grass::lab {
@@ -204,6 +206,9 @@ double slice_error(const std::vector<float>& got, const std::vector<float>& want
   return worst({max_row_error(slices(got, rows, width, J), want, slice), nonfinite(got)});
 }
 
+// q+k+v and gate+up formed together: bench_grass's last rows (below).
+void bench_grass_stacks(Lab& lab, const Model& m);
+
 }  // namespace
 
 // ---- AdamW --------------------------------------------------------------------------------------
@@ -379,7 +384,114 @@ void bench_grass(Lab& lab, const Model& m) {
                    .bytes = double(E) * (s.grad_bytes + 4 * s.state_bytes + weight_update_bytes(s)),
                    .err = update_err, .tol = s.pure_bf16() ? kTolUpdateBf16 : kTolUpdateF32});
   }
+  bench_grass_stacks(lab, m);
 }
+
+// ---- GRASS stacks --------------------------------------------------------------------------------
+// The targets the engine forms together (Grass::accumulate_stack), from the packed dy the backward
+// leaves for them: q+k+v, and gate+up at the width the GPU stores (pad_ffn). Rows: one gather of
+// every target's r selected columns (σ offset into the packed dy) and one GEMM [count·r, N]·[N, in]
+// into their adjacent G_C; columns: each target's gather and GEMM [out, N]·[N, r], its dy read in
+// place. FLOPs: the targets' sum, so the row's rate compares with the per-target rows above. The
+// CPU reference: each target's own op on sampled slices.
+namespace {
+void bench_grass_stacks(Lab& lab, const Model& m) {
+  Backend &gpu = lab.gpu, &cpu = lab.cpu;
+  const Storage& s = gpu.storage();
+  const int64_t N = m.N();
+  const int r = m.rank, C = m.C();
+  const int F = m.F(), padded = (F + kFfnRowMultiple - 1) / kFfnRowMultiple * kFfnRowMultiple;
+  struct Stack {
+    std::string name;
+    std::vector<int> out;
+  };
+  const int qd = m.config.linear_shape(ProjectionTarget::Q).first;
+  const int kvd = m.config.linear_shape(ProjectionTarget::K).first;
+  for (const Stack& stack : {Stack{"q+k+v", {qd, kvd, kvd}},
+                             Stack{F == padded ? "gate+up" : "gate+up(padded)", {padded, padded}}}) {
+    const int count = int(stack.out.size());
+    const bool rows = ProjectionConfig{}.selects_rows(stack.out[0], C);
+    int width = 0;  // of the packed dy
+    for (const int out : stack.out) width += out;
+    std::vector<int64_t> gc_offset;  // each target's G_C in the stack's, r slices of room
+    int64_t gc_numel = 0;
+    for (const int out : stack.out) {
+      gc_offset.push_back(gc_numel);
+      gc_numel += int64_t(r) * (rows ? C : out);
+    }
+    const std::string shape = dims({{"N", N}, {"in", C}, {"out", width}, {"r", r}}) +
+                              (rows ? " rows " : " cols ") + stack.name;
+    std::vector<std::vector<int32_t>> sigma;
+    std::vector<std::vector<float>> rho;
+    std::vector<int32_t> stack_sigma;  // rows: σ offset into the packed dy, as the engine's
+    std::vector<float> stack_rho;
+    for (int t = 0, offset = 0; t < count; offset += stack.out[size_t(t)], t++) {
+      sigma.push_back(lab.integers(r, rows ? stack.out[size_t(t)] : C, /*sorted=*/true));
+      rho.push_back(lab.uniform(r, 0.5, 1.5, 4));
+      for (int j = 0; j < r; j++) {
+        stack_sigma.push_back(offset + sigma.back()[size_t(j)]);
+        stack_rho.push_back(rho.back()[size_t(j)]);
+      }
+    }
+    const std::vector<float> x = lab.uniform(N * C, -1, 1, s.act_bytes);       // [N, C]
+    const std::vector<float> dy = lab.uniform(N * width, -1, 1, s.act_bytes);  // packed [N, Σ out]
+    const std::vector<float> gc0 = lab.uniform(gc_numel, -1, 1, s.grad_bytes);
+    Buffer gx(gpu, x, s.act_bytes), gdy(gpu, dy, s.act_bytes), ggc(gpu, gc0, s.grad_bytes),
+        gscratch(gpu, N * r * (rows ? count : 1), s.act_bytes), gsigma(gpu, stack_sigma),
+        grho(gpu, stack_rho, 4);
+    std::vector<std::unique_ptr<Buffer>> target_sigma, target_rho;
+    for (int t = 0; t < count; t++) {
+      target_sigma.push_back(std::make_unique<Buffer>(gpu, sigma[size_t(t)]));
+      target_rho.push_back(std::make_unique<Buffer>(gpu, rho[size_t(t)], 4));
+    }
+    const auto at = [](const Buffer& b, int64_t elements, int bytes) {
+      return static_cast<char*>(b.ptr()) + elements * bytes;
+    };
+    auto compress = [&] {
+      if (rows) {
+        gpu.grass_compressed_grad(ggc.ptr(), gscratch.ptr(), gdy.ptr(), gx.ptr(), gsigma.i32(),
+                                  grho.f32(), N, C, width, count * r, true);
+        return;
+      }
+      for (int t = 0, offset = 0; t < count; offset += stack.out[size_t(t)], t++) {
+        gpu.grass_gather_columns(gscratch.ptr(), gx.ptr(), target_sigma[size_t(t)]->i32(),
+                                 target_rho[size_t(t)]->f32(), N, C, r);
+        gpu.grass_selected_cols_grad(at(ggc, gc_offset[size_t(t)], s.grad_bytes),
+                                     at(gdy, offset, s.act_bytes), width, gscratch.ptr(), N,
+                                     stack.out[size_t(t)], r);
+      }
+    };
+    compress();
+    const std::vector<float> got = ggc.get();
+    const std::vector<int64_t> J = lab.sample_rows(r);
+    double err = 0;
+    for (int t = 0, offset = 0; t < count; offset += stack.out[size_t(t)], t++) {
+      const int out = stack.out[size_t(t)];
+      std::vector<float> dy_t(size_t(N) * out);  // the target's own dy, as the per-target path
+      for (int64_t n = 0; n < N; n++)
+        std::copy_n(&dy[size_t(n * width + offset)], out, &dy_t[size_t(n * out)]);
+      std::vector<int32_t> sigma_J;
+      std::vector<float> rho_J, scratch_J(size_t(N) * J.size());
+      for (const int64_t j : J) {
+        sigma_J.push_back(sigma[size_t(t)][size_t(j)]);
+        rho_J.push_back(rho[size_t(t)][size_t(j)]);
+      }
+      const int64_t numel = int64_t(r) * (rows ? C : out);
+      const std::vector<float> gc0_t(gc0.begin() + gc_offset[size_t(t)],
+                                     gc0.begin() + gc_offset[size_t(t)] + numel);
+      const std::vector<float> got_t(got.begin() + gc_offset[size_t(t)],
+                                     got.begin() + gc_offset[size_t(t)] + numel);
+      std::vector<float> gc_J = rows ? rows_of(gc0_t, C, J) : cols_of(gc0_t, r, J);
+      cpu.grass_compressed_grad(gc_J.data(), scratch_J.data(), dy_t.data(), x.data(),
+                                sigma_J.data(), rho_J.data(), N, C, out, int(J.size()), rows);
+      err = worst({err, slice_error(got_t, gc_J, J, rows, C, r)});
+    }
+    lab.report(m, {.op = "grass_compressed_grad", .shape = shape, .ms = lab.time_ms(compress),
+                   .flops = 2.0 * double(N) * r * (rows ? double(count) * C : double(width)),
+                   .err = err, .tol = kTolBf16});
+  }
+}
+}  // namespace
 
 // ---- GaLore and FLORA ---------------------------------------------------------------------------
 // A low-rank layer w[out, in] trains through a projection P[side, r] (fp32) of its gradient onto r
