@@ -99,6 +99,12 @@ int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r);
 // readable ones the CPU checks, or cuDNN's fused flash attention (kernels/cudnn/). The CPU has its
 // reference only.
 enum class AttentionKernel { Grass, Cudnn };
+// The kernels a backend computes attention with, once prepare_attention has settled them.
+struct AttentionInUse {
+  AttentionKernel kernel = AttentionKernel::Grass;
+  int64_t cudnn_version = 0;  // cuDNN's cudnnGetVersion() (91002: 9.10.2) with its kernels; else 0
+  std::string why_not_cudnn;  // a backend that was to fall back from cuDNN's and did: why
+};
 
 // The shapes a model's backward workspace must serve (the largest micro-batch).
 struct WorkspaceShape {
@@ -201,10 +207,17 @@ class Backend : public MemoryResource {
   // Before reserve(): builds what the attention kernels keep per shape of a micro-batch of B
   // sequences of T tokens (cuDNN's graphs, whose plans put kernels on the device), so that it
   // takes its memory before the reservation; for a packed q, k, v and dq, dk, dv packed too
-  // (grads_packed) or three buffers. Nothing on the CPU or with the engine's own kernels.
+  // (grads_packed) or three buffers. Nothing on the CPU or with the engine's own kernels. A
+  // backend made to fall back from cuDNN's (make_cuda_backend) tries them here, the first time:
+  // it takes them when libcudnn loads and both graphs build within the planned workspace
+  // (cudnn_attention_workspace_bytes), else keeps the engine's. One asked for cuDNN's alone
+  // throws the UserError that says why they do not build.
   virtual void prepare_attention(int B, int T, int NH, int NKV, int HD, bool grads_packed) {
     (void)B, (void)T, (void)NH, (void)NKV, (void)HD, (void)grads_packed;
   }
+  // The kernels attention runs on (for a backend that may fall back, as prepare_attention left
+  // them: the engine's until then).
+  virtual AttentionInUse attention_in_use() const { return {}; }
   // Before reserve(): what GaLore's randomized refresh needs that takes device memory of its own
   // (cuSOLVER's handle), for targets of up to max_side rows or columns and k = r + oversample
   // columns; the GPU also checks cuSOLVER's work space against galore_solver_work_floats.
@@ -436,8 +449,12 @@ std::unique_ptr<Backend> make_planning_backend(const Storage& storage);
 Backend& default_cpu_backend();
 // On GPU `device` (a rank's index on its node), attention by `attention`'s kernels. Throws
 // UserError when no usable GPU is present, or cuDNN attention is asked of a build or machine
-// without it; only in builds with CUDA.
+// without it; only in builds with CUDA. With fall_back_to_grass (the run config's attention
+// "auto") cuDNN's kernels are only tried, in prepare_attention (a training run's, before its
+// reservation; forward-only models keep the engine's): where libcudnn does not load or the graphs
+// do not build, the engine's kernels stay, and attention_in_use() says why.
 std::unique_ptr<Backend> make_cuda_backend(const Storage& storage, int device = 0,
-                                           AttentionKernel attention = AttentionKernel::Grass);
+                                           AttentionKernel attention = AttentionKernel::Grass,
+                                           bool fall_back_to_grass = false);
 
 }  // namespace grass

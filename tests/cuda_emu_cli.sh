@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole trainer on the CUDA backend, on the CUDA emulator (tests/cuda_emu): `grass train` with
 # device "cuda" picks the CUDA backend, trains GRASS in bf16-mixed with evaluations and
-# checkpoints, and a run resumed from its step-6 checkpoint ends with the same losses and the same
+# checkpoints (attention "auto" falling back to the engine's kernels: the emulator has no cuDNN),
+# and a run resumed from its step-6 checkpoint ends with the same losses and the same
 # weights and optimizer state, byte for byte, as the run that never stopped (resumed with the
 # optimizer states offloaded too); a pure-bf16 run with
 # per-layer checkpointing and fused updates trains too, and so do GaLore and FLORA (an SVD and a
@@ -36,6 +37,17 @@ check "the straight run exits 0" test $? = 0
 check "the run names the CUDA backend" grep -q "cuda, cuda_emu" "$tmp/a.log"
 check "nothing allocates device memory after the reservation" bash -c "! grep -q 'memory in use grew' '$tmp/a.log'"
 check "llama_tiny's ffn 172 is stored padded" grep -q "ffn 172 (stored 176 wide" "$tmp/a.log"
+# attention "auto" (the default): the emulator's build has no cuDNN, so the engine's kernels, and
+# one line in the table saying why; config.json keeps "auto", metrics.jsonl and the checkpoints
+# what it took
+check "attention auto falls back to the engine's kernels, saying why" \
+  grep -q '^  attention     the engine.s kernels ("auto" did not take cuDNN.s: this grass was built without cuDNN.s headers' "$tmp/a.log"
+check "and says it once" test "$(grep -c 'did not take cuDNN' "$tmp/a.log")" = 1
+check "config.json keeps attention auto" grep -q '"attention": "auto"' "$tmp/a/config.json"
+check "every step row of metrics.jsonl names the engine's kernels" \
+  test "$(grep -c '"attention":"grass"' "$tmp/a/metrics.jsonl")" = 12
+check "and the checkpoint's state.json" \
+  grep -q '"kernel": "grass"' "$tmp/a/checkpoints/step_00000006/state.json"
 check "metrics.jsonl has 12 steps" test "$(grep -c '"grad_norm"' "$tmp/a/metrics.jsonl")" = 12
 check "and 2 evaluations" test "$(grep -c '"val_loss"' "$tmp/a/metrics.jsonl")" = 2
 # "step loss grad_norm" of each step row (evaluation rows have no grad_norm)

@@ -3,10 +3,15 @@
 // leave nothing under a final name, and old checkpoints are pruned as configured.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -280,6 +285,100 @@ TEST_CASE("a checkpoint of another model or optimizer is refused naming what dif
   fewer_targets["optimizer"]["targets"] = {"q", "k"};
   CHECK_THAT(test::user_error_of([&] { train(parse(fewer_targets), resume_out); }),
              Contains("state.safetensors") && Contains("does not fit"));
+}
+
+namespace {
+
+// What `run` writes to stderr (fd 2), its own writes and the process's alike.
+std::string stderr_of(const std::function<void()>& run, const std::string& file) {
+  std::fflush(stderr);
+  const int saved = dup(2);
+  const int to = open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  REQUIRE((saved >= 0 && to >= 0));
+  dup2(to, 2);
+  close(to);
+  try {
+    run();
+  } catch (...) {
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    throw;
+  }
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  return test::read_bytes(file);
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint records the attention kernels, and a resume on others warns",
+          "[checkpoint]") {
+  const test::TempDir dir("grass_test_checkpoint");
+  json run = small_run(dir, "out", "adamw");
+  run["steps"] = 2;
+  run["eval_every"] = 0;
+  const RunConfig cfg = parse(run);
+  train(cfg);  // the CPU: the engine's kernels (its reference)
+  const Checkpoint made(step_dir(cfg, 2));
+  const json state = made.read_json("state.json");
+  CHECK(state["attention"] == json{{"kernel", "grass"}});
+  CHECK(made.read_json("config.json")["attention"] == "auto");  // as given
+  for (const json& row : read_rows(cfg.out_dir + "/metrics.jsonl"))
+    if (row.contains("grad_norm")) CHECK(row["attention"] == "grass");
+
+  std::mt19937_64 rng(std::random_device{}());
+  const int64_t v1 = 90000 + int64_t(rng() % 2000), v2 = v1 + 1 + int64_t(rng() % 100);
+  const AttentionInUse engine{}, cudnn1{AttentionKernel::Cudnn, v1, ""},
+      cudnn2{AttentionKernel::Cudnn, v2, ""};
+  CHECK(attention_resume_warning(made, state, engine).empty());
+  CHECK(attention_resume_warning(made, state, cudnn1) ==
+        "resuming on cuDNN " + cudnn_version_name(v1) + "'s attention, but checkpoint " +
+            made.dir() + " was made on the engine's attention kernels: the two compute other "
+            "bits, so the run will not match an uninterrupted one");
+  json on_cudnn = state;
+  on_cudnn["attention"] = {{"kernel", "cudnn"}, {"cudnn_version", v1}};
+  CHECK(attention_resume_warning(made, on_cudnn, cudnn1).empty());
+  CHECK_THAT(attention_resume_warning(made, on_cudnn, cudnn2),
+             Contains("resuming on cuDNN " + cudnn_version_name(v2) + "'s attention") &&
+                 Contains("was made on cuDNN " + cudnn_version_name(v1) + "'s attention"));
+  CHECK_THAT(attention_resume_warning(made, on_cudnn, engine),
+             Contains("resuming on the engine's attention kernels"));
+  // Before the record, the kernels config.json named ("auto" there says nothing: unknown)
+  json unrecorded = state;
+  unrecorded.erase("attention");
+  CHECK(attention_resume_warning(made, unrecorded, cudnn1).empty());
+  // and a record that is not one is no record (state.json is a file anyone may edit)
+  unrecorded["attention"] = {{"kernel", 7}};
+  CHECK(attention_resume_warning(made, unrecorded, cudnn1).empty());
+
+  // A resume from a checkpoint made on cuDNN's kernels onto the engine's warns and trains on
+  const std::string root = dir.file("from_cudnn/checkpoints");
+  {
+    CheckpointWriter writer(root, 2);
+    for (const std::string file : {"model.safetensors", "state.safetensors", "config.json"})
+      writer.copy_file(file, made.path(file));
+    writer.write_json("state.json", on_cudnn);
+    writer.commit();
+  }
+  json resumed = run;
+  resumed["steps"] = 3;
+  resumed["out_dir"] = dir.file("resumed");
+  TrainResult result;
+  const std::string err = stderr_of(
+      [&] { result = train(parse(resumed), {.resume = dir.file("from_cudnn")}); },
+      dir.file("stderr.txt"));
+  CHECK(result.first_step == 2);
+  CHECK(result.losses.size() == 1);
+  CHECK_THAT(err, Contains("warning: resuming on the engine's attention kernels, but checkpoint " +
+                           root + "/step_00000002 was made on cuDNN " + cudnn_version_name(v1) +
+                           "'s attention: the two compute other bits"));
+  // and none where they are the same
+  resumed["out_dir"] = dir.file("resumed_same");
+  const std::string same = stderr_of(
+      [&] { train(parse(resumed), {.resume = step_dir(cfg, 2)}); }, dir.file("stderr2.txt"));
+  CHECK_THAT(same, !Contains("attention"));
 }
 
 TEST_CASE("resuming from an older checkpoint beside newer ones is refused", "[checkpoint]") {

@@ -4,11 +4,13 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 
 #include "src/config/config.h"
 #include "src/config/json_check.h"
 #include "src/core/error.h"
+#include "src/train/backend_choice.h"
 #include "src/train/run_resolution.h"
 
 using Catch::Matchers::Contains;
@@ -509,17 +511,29 @@ TEST_CASE("layout and kernel keys: pad_ffn and attention", "[config]") {
   json run = tiny_run();
   grass::RunConfig c = grass::parse_run_config(run, "");
   CHECK(c.pad_ffn == grass::Switch::Auto);
-  CHECK(c.attention == grass::AttentionChoice::Grass);
+  CHECK(c.attention == grass::AttentionChoice::Auto);
+  CHECK(grass::to_json(c)["attention"] == "auto");  // config.json keeps the choice as given
   run["pad_ffn"] = "off";
   run["attention"] = "cudnn";
   c = grass::parse_run_config(run, "");
   CHECK(c.pad_ffn == grass::Switch::Off);
   CHECK(c.attention == grass::AttentionChoice::Cudnn);
   CHECK(grass::to_json(c)["attention"] == "cudnn");
+  for (const std::string kernel : {"auto", "grass"}) {  // both run on the CPU too
+    run["attention"] = kernel;
+    run["device"] = "cpu";
+    c = grass::parse_run_config(run, "");
+    CHECK(grass::name_of(c.attention) == kernel);
+    CHECK(grass::parse_run_config(grass::to_json(c), "").attention == c.attention);
+  }
+  // the kernels a run took are recorded apart (its checkpoints' state.json), so a resume or a
+  // rerun into its out_dir with another choice is the same run
+  CHECK_FALSE(grass::changes_results("attention"));
 
+  run = tiny_run();
   run["attention"] = "flash";
-  CHECK(run_error(run) == "run.json: attention: unknown kernel \"flash\" (supported: \"grass\", "
-                          "\"cudnn\")");
+  CHECK(run_error(run) == "run.json: attention: unknown kernel \"flash\" (supported: \"auto\", "
+                          "\"grass\", \"cudnn\")");
   run["attention"] = "cudnn";
   run["device"] = "cpu";
   CHECK(run_error(run) ==
@@ -527,6 +541,101 @@ TEST_CASE("layout and kernel keys: pad_ffn and attention", "[config]") {
   run = tiny_run();
   run["pad_ffn"] = true;
   CHECK_THAT(run_error(run), Contains("run.json: pad_ffn:"));
+}
+
+TEST_CASE("attention auto resolves to cuDNN's kernels only on the GPU, and a plan assumes them "
+          "wherever it may take them",
+          "[config]") {
+  std::mt19937_64 rng(std::random_device{}());
+  json run = tiny_run();
+  const int micro = int(1 + rng() % 8);
+  run["micro_batch_size"] = micro;
+  run["total_batch_size"] = micro * int(1 + rng() % 3);
+  const grass::RunConfig c = grass::parse_run_config(run, "");
+  INFO("micro_batch_size " << micro);
+  const grass::Storage gpu = grass::storage_for(grass::PrecisionChoice::Auto, true);
+  const grass::Storage cpu = grass::storage_for(grass::PrecisionChoice::Auto, false);
+  // the CPU computes with its reference, and says nothing about it
+  const grass::AttentionRequest on_cpu_request = grass::attention_request(c, cpu);
+  CHECK(on_cpu_request.kernel == grass::AttentionKernel::Grass);
+  CHECK_FALSE(on_cpu_request.fall_back_to_grass);
+  CHECK(on_cpu_request.why_not_cudnn.empty());
+  CHECK(grass::planned_attention(c, cpu) == grass::AttentionChoice::Grass);
+  CHECK(grass::model_memory_options(c, cpu).attention == grass::AttentionKernel::Grass);
+  // the GPU: the backend is to try cuDNN's (resolve() asks it), and a plan assumes them
+  const grass::AttentionRequest on_gpu = grass::attention_request(c, gpu);
+  CHECK(on_gpu.kernel == grass::AttentionKernel::Cudnn);
+  CHECK(on_gpu.fall_back_to_grass);
+  CHECK(on_gpu.why_not_cudnn.empty());
+  grass::RunConfig on_cuda = c;
+  on_cuda.device = grass::DeviceChoice::Cuda;
+  CHECK(grass::resolve(on_cuda, true).attention.fall_back_to_grass);
+  CHECK(grass::planned_attention(c, gpu) == grass::AttentionChoice::Cudnn);
+  // a model is built on the engine's kernels until a backend has settled them
+  CHECK(grass::model_memory_options(c, gpu).attention == grass::AttentionKernel::Grass);
+  for (const grass::AttentionKernel k :
+       {grass::AttentionKernel::Grass, grass::AttentionKernel::Cudnn}) {
+    const grass::RunConfig settled = grass::with_attention(c, k);
+    CHECK(grass::model_memory_options(settled, gpu).attention == k);
+    CHECK(grass::model_memory_options(settled, cpu).attention == grass::AttentionKernel::Grass);
+  }
+  // explicit choices are asked for and planned as given, with no fallback
+  for (const grass::AttentionChoice a :
+       {grass::AttentionChoice::Grass, grass::AttentionChoice::Cudnn}) {
+    grass::RunConfig explicit_choice = c;
+    explicit_choice.attention = a;
+    CHECK(grass::planned_attention(explicit_choice, gpu) == a);
+    const grass::AttentionRequest asked = grass::attention_request(explicit_choice, gpu);
+    CHECK(grass::name_of(asked.kernel) == std::string(grass::name_of(a)));
+    CHECK_FALSE(asked.fall_back_to_grass);
+    CHECK(asked.why_not_cudnn.empty());
+  }
+  // An evaluation forward of more sequences than the micro-batch: cuDNN's graphs are built for
+  // the micro-batch, so "auto" keeps the engine's and says why; without data.val it evaluates
+  // nothing and may take them.
+  grass::RunConfig wide = c;
+  wide.eval_batch_size = micro + 1 + int(rng() % 8);
+  CHECK(grass::attention_request(wide, gpu).fall_back_to_grass);
+  wide.val_files = {"val.bin"};
+  const grass::AttentionRequest kept = grass::attention_request(wide, gpu);
+  CHECK(kept.kernel == grass::AttentionKernel::Grass);
+  CHECK_FALSE(kept.fall_back_to_grass);
+  CHECK(kept.why_not_cudnn == "eval_batch_size " + std::to_string(wide.eval_batch_size) +
+                                  " is above micro_batch_size " + std::to_string(micro) +
+                                  ", and cuDNN's graphs are built for the micro-batch");
+  CHECK(grass::planned_attention(wide, gpu) == grass::AttentionChoice::Grass);
+  wide.eval_batch_size = int(1 + rng() % micro);  // at most the micro-batch: served
+  CHECK(grass::attention_request(wide, gpu).fall_back_to_grass);
+  // A run on the CPU backend settles on the engine's kernels (its reference) without a word
+  grass::RunConfig on_cpu = c;
+  on_cpu.device = grass::DeviceChoice::Cpu;
+  const std::unique_ptr<grass::Backend> backend = grass::choose_backend(on_cpu);
+  const grass::AttentionInUse in_use = grass::prepare_attention(on_cpu, *backend);
+  CHECK(in_use.kernel == grass::AttentionKernel::Grass);
+  CHECK(in_use.cudnn_version == 0);
+  CHECK(in_use.why_not_cudnn.empty());
+}
+
+TEST_CASE("the attention kernels in words: cuDNN's with its version, or the engine's and why",
+          "[config]") {
+  std::mt19937_64 rng(std::random_device{}());
+  const int major = 9, minor = int(rng() % 20), patch = int(rng() % 10);
+  const int64_t version = major * 10000 + minor * 100 + patch;  // cudnnGetVersion()'s form
+  const std::string name =
+      std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  CHECK(grass::cudnn_version_name(version) == name);
+  const grass::AttentionInUse cudnn{grass::AttentionKernel::Cudnn, version, ""};
+  CHECK(grass::describe_attention(grass::AttentionChoice::Cudnn, cudnn) ==
+        "cuDNN " + name + "'s fused flash attention (RoPE applied to q, k in place)");
+  CHECK(grass::describe_attention(grass::AttentionChoice::Auto, cudnn) ==
+        "cuDNN " + name + "'s fused flash attention (RoPE applied to q, k in place), taken by "
+        "\"auto\"");
+  const grass::AttentionInUse fell_back{grass::AttentionKernel::Grass, 0, "libcudnn.so.9 is gone"};
+  CHECK(grass::describe_attention(grass::AttentionChoice::Auto, fell_back) ==
+        "the engine's kernels (\"auto\" did not take cuDNN's: libcudnn.so.9 is gone)");
+  CHECK(grass::describe_attention(grass::AttentionChoice::Grass, {}) == "the engine's kernels");
+  CHECK(std::string(grass::name_of(grass::AttentionKernel::Cudnn)) == "cudnn");
+  CHECK(std::string(grass::name_of(grass::AttentionKernel::Grass)) == "grass");
 }
 
 TEST_CASE("optimizer.state_dtype and state_block: read, printed back, checked against the precision",

@@ -309,6 +309,72 @@ TEST_CASE("cuDNN attention's workspace is planned by its formula, growing as T s
   CHECK_FALSE(nlohmann::json::parse(memory_plan_json(cpu, planned_storage(cpu))).contains("gpu_headroom_bytes"));
 }
 
+TEST_CASE("grass mem plans attention auto with cuDNN's workspace, the larger of the two, "
+          "wherever auto may take cuDNN's kernels",
+          "[memory]") {
+  std::mt19937_64 rng(std::random_device{}());
+  RunConfig cfg = small_run(rng() % 2 ? "adamw" : "grass");
+  cfg.micro_batch_size = cfg.total_batch_size = int(1 + rng() % 16);
+  cfg.seq_len = 16 * int(1 + rng() % 4);
+  REQUIRE(cfg.attention == AttentionChoice::Auto);
+  INFO(name_of(cfg.optimizer.kind) << ", " << cfg.micro_batch_size << " x " << cfg.seq_len);
+  const Storage storage =
+      storage_for(rng() % 2 ? PrecisionChoice::Bf16 : PrecisionChoice::Bf16Mixed, true);
+  const auto planned = [&](const RunConfig& c) {
+    return nlohmann::json::parse(memory_plan_json(c, storage));
+  };
+  const int64_t workspace = int(MemCategory::Workspace);
+  const MemoryPlan engine = plan_memory(with_attention(cfg, AttentionKernel::Grass), storage);
+  const MemoryPlan cudnn = plan_memory(with_attention(cfg, AttentionKernel::Cudnn), storage);
+  // the two plans differ in their workspace alone, cuDNN's the larger
+  CHECK(cudnn.bytes[size_t(workspace)] > engine.bytes[size_t(workspace)]);
+  for (int c = 0; c < kMemCategories; c++)
+    if (c != workspace) CHECK(cudnn.bytes[size_t(c)] == engine.bytes[size_t(c)]);
+  // "auto": the larger; "grass": the engine's; "cudnn": cuDNN's
+  const nlohmann::json automatic = planned(cfg);
+  CHECK(automatic["total"] == std::max(engine.total, cudnn.total));
+  CHECK(automatic["bytes"]["workspace"] == cudnn.bytes[size_t(workspace)]);
+  CHECK(automatic["attention"] == "cudnn");
+  CHECK(automatic["attention_choice"] == "auto");
+  CHECK(automatic["cudnn_workspace_bytes"] ==
+        cudnn_attention_workspace_bytes(cfg.micro_batch_size, cfg.seq_len, 4, 8));
+  CHECK(memory_verdict(cfg, storage).planned == cudnn.total);
+  CHECK_THAT(format_memory_plans(cfg, storage),
+             Contains("attention \"auto\": cuDNN's where it loads on the GPU, planned with its "
+                      "workspace, the larger: " +
+                      format_bytes(cudnn_attention_workspace_bytes(cfg.micro_batch_size,
+                                                                   cfg.seq_len, 4, 8))));
+  RunConfig engine_only = cfg;
+  engine_only.attention = AttentionChoice::Grass;
+  CHECK(planned(engine_only)["total"] == engine.total);
+  CHECK_FALSE(planned(engine_only).contains("cudnn_workspace_bytes"));
+  CHECK_THAT(format_memory_plans(engine_only, storage), !Contains("cuDNN"));
+  // plan_memory itself plans the kernels a run's backend has settled on: "auto" unsettled is the
+  // engine's (a model built on a backend that tried nothing)
+  CHECK(plan_memory(cfg, storage).total == engine.total);
+  // offload "auto" under a limit chooses on the plan with cuDNN's workspace, and leaves the
+  // choice as given
+  RunConfig limited = cfg;
+  limited.offload.automatic = true;
+  limited.memory_limit = cudnn.total;
+  const OffloadChoice choice = choose_offload(limited, storage);
+  CHECK(choice.cfg.attention == AttentionChoice::Auto);
+  CHECK_THAT(choice.why, Contains("nothing moves off the device: the run fits memory_limit " +
+                                  format_bytes(cudnn.total) + " as it is (" +
+                                  format_bytes(cudnn.total) + ")"));
+  // where auto may not take cuDNN's (an evaluation batch above the micro-batch), the engine's
+  RunConfig wide = cfg;
+  wide.val_files = {"val.bin"};
+  wide.eval_tokens = int64_t(cfg.seq_len) * 64;
+  wide.eval_batch_size = cfg.micro_batch_size + 1;
+  CHECK(planned(wide)["attention"] == "grass");
+  CHECK_FALSE(planned(wide).contains("cudnn_workspace_bytes"));
+  // and the CPU backend computes with its reference
+  const Storage cpu = storage_for(PrecisionChoice::F32, false);
+  CHECK(nlohmann::json::parse(memory_plan_json(cfg, cpu))["attention"] == "grass");
+  CHECK(nlohmann::json::parse(memory_plan_json(cfg, cpu))["total"] == plan_memory(cfg, cpu).total);
+}
+
 namespace {
 
 const int64_t GiB = int64_t(1) << 30;
@@ -335,6 +401,7 @@ TEST_CASE("grass mem's verdict: fits or not against the limit with what lies bey
     RunConfig cfg = small_run("grass");
     cfg.micro_batch_size = cfg.total_batch_size = 2 + int(rng() % 7);
     const Storage storage = storage_for(PrecisionChoice::Bf16, cuda);
+    cfg.attention = planned_attention(cfg, storage);  // as grass mem plans "auto"
     const MemoryPlan plan = plan_memory(cfg, storage);
     const int64_t beyond = cuda ? kCudaOutsidePlanBytes + kGpuHeadroomBytes : 0;
     CHECK(beyond_plan_bytes(storage) == beyond);
@@ -387,10 +454,10 @@ TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under
   CHECK(v.exit_code() == kExitDoesNotFit);
   CHECK(v.largest_micro_batch == 0);
   CHECK(v.line.starts_with("does not fit memory_limit 24.00 GiB: LLaMA 13.016B, grass r=256, pure "
-                           "bf16, 1 x 256 tokens, checkpointed per layer needs 29.65 GiB"));
+                           "bf16, 1 x 256 tokens, checkpointed per layer needs 29.66 GiB"));
   CHECK_THAT(v.line, Contains("the bf16 weights alone take 24.24 GiB: no placement trains this "
                               "model under 24.00 GiB without streaming or quantizing weights"));
-  CHECK(v.details.starts_with("  29.65 GiB = 28.39 GiB planned + 1.01 GiB the CUDA context and "
+  CHECK(v.details.starts_with("  29.66 GiB = 28.40 GiB planned + 1.01 GiB the CUDA context and "
                               "libraries take outside the plan (measured on an H200) + 256.0 MiB"));
   // over the weights but under them with what a card holds beyond the plan: both named
   cfg.memory_limit = 25 * GiB;
@@ -414,7 +481,7 @@ TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under
   cfg.memory_limit = 29 * GiB;
   const MemoryVerdict capped = memory_verdict(cfg, storage);
   CHECK_FALSE(capped.fits);
-  CHECK_THAT(capped.details, Contains("grass train's memory_limit caps the plan alone, 28.39 GiB"));
+  CHECK_THAT(capped.details, Contains("grass train's memory_limit caps the plan alone, 28.40 GiB"));
 }
 
 TEST_CASE("without a limit grass mem names the card sizes a GPU run fits, and exits 0",
@@ -424,10 +491,13 @@ TEST_CASE("without a limit grass mem names the card sizes a GPU run fits, and ex
   const MemoryVerdict v = memory_verdict(grass, storage);
   CHECK_FALSE(v.limited);
   CHECK(v.exit_code() == 0);
-  CHECK(v.card == 32 * GiB);  // 29.65 GiB needed
+  CHECK(v.card == 32 * GiB);  // 29.66 GiB needed
   CHECK(v.line.starts_with("fits a 32 GB card and larger, not a 24 GB card: "));
-  CHECK_THAT(v.line, Contains("needs 29.65 GiB (2.35 GiB to spare on a 32 GB card)"));
-  CHECK(v.largest_micro_batch == largest_micro_batch(grass, storage, 32 * GiB - beyond_plan_bytes(storage)));
+  CHECK_THAT(v.line, Contains("needs 29.66 GiB (2.34 GiB to spare on a 32 GB card)"));
+  RunConfig planned = grass;  // as grass mem plans "auto": with cuDNN's workspace
+  planned.attention = AttentionChoice::Cudnn;
+  CHECK(v.largest_micro_batch ==
+        largest_micro_batch(planned, storage, 32 * GiB - beyond_plan_bytes(storage)));
   CHECK_THAT(v.details, Contains("a card sold as N GB counted as N GiB"));
   const nlohmann::json cards = nlohmann::json::parse(memory_plan_json(grass, storage))["verdict"]["cards"];
   REQUIRE(cards.size() == std::size(kCardGiB));

@@ -43,8 +43,13 @@ constexpr size_t kStagingBytes = size_t(32) << 20;
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Storage& storage, std::string gpu, int device, AttentionKernel attention)
-      : Backend(storage), gpu_(std::move(gpu)), staging_(kStagingBytes), attention_(attention) {
+  CudaBackend(const Storage& storage, std::string gpu, int device, AttentionKernel attention,
+              bool fall_back_to_grass)
+      : Backend(storage),
+        gpu_(std::move(gpu)),
+        staging_(kStagingBytes),
+        attention_(fall_back_to_grass ? AttentionKernel::Grass : attention),
+        try_cudnn_(fall_back_to_grass && attention == AttentionKernel::Cudnn) {
     GRASS_CHECK(storage.cuda && storage.bf16_weights(),
                 "the CUDA backend needs a bf16 CUDA storage plan");
     GRASS_CUDA_CHECK(cudaSetDevice(device));
@@ -55,7 +60,7 @@ class CudaBackend final : public Backend {
     copies_ = std::make_unique<cuda::CopyStream>(ctx_.stream);
     GRASS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
     ctx_.blas = cuda::create_gemm_fallback_handle();
-    if (attention == AttentionKernel::Cudnn) {
+    if (attention_ == AttentionKernel::Cudnn) {
 #ifdef GRASS_HAVE_CUDNN
       cudnn_ = cuda::make_cudnn_attention(ctx_.stream);  // its handle, before the reservation too
 #else
@@ -117,8 +122,16 @@ class CudaBackend final : public Backend {
     pool_used_ = 0;
   }
   void prepare_attention(int B, int T, int NH, int NKV, int HD, bool grads_packed) override {
+    if (try_cudnn_) {
+      try_cudnn_ = false;
+      take_cudnn_if_it_builds(B, T, NH, NKV, HD, grads_packed);
+      return;
+    }
     // builds both graphs and keeps them
     if (cudnn_) cudnn_->workspace_bytes(B, T, NH, NKV, HD, grads_packed);
+  }
+  AttentionInUse attention_in_use() const override {
+    return {attention_, cudnn_ ? cudnn_->version() : 0, why_not_cudnn_};
   }
   void prepare_galore_basis(int max_side, int k) override {
     if (!solver_) solver_ = cuda::create_solver_handle(ctx_.stream);
@@ -566,6 +579,35 @@ class CudaBackend final : public Backend {
   // cuDNN attention, when the run asked for it; its workspace is scratch_.attention
   AttentionKernel attention_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;
+  // Asked to fall back (attention "auto"): cuDNN's kernels are tried in prepare_attention, which
+  // only a training run calls (a forward-only model, grass eval's or sample's, keeps the
+  // engine's), and why they were not taken.
+  bool try_cudnn_;
+  std::string why_not_cudnn_;
+  void take_cudnn_if_it_builds(int B, int T, int NH, int NKV, int HD, bool grads_packed) {
+#ifdef GRASS_HAVE_CUDNN
+    try {
+      auto cudnn = cuda::make_cudnn_attention(ctx_.stream);
+      // builds both graphs, kept; the plan gives them its estimate, which init_scratch would
+      // otherwise find short only after the reservation
+      const int64_t need = cudnn->workspace_bytes(B, T, NH, NKV, HD, grads_packed);
+      const int64_t planned = cudnn_attention_workspace_bytes(B, T, NH, HD);
+      if (need > planned) {
+        why_not_cudnn_ = "its graphs need " + format_bytes(need) + " of workspace, " +
+                         format_bytes(planned) + " planned (kernels/backend_sizes.cpp)";
+        return;
+      }
+      cudnn_ = std::move(cudnn);
+      attention_ = AttentionKernel::Cudnn;
+    } catch (const UserError& e) {
+      why_not_cudnn_ = e.what();  // its handle and any graph built are gone before the reservation
+    }
+#else
+    (void)B, (void)T, (void)NH, (void)NKV, (void)HD, (void)grads_packed;
+    why_not_cudnn_ = "this grass was built without cuDNN's headers (cudnn.h was not found at "
+                     "configure time; pass -DCUDNN_INCLUDE_DIR=...)";
+#endif
+  }
   cusolverDnHandle_t solver_ = nullptr;  // GaLore's randomized refresh: prepare_galore_basis
   int64_t attention_bytes_ = 0;
   cuda::RopeTable rope_table(int HD, double theta) const {
@@ -578,13 +620,14 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const Storage& storage, int device,
-                                           AttentionKernel attention) {
+                                           AttentionKernel attention, bool fall_back_to_grass) {
   const cuda::DeviceProbe gpu = cuda::probe_device(device);
   if (!gpu.usable) throw UserError("device cuda: " + gpu.description);
   if (!storage.bf16_weights())
     throw UserError("precision \"fp32\" runs on the CPU backend only: on the GPU use "
                     "\"bf16-mixed\" or \"bf16\"");
-  return std::make_unique<CudaBackend>(storage, gpu.description, device, attention);
+  return std::make_unique<CudaBackend>(storage, gpu.description, device, attention,
+                                       fall_back_to_grass);
 }
 
 }  // namespace grass

@@ -160,6 +160,9 @@ void attention_backward(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch,
 class CudnnAttention {
  public:
   virtual ~CudnnAttention() = default;
+  // cudnnGetVersion() of the libcudnn loaded (major·10000 + minor·100 + patch: 91002 is 9.10.2):
+  // its kernels' bits may change with it.
+  virtual int64_t version() const = 0;
   // Builds the graphs of the shape for a packed q, k, v, and dq, dk, dv packed or three buffers.
   virtual int64_t workspace_bytes(int B, int T, int NH, int NKV, int HD, bool grads_packed) = 0;
   virtual void forward(bf16* out, float* stats, QkvRows<const bf16*> qkv, int B, int T, int NH,

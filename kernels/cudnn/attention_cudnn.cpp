@@ -220,6 +220,14 @@ class FrontendAttention final : public CudnnAttention {
   }
   ~FrontendAttention() override { fe::detail::destroy_handle(handle_); }
 
+  int64_t version() const override {
+    // through the library loaded (the frontend's header declares it, but nothing links libcudnn)
+    using GetVersion = size_t (*)();
+    const auto get = reinterpret_cast<GetVersion>(dlsym(fe::cudnn_dlhandle, "cudnnGetVersion"));
+    if (!get) throw InternalError("cuDNN attention: libcudnn.so.9 has no cudnnGetVersion");
+    return int64_t(get());
+  }
+
   int64_t workspace_bytes(int B, int T, int NH, int NKV, int HD, bool grads_packed) override {
     const Shape s = model_shape(B, T, NH, NKV, HD, grads_packed);
     int64_t fwd = 0, bwd = 0;

@@ -45,7 +45,8 @@ constexpr ChoiceName<ActivationOffload> kActivationOffloadNames[] = {
     {ActivationOffload::None, "none"}, {ActivationOffload::Host, "host"}, {ActivationOffload::Disk, "disk"}};
 constexpr ChoiceName<Switch> kSwitchNames[] = {
     {Switch::Auto, "auto"}, {Switch::On, "on"}, {Switch::Off, "off"}};
-constexpr ChoiceName<AttentionChoice> kAttentionNames[] = {{AttentionChoice::Grass, "grass"},
+constexpr ChoiceName<AttentionChoice> kAttentionNames[] = {{AttentionChoice::Auto, "auto"},
+                                                           {AttentionChoice::Grass, "grass"},
                                                            {AttentionChoice::Cudnn, "cudnn"}};
 constexpr ChoiceName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::Cosine, "cosine"},
                                                        {ScheduleKind::Constant, "constant"}};

@@ -47,8 +47,9 @@ enum class ActivationSample { None, Crs, WtaCrs, Bernoulli };
 enum class ActivationOffload { None, Host, Disk };
 // fused_update, pad_ffn: "auto" (decided by the backend and precision) | "on" | "off".
 enum class Switch { Auto, On, Off };
-// attention: the engine's own kernels ("grass") or cuDNN's fused flash attention ("cudnn").
-enum class AttentionChoice { Grass, Cudnn };
+// attention: cuDNN's fused flash attention where it works on the GPU, else the engine's own kernels
+// ("auto"); the engine's own ("grass"); cuDNN's ("cudnn").
+enum class AttentionChoice { Auto, Grass, Cudnn };
 // schedule.name: warmup + cosine decay ("cosine") or a constant rate ("constant").
 enum class ScheduleKind { Cosine, Constant };
 

@@ -627,7 +627,7 @@ bool changes_results(const std::string& key) {
       "out_dir",          "log_every",       "eval_every",            "eval_tokens",
       "eval_batch_size",
       "checkpoint_every", "checkpoint_keep", "checkpoint_keep_every", "init_from",
-      "pad_ffn"};
+      "pad_ffn",          "attention"};
   // offload and the memory caps move bytes between places, never a number computed
   return !(free.count(key) || key == "data.val" || key.starts_with("data.val[") ||
            key == "offload" || key.starts_with("offload.") || key == "memory_limit" ||

@@ -207,8 +207,10 @@ struct RunConfig {
   // are the same to rounding (auto: on with the CUDA backend).
   Switch pad_ffn = Switch::Auto;
   // The GPU's attention kernels: the engine's own (the readable ones the CPU checks) or cuDNN's
-  // fused flash attention (GPU only; docs/configs.md).
-  AttentionChoice attention = AttentionChoice::Grass;
+  // fused flash attention (GPU only). "auto" takes cuDNN's where they load and build for the
+  // run's shapes, else the engine's (train/backend_choice.h); config.json keeps "auto", the
+  // start-up table, metrics.jsonl and the checkpoint's state.json what it took (docs/configs.md).
+  AttentionChoice attention = AttentionChoice::Auto;
   // The most bytes the run's memory plan may take (its device arena is exactly the plan); 0: no
   // cap. JSON: "40GiB", "32 GiB", "512MiB", "40GB" (10^9) or a number of bytes.
   int64_t memory_limit = 0;
@@ -255,8 +257,10 @@ RunConfig parse_run_config(const nlohmann::json& j, const std::string& where, in
 
 // Whether a run config key (dotted, as to_json's output flattens: "optimizer.lr", "data.val[0]")
 // changes what a run computes. Those that do not may differ between a run and its resumption:
-// where and how often it writes, evaluates and logs, init_from (a resumed run has weights), and
-// pad_ffn (a layout: a checkpoint of the other layout does not fit and says so).
+// where and how often it writes, evaluates and logs, init_from (a resumed run has weights),
+// pad_ffn (a layout: a checkpoint of the other layout does not fit and says so), and attention
+// (the key names a wish, "auto" most often: the kernels a run took are in its checkpoints'
+// state.json, and a resume on others warns; train/checkpointing.h).
 bool changes_results(const std::string& key);
 
 // The keys that change results (changes_results) whose values differ between two run configs as

@@ -1,6 +1,7 @@
 #include "src/train/backend_choice.h"
 
 #include "src/core/error.h"
+#include "src/model/llama.h"
 #include "src/train/run_resolution.h"
 #ifdef GRASS_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -18,7 +19,8 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
   const cuda::DeviceProbe gpu = cuda::probe_device(gpu_index);
   const ResolvedRun run = resolve(cfg, gpu.usable);
   if (gpu.usable && run.storage.cuda)
-    return make_cuda_backend(run.storage, gpu_index, run.memory.attention);
+    return make_cuda_backend(run.storage, gpu_index, run.attention.kernel,
+                             run.attention.fall_back_to_grass);
   if (cfg.attention == AttentionChoice::Cudnn)  // the CPU has its reference kernels only
     throw UserError(where + "attention: \"cudnn\" needs the GPU, but " +
                     (gpu.usable ? "precision fp32 runs on the CPU" : gpu.description) +
@@ -42,6 +44,20 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
                     "configure time); rebuild where CUDA is installed, or use \"auto\" or \"cpu\"");
 #endif
   return make_cpu_backend(resolve(cfg, false).storage);
+}
+
+AttentionInUse prepare_attention(const RunConfig& cfg, Backend& backend) {
+  const ModelConfig& m = cfg.model;
+  const ProjectionConfig& g = cfg.optimizer.projection;
+  backend.prepare_attention(
+      cfg.micro_batch_size, cfg.seq_len, m.num_attention_heads, m.num_key_value_heads,
+      m.head_dim(),
+      qkv_gradients_packed(is_projected(cfg.optimizer.kind) ? g.targets
+                                                            : std::vector<ProjectionTarget>{}));
+  AttentionInUse in_use = backend.attention_in_use();
+  if (in_use.why_not_cudnn.empty())  // "auto" that could not ask for cuDNN's: why
+    in_use.why_not_cudnn = attention_request(cfg, backend.storage()).why_not_cudnn;
+  return in_use;
 }
 
 RuntimeReport runtime_report() {

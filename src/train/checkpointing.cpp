@@ -10,6 +10,7 @@
 #include "src/core/format.h"
 #include "src/io/safetensors.h"
 #include "src/model/hf_weights.h"
+#include "src/train/run_resolution.h"
 
 namespace grass {
 
@@ -85,8 +86,23 @@ class CheckpointStateReader final : public StateReader {
 
 // state.json's keys that are not an optimizer's
 const std::set<std::string> kRunStateKeys = {"step", "loader", "tokens_seen", "metrics_rows", "rng",
-                                             "optimizer_states",
+                                             "optimizer_states", "attention",
                                              "ranks", "loader_ranks"};
+
+// The attention kernels the model computes with, and cuDNN's version with cuDNN's.
+AttentionInUse attention_of(const LlamaModel& model) {
+  AttentionInUse in_use;
+  in_use.kernel = model.memory_options().attention;
+  if (in_use.kernel == AttentionKernel::Cudnn)
+    in_use.cudnn_version = model.backend().attention_in_use().cudnn_version;
+  return in_use;
+}
+
+json attention_json(const AttentionInUse& a) {
+  json j = {{"kernel", name_of(a.kernel)}};
+  if (a.cudnn_version > 0) j["cudnn_version"] = a.cudnn_version;
+  return j;
+}
 
 json position_json(const LoaderPosition& p) { return {{"epoch", p.epoch}, {"index", p.index}}; }
 
@@ -129,6 +145,7 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
               {"tokens_seen", step * cfg.tokens_per_step()},
               {"metrics_rows", metrics_rows},
               {"optimizer_states", state_format(cfg.optimizer, model.storage())},
+              {"attention", attention_json(attention_of(model))},
               {"rng", "none: every random draw is a pure function of (seed, step or epoch, index); "
                       "the seeds are in config.json"}};
     if (rank_positions.size() > 1) {
@@ -287,6 +304,42 @@ void verify_optimizer_states(const CheckpointStateReader& r, const json& s, cons
 
 }  // namespace
 
+std::string attention_resume_warning(const Checkpoint& checkpoint, const nlohmann::json& state,
+                                     const AttentionInUse& now) {
+  // Checkpoints before the record: the kernels their config.json asked for by name, if it did
+  // (its CPU runs computed with the reference either way; no version to compare).
+  json saved;
+  if (state.is_object() && state.contains("attention") && state["attention"].is_object()) {
+    saved = state["attention"];
+  } else if (checkpoint.has(kConfigFile)) {
+    const json config = checkpoint.read_json(kConfigFile);
+    if (config.is_object() && config.contains("attention") && config["attention"].is_string() &&
+        config["attention"] != "auto")
+      saved = {{"kernel", config["attention"]}};
+  }
+  // anything but a kernel's name is no record (state.json is a file anyone may edit)
+  if (!saved.contains("kernel") || (saved["kernel"] != "grass" && saved["kernel"] != "cudnn"))
+    return "";
+  const std::string kernel = saved["kernel"].get<std::string>();
+  const bool versioned =
+      saved.contains("cudnn_version") && saved["cudnn_version"].is_number_integer();
+  const int64_t version = versioned ? saved["cudnn_version"].get<int64_t>() : 0;
+  const auto words = [](const std::string& name, int64_t cudnn_version) {
+    if (name != "cudnn") return std::string("the engine's attention kernels");
+    std::string text = "cuDNN ";
+    if (cudnn_version > 0) text += cudnn_version_name(cudnn_version);
+    else text.pop_back();
+    return text + "'s attention";
+  };
+  const std::string ours = name_of(now.kernel);
+  const bool same = kernel == ours && (kernel != "cudnn" || version == 0 ||
+                                       now.cudnn_version == 0 || version == now.cudnn_version);
+  if (same) return "";
+  return "resuming on " + words(ours, now.cudnn_version) + ", but checkpoint " + checkpoint.dir() +
+         " was made on " + words(kernel, version) +
+         ": the two compute other bits, so the run will not match an uninterrupted one";
+}
+
 VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg,
                                      const Arena& arena, const TrainingState& state,
                                      const TokenLoader& loader) {
@@ -306,6 +359,10 @@ VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConf
   read_run_state(r, checkpoint, state, loader, v);
   verify_optimizer_states(r, v.state, cfg, state);
   warn_config_changes(checkpoint, cfg);
+  if (const std::string warning =
+          attention_resume_warning(checkpoint, v.state, attention_of(*state.model));
+      !warning.empty())
+    std::fprintf(stderr, "warning: %s\n", warning.c_str());
   return v;
 }
 

@@ -4,8 +4,10 @@
 // saved, the parameters as Hugging Face tensors in model.safetensors, every other buffer (Adam
 // moments, GRASS σ, ρ and moments, whatever a later optimizer adds) byte for byte under its arena
 // name in state.safetensors. Counters that are not buffers (the data loader's position, GRASS's
-// per-target step counters) go to state.json. Nothing else needs saving: every random draw is a
-// pure function of (seed, step or epoch, index), and the seeds are in config.json.
+// per-target step counters) go to state.json, and so do the attention kernels the run computed
+// with ("attention": {"kernel": "grass"} or "cudnn" with its "cudnn_version"), which
+// verify_checkpoint compares with the resuming run's. Nothing else needs saving: every random
+// draw is a pure function of (seed, step or epoch, index), and the seeds are in config.json.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -54,6 +56,12 @@ struct VerifiedCheckpoint {
   int64_t step = 0;                  // optimizer steps done when the checkpoint was taken
   int64_t metrics_rows = 0;          // rows metrics.jsonl had then
 };
+// A resume on other attention kernels than the checkpoint's (state.json's "attention": its kernel
+// and cuDNN's version; for checkpoints before that record, the kernel their config.json named),
+// or on another cuDNN version, computes other bits: the warning verify_checkpoint prints, or ""
+// when they are the same or unknown. A warning, not a refusal: the weights and states fit either.
+std::string attention_resume_warning(const Checkpoint& checkpoint, const nlohmann::json& state,
+                                     const AttentionInUse& now);
 VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg,
                                      const Arena& arena, const TrainingState& state,
                                      const TokenLoader& loader);

@@ -149,6 +149,14 @@ int resolve_eval_batch(const RunConfig& cfg, const Storage& storage, int64_t eva
 
 namespace {
 
+// The run as `grass mem` plans it, with no GPU to ask which attention kernels "auto" will take
+// (run_resolution.h: planned_attention).
+RunConfig as_planned(const RunConfig& cfg, const Storage& storage) {
+  RunConfig planned = cfg;
+  planned.attention = planned_attention(cfg, storage);
+  return planned;
+}
+
 double copy_seconds(const MemoryPlan& plan, const LinkModel& link);  // below
 
 // "optimizer states and layer inputs in the host tier", "nothing moves": cfg's placement.
@@ -210,9 +218,8 @@ FitAdvice fit_advice(const RunConfig& cfg, const Storage& storage) {
   return a;
 }
 
-}  // namespace
-
-OffloadChoice choose_offload(const RunConfig& cfg, const Storage& storage, const LinkModel& link) {
+OffloadChoice choose_offload_as_planned(const RunConfig& cfg, const Storage& storage,
+                                        const LinkModel& link) {
   RunConfig base = cfg;
   base.offload.automatic = false;
   base.offload.optimizer_states = false;
@@ -265,6 +272,15 @@ OffloadChoice choose_offload(const RunConfig& cfg, const Storage& storage, const
   return {best->cfg, "offload auto: no placement fits " + limits + "; the least on the device is " +
                          placement(best->cfg.offload) + ": " + format_bytes(best->plan.total) +
                          ", " + format_bytes(best->plan.total - cfg.memory_limit) + " over"};
+}
+
+}  // namespace
+
+OffloadChoice choose_offload(const RunConfig& given, const Storage& storage,
+                            const LinkModel& link) {
+  OffloadChoice choice = choose_offload_as_planned(as_planned(given, storage), storage, link);
+  choice.cfg.attention = given.attention;  // as given: it only chose the placement
+  return choice;
 }
 
 void check_memory_limit(const RunConfig& cfg, const Storage& storage, const MemoryPlan& plan) {
@@ -516,7 +532,8 @@ int64_t beyond_plan_bytes(const Storage& storage) {
   return storage.cuda ? kCudaOutsidePlanBytes + kGpuHeadroomBytes : 0;
 }
 
-MemoryVerdict memory_verdict(const RunConfig& cfg, const Storage& storage) {
+MemoryVerdict memory_verdict(const RunConfig& given, const Storage& storage) {
+  const RunConfig cfg = as_planned(given, storage);
   MemoryVerdict v;
   const MemoryPlan plan = plan_memory(cfg, storage, fixed_eval_batch(cfg, storage));
   const int64_t beyond = beyond_plan_bytes(storage);
@@ -606,8 +623,9 @@ MemoryVerdict memory_verdict(const RunConfig& cfg, const Storage& storage) {
 
 double default_tflops(const Storage& storage) { return storage.cuda ? 0.4 * 989 : 0; }
 
-std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
+std::string format_memory_plans(const RunConfig& given, const Storage& storage,
                                 const LinkModel& link, const std::string& offload_auto) {
+  const RunConfig cfg = as_planned(given, storage);
   // The run's optimizer first, then every other one on the same model, batch and rank.
   std::vector<RunConfig> configs = {cfg};
   for (const ChoiceName<OptimizerKind>& c : choice_names<OptimizerKind>()) {
@@ -635,7 +653,10 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
          ", updates " + (memory.fused_update ? "fused into the backward" : "after the backward") +
          "\n";
   if (memory.attention == AttentionKernel::Cudnn)  // in workspace; the T² term dominates long T
-    out += "        cuDNN attention's workspace " +
+    out += std::string(given.attention != AttentionChoice::Cudnn  // "auto", planned as cuDNN's
+                           ? "        attention \"auto\": cuDNN's where it loads on the GPU, "
+                             "planned with its workspace, the larger: "
+                           : "        cuDNN attention's workspace ") +
            format_bytes(cudnn_workspace_bytes(cfg)) + " (grows as seq_len²)\n";
   out += describe_eval(cfg, storage);
   const auto table_row = [&](const std::string& head, const auto& cell) {
@@ -684,8 +705,9 @@ std::string format_memory_plans(const RunConfig& cfg, const Storage& storage,
   return out;
 }
 
-std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
+std::string memory_plan_json(const RunConfig& given, const Storage& storage,
                              const LinkModel& link, const std::string& offload_auto) {
+  const RunConfig cfg = as_planned(given, storage);
   const MemoryPlan plan = plan_memory(cfg, storage, fixed_eval_batch(cfg, storage));
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   nlohmann::json bytes = nlohmann::json::object();
@@ -702,8 +724,8 @@ std::string memory_plan_json(const RunConfig& cfg, const Storage& storage,
        name_of(memory.checkpointing)},
       {"fused_update", memory.fused_update},
       {"ffn_stored", ffn_stored_width(cfg.model, memory)},
-      {"attention", name_of(memory.attention == AttentionKernel::Cudnn ? AttentionChoice::Cudnn
-                                                                        : AttentionChoice::Grass)},
+      {"attention", name_of(memory.attention)},
+      {"attention_choice", name_of(given.attention)},
       {"bytes", bytes},
       {"total", plan.total},
       {"step_sum_bytes", plan.step_sum_bytes},

@@ -120,6 +120,12 @@ struct MemoryVerdict {
 };
 MemoryVerdict memory_verdict(const RunConfig& cfg, const Storage& storage);
 
+// memory_verdict, format_memory_plans, memory_plan_json and choose_offload plan attention "auto"
+// as run_resolution.h's planned_attention does: with cuDNN's workspace wherever "auto" may take
+// cuDNN's kernels (the larger of the two), since without a GPU nothing says which it will take.
+// plan_memory itself plans the kernels cfg names, "auto" as the engine's (what a backend not yet
+// settled computes with).
+
 // What `grass mem` prints: the verdict, offload "auto"'s choice (its line, when the run asked for
 // "auto"), then the run's plan beside every other optimizer's on the same model, batch and
 // storage, the activation modes, offload's traffic, and with cfg.ranks > 1 what each rank sums.

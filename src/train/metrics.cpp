@@ -115,6 +115,8 @@ void MetricsWriter::write(const StepMetrics& m) {
     j["copy_bytes"] = m.copy_bytes;
     j["copy_gbps"] = m.copy_gbps;
   }
+  if (!m.attention.empty()) j["attention"] = m.attention;
+  if (m.cudnn_version > 0) j["cudnn_version"] = m.cudnn_version;
   out_ << j.dump() << '\n';
   out_.flush();
   if (!out_) throw UserError(path_ + ": write failed (disk full?)");

@@ -28,6 +28,10 @@ struct StepMetrics {
   int64_t copy_bytes = -1;  // offload's copies this step, both ways; < 0: no offload
   double copy_gbps = 0;     // their bytes over the time the copy queue spent on them (GB/s)
   double eta_s = 0;         // time left at the mean step time so far (step line only)
+  // The attention kernels the step computed with ("grass": the engine's, "cudnn"; "": not given)
+  // and, for cuDNN's, its cudnnGetVersion(): another kernel or version computes other bits.
+  std::string attention;
+  int64_t cudnn_version = 0;
 };
 
 // "step 120/10000 | loss 4.8123 | lr 6.0e-04 | gnorm 0.91 | 412 ms | 158.9k tok/s |

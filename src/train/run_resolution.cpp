@@ -47,7 +47,7 @@ ResolvedRun resolve(const RunConfig& cfg, bool gpu_usable) {
   check_state_dtype(cfg, storage);
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   check_selected_columns(cfg, memory);
-  return {storage, memory};
+  return {storage, memory, attention_request(cfg, storage)};
 }
 
 Storage storage_for(PrecisionChoice precision, bool cuda) {
@@ -84,6 +84,57 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
     }
   }
   return options;
+}
+
+namespace {
+AttentionChoice choice_of(AttentionKernel kernel) {
+  return kernel == AttentionKernel::Cudnn ? AttentionChoice::Cudnn : AttentionChoice::Grass;
+}
+}  // namespace
+
+AttentionRequest attention_request(const RunConfig& cfg, const Storage& storage) {
+  AttentionRequest request;
+  request.kernel = model_memory_options(cfg, storage).attention;
+  if (cfg.attention != AttentionChoice::Auto || !storage.cuda) return request;
+  if (!cfg.val_files.empty() && cfg.eval_batch_size > cfg.micro_batch_size) {
+    request.why_not_cudnn = "eval_batch_size " + std::to_string(cfg.eval_batch_size) +
+                            " is above micro_batch_size " + std::to_string(cfg.micro_batch_size) +
+                            ", and cuDNN's graphs are built for the micro-batch";
+    return request;
+  }
+  request.kernel = AttentionKernel::Cudnn;
+  request.fall_back_to_grass = true;
+  return request;
+}
+
+AttentionChoice planned_attention(const RunConfig& cfg, const Storage& storage) {
+  if (cfg.attention != AttentionChoice::Auto) return cfg.attention;
+  return attention_request(cfg, storage).fall_back_to_grass ? AttentionChoice::Cudnn
+                                                            : AttentionChoice::Grass;
+}
+
+RunConfig with_attention(const RunConfig& cfg, AttentionKernel kernel) {
+  RunConfig out = cfg;
+  out.attention = choice_of(kernel);
+  return out;
+}
+
+const char* name_of(AttentionKernel kernel) { return name_of(choice_of(kernel)); }
+
+std::string cudnn_version_name(int64_t version) {
+  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+         std::to_string(version % 100);
+}
+
+std::string describe_attention(AttentionChoice asked, const AttentionInUse& in_use) {
+  const bool automatic = asked == AttentionChoice::Auto;
+  if (in_use.kernel == AttentionKernel::Cudnn)
+    return "cuDNN " + cudnn_version_name(in_use.cudnn_version) +
+           "'s fused flash attention (RoPE applied to q, k in place)" +
+           (automatic ? ", taken by \"auto\"" : "");
+  if (automatic && !in_use.why_not_cudnn.empty())
+    return "the engine's kernels (\"auto\" did not take cuDNN's: " + in_use.why_not_cudnn + ")";
+  return "the engine's kernels";
 }
 
 std::string activations_kept(const ModelConfig& model, const ModelMemoryOptions& memory) {

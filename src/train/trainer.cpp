@@ -99,6 +99,7 @@ class Run {
   std::string why_cpu_;
   std::string offload_why_;  // offload "auto": what it chose and why
   std::unique_ptr<Backend> backend_;
+  AttentionInUse attention_;  // the kernels attention computes with (prepare_attention)
   // Under a launcher the gradients' sums go through the communicator that works on the
   // backend's memory: MPI's own on the CPU, NCCL's on the GPU (from one rank up).
   std::unique_ptr<Communicator> device_comm_;
@@ -147,35 +148,34 @@ void Run::check_inputs() {
 }
 
 // GPU memory comes as one reservation of the planned size, cut into the named buffers.
+// The attention kernels are settled first (cuDNN's graphs built, or "auto" fallen back), so the
+// plan and the model are those of the kernels the run computes with.
 void Run::build_state() {
   backend_ = choose_backend(cfg, &why_cpu_, comm.local_rank());
   if (launched) device_comm_ = backend_->communicator_for(comm);
   grads_comm_ = device_comm_ ? device_comm_.get() : &comm;
+  attention_ = prepare_attention(cfg, *backend_);
+  RunConfig run = with_attention(cfg, attention_.kernel);  // cfg keeps attention as given
   if (cfg.offload.automatic) {
     OffloadChoice choice = choose_offload(
-        cfg, backend_->storage(), LinkModel{.tflops = default_tflops(backend_->storage())});
-    cfg = std::move(choice.cfg);
+        run, backend_->storage(), LinkModel{.tflops = default_tflops(backend_->storage())});
+    cfg.offload = run.offload = choice.cfg.offload;
     offload_why_ = std::move(choice.why);
   }
   const Storage& storage = backend_->storage();
   if (!cfg.val_files.empty())  // every rank plans the same memory; rank 0 evaluates
-    eval_batch_ = resolve_eval_batch(cfg, storage, cfg.eval_tokens, /*standalone=*/false);
-  const MemoryPlan plan = plan_memory(cfg, storage, eval_batch_);
+    eval_batch_ = resolve_eval_batch(run, storage, cfg.eval_tokens, /*standalone=*/false);
+  const MemoryPlan plan = plan_memory(run, storage, eval_batch_);
   if (cfg.memory_limit > 0 && plan.total > cfg.memory_limit &&
-      plan_memory(cfg, storage).total <= cfg.memory_limit)
+      plan_memory(run, storage).total <= cfg.memory_limit)
     throw UserError((cfg.source.empty() ? "" : cfg.source + ": ") + "eval_batch_size: " +
                     std::to_string(cfg.eval_batch_size) + " sequences take " +
-                    format_bytes(plan.total - plan_memory(cfg, storage).total) +
+                    format_bytes(plan.total - plan_memory(run, storage).total) +
                     ", which puts the run over its memory_limit of " +
                     format_bytes(cfg.memory_limit) + "; lower it, or leave it \"auto\"");
-  check_memory_limit(cfg, storage, plan);
+  check_memory_limit(run, storage, plan);
   const ModelConfig& m = cfg.model;
   const ProjectionConfig& g = cfg.optimizer.projection;
-  backend_->prepare_attention(
-      cfg.micro_batch_size, cfg.seq_len, m.num_attention_heads, m.num_key_value_heads,
-      m.head_dim(),
-      qkv_gradients_packed(is_projected(cfg.optimizer.kind) ? g.targets
-                                                            : std::vector<ProjectionTarget>{}));
   if (cfg.optimizer.kind == OptimizerKind::GaLore &&
       galore_basis_method(g, backend_->storage()).randomized) {
     // every target's rows or columns, a padded ffn's included (up to 7 more)
@@ -185,7 +185,7 @@ void Run::build_state() {
   backend_->reserve(plan.total, plan.buffers);
   device_at_reservation_ = backend_->device_memory();
   arena_ = std::make_unique<Arena>(false, *backend_, &backend_->host_tier());
-  state_ = build_training_state(cfg, *arena_, *backend_, *grads_comm_, eval_batch_);
+  state_ = build_training_state(run, *arena_, *backend_, *grads_comm_, eval_batch_);
 }
 
 // out_dir is created and locked first, so no other run writes checkpoints while they are read;
@@ -321,8 +321,8 @@ void Run::print_optimizer_lines() const {
 
 void Run::print_memory_lines() const {
   const ModelMemoryOptions& memory = state_.model->memory_options();
-  if (memory.attention == AttentionKernel::Cudnn)
-    std::printf("  attention     cuDNN's fused flash attention (RoPE applied to q, k in place)\n");
+  if (backend_->storage().cuda)  // the CPU computes with its reference
+    std::printf("  attention     %s\n", describe_attention(cfg.attention, attention_).c_str());
   std::printf("  activations   %s; updates %s\n",
               activations_kept(cfg.model, memory).c_str(),
               memory.fused_update ? "fused into the backward (per-tensor clipping)"
@@ -433,6 +433,8 @@ StepMetrics Run::step(int64_t step, double* seconds_so_far) {
     const double busy = copies.seconds - copies_before.seconds;
     m.copy_gbps = busy > 0 ? double(m.copy_bytes) / busy / 1e9 : 0;
   }
+  m.attention = name_of(attention_.kernel);
+  m.cudnn_version = attention_.cudnn_version;
   *seconds_so_far += seconds;
   m.eta_s = *seconds_so_far / double(step + 1 - start_step) * double(cfg.steps - step - 1);
   return m;

@@ -8,7 +8,9 @@ and optionally `--nsys-api CSV` (`nsys stats --report cuda_api_sum --format csv`
 synchronisations. Kernels are classed by name:
   GEMM       cuBLAS/cuBLASLt/CUTLASS kernels: names with gemm, cublas, cutlass, nvjet (cuBLAS's
              Hopper kernels), xmma, splitK
-  attention  names with attention (grass's kernels/cuda/attention.cu)
+  attention  names with attention (grass's kernels/cuda/attention.cu), sdpa, flash or fmha
+             (cuDNN's fused attention; its SDPA engines' names are not yet seen on a GPU here),
+             ahead of GEMM: an attention kernel may name its MMAs
   other      everything else (norms, RoPE, SwiGLU, cross-entropy, embedding, optimizer, ...)
 and the GEMM kernels are listed with what their names say of the path (sm90/nvjet = Hopper
 kernels; sm80/ampere = the older ones; alignN from CUTLASS names).
@@ -28,7 +30,7 @@ import sys
 from collections import defaultdict
 
 GEMM_RE = re.compile(r"gemm|cublas|cutlass|nvjet|xmma|splitk", re.I)
-ATTN_RE = re.compile(r"attention", re.I)
+ATTN_RE = re.compile(r"attention|sdpa|flash|fmha", re.I)
 # The optimizer's kernels (within "other"): AdamW, GRASS's and the low-rank updates, the norm and
 # clipping, GRASS's slice norms; a step's share of them gives the MFU without the optimizer.
 OPT_RE = re.compile(r"adam|clip|sum_squares|slice_norm|lowrank|flora|galore", re.I)
@@ -39,10 +41,10 @@ UNIT_NS = {"ns": 1, "nsecond": 1, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms
 
 
 def category(name):
-    if GEMM_RE.search(name):
-        return "GEMM"
     if ATTN_RE.search(name):
         return "attention"
+    if GEMM_RE.search(name):
+        return "GEMM"
     return "other"
 
 
@@ -224,6 +226,16 @@ def self_test():
     out = io.StringIO()
     assert report(k, steps=1, layers=1, out=out) == 0
     assert "GEMM 60.0%, attention 20.0%, other 20.0%" in out.getvalue(), out.getvalue()
+    # cuDNN's attention kernels, in the forms its engines' names take (generated SDPA kernels,
+    # flash and fmha ones, some naming their MMAs), are attention; the GEMMs stay GEMM
+    for name in ("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0",
+                 "sm90_flash_bprop_wgmma_bf16_knob_3", "fmha_cutlass_fwd_bf16_sm90",
+                 "void grass::cuda::attention_forward_kernel<64>(...)"):
+        assert category(name) == "attention", name
+    for name in ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTT", "sm90_xmma_gemm_bf16bf16_bf16f32",
+                 "cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8"):
+        assert category(name) == "GEMM", name
+    assert category("void grass::cuda::rope_kernel(...)") == "other"
     print("profile_shares: self-test passed")
     return 0
 
