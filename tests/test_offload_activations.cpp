@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "kernels/backend.h"
 #include "src/config/config.h"
@@ -127,6 +128,19 @@ TEST_CASE("offloaded layer inputs: plan = arena, the ring on the device, the res
         CHECK(plan.activation_bytes_per_step == moved);
         CHECK(plan.h2d_bytes_per_step - states_only.h2d_bytes_per_step == moved);
         CHECK(plan.d2h_bytes_per_step - states_only.d2h_bytes_per_step == moved);
+        // the step-time bound's copies, pass by pass: the inputs out in the forward, back in the
+        // backward beside the states' fetches, while the states' write-backs take the other queue
+        // (two queues) or follow (one)
+        const auto copy_seconds = [&](int queues) {
+          const LinkModel link{.copy_queues = queues, .tflops = 100};
+          return nlohmann::json::parse(memory_plan_json(cfg, storage, link))["step_bound"]["copy_s"]
+              .get<double>();
+        };
+        const double inputs_s = double(moved) / 25e9 + double(plan.disk_bytes_per_step) / 7e9;
+        const double states_s = double(states_only.h2d_bytes_per_step) / 25e9;
+        CHECK(states_only.h2d_bytes_per_step == states_only.d2h_bytes_per_step);
+        CHECK(copy_seconds(2) == Approx(2 * inputs_s + states_s).epsilon(1e-12));
+        CHECK(copy_seconds(1) == Approx(2 * inputs_s + 2 * states_s).epsilon(1e-12));
         const int64_t host_inputs =
             plan.host_bytes[size_t(act)] - states_only.host_bytes[size_t(act)];
         if (where == ActivationOffload::Host) {
