@@ -387,7 +387,8 @@ StepBound step_bound(const RunConfig& cfg, const MemoryPlan& plan, const LinkMod
   b.copy_s = copy_seconds(plan, link);
   // the copies' time is fixed (states) plus per token (layer inputs); so is the compute's
   MemoryPlan inputs_only;
-  inputs_only.h2d_bytes_per_step = inputs_only.d2h_bytes_per_step = plan.activation_bytes_per_step;
+  inputs_only.h2d_bytes_per_step = inputs_only.d2h_bytes_per_step =
+      inputs_only.activation_bytes_per_step = plan.activation_bytes_per_step;
   inputs_only.disk_bytes_per_step = plan.disk_bytes_per_step;
   const double copy_per_token = copy_seconds(inputs_only, link) / tokens;
   const double fixed = b.copy_s - copy_per_token * tokens;
