@@ -1,8 +1,9 @@
 // offload.optimizer_states (optim/state_slots.h): the states live in the host tier and pass through
 // device slots around each update. It changes where bytes live, never the numbers: losses,
 // weights and every state buffer equal the resident run's bit for bit (the same computation on
-// the same machine), with the CPU backend's copies on their thread and lazy (GRASS_LAZY_COPIES:
-// a copy runs only when waited for, its destination NaN until then, so a missing wait shows).
+// the same machine), with the CPU backend's copies on their two threads (one each way) and lazy
+// (GRASS_LAZY_COPIES: a copy runs only when waited for, its destination NaN until then, so a
+// missing wait, or a missing order between the two queues, shows).
 #include <unistd.h>
 
 #include <algorithm>
@@ -114,7 +115,7 @@ TEST_CASE("offloaded optimizer states train to the resident run's bits", "[offlo
         for (const bool lazy : {false, true}) {
           cfg.offload.piece_bytes = lazy ? 4096 : OffloadConfig{}.piece_bytes;
           INFO(optimizer << " " << precision << (fused ? ", fused" : ", deferred")
-                         << (lazy ? ", lazy copies, 4 KiB pieces" : ", copy thread"));
+                         << (lazy ? ", lazy copies, 4 KiB pieces" : ", copy threads"));
           const LazyCopies mode(lazy);
           const Trained offloaded = train(cfg, 5);
           CHECK(offloaded.host_bytes > 0);

@@ -2,8 +2,9 @@
 // for the backward in the host tier or in a file ring on disk, and only three layers' are on the
 // device at once. It changes where bytes live, never the numbers: losses, weights and optimizer
 // states equal the resident run's bit for bit (the same computation on the same machine), with
-// the CPU backend's copy thread and lazy (GRASS_LAZY_COPIES: a copy or file task runs only when
-// waited for, a copy's destination NaN until then, so a missing wait shows).
+// the CPU backend's copy threads and lazy (GRASS_LAZY_COPIES: a copy or file task runs only when
+// waited for, a copy's destination NaN until then, so a missing wait, or a file read not ordered
+// after its write on the other queue, shows).
 #include <unistd.h>
 
 #include <cmath>
@@ -82,7 +83,7 @@ TEST_CASE("offloaded layer inputs train to the resident run's bits", "[offload][
         for (const ActivationOffload where : {ActivationOffload::Host, ActivationOffload::Disk})
           for (const bool lazy : {false, true}) {
             INFO(optimizer << " " << precision << (fused ? ", fused" : ", deferred") << ", inputs "
-                           << name_of(where) << (lazy ? ", lazy copies" : ", copy thread"));
+                           << name_of(where) << (lazy ? ", lazy copies" : ", copy threads"));
             cfg.offload = {.optimizer_states = lazy, .activations = where,
                            .disk_dir = dir.path.string()};
             const LazyCopies mode(lazy);
