@@ -239,26 +239,38 @@ class Backend : public MemoryResource {
   // engine reads and writes directly; on the CPU, host memory outside the arena memory_limit caps.
   // upload, download and synchronize also order themselves after the queued copies.
   virtual MemoryResource& host_tier() = 0;
-  // Queues a copy of `bytes` from src to dst on the copy queue, to the device from the host tier or
-  // back: it runs after the compute queued so far and the copies queued before it, beside the
-  // compute queued later. Neither buffer may be touched until a wait_copies() with a mark taken
-  // after this call.
+  // Two copy queues, one each way (PCIe is full duplex): Copy::ToDevice's (from the host tier) and
+  // Copy::ToHost's (back). Queues a copy of `bytes` from src to dst on `direction`'s queue: it runs
+  // after the compute queued so far and the copies queued before it on the same queue, beside the
+  // compute queued later and beside the other queue. Neither buffer may be touched until a
+  // wait_copies() with a mark taken after this call.
   enum class Copy { ToDevice, ToHost };
   virtual void copy_async(void* dst, const void* src, size_t bytes, Copy direction) = 0;
-  // Runs `task` on the copy queue in its order: after the copies queued before, before those
-  // queued after (the disk tier's file reads and writes between a pinned buffer's copies,
+  // Runs `task` on `queue` in its order: after the copies queued before on it, before those queued
+  // after (the disk tier's file reads and writes between a pinned buffer's copies,
   // model/x_in_ring.h). It runs on another thread and must not call the backend. `reads`: the
   // host bytes it reads, which no copy may write before it runs.
-  virtual void copy_queue_task(std::function<void()> task, const void* reads,
+  virtual void copy_queue_task(Copy queue, std::function<void()> task, const void* reads,
                                size_t read_bytes) = 0;
-  // A mark after the copies queued so far; then wait_copies(mark): the compute queued from now on
-  // runs after them. The host does not wait for the GPU (an event the compute stream waits on);
-  // the CPU, whose compute is the calling thread, waits for its copy thread.
-  virtual int64_t mark_copies() = 0;
-  virtual void wait_copies(int64_t mark) = 0;
-  // The bytes the copy queue has moved and the seconds it spent moving them (each copy from its
-  // start to its end: the link's rate, not the step's), since the backend began; on the GPU,
-  // copies that finished by the last synchronisation.
+  // A point on one queue: after the copies (and tasks) queued on it before the mark was taken.
+  // n = 0: before everything (waiting for it waits for nothing).
+  struct CopyMark {
+    Copy queue = Copy::ToDevice;
+    int64_t n = 0;
+  };
+  // A mark after the copies queued so far on `queue`; then wait_copies(mark): the compute queued
+  // from now on runs after them. The host does not wait for the GPU (an event the compute stream
+  // waits on); the CPU, whose compute is the calling thread, waits for its copy thread.
+  virtual CopyMark mark_copies(Copy queue) = 0;
+  virtual void wait_copies(CopyMark mark) = 0;
+  // The cross-queue wait: the copies and tasks queued from now on, on the other queue, run after
+  // the mark's (its own queue is in order already). Every reuse across the queues needs one: a
+  // slot fetched into after its write-back, host bytes fetched after the copy that wrote them, a
+  // bounce buffer read by a task on one queue and refilled on the other. The host does not wait.
+  virtual void order_copy_after(CopyMark mark) = 0;
+  // The bytes the copy queues have moved and the seconds they spent moving them (each copy from its
+  // start to its end, both queues summed: the link's rate, not the step's), since the backend
+  // began; on the GPU, copies that finished by the last synchronisation.
   struct CopyTotals {
     int64_t bytes = 0;
     double seconds = 0;

@@ -90,7 +90,17 @@ check "grass mem --set offload=auto exits 3: it does not fit" test $? = 3
 check "its verdict names the weights as the floor" grep -q "^does not fit memory_limit 24.00 GiB: .*the bf16 weights alone take 24.24 GiB: no placement trains this model under 24.00 GiB" "$tmp/mem_13b.log"
 check "it says what auto chose and why" grep -q "^offload auto: no placement fits memory_limit 24.00 GiB; the least on the device is optimizer states in the host tier, layer inputs in the host tier: 24.74 GiB" "$tmp/mem_13b.log"
 check "a row per place" sh -c "grep -q '^total on the device  ' '$tmp/mem_13b.log' && grep -q '^host tier (offload)  ' '$tmp/mem_13b.log'"
-check "the traffic and the step-time bound" sh -c "grep -q '^copied a step, each way ' '$tmp/mem_13b.log' && grep -q 'of copies over a 25 GB/s link against .* link-bound' '$tmp/mem_13b.log'"
+check "the traffic and the step-time bound" sh -c "grep -q '^copied a step, each way ' '$tmp/mem_13b.log' && grep -q 'of copies over a 25 GB/s link (two copy queues, both ways at once) against .* link-bound' '$tmp/mem_13b.log'"
+"$GRASS" mem configs/runs/llama_13b_grass.json --memory-limit 24GiB --set offload=auto \
+  --copy-queues 1 >"$tmp/mem_13b_one_queue.log" 2>&1
+check "--copy-queues 1: both ways in turn, more seconds of copies" python3 - "$tmp/mem_13b.log" "$tmp/mem_13b_one_queue.log" <<'PY'
+import re, sys
+two, one = (open(p).read() for p in sys.argv[1:])
+seconds = lambda text, queues: float(re.search(r"([0-9.e+-]+) s of copies over a 25 GB/s link \(" + queues, text).group(1))
+sys.exit(0 if seconds(one, "one copy queue, both ways in turn") > seconds(two, "two copy queues") else 1)
+PY
+"$GRASS" mem configs/runs/llama_13b_grass.json --copy-queues 3 >"$tmp/queues3.log" 2>&1
+check "--copy-queues 3 is refused in one line, exit 2" sh -c "test $? = 2 && grep -q '^error: mem: --copy-queues 3: expected 1 or 2' '$tmp/queues3.log' && test \$(wc -l <'$tmp/queues3.log') = 1"
 "$GRASS" mem configs/runs/llama_13b_grass.json --set micro_batch_size=16 --set total_batch_size=16 \
   --set offload='{"optimizer_states": true, "activations": "disk", "disk_dir": "/nvme"}' >"$tmp/mem_disk.log" 2>&1
 check "with the inputs on disk: the file's row, the bytes a step and the SSD-endurance warning" \

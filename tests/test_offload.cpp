@@ -1,10 +1,16 @@
 // offload.optimizer_states (optim/state_slots.h): the states live in the host tier and pass through
 // device slots around each update. It changes where bytes live, never the numbers: losses,
 // weights and every state buffer equal the resident run's bit for bit (the same computation on
-// the same machine), with the CPU backend's copies on their thread and lazy (GRASS_LAZY_COPIES:
-// a copy runs only when waited for, its destination NaN until then, so a missing wait shows).
+// the same machine), with the CPU backend's copies on their two threads (one each way) and lazy
+// (GRASS_LAZY_COPIES: a copy runs only when waited for, its destination NaN until then, so a
+// missing wait, or a missing order between the two queues, shows).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -55,6 +61,48 @@ RunConfig offload_run(const std::string& optimizer, const std::string& precision
 
 }  // namespace
 
+TEST_CASE("copy queues: each way its own, ordered across only by order_copy_after", "[offload]") {
+  // A slot's write-back (to the host), the fetch of the bytes it wrote (to the device), and a
+  // fetch into the slot itself: the order_copy_after reuse of StateSlots and XInRing.
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal;
+  const auto random = [&] {
+    std::vector<float> v(1000);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  const size_t bytes = 1000 * sizeof(float);
+  using Copy = Backend::Copy;
+  for (const bool lazy : {false, true})
+    for (const bool ordered : {true, false}) {
+      if (!lazy && !ordered) continue;  // a race: the threads' timing decides
+      INFO((lazy ? "lazy copies" : "copy threads") << (ordered ? "" : ", no order"));
+      const LazyCopies mode(lazy);
+      const std::unique_ptr<Backend> backend =
+          make_cpu_backend(storage_for(PrecisionChoice::F32, false));
+      const std::vector<float> a = random(), b = random(), c = random();
+      std::vector<float> slot = a, host = b, next = c, fetched(1000);
+      // the threads: a write-back that takes its time, and a fetch that would overtake it
+      backend->copy_queue_task(Copy::ToHost, [] { usleep(20000); }, nullptr, 0);
+      backend->copy_async(host.data(), slot.data(), bytes, Copy::ToHost);
+      if (ordered) backend->order_copy_after(backend->mark_copies(Copy::ToHost));
+      backend->copy_async(fetched.data(), host.data(), bytes, Copy::ToDevice);
+      backend->copy_async(slot.data(), next.data(), bytes, Copy::ToDevice);
+      backend->wait_copies(backend->mark_copies(Copy::ToDevice));  // the fetches only
+      backend->synchronize();
+      if (ordered) {
+        CHECK(fetched == a);  // the bytes the write-back wrote
+        CHECK(host == a);     // the slot's bytes before the fetch into it
+      } else {  // lazy: the fetches ran first (the host bytes still the write-back's poison),
+                // the write-back when the synchronize reached it
+        CHECK(std::all_of(fetched.begin(), fetched.end(), [](float x) { return std::isnan(x); }));
+        CHECK(host == c);
+      }
+      CHECK(slot == c);
+      CHECK(backend->copy_totals().bytes == int64_t(3 * bytes));
+    }
+}
+
 TEST_CASE("offloaded optimizer states train to the resident run's bits", "[offload][train]") {
   // AdamW's tensors whole (the default 16 MiB pieces) and in 4 KiB pieces: the embedding's and
   // lm_head's 16 KiB of fp32 moments in 4 (and 2 in bf16), a pure-bf16 rounding stream across them
@@ -67,7 +115,7 @@ TEST_CASE("offloaded optimizer states train to the resident run's bits", "[offlo
         for (const bool lazy : {false, true}) {
           cfg.offload.piece_bytes = lazy ? 4096 : OffloadConfig{}.piece_bytes;
           INFO(optimizer << " " << precision << (fused ? ", fused" : ", deferred")
-                         << (lazy ? ", lazy copies, 4 KiB pieces" : ", copy thread"));
+                         << (lazy ? ", lazy copies, 4 KiB pieces" : ", copy threads"));
           const LazyCopies mode(lazy);
           const Trained offloaded = train(cfg, 5);
           CHECK(offloaded.host_bytes > 0);

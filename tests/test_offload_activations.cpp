@@ -2,16 +2,19 @@
 // for the backward in the host tier or in a file ring on disk, and only three layers' are on the
 // device at once. It changes where bytes live, never the numbers: losses, weights and optimizer
 // states equal the resident run's bit for bit (the same computation on the same machine), with
-// the CPU backend's copy thread and lazy (GRASS_LAZY_COPIES: a copy or file task runs only when
-// waited for, a copy's destination NaN until then, so a missing wait shows).
+// the CPU backend's copy threads and lazy (GRASS_LAZY_COPIES: a copy or file task runs only when
+// waited for, a copy's destination NaN until then, so a missing wait, or a file read not ordered
+// after its write on the other queue, shows).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "kernels/backend.h"
 #include "src/config/config.h"
@@ -80,7 +83,7 @@ TEST_CASE("offloaded layer inputs train to the resident run's bits", "[offload][
         for (const ActivationOffload where : {ActivationOffload::Host, ActivationOffload::Disk})
           for (const bool lazy : {false, true}) {
             INFO(optimizer << " " << precision << (fused ? ", fused" : ", deferred") << ", inputs "
-                           << name_of(where) << (lazy ? ", lazy copies" : ", copy thread"));
+                           << name_of(where) << (lazy ? ", lazy copies" : ", copy threads"));
             cfg.offload = {.optimizer_states = lazy, .activations = where,
                            .disk_dir = dir.path.string()};
             const LazyCopies mode(lazy);
@@ -127,6 +130,29 @@ TEST_CASE("offloaded layer inputs: plan = arena, the ring on the device, the res
         CHECK(plan.activation_bytes_per_step == moved);
         CHECK(plan.h2d_bytes_per_step - states_only.h2d_bytes_per_step == moved);
         CHECK(plan.d2h_bytes_per_step - states_only.d2h_bytes_per_step == moved);
+        // the step-time bound's copies, pass by pass: the inputs out in the forward, back in the
+        // backward beside the states' fetches, while the states' write-backs take the other queue
+        // (two queues) or follow (one)
+        const auto bound = [&](int queues) {
+          const LinkModel link{.copy_queues = queues, .tflops = 1e-3};
+          return nlohmann::json::parse(memory_plan_json(cfg, storage, link))["step_bound"];
+        };
+        const double inputs_s = double(moved) / 25e9 + double(plan.disk_bytes_per_step) / 7e9;
+        const double states_s = double(states_only.h2d_bytes_per_step) / 25e9;
+        CHECK(states_only.h2d_bytes_per_step == states_only.d2h_bytes_per_step);
+        for (const int queues : {1, 2}) {
+          INFO(queues << " copy queues");
+          const nlohmann::json b = bound(queues);
+          // states: both ways at once, or in turn; the inputs' two trips are in different passes
+          const double fixed_s = (queues == 1 ? 2 : 1) * states_s;
+          CHECK(b["copy_s"].get<double>() == Approx(2 * inputs_s + fixed_s).epsilon(1e-12));
+          // the smallest step whose compute covers its copies, the inputs' growing with it
+          const double tokens = double(cfg.micro_batches_per_rank()) * cfg.micro_batch_size *
+                                cfg.seq_len;
+          const double spare = (b["compute_s"].get<double>() - 2 * inputs_s) / tokens;
+          REQUIRE(spare > 0);
+          CHECK(b["hiding_tokens"].get<int64_t>() == int64_t(std::ceil(fixed_s / spare - 1e-9)));
+        }
         const int64_t host_inputs =
             plan.host_bytes[size_t(act)] - states_only.host_bytes[size_t(act)];
         if (where == ActivationOffload::Host) {

@@ -1,11 +1,14 @@
-// The CPU backend's copy queue (Backend::copy_async): a thread that runs the queued copies in
-// order while the caller computes, as a GPU's copy engine runs beside its compute stream. The
-// CPU computes on the calling thread, so a copy queued now already follows the compute before it;
-// wait() blocks the caller until the copies before a mark are done.
-// Lazy (GRASS_LAZY_COPIES=1, for tests): no thread; a queued copy runs only when a wait or a
-// drain reaches it, and its destination holds NaN bytes until then. A missing wait, or a buffer
-// reused before its copy ran, then changes the numbers instead of hiding behind a fast thread.
+// The CPU backend's copy queues (Backend::copy_async): two threads, one each way, that run their
+// queued copies in order while the caller computes, as a GPU's two copy engines run beside its
+// compute stream. The CPU computes on the calling thread, so a copy queued now already follows the
+// compute before it; wait() blocks the caller until the copies before a mark are done. A queue
+// runs after the other only where after() says so (Backend::order_copy_after).
+// Lazy (GRASS_LAZY_COPIES=1, for tests): no threads; a queued copy runs only when a wait or a
+// drain reaches it (an after() entry then runs the other queue up to its mark), and its
+// destination holds NaN bytes until then. A missing wait or cross-queue order, or a buffer reused
+// before its copy ran, then changes the numbers instead of hiding behind fast threads.
 #pragma once
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -17,43 +20,54 @@
 
 namespace grass {
 
-class CopyQueue {
+class CopyQueues {
  public:
-  explicit CopyQueue(bool lazy);
-  ~CopyQueue();  // drains
-  CopyQueue(const CopyQueue&) = delete;
-  CopyQueue& operator=(const CopyQueue&) = delete;
+  static constexpr int kQueues = 2;  // Backend::Copy's order: to the device, to the host
+  explicit CopyQueues(bool lazy);
+  ~CopyQueues();  // drains
+  CopyQueues(const CopyQueues&) = delete;
+  CopyQueues& operator=(const CopyQueues&) = delete;
 
-  void copy(void* dst, const void* src, size_t bytes);
-  // Runs `work` in the queue's order, on its thread; it reads [reads, reads + read_bytes).
-  void task(std::function<void()> work, const void* reads, size_t read_bytes);
-  int64_t mark() const;          // the copies queued so far
-  void wait(int64_t mark);       // until the first `mark` copies are done
-  void drain() { wait(mark()); }
+  void copy(int queue, void* dst, const void* src, size_t bytes);
+  // Runs `work` in `queue`'s order, on its thread; it reads [reads, reads + read_bytes).
+  void task(int queue, std::function<void()> work, const void* reads, size_t read_bytes);
+  // What `queue` runs from now on waits for the first `mark` entries of `other`.
+  void after(int queue, int other, int64_t mark);
+  int64_t mark(int queue) const;      // the entries queued so far
+  void wait(int queue, int64_t mark);  // until the first `mark` entries are done
+  void drain();                        // both queues
   bool lazy() const { return lazy_; }
-  // The copies done so far: their bytes, and the seconds spent in them.
+  // The copies done so far, both queues: their bytes, and the seconds spent in them.
   int64_t bytes_done() const;
   double seconds_busy() const;
 
  private:
-  struct Copy {
-    void* dst;
-    const void* src;
-    size_t bytes;
-    std::function<void()> task;  // instead of a copy, when set
+  struct Entry {
+    void* dst = nullptr;
+    const void* src = nullptr;  // a task's reads
+    size_t bytes = 0;
+    std::function<void()> task = nullptr;  // instead of a copy, when set
+    int after_queue = -1;        // instead of a copy: wait for after_mark entries of that queue
+    int64_t after_mark = 0;
   };
-  void run();             // the thread
-  void run_until(int64_t mark);  // lazy: on the caller's thread
-  void timed_copy(const Copy& c);  // the copy itself, counted (without the lock); or the task
+  struct Lane {
+    std::deque<Entry> pending;
+    int64_t issued = 0, done = 0;
+    std::condition_variable queued, done_cv;
+    std::thread thread;
+  };
+  void push(int queue, Entry e);
+  void run(int queue);  // a lane's thread
+  // Lazy: on the caller's thread, with `lock` held except while an entry runs (an after() entry
+  // runs the other lane: the entries it needs were queued before it, so none waits for this one).
+  void run_until(int queue, int64_t mark, std::unique_lock<std::mutex>& lock);
+  void run_entry(const Entry& e, std::unique_lock<std::mutex>& lock);
 
   const bool lazy_;
   mutable std::mutex mutex_;
-  std::condition_variable queued_, done_cv_;
-  std::deque<Copy> pending_;
-  int64_t issued_ = 0, done_ = 0;
+  std::array<Lane, kQueues> lanes_;
   std::atomic<int64_t> bytes_done_{0}, nanoseconds_{0};
   bool stopping_ = false;
-  std::thread thread_;
 };
 
 }  // namespace grass

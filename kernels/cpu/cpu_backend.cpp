@@ -68,14 +68,19 @@ class CpuBackend final : public Backend {
   int64_t host_waits() const override { return 0; }
   void zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
   MemoryResource& host_tier() override { return host_tier_; }
-  void copy_async(void* dst, const void* src, size_t bytes, Copy) override {
-    copies_.copy(dst, src, bytes);
+  void copy_async(void* dst, const void* src, size_t bytes, Copy direction) override {
+    copies_.copy(int(direction), dst, src, bytes);
   }
-  void copy_queue_task(std::function<void()> task, const void* reads, size_t read_bytes) override {
-    copies_.task(std::move(task), reads, read_bytes);
+  void copy_queue_task(Copy queue, std::function<void()> task, const void* reads,
+                       size_t read_bytes) override {
+    copies_.task(int(queue), std::move(task), reads, read_bytes);
   }
-  int64_t mark_copies() override { return copies_.mark(); }
-  void wait_copies(int64_t mark) override { copies_.wait(mark); }
+  CopyMark mark_copies(Copy queue) override { return {queue, copies_.mark(int(queue))}; }
+  void wait_copies(CopyMark mark) override { copies_.wait(int(mark.queue), mark.n); }
+  void order_copy_after(CopyMark mark) override {
+    const int other = mark.queue == Copy::ToDevice ? int(Copy::ToHost) : int(Copy::ToDevice);
+    copies_.after(other, int(mark.queue), mark.n);
+  }
   CopyTotals copy_totals() override { return {copies_.bytes_done(), copies_.seconds_busy()}; }
   // Lazy copies poison what is unwritten too, as the GPU's GRASS_POISON does.
   void mark_unwritten(void* ptr, size_t bytes) override {
@@ -352,7 +357,7 @@ class CpuBackend final : public Backend {
   // the copies that may still touch it.
   class HostTier final : public MemoryResource {
    public:
-    explicit HostTier(CopyQueue& copies) : copies_(copies) {}
+    explicit HostTier(CopyQueues& copies) : copies_(copies) {}
     void* allocate_zeroed(size_t bytes) override { return host_memory().allocate_zeroed(bytes); }
     void deallocate(void* ptr) override {
       copies_.drain();
@@ -361,14 +366,14 @@ class CpuBackend final : public Backend {
     const char* memory_name() const override { return "host memory outside the arena"; }
 
    private:
-    CopyQueue& copies_;
+    CopyQueues& copies_;
   };
   static bool lazy_copies() {
     const char* v = std::getenv("GRASS_LAZY_COPIES");
     return v && std::strcmp(v, "1") == 0;
   }
 
-  CopyQueue copies_{lazy_copies()};
+  CopyQueues copies_{lazy_copies()};
   HostTier host_tier_{copies_};
   float* attention_scratch_ = nullptr;  // [B,NH,T,T] dscores
   int64_t attention_scratch_floats_ = 0;

@@ -7,49 +7,56 @@
 
 namespace grass::cuda {
 
-CopyStream::CopyStream(cudaStream_t compute) : compute_(compute) {
-  GRASS_CUDA_CHECK(cudaStreamCreate(&stream_));
+CopyStreams::CopyStreams(cudaStream_t compute) : compute_(compute) {
   GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
-  for (cudaEvent_t& e : events_) GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (Lane& l : lanes_) {
+    GRASS_CUDA_CHECK(cudaStreamCreate(&l.stream));
+    for (cudaEvent_t& e : l.events)
+      GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
 }
 
-CopyStream::~CopyStream() {
-  cudaStreamSynchronize(stream_);
-  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+CopyStreams::~CopyStreams() {
+  for (Lane& l : lanes_) cudaStreamSynchronize(l.stream);
   for (const Timed& t : timed_) {
     cudaEventDestroy(t.start);
     cudaEventDestroy(t.end);
   }
   for (cudaEvent_t e : idle_timing_) cudaEventDestroy(e);
   cudaEventDestroy(compute_done_);
-  cudaStreamDestroy(stream_);
+  for (Lane& l : lanes_) {
+    for (cudaEvent_t e : l.events) cudaEventDestroy(e);
+    cudaStreamDestroy(l.stream);
+  }
 }
 
-void CopyStream::copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+void CopyStreams::copy(int queue, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return;
+  Lane& l = lane(queue);
   GRASS_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
-  GRASS_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_done_, 0));
+  GRASS_CUDA_CHECK(cudaStreamWaitEvent(l.stream, compute_done_, 0));
   const Timed t{timing_event(), timing_event(), bytes};
-  GRASS_CUDA_CHECK(cudaEventRecord(t.start, stream_));
-  GRASS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
-  GRASS_CUDA_CHECK(cudaEventRecord(t.end, stream_));
+  GRASS_CUDA_CHECK(cudaEventRecord(t.start, l.stream));
+  GRASS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, l.stream));
+  GRASS_CUDA_CHECK(cudaEventRecord(t.end, l.stream));
   timed_.push_back(t);
-  copies_++;
+  l.queued++;
 }
 
-void CopyStream::task(std::function<void()> work) {
+void CopyStreams::task(int queue, std::function<void()> work) {
   auto* queued = new std::function<void()>(std::move(work));
+  Lane& l = lane(queue);
   GRASS_CUDA_CHECK(cudaLaunchHostFunc(
-      stream_,
+      l.stream,
       [](void* p) {
         const std::unique_ptr<std::function<void()>> run(static_cast<std::function<void()>*>(p));
         (*run)();
       },
       queued));
-  copies_++;  // a mark after it waits for it
+  l.queued++;  // a mark after it waits for it
 }
 
-cudaEvent_t CopyStream::timing_event() {
+cudaEvent_t CopyStreams::timing_event() {
   if (!idle_timing_.empty()) {
     const cudaEvent_t e = idle_timing_.back();
     idle_timing_.pop_back();
@@ -60,7 +67,7 @@ cudaEvent_t CopyStream::timing_event() {
   return e;
 }
 
-Backend::CopyTotals CopyStream::totals() {
+Backend::CopyTotals CopyStreams::totals() {
   size_t kept = 0;
   for (const Timed& t : timed_) {
     float ms = 0;
@@ -78,28 +85,40 @@ Backend::CopyTotals CopyStream::totals() {
   return totals_;
 }
 
-int64_t CopyStream::mark() {
-  marks_++;
-  copies_at_last_mark_ = copies_;
-  GRASS_CUDA_CHECK(cudaEventRecord(events_[size_t(marks_ % kEvents)], stream_));
-  return marks_;
+int64_t CopyStreams::mark(int queue) {
+  Lane& l = lane(queue);
+  l.marks++;
+  l.queued_at_last_mark = l.queued;
+  GRASS_CUDA_CHECK(cudaEventRecord(l.events[size_t(l.marks % kEvents)], l.stream));
+  return l.marks;
 }
 
-void CopyStream::wait(int64_t mark) {
+void CopyStreams::wait(int queue, int64_t mark) {
   if (mark <= 0) return;
-  GRASS_CUDA_CHECK(cudaStreamWaitEvent(compute_, events_[size_t(mark % kEvents)], 0));
+  GRASS_CUDA_CHECK(cudaStreamWaitEvent(compute_, lane(queue).events[size_t(mark % kEvents)], 0));
 }
 
-void CopyStream::order_compute_after_copies() {
-  if (copies_ == 0) return;
-  wait(copies_ == copies_at_last_mark_ ? marks_ : mark());
+void CopyStreams::order_after(int queue, int other, int64_t mark) {
+  if (mark <= 0) return;
+  Lane& l = lane(queue);
+  GRASS_CUDA_CHECK(cudaStreamWaitEvent(l.stream, lane(other).events[size_t(mark % kEvents)], 0));
+  l.queued++;  // a mark after it waits for the other stream too
 }
 
-void CopyStream::synchronize() {
-  if (copies_ > 0) GRASS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+void CopyStreams::order_compute_after_copies() {
+  for (int q = 0; q < kQueues; q++) {
+    const Lane& l = lane(q);
+    if (l.queued == 0) continue;
+    wait(q, l.queued == l.queued_at_last_mark ? l.marks : mark(q));
+  }
 }
 
-void* CopyStream::PinnedHost::allocate_zeroed(size_t bytes) {
+void CopyStreams::synchronize() {
+  for (const Lane& l : lanes_)
+    if (l.queued > 0) GRASS_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+}
+
+void* CopyStreams::PinnedHost::allocate_zeroed(size_t bytes) {
   void* p = nullptr;
   if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
     cudaGetLastError();  // answered: the arena names the buffer
@@ -110,13 +129,13 @@ void* CopyStream::PinnedHost::allocate_zeroed(size_t bytes) {
   return p;
 }
 
-void CopyStream::PinnedHost::deallocate(void* ptr) {
+void CopyStreams::PinnedHost::deallocate(void* ptr) {
   copies_.synchronize();  // no copy may still touch it
   buffers_.erase(static_cast<const char*>(ptr));
   GRASS_CUDA_CHECK(cudaFreeHost(ptr));
 }
 
-bool CopyStream::PinnedHost::contains(const void* p) const {
+bool CopyStreams::PinnedHost::contains(const void* p) const {
   const char* c = static_cast<const char*>(p);
   auto it = buffers_.upper_bound(c);
   if (it == buffers_.begin()) return false;
@@ -124,6 +143,6 @@ bool CopyStream::PinnedHost::contains(const void* p) const {
   return c < it->first + it->second;
 }
 
-bool CopyStream::in_host_tier(const void* p) const { return host_tier_.contains(p); }
+bool CopyStreams::in_host_tier(const void* p) const { return host_tier_.contains(p); }
 
 }  // namespace grass::cuda

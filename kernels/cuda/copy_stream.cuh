@@ -1,6 +1,7 @@
-// The CUDA backend's copy queue (Backend::copy_async) and host tier: a second stream for copies
-// between device memory and pinned host memory, ordered against the compute stream by events, so
-// the copy engine moves offloaded bytes while the SMs compute. Include only from .cu files.
+// The CUDA backend's copy queues (Backend::copy_async) and host tier: two streams, one each way
+// (a GPU with two copy engines moves both at once: PCIe is full duplex), for copies between device
+// memory and pinned host memory, ordered against the compute stream and each other by events, so
+// the copy engines move offloaded bytes while the SMs compute. Include only from .cu files.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,29 +17,33 @@
 
 namespace grass::cuda {
 
-class CopyStream {
+class CopyStreams {
  public:
-  explicit CopyStream(cudaStream_t compute);
-  ~CopyStream();
-  CopyStream(const CopyStream&) = delete;
-  CopyStream& operator=(const CopyStream&) = delete;
+  static constexpr int kQueues = 2;  // Backend::Copy's order: to the device, to the host
+  explicit CopyStreams(cudaStream_t compute);
+  ~CopyStreams();
+  CopyStreams(const CopyStreams&) = delete;
+  CopyStreams& operator=(const CopyStreams&) = delete;
 
-  // dst <- src after the compute queued so far on `compute` (an event it records) and the copies
-  // before, between device and pinned host memory.
-  void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
-  // `work` on a host thread when the copy stream reaches it (cudaLaunchHostFunc); it must not
+  // dst <- src on `queue`'s stream, after the compute queued so far on `compute` (an event it
+  // records) and the copies before on that stream, between device and pinned host memory.
+  void copy(int queue, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+  // `work` on a host thread when `queue`'s stream reaches it (cudaLaunchHostFunc); it must not
   // throw or call CUDA.
-  void task(std::function<void()> work);
-  // An event after the copies queued so far. Marks share a ring of events: waiting for a mark
-  // whose event was recorded again since waits for a later mark, which is only stricter.
-  int64_t mark();
-  void wait(int64_t mark);  // the compute stream waits; the host does not
-  // The compute stream waits for every copy queued so far (before it reads or writes what they
-  // touch: uploads, downloads); nothing when none was queued.
+  void task(int queue, std::function<void()> work);
+  // An event after the copies queued so far on `queue`. Marks share a ring of events per stream:
+  // waiting for a mark whose event was recorded again since waits for a later mark, which is only
+  // stricter.
+  int64_t mark(int queue);
+  void wait(int queue, int64_t mark);  // the compute stream waits; the host does not
+  // `queue`'s stream waits for `other`'s mark (Backend::order_copy_after); the host does not.
+  void order_after(int queue, int other, int64_t mark);
+  // The compute stream waits for every copy queued so far on both streams (before it reads or
+  // writes what they touch: uploads, downloads); nothing for a stream with none queued.
   void order_compute_after_copies();
-  void synchronize();       // the host waits for the copy stream (at the end of the run, frees)
-  // Bytes and seconds of the copies that have finished (timed by an event before and after each:
-  // read when both are reached, so without a wait).
+  void synchronize();       // the host waits for both streams (at the end of the run, frees)
+  // Bytes and seconds of the copies that have finished, both streams (timed by an event before
+  // and after each: read when both are reached, so without a wait).
   Backend::CopyTotals totals();
   MemoryResource& host_tier() { return host_tier_; }
   bool in_host_tier(const void* p) const;
@@ -46,14 +51,14 @@ class CopyStream {
  private:
   class PinnedHost final : public MemoryResource {
    public:
-    explicit PinnedHost(CopyStream& copies) : copies_(copies) {}
+    explicit PinnedHost(CopyStreams& copies) : copies_(copies) {}
     void* allocate_zeroed(size_t bytes) override;
     void deallocate(void* ptr) override;
     const char* memory_name() const override { return "pinned host memory"; }
     bool contains(const void* p) const;
 
    private:
-    CopyStream& copies_;
+    CopyStreams& copies_;
     std::map<const char*, size_t> buffers_;  // start -> bytes
   };
   static constexpr int kEvents = 16;
@@ -63,11 +68,16 @@ class CopyStream {
   };
   cudaEvent_t timing_event();  // from the pool, or new
 
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    std::array<cudaEvent_t, kEvents> events{};
+    int64_t marks = 0, queued = 0, queued_at_last_mark = 0;  // queued: copies, tasks, waits
+  };
+  Lane& lane(int queue) { return lanes_[size_t(queue)]; }
+
   cudaStream_t compute_;
-  cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_done_ = nullptr;  // recorded on compute_ before each copy
-  std::array<cudaEvent_t, kEvents> events_{};
-  int64_t marks_ = 0, copies_ = 0, copies_at_last_mark_ = 0;
+  std::array<Lane, kQueues> lanes_;
   std::vector<Timed> timed_;            // copies not yet read back
   std::vector<cudaEvent_t> idle_timing_;
   Backend::CopyTotals totals_;

@@ -57,7 +57,7 @@ class CudaBackend final : public Backend {
     // that the reservation is the run's last allocation: the stream, both cuBLAS handles (and the
     // kernels, loaded eagerly: probe_device, cuda/device.h).
     GRASS_CUDA_CHECK(cudaStreamCreate(&ctx_.stream));
-    copies_ = std::make_unique<cuda::CopyStream>(ctx_.stream);
+    copies_ = std::make_unique<cuda::CopyStreams>(ctx_.stream);
     GRASS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
     ctx_.blas = cuda::create_gemm_fallback_handle();
     if (attention_ == AttentionKernel::Cudnn) {
@@ -193,14 +193,18 @@ class CudaBackend final : public Backend {
   }
   MemoryResource& host_tier() override { return copies_->host_tier(); }
   void copy_async(void* dst, const void* src, size_t bytes, Copy direction) override {
-    copies_->copy(dst, src, bytes,
+    copies_->copy(int(direction), dst, src, bytes,
                   direction == Copy::ToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
   }
-  void copy_queue_task(std::function<void()> task, const void*, size_t) override {
-    copies_->task(std::move(task));
+  void copy_queue_task(Copy queue, std::function<void()> task, const void*, size_t) override {
+    copies_->task(int(queue), std::move(task));
   }
-  int64_t mark_copies() override { return copies_->mark(); }
-  void wait_copies(int64_t mark) override { copies_->wait(mark); }
+  CopyMark mark_copies(Copy queue) override { return {queue, copies_->mark(int(queue))}; }
+  void wait_copies(CopyMark mark) override { copies_->wait(int(mark.queue), mark.n); }
+  void order_copy_after(CopyMark mark) override {
+    const Copy other = mark.queue == Copy::ToDevice ? Copy::ToHost : Copy::ToDevice;
+    copies_->order_after(int(other), int(mark.queue), mark.n);
+  }
   CopyTotals copy_totals() override { return copies_->totals(); }
   void write_weights(void* weights, float* master, int64_t first, const float* host,
                      int64_t n) override {
@@ -568,7 +572,7 @@ class CudaBackend final : public Backend {
   size_t pool_bytes_ = 0, pool_used_ = 0;
   BackendScratchPointers scratch_;
   cuda::StagingRing staging_;
-  std::unique_ptr<cuda::CopyStream> copies_;  // the copy queue and the host tier
+  std::unique_ptr<cuda::CopyStreams> copies_;  // the copy queues and the host tier
   int64_t host_waits_ = 0;
   BackendScratch scratch_bytes_;       // the sizes of scratch_'s buffers
   int64_t slice_norms_capacity_ = 0;  // doubles at scratch_.slice_norms

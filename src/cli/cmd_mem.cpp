@@ -14,7 +14,7 @@ namespace grass::cli {
 namespace {
 const char* kMemUsage =
     "usage: grass mem <run.json> [--device cpu|cuda] [--memory-limit SIZE] [--ranks N] [--json]\n"
-    "                 [--link-gbps GB/s] [--tflops T] [--set key=value ...]\n"
+    "                 [--link-gbps GB/s] [--copy-queues 1|2] [--tflops T] [--set key=value ...]\n"
     "\n"
     "Says first whether the run fits: its first line is the verdict. With a memory_limit\n"
     "(--memory-limit or the run's key): fits or does not fit it, the largest micro_batch_size\n"
@@ -39,7 +39,9 @@ const char* kMemUsage =
     "                        same memory, and takes total_batch_size / (micro_batch_size x N)\n"
     "                        micro-batches a step; adds the bytes each rank sums (docs/distributed.md)\n"
     "  --host-memory-limit SIZE  as the run key host_memory_limit: caps the host tier (offload)\n"
-    "  --link-gbps GB/s      the host link offload copies over (default 25, PCIe 4 x16)\n"
+    "  --link-gbps GB/s      the host link offload copies over, each way (default 25, PCIe 4 x16)\n"
+    "  --copy-queues 1|2     the GPU's copy engines (asyncEngineCount): 2 (default) moves both\n"
+    "                        ways at once, each pass taking its busier way's time; 1 in turn\n"
     "  --disk-gbps GB/s      the disk the layer inputs go to with offload.activations \"disk\"\n"
     "                        (default 7, an NVMe SSD)\n"
     "  --tflops T            the sustained rate a step computes at, for the step-time bound\n"
@@ -57,7 +59,7 @@ int cmd_mem(const Args& args) {
   std::string run_path, value;
   std::optional<DeviceChoice> device;  // --device; else the run's
   bool json = false;
-  int ranks = 1;
+  int ranks = 1, copy_queues = 2;
   std::optional<double> link_gbps, disk_gbps, tflops;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); i++) {
@@ -78,6 +80,11 @@ int cmd_mem(const Args& args) {
       disk_gbps = parse_positive("--disk-gbps", value);
     } else if (take_option(args, i, "--link-gbps", value)) {
       link_gbps = parse_positive("--link-gbps", value);
+    } else if (take_option(args, i, "--copy-queues", value)) {
+      if (value != "1" && value != "2")
+        throw UserError("mem: --copy-queues " + value + ": expected 1 or 2 (the GPU's copy "
+                        "engines: nvidia-smi -q's asyncEngineCount, or deviceQuery's)");
+      copy_queues = value == "1" ? 1 : 2;
     } else if (take_option(args, i, "--tflops", value)) {
       tflops = parse_positive("--tflops", value);
     } else if (take_option(args, i, "--ranks", value)) {
@@ -105,6 +112,7 @@ int cmd_mem(const Args& args) {
   LinkModel link;
   link.link_gbps = link_gbps.value_or(link.link_gbps);
   link.disk_gbps = disk_gbps.value_or(link.disk_gbps);
+  link.copy_queues = copy_queues;
   link.tflops = tflops.value_or(default_tflops(storage));
   std::string why;  // offload "auto": the placement chosen, and why
   if (cfg.offload.automatic) {

@@ -7,13 +7,20 @@
 //
 // Layer l's input lives in slot l % kSlots. It goes out once the forward has read it; the slot is
 // written again kSlots layers later, after that copy (a wait on the copy queue, not the host).
+// Inputs go out on the queue to the host and come back on the queue to the device
+// (Backend::copy_async), so each fetch is ordered after its input's way out: the copy into the
+// host tier, or the file write (Backend::order_copy_after).
 // The last kSlots layers' inputs never leave: the backward reads them first (SSDTrain's
 // forwarding), and each input is stored once (its deduplication). In the backward, layer j's
 // comes back into its slot as soon as layer j + kSlots's backward has been queued, so kSlots - 1
 // layers of compute hide each fetch.
 // The disk tier is a file ring (io/activation_file.h): each input passes through one pinned
-// bounce buffer, its file write and read run on the copy queue as tasks between the copies, so
-// the queue's order keeps the one buffer safe. The numbers are the resident run's.
+// bounce buffer. Its file write runs as a task on the queue to the host after its copy into the
+// buffer, its read on the queue to the device before the copy out of it, so each queue's order
+// keeps the one buffer safe within a pass, and the cross-queue order above keeps the backward's
+// first read behind the forward's last write (no compute waits for the write). The next forward's
+// copies into the buffer follow the backward's copies out of it through the compute, which waits
+// for each fetch before the layer's backward. The numbers are the resident run's.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -71,8 +78,10 @@ class XInRing {
   char* bounce_ = nullptr;            // disk: one pinned buffer, ActivationFile::kAlign-aligned
   std::unique_ptr<ActivationFile> file_;
   int64_t disk_bytes_ = 0;            // a planning arena's: what the file would take
-  std::vector<int64_t> out_mark_;     // per layer: the copy mark after its input went out
-  std::vector<int64_t> in_mark_;      // per layer: the mark after its fetch; 0: not fetched
+  // per layer: after its input left the slot (the compute waits for it before the slot is
+  // written again), after it reached the host tier or the file (its fetch waits for it), and
+  // after its fetch (n = 0: not fetched)
+  std::vector<Backend::CopyMark> out_mark_, stored_mark_, in_mark_;
 };
 
 }  // namespace grass

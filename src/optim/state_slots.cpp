@@ -25,6 +25,7 @@ void StateSlots::fetch(Slot& slot, int64_t key, const std::vector<StateSpan>& sp
   GRASS_CHECK(slot_bytes_for(spans) <= slot_bytes_, "optimizer states larger than their slot");
   slot.key = key;
   slot.spans = spans;
+  backend_.order_copy_after(backend_.mark_copies(Backend::Copy::ToHost));
   int64_t offset = 0;
   for (const StateSpan& s : spans) {
     if (s.fetch) {
@@ -33,7 +34,8 @@ void StateSlots::fetch(Slot& slot, int64_t key, const std::vector<StateSpan>& sp
     }
     offset += aligned(s.bytes);
   }
-  slot.ready = backend_.mark_copies();  // after the slot's last write-back too
+  // after the write-backs too: the compute that then writes the slot follows them
+  slot.ready = backend_.mark_copies(Backend::Copy::ToDevice);
 }
 
 void StateSlots::prefetch(int64_t key, const std::vector<StateSpan>& spans) {

@@ -4,11 +4,15 @@
 // holds a piece's states for its update, prefetching the next piece's into the other slot
 // meanwhile, then writes them back:
 //
-//   copy queue   ... fetch t ─┐ fetch t+1 ─┐   write back t ─ ...     (in order)
-//   compute      ...          wait ─ form G_C(t), update(t) ─ wait ─ form G_C(t+1) ...
+//   to the device   ... fetch t ─┐ fetch t+1 ─┐ ...
+//   to the host     ...          │            │   write back t ─ ...
+//   compute         ...          wait ─ form G_C(t), update(t) ─ wait ─ form G_C(t+1) ...
 //
-// Two slots suffice because the copy queue runs in order: a slot is fetched into only after the
-// write-back that empties it, and after the compute queued before (copy_async's contract).
+// Two slots suffice because a fetch runs after the compute queued before it (copy_async's
+// contract) and after every write-back queued before it: fetches and write-backs run on the two
+// copy queues, so that order is a cross-queue wait (Backend::order_copy_after). It keeps a slot
+// from being fetched into before the write-back that empties it has read it, and a piece's host
+// bytes from being fetched before its last write-back has written them.
 // The numbers are the resident run's: the same kernels read and write the same bytes, in a slot.
 #pragma once
 #include <array>
@@ -54,7 +58,7 @@ class StateSlots {
     char* base = nullptr;
     int64_t key = -1;               // the piece it holds or receives; -1: none
     std::vector<StateSpan> spans;
-    int64_t ready = 0;              // the copy mark after its fetch
+    Backend::CopyMark ready;        // after its fetch
   };
   void fetch(Slot& slot, int64_t key, const std::vector<StateSpan>& spans);
 

@@ -380,10 +380,20 @@ struct StepBound {
   int64_t hiding_tokens = 0;  // < 0: no step hides them (the inputs' copies outgrow the compute)
   bool link_bound() const { return copy_s > compute_s; }
 };
-// One copy queue: both directions in turn, and the disk tier's reads and writes between them.
+// Per pass (LinkModel): the forward's copies go to the host, each input then written to disk with
+// the disk tier (a task on the same queue); the backward's inputs come back, each read from disk
+// first, and the states go both ways. Two queues: each pass takes its busier queue's time; one
+// queue: everything in turn.
 double copy_seconds(const MemoryPlan& plan, const LinkModel& link) {
-  return double(plan.h2d_bytes_per_step + plan.d2h_bytes_per_step) / (link.link_gbps * 1e9) +
-         2.0 * double(plan.disk_bytes_per_step) / (link.disk_gbps * 1e9);
+  const double link_bytes_per_s = link.link_gbps * 1e9;
+  const double inputs = double(plan.activation_bytes_per_step) / link_bytes_per_s +
+                        double(plan.disk_bytes_per_step) / (link.disk_gbps * 1e9);
+  const double states_in =
+      double(plan.h2d_bytes_per_step - plan.activation_bytes_per_step) / link_bytes_per_s;
+  const double states_out =
+      double(plan.d2h_bytes_per_step - plan.activation_bytes_per_step) / link_bytes_per_s;
+  if (link.copy_queues == 1) return inputs + inputs + states_in + states_out;
+  return inputs + std::max(inputs + states_in, states_out);
 }
 StepBound step_bound(const RunConfig& cfg, const MemoryPlan& plan, const LinkModel& link) {
   StepBound b;
@@ -393,7 +403,8 @@ StepBound step_bound(const RunConfig& cfg, const MemoryPlan& plan, const LinkMod
   b.copy_s = copy_seconds(plan, link);
   // the copies' time is fixed (states) plus per token (layer inputs); so is the compute's
   MemoryPlan inputs_only;
-  inputs_only.h2d_bytes_per_step = inputs_only.d2h_bytes_per_step = plan.activation_bytes_per_step;
+  inputs_only.h2d_bytes_per_step = inputs_only.d2h_bytes_per_step =
+      inputs_only.activation_bytes_per_step = plan.activation_bytes_per_step;
   inputs_only.disk_bytes_per_step = plan.disk_bytes_per_step;
   const double copy_per_token = copy_seconds(inputs_only, link) / tokens;
   const double fixed = b.copy_s - copy_per_token * tokens;
@@ -426,9 +437,11 @@ std::string describe_offload(const RunConfig& cfg, const MemoryPlan& plan, const
     return out + " (--tflops states the step-time bound)\n";
   const StepBound b = step_bound(cfg, plan, link);
   std::snprintf(line, sizeof line,
-                ":\n         %.3g s of copies over a %g GB/s link%s against %.3g s of compute at %g "
-                "TFLOP/s",
+                ":\n         %.3g s of copies over a %g GB/s link (%s)%s against %.3g s of "
+                "compute at %g TFLOP/s",
                 b.copy_s, link.link_gbps,
+                link.copy_queues == 1 ? "one copy queue, both ways in turn"
+                                      : "two copy queues, both ways at once",
                 plan.disk_bytes_per_step > 0
                     ? (" and a " + json_check::format_number(link.disk_gbps) + " GB/s disk").c_str()
                     : "",
@@ -777,6 +790,7 @@ std::string memory_plan_json(const RunConfig& given, const Storage& storage,
   out["h2d_bytes_per_step"] = plan.h2d_bytes_per_step;
   out["d2h_bytes_per_step"] = plan.d2h_bytes_per_step;
   out["link_gbps"] = link.link_gbps;
+  out["copy_queues"] = link.copy_queues;
   if (link.tflops > 0 && plan.flops_per_token > 0) {
     const StepBound b = step_bound(cfg, plan, link);
     out["tflops"] = link.tflops;

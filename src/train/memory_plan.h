@@ -80,10 +80,14 @@ void check_memory_limit(const RunConfig& cfg, const Storage& storage, const Memo
 Storage planned_storage(const RunConfig& cfg);
 
 // What bounds a step's time: its FLOPs at a sustained rate, and offload's copies over the host
-// link (one copy queue: both directions in turn).
+// link, pass by pass: the forward's (the layer inputs out) and the backward's with the updates
+// (the inputs back, the states both ways). PCIe is full duplex: with two copy queues (the
+// engine's, Backend::copy_async, on a GPU with two copy engines: asyncEngineCount 2) a pass takes
+// its busier direction's time; with one (a GPU with one copy engine) both directions in turn.
 struct LinkModel {
-  double link_gbps = 25;  // GB/s (10^9), PCIe 4 x16's order
+  double link_gbps = 25;  // GB/s (10^9) each way, PCIe 4 x16's order
   double disk_gbps = 7;   // GB/s, an NVMe SSD's sequential order (the disk tier)
+  int copy_queues = 2;    // 1 or 2
   double tflops = 0;      // sustained TFLOP/s; 0: unknown (no bound stated)
 };
 // The sustained rate a plan assumes when --tflops is not given: 40% of an H100 SXM's dense bf16

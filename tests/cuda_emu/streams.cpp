@@ -80,9 +80,28 @@ void run(Op& op) {
   }
 }
 
-// Runs one runnable head: `first`'s when it has one, else the generator's pick among them;
-// false when none is.
+// Late: the stream whose work `forced` needs next. `forced` itself when its head can run; else
+// the stream holding the record its head waits for, followed on, so that nothing runs that the
+// forced stream does not need (two copy streams: neither runs ahead while the other is drained).
+cudaStream_t needed_by(cudaStream_t forced) {
+  cudaStream_t s = forced;
+  for (size_t hops = 0; hops <= streams.size(); hops++) {
+    if (s->queue.empty() || runnable(s->queue.front())) return s;
+    const Op& head = s->queue.front();
+    cudaStream_t holder = nullptr;
+    for (cudaStream_t st : streams)
+      for (const Op& op : st->queue)
+        if (op.kind == Op::Record && op.event == head.event && op.ticket == head.ticket) holder = st;
+    if (!holder) return s;
+    s = holder;
+  }
+  return s;
+}
+
+// Runs one runnable head: `first`'s when it has one (late: the stream it waits on), else the
+// generator's pick among them; false when none is.
 bool step(cudaStream_t first = nullptr) {
+  if (first && mode().late) first = needed_by(first);
   if (first && !first->queue.empty() && runnable(first->queue.front())) {
     Op op = std::move(first->queue.front());
     first->queue.pop_front();

@@ -7,8 +7,10 @@
 // missing stream wait, a host buffer reused before its copy ran, or a read of a download before
 // its stream was synchronised shows here, where the run-to-completion emulator hides it.
 // CUDA_EMU_STREAMS=late is deferred without the random points, and a forced stream runs its own
-// work first, other streams' only while it waits on them: every copy runs as late as it may, so
-// a compute that reads a copy's destination without waiting reads what was there before.
+// work first, other streams' only while it waits on them, and then only the stream holding the
+// record it waits for: every copy runs as late as it may, so a compute that reads a copy's
+// destination without waiting reads what was there before, and a copy on one stream that needs
+// another's without an event wait runs before it.
 #pragma once
 #include <atomic>
 #include <cstdint>

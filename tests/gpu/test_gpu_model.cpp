@@ -608,10 +608,12 @@ TEST_CASE("model: checkpointed and fused GPU runs give the plain run's bits", "[
 
 TEST_CASE("model: offloaded optimizer states give the resident GPU run's bits",
           "[gpu][memory][offload]") {
-  // The states live in pinned host memory and pass through two device slots on the copy stream
-  // (kernels/cuda/copy_stream.cuh): the same kernels on the same bytes, so the same bits, and no
-  // more host waits a step. Steps 0 and 2 refresh (FLORA: step 1 resamples). AdamW's runs take
-  // the embedding and lm_head in 4 KiB pieces (pure bf16: one rounding stream across them).
+  // The states live in pinned host memory and pass through two device slots on the copy streams
+  // (kernels/cuda/copy_stream.cuh: fetches on one, write-backs on the other, each fetch waiting
+  // for the write-backs before it; under late streams, without that wait, it fails): the same
+  // kernels on the same bytes, so the same bits, and no more host waits a step. Steps 0 and 2
+  // refresh (FLORA: step 1 resamples). AdamW's runs take the embedding and lm_head in 4 KiB
+  // pieces (pure bf16: one rounding stream across them).
   struct Case {
     const char* optimizer;
     const char* precision;
@@ -667,10 +669,12 @@ TEST_CASE("model: offloaded optimizer states give the resident GPU run's bits",
 TEST_CASE("model: offloaded layer inputs give the resident GPU run's bits",
           "[gpu][memory][offload]") {
   // Under per-layer checkpointing, layers 0 and 1 of 5 send their input to pinned host memory,
-  // or through a pinned bounce buffer to a file (the file's reads and writes are host functions
-  // on the copy stream), and it comes back two layers ahead of their backward: the same bits, and
-  // no more host waits a step. The deferred case takes two micro-batches a step (the ring reused
-  // within a step), its inputs go to disk and its states to the host.
+  // or through a pinned bounce buffer to a file (the file's writes are host functions on the
+  // device-to-host copy stream, its reads on the host-to-device one, each read after its write by
+  // a cross-stream wait: without it the deferred case fails under late streams), and it comes
+  // back two layers ahead of their backward: the same bits, and no more host waits a step. The
+  // deferred case takes two micro-batches a step (the ring reused within a step), its inputs go
+  // to disk and its states to the host.
   const std::string dir = (std::filesystem::temp_directory_path() /
                            ("grass-gpu-xin-" + std::to_string(getpid()))).string();
   struct Case {
