@@ -33,16 +33,16 @@ first_has() { grep -qF -- "$1" "$tmp/first" && pass || fail "first line lacks \"
 out_has() { grep -qF -- "$1" "$tmp/out" && pass || { fail "output lacks \"$1\":"; cat "$tmp/out"; }; }
 out_lacks() { grep -qF -- "$1" "$tmp/out" && { fail "output should not have \"$1\":"; cat "$tmp/out"; } || pass; }
 
-# GRASS r=256, pure bf16, 1 x 256 tokens: 28.40 GiB planned (attention "auto": with cuDNN's
+# GRASS r=256, pure bf16, 1 x 256 tokens: 28.41 GiB planned (attention "auto": with cuDNN's
 # workspace, 14.0 MiB; 28.39 GiB with the engine's kernels)
 big=configs/runs/llama_13b_grass.json
 
 # the issue's command: 13B under 24 GiB cannot fit, and the weights are why
 mem 3 "$big" --memory-limit 24GiB
 first_starts "does not fit memory_limit 24.00 GiB: LLaMA 13.016B, grass r=256, pure bf16, 1 x 256 tokens"
-first_has "needs 29.66 GiB (5.66 GiB over)"
+first_has "needs 29.67 GiB (5.67 GiB over)"
 first_has "the bf16 weights alone take 24.24 GiB: no placement trains this model under 24.00 GiB without streaming or quantizing weights"
-out_has "  29.66 GiB = 28.40 GiB planned + 1.01 GiB the CUDA context and libraries take outside the plan (measured on an H200) + 256.0 MiB the reservation leaves free beside it"
+out_has "  29.67 GiB = 28.41 GiB planned + 1.01 GiB the CUDA context and libraries take outside the plan (measured on an H200) + 256.0 MiB the reservation leaves free beside it"
 out_lacks "data-parallel"
 [ -s "$tmp/err" ] && fail "a run that does not fit is an answer, not an error: $(cat "$tmp/err")" || pass
 
@@ -50,7 +50,7 @@ out_lacks "data-parallel"
 mem 0 "$big" --memory-limit 40GiB
 first_starts "fits memory_limit 40.00 GiB: LLaMA 13.016B, grass r=256"
 # (62 sequences would fit a 40 GiB cap on the plan alone: 56 leave room for the 1.26 GiB beyond it)
-first_has "needs 29.66 GiB (10.34 GiB to spare); the largest micro_batch_size that fits is 56 (14336 tokens)"
+first_has "needs 29.67 GiB (10.33 GiB to spare); the largest micro_batch_size that fits is 56 (14336 tokens)"
 out_has 'attention "auto": cuDNN'"'"'s where it loads on the GPU, planned with its workspace, the larger: 14.0 MiB (grows as seq_len²)'
 # the engine's kernels alone: their smaller workspace, and no cuDNN line
 mem 0 "$big" --memory-limit 40GiB --set attention=grass

@@ -454,10 +454,10 @@ TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under
   CHECK(v.exit_code() == kExitDoesNotFit);
   CHECK(v.largest_micro_batch == 0);
   CHECK(v.line.starts_with("does not fit memory_limit 24.00 GiB: LLaMA 13.016B, grass r=256, pure "
-                           "bf16, 1 x 256 tokens, checkpointed per layer needs 29.66 GiB"));
+                           "bf16, 1 x 256 tokens, checkpointed per layer needs 29.67 GiB"));
   CHECK_THAT(v.line, Contains("the bf16 weights alone take 24.24 GiB: no placement trains this "
                               "model under 24.00 GiB without streaming or quantizing weights"));
-  CHECK(v.details.starts_with("  29.66 GiB = 28.40 GiB planned + 1.01 GiB the CUDA context and "
+  CHECK(v.details.starts_with("  29.67 GiB = 28.41 GiB planned + 1.01 GiB the CUDA context and "
                               "libraries take outside the plan (measured on an H200) + 256.0 MiB"));
   // over the weights but under them with what a card holds beyond the plan: both named
   cfg.memory_limit = 25 * GiB;
@@ -470,18 +470,18 @@ TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under
   CHECK_THAT(memory_verdict(tiny, storage).line,
              Contains("(the CUDA context and libraries, the reservation's free memory): nothing "
                       "trains under 1.00 GiB on the GPU"));
-  // under 27 GiB offloading the optimizer states is what fits (24.84 GiB planned on the device)
+  // under 27 GiB offloading the optimizer states is what fits (24.85 GiB planned on the device)
   cfg.memory_limit = 27 * GiB;
   const MemoryVerdict offloaded = memory_verdict(cfg, storage);
   CHECK_FALSE(offloaded.fits);
   CHECK_THAT(offloaded.line, Contains("not even micro_batch_size 1 fits; offload \"auto\" fits it "
-                                      "with optimizer states in the host tier: 24.84 GiB on the device"));
+                                      "with optimizer states in the host tier: 24.85 GiB on the device"));
   CHECK_THAT(offloaded.line, !Contains("weights alone"));
   // the plan alone under the cap (what grass train enforces) but not the card: both said
   cfg.memory_limit = 29 * GiB;
   const MemoryVerdict capped = memory_verdict(cfg, storage);
   CHECK_FALSE(capped.fits);
-  CHECK_THAT(capped.details, Contains("grass train's memory_limit caps the plan alone, 28.40 GiB"));
+  CHECK_THAT(capped.details, Contains("grass train's memory_limit caps the plan alone, 28.41 GiB"));
 }
 
 TEST_CASE("without a limit grass mem names the card sizes a GPU run fits, and exits 0",
@@ -491,9 +491,9 @@ TEST_CASE("without a limit grass mem names the card sizes a GPU run fits, and ex
   const MemoryVerdict v = memory_verdict(grass, storage);
   CHECK_FALSE(v.limited);
   CHECK(v.exit_code() == 0);
-  CHECK(v.card == 32 * GiB);  // 29.66 GiB needed
+  CHECK(v.card == 32 * GiB);  // 29.67 GiB needed
   CHECK(v.line.starts_with("fits a 32 GB card and larger, not a 24 GB card: "));
-  CHECK_THAT(v.line, Contains("needs 29.66 GiB (2.34 GiB to spare on a 32 GB card)"));
+  CHECK_THAT(v.line, Contains("needs 29.67 GiB (2.33 GiB to spare on a 32 GB card)"));
   RunConfig planned = grass;  // as grass mem plans "auto": with cuDNN's workspace
   planned.attention = AttentionChoice::Cudnn;
   CHECK(v.largest_micro_batch ==
