@@ -20,8 +20,9 @@
 #          background during the build
 #   T5     the headline: llama_1b bf16-mixed at GaLore's batch (micro-batch 64 x 256, 512 x 256
 #          a step), the median of 3 steps after a warm-up, tok/s and MFU, with the engine's
-#          attention and with cuDNN's, SM clock and power sampled; host syncs per step (an
-#          LD_PRELOAD counter, tools/gpu/sync_count.c), cublasGemmEx fallbacks, then a profile
+#          attention, with cuDNN's and with "auto" (the default: what it took), SM clock and
+#          power sampled; host syncs per step (an LD_PRELOAD counter, tools/gpu/sync_count.c),
+#          cublasGemmEx fallbacks, then a profile
 #          (nsys if it works, else ncu over one step) read by tools/gpu/profile_shares.py:
 #          GEMM / attention / other shares, the top 15 kernels, MFU without the optimizer
 #   T6     large shapes: tests/gpu/test_gpu_large_shapes.cpp (hidden tag [large])
@@ -581,7 +582,7 @@ step_t5() {
   local base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json
               --set "data.train=$shard" --set device=cuda --set precision=bf16-mixed
               --set optimizer.name=adamw --set micro_batch_size=64 --set total_batch_size=512
-              --set seq_len=256 --set log_every=1)
+              --set seq_len=256 --set log_every=1 --set attention=grass)
   local counts=$logs/t5_sync_counts.txt n figure="" c smi=""
   rm -f "$counts"
   for n in 2 4; do  # two runs that differ only in steps: syncs per step = difference / 2
@@ -608,6 +609,11 @@ step_t5() {
       --set attention=cudnn --set steps=4 --set "out_dir=$work/t5_1b_cudnn"
     cudnn_rc=$?
   fi
+  # attention "auto", the default (issue 45 item 1): what it took, and its speed
+  rm -rf "$work/t5_1b_auto"
+  run_cmd "$(cap 90)" "$logs/t5_train_auto.log" "$BUILD"/grass train "${base[@]}" \
+    --set attention=auto --set steps=4 --set "out_dir=$work/t5_1b_auto"
+  local auto_rc=$?
   local log4=$logs/t5_train_4steps.log syncs="n/a" mfu=""
   if [ $dry = 0 ]; then
     if [ -n "$shim" ] && [ "$(wc -l <"$counts" 2>/dev/null || echo 0)" -ge 2 ]; then
@@ -623,6 +629,12 @@ step_t5() {
       none) figure+="cuDNN attention: not in this build; " ;;
       *) figure+="cuDNN attention: no figure (exit $cudnn_rc, log t5_train_cudnn.log); " ;;
     esac
+    if [ $auto_rc = 0 ]; then
+      figure+="attention auto took $(sed -n 's/^  attention  *//p' "$logs/t5_train_auto.log" | head -1 | cut -c1-80 | grep . || echo "the engine's kernels"): $(done_field "$logs/t5_train_auto.log") tok/s, MFU $(mfu_field "$logs/t5_train_auto.log" | grep . || echo n/a); "
+      run_figures T5 adamw-auto "$logs/t5_train_auto.log"
+    else
+      figure+="attention auto: no figure (exit $auto_rc, log t5_train_auto.log); "
+    fi
     if [ -s "$logs/t5_smi.csv" ]; then  # "clock, power" every 0.5 s during the 4-step run
       figure+="$(sort -t, -k1 -n "$logs/t5_smi.csv" | awk -F', *' '{c[NR]=$1; p+=$2} END {
         if (NR) printf "SM clock min %d median %d MHz, power mean %.0f W over %d samples; ", c[1], c[int((NR+1)/2)], p/NR, NR}')"

@@ -118,6 +118,7 @@ expect "T4 is skipped without SDPA/CUDA" '^\| T4 \| skipped \(no torch/CUDA\)'
 expect "T2 runs the sanitizers" '^\| T2 \| pass \| racecheck 0 reports; racecheck_reduce 0 reports; synccheck 0 reports; memcheck 0 reports; memcheck over 2 training steps clean'
 expect "T3 reports Catch's totals" '^\| T3 \| pass \| (Passed|All tests)'
 expect "T5 measures tok/s, clocks, syncs and the shares" '^\| T5 \| pass \| 1B, 512x256 tokens/step.*tok/s.*SM clock min 1755 median 1980 MHz, power mean 639 W over 3 samples; host syncs/step [0-9]+.*GEMM 60\.0%, attention 30\.0%, other 10\.0%.*optimizer 0\.0%; top kernel: 60\.0%.*nvjet'
+expect "T5 runs attention auto and says what it took" '^\| T5 \| pass \| .*attention auto took the engine.s kernels .*: [0-9.]+ tok/s'
 expect "T6 runs the large-shape tests" '^\| T6 \| pass \| .*worst gradient rel error'
 expect "T7 sets the step lines beside the plan" '^\| T7 \| pass \| plan 28\.39 GiB; arena [0-9.]+ GiB; device peak [0-9.]+ GiB'
 expect "T7 runs 13B at 16x256 and the largest micro-batch" '^\| T7 \| pass \| .*13B at 16x256: pass, plan [0-9.]+ GiB, device peak [0-9.]+ GiB, [0-9.]+ tok/s, MFU ([0-9.]+%|n/a); 13B at 59x256: pass'
@@ -125,10 +126,12 @@ expect "T11 times GRASS against AdamW in rounds" '^\| T11 \| pass \| 1B, 512x256
 expect "T10 skips without bitsandbytes and a GPU" '^\| T10 \| (skipped|pass)'
 expect "bench says not built" '^\| bench \| not built'
 expect "a history row" '^\| [0-9-]+ \| [^|]+ \| FAKE H100 .* \| \*\*gpu_first_run passed\.\*\*'
-# figures.csv: a header, then one row per figure (T5's, T11's four runs and ratio, T7's three runs)
+# figures.csv: a header, then one row per figure (T5's three runs, T11's four and their ratio,
+# T7's three runs)
 csv_rows() { grep -c "$1" "$fake/out/figures.csv" 2>/dev/null || echo 0; }
 if [ "$(head -1 "$fake/out/figures.csv" 2>/dev/null)" = "step,run,figure,value,unit" ] &&
    [ "$(csv_rows '^T5,adamw,tokens_per_s,[0-9.]*,tok/s$')" = 1 ] &&
+   [ "$(csv_rows '^T5,adamw-auto,tokens_per_s,[0-9.]*,tok/s$')" = 1 ] &&
    [ "$(csv_rows '^T11,[a-z]*-round[12],tokens_per_s,')" = 4 ] &&
    [ "$(csv_rows '^T11,grass-over-adamw,tokens_per_s_ratio,[0-9.]*,x$')" = 1 ] &&
    [ "$(csv_rows '^T7,13b-[0-9x]*,device_peak_gib,[0-9.]*,GiB$')" = 3 ]; then

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Step times of the features added after the first GPU run, on a lent GPU, after
 # scripts/gpu_first_run.sh has built build-gpu/ (docs/gpu-status.md). Each run is LLaMA-1B in
-# bf16-mixed, 16 x 256 tokens a step, a few steps; the table gives each step's time, tok/s, host
-# waits and device memory from metrics.jsonl, so a refresh step stands beside a plain one.
+# bf16-mixed, 16 x 256 tokens a step, a few steps, on the engine's attention kernels (pinned, so the
+# rows compare with the figures before attention "auto" became the default; `cudnn` and `auto`
+# name theirs); the table gives each step's time, tok/s, host waits and device memory from
+# metrics.jsonl, so a refresh step stands beside a plain one.
 #
 #   tools/gpu/timing_runs.sh [--budget SECONDS] [--runs NAME,...]
 #
@@ -15,6 +17,7 @@
 #   grass-whole  GRASS r=512 (its refresh at step 0), inputs kept whole
 #   grass-columns the same, n2 kept as gate's and up's selected columns (issue 28)
 #   cudnn        AdamW with attention "cudnn" (RoPE rotated in place in the packed q, k, v)
+#   auto         AdamW with attention "auto", the default: cuDNN's where it builds (issue 45 item 1)
 #   t5-adamw     AdamW at T5's batch: 512 x 256 tokens a step in micro-batches of 64
 #   t5-grass     GRASS r=512 at the same batch (refresh at step 0; q|k|v's G_C one stacked GEMM,
 #                issue 45 item 3): not run by default; --runs t5-adamw,t5-grass --rounds 3
@@ -50,7 +53,7 @@ deadline=$((SECONDS + budget))
 base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json --set "data.train=$shard"
       --set device=cuda --set precision=bf16-mixed --set micro_batch_size=16
       --set total_batch_size=16 --set seq_len=256 --set log_every=1 --set steps=4
-      --set activation_checkpointing=none)
+      --set activation_checkpointing=none --set attention=grass)
 runs=(
   "plain|"
   "elementwise|--set activation_checkpointing=elementwise"
@@ -60,6 +63,7 @@ runs=(
   "grass-whole|--set optimizer.name=grass --set optimizer.rank=512 --set activations.selected_columns=off"
   "grass-columns|--set optimizer.name=grass --set optimizer.rank=512 --set activations.selected_columns=on"
   "cudnn|--set attention=cudnn"
+  "auto|--set attention=auto"
   "t5-adamw|--set micro_batch_size=64 --set total_batch_size=512"
   "t5-grass|--set micro_batch_size=64 --set total_batch_size=512 --set optimizer.name=grass --set optimizer.rank=512"
 )
