@@ -491,7 +491,7 @@ TEST_CASE("model: one GRASS step on the GPU matches the CPU reference", "[gpu][g
 }
 
 TEST_CASE("model: GPU training on repeated n-grams tracks the CPU's loss curve", "[gpu][train]") {
-  const int steps = 50;
+  const int steps = 30;  // the loss falls by half by step 20; the last 10 steps are compared
   struct Case {
     const char* optimizer;
     const char* gpu_precision;
