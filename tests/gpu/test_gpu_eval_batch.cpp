@@ -53,7 +53,7 @@ double mean_loss(LlamaModel& model, const std::vector<int32_t>& inputs,
 
 }  // namespace
 
-TEST_CASE("eval: a forward-only model on the GPU scores the training model's windows", "[gpu]") {
+TEST_CASE("eval: a forward-only model on the GPU scores the training model's windows", "[gpu][model]") {
   const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, true);
   const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
   const int T = 16, sequences = 66;  // 1,056 rows: two chunks of the head, the second short
