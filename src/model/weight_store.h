@@ -1,7 +1,7 @@
 // The model's weights, and the one way to them. Each tensor's place (ParamTensor::place) says
 // where its values live, and every access dispatches on it here: the model's forward and backward
 // (weight(): LlamaModel::layer_weights, the embedding, the final norm, lm_head), the optimizers'
-// updates (ref()), init and init_from (write_hf()), evaluation and tests (read_hf()), exports and
+// updates (ref()), init and init_from (write_hf()), tests (read_hf()), exports and
 // checkpoints (hf_bytes(), load_hf_bytes(), holds()). Today every tensor is Place::Device: one
 // flat buffer on the device, each tensor at its offset, beside the fp32 master copy when the
 // storage keeps one. Weight streaming (../shared/WEIGHT_STREAMING.md §3) adds a place to each
