@@ -246,6 +246,10 @@ class Backend : public MemoryResource {
   // wait_copies() with a mark taken after this call.
   enum class Copy { ToDevice, ToHost };
   virtual void copy_async(void* dst, const void* src, size_t bytes, Copy direction) = 0;
+  // The copies the device can run at once beside its compute: the GPU's copy engines
+  // (cudaDevAttrAsyncEngineCount; with one, the two queues' copies take turns), the CPU's two copy
+  // threads. The offload planner's link model assumes min(this, 2) queues (LinkModel::copy_queues).
+  virtual int copy_engines() const = 0;
   // Runs `task` on `queue` in its order: after the copies queued before on it, before those queued
   // after (the disk tier's file reads and writes between a pinned buffer's copies,
   // model/x_in_ring.h). It runs on another thread and must not call the backend. `reads`: the

@@ -75,6 +75,8 @@ done
   --set offload='{"optimizer_states": true, "piece_bytes": "16KiB"}' >"$tmp/c.log" 2>&1
 check "the run resumed with offloaded states exits 0" test $? = 0
 check "its states are in pinned host memory" grep -q "in pinned host memory, through two device slots" "$tmp/c.log"
+check "its copies go both ways at once on the emulator's 2 copy engines" \
+  grep -q "offload       copies both ways at once: the GPU has 2 copy engines (asyncEngineCount)" "$tmp/c.log"
 check "steps 7-12 offloaded: the same losses and gradient norms" \
   diff <(losses "$tmp/a/metrics.jsonl" | tail -6) <(losses "$tmp/c/metrics.jsonl" | tail -6)
 for f in model.safetensors state.safetensors; do

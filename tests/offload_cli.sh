@@ -44,6 +44,7 @@ check "the resident run exits 0" test $? = 0
 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/offloaded" "${offload[@]}" >"$tmp/offloaded.log" 2>&1
 check "the offloaded run exits 0" test $? = 0
 check "its start-up table names the host tier" grep -q "offload       optimizer states, .* in host memory outside the arena, through two device slots of 16.0 KiB" "$tmp/offloaded.log"
+check "and the copy queues: the CPU backend's two threads" grep -q "offload       copies both ways at once: the CPU backend has 2 copy threads" "$tmp/offloaded.log"
 check "its step line shows the host tier and the copies" grep -qE "\+ host .* \| copy .* at [0-9.]+ GB/s" "$tmp/offloaded.log"
 check "its metrics carry copy_bytes" grep -q '"copy_bytes":[1-9]' "$tmp/offloaded/metrics.jsonl"
 check "8 steps: the resident run's losses and gradient norms" \

@@ -249,3 +249,40 @@ TEST_CASE("offload auto picks the placement that fits with the least traffic", "
   CHECK_THAT(c.why, Catch::Contains("no placement fits"));
   CHECK(plan_memory(c.cfg, storage).total == both.total);
 }
+
+TEST_CASE("offload auto weighs the copies by the copy queues the device has", "[offload][memory]") {
+  // The states' s bytes go each way in the backward, the layer inputs' i out in the forward and
+  // back in the backward. Two queues overlap the states' two trips (s against the inputs' 2i),
+  // one queue takes them in turn (2s against 2i): with i < s < 2i they choose differently. The
+  // micro-batch sets i; the first that puts it in that window.
+  RunConfig cfg = layer_run("adamw", "bf16", true);
+  const Storage storage = storage_for(cfg.precision, false);
+  cfg.offload.automatic = true;
+  const auto plan_of = [&](bool states, ActivationOffload inputs) {
+    RunConfig c = cfg;
+    c.offload = {.optimizer_states = states, .activations = inputs};
+    return plan_memory(c, storage);
+  };
+  MemoryPlan none, states, inputs;
+  bool window = false;
+  for (int b = 1; b <= 256 && !window; b++) {
+    cfg.micro_batch_size = cfg.total_batch_size = b;
+    none = plan_of(false, ActivationOffload::None);
+    states = plan_of(true, ActivationOffload::None);
+    inputs = plan_of(false, ActivationOffload::Host);
+    const int64_t s = states.h2d_bytes_per_step, i = inputs.h2d_bytes_per_step;
+    window = i < s && s < 2 * i;
+  }
+  REQUIRE(window);
+  cfg.memory_limit = std::max(states.total, inputs.total);  // either move alone fits
+  REQUIRE(cfg.memory_limit < none.total);
+  const auto chosen = [&](int copy_queues) {
+    return choose_offload(cfg, storage, LinkModel{.copy_queues = copy_queues}).cfg.offload;
+  };
+  CHECK(chosen(2).optimizer_states);
+  CHECK(chosen(2).activations == ActivationOffload::None);
+  CHECK_FALSE(chosen(1).optimizer_states);
+  CHECK(chosen(1).activations == ActivationOffload::Host);
+  // the CPU backend's two copy threads: the trainer's planner assumes two queues
+  CHECK(make_cpu_backend(storage)->copy_engines() == 2);
+}

@@ -82,6 +82,7 @@ class CpuBackend final : public Backend {
     copies_.after(other, int(mark.queue), mark.n);
   }
   CopyTotals copy_totals() override { return {copies_.bytes_done(), copies_.seconds_busy()}; }
+  int copy_engines() const override { return 2; }  // the copy threads, one per queue
   // Lazy copies poison what is unwritten too, as the GPU's GRASS_POISON does.
   void mark_unwritten(void* ptr, size_t bytes) override {
     if (copies_.lazy()) std::memset(ptr, 0xFF, bytes);

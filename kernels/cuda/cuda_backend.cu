@@ -53,6 +53,7 @@ class CudaBackend final : public Backend {
     GRASS_CHECK(storage.cuda && storage.bf16_weights(),
                 "the CUDA backend needs a bf16 CUDA storage plan");
     GRASS_CUDA_CHECK(cudaSetDevice(device));
+    GRASS_CUDA_CHECK(cudaDeviceGetAttribute(&copy_engines_, cudaDevAttrAsyncEngineCount, device));
     // Everything that takes device memory outside the arena happens here, before reserve(), so
     // that the reservation is the run's last allocation: the stream, both cuBLAS handles (and the
     // kernels, loaded eagerly: probe_device, cuda/device.h).
@@ -206,6 +207,7 @@ class CudaBackend final : public Backend {
     copies_->order_after(int(other), int(mark.queue), mark.n);
   }
   CopyTotals copy_totals() override { return copies_->totals(); }
+  int copy_engines() const override { return copy_engines_; }
   void write_weights(void* weights, float* master, int64_t first, const float* host,
                      int64_t n) override {
     if (master) upload(master + first, host, size_t(n) * sizeof(float));
@@ -573,6 +575,7 @@ class CudaBackend final : public Backend {
   BackendScratchPointers scratch_;
   cuda::StagingRing staging_;
   std::unique_ptr<cuda::CopyStreams> copies_;  // the copy queues and the host tier
+  int copy_engines_ = 0;                        // cudaDevAttrAsyncEngineCount
   int64_t host_waits_ = 0;
   BackendScratch scratch_bytes_;       // the sizes of scratch_'s buffers
   int64_t slice_norms_capacity_ = 0;  // doubles at scratch_.slice_norms

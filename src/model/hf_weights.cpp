@@ -37,22 +37,9 @@ const char* hf_weight_dtype(const LlamaModel& model) {
 void add_hf_tensors(SafetensorsWriter& writer, LlamaModel& model,
                     std::vector<std::vector<std::byte>>& keep) {
   const int wbytes = model.storage().weight_bytes;
-  const size_t total = size_t(model.num_stored_params()) * wbytes;
-  const auto* weights = static_cast<const std::byte*>(model.weights());
-  if (model.storage().cuda) {  // one download of the whole buffer
-    std::vector<std::byte>& host = keep.emplace_back(total);
-    model.backend().download(host.data(), weights, total);
-    weights = host.data();
-  }
-  for (const ParamTensor& t : model.tensors()) {
-    const std::byte* bytes = weights + t.offset * wbytes;
-    if (t.padded()) {
-      std::vector<std::byte>& hf = keep.emplace_back(size_t(t.hf_numel) * wbytes);
-      stored_to_hf(t, bytes, hf.data(), wbytes);
-      bytes = hf.data();
-    }
-    writer.add(t.name, hf_weight_dtype(model), t.hf_shape, bytes, size_t(t.hf_numel) * wbytes);
-  }
+  for (const ParamTensor& t : model.tensors())
+    writer.add(t.name, hf_weight_dtype(model), t.hf_shape, model.weight_store().hf_bytes(t, keep),
+               size_t(t.hf_numel) * wbytes);
 }
 
 }  // namespace grass

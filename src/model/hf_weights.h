@@ -30,7 +30,7 @@ const char* hf_weight_dtype(const LlamaModel& model);
 // Adds every parameter to `writer` under its Hugging Face name and shape (a padded ffn's tensors
 // cut back to Hugging Face's), in hf_weight_dtype. The writer reads the bytes when it writes: the
 // model's own buffers on the CPU, copies downloaded into `keep` on the GPU (and the unpadded
-// copies), so `keep` and the model must outlive the writer's write().
+// copies: WeightStore::hf_bytes), so `keep` and the model must outlive the writer's write().
 void add_hf_tensors(SafetensorsWriter& writer, LlamaModel& model,
                     std::vector<std::vector<std::byte>>& keep);
 

@@ -148,15 +148,14 @@ void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
   };
   for (int l = 0; l < L; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    off_layer_.push_back(ts.num_stored());
     for (const LayerTensorSpec& t : kLayerTensors)
       ts.add(p + t.name, shape_of(t, false), t.is_norm, shape_of(t, true));
   }
-  off_norm_ = ts.num_stored();
+  norm_index_ = int(ts.size());
   ts.add("model.norm.weight", {C}, true);
-  off_lm_head_ = off_embed_;  // tied: lm_head reads (and trains) the embedding table
+  lm_head_index_ = 0;  // tied: lm_head reads (and trains) the embedding table
   if (!cfg.tie_word_embeddings) {
-    off_lm_head_ = ts.num_stored();
+    lm_head_index_ = int(ts.size());
     ts.add("lm_head.weight", {V, C}, false);
   }
   GRASS_CHECK(ts.num_params() == cfg.num_parameters(), "parameter layout disagrees with the config");
@@ -176,14 +175,10 @@ void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
     GRASS_CHECK(memory.forward_only && weights_of->num_stored_params() == num_stored &&
                     weights_of->F_ == F_,
                 "a model sharing another's weights must be forward-only and of its layout");
-    params_ = weights_of->params_;
+    store_ = weights_of->store_.view_without_master();
   } else {
-    params_ = arena.alloc_bytes(MemCategory::Weights, prefix + "parameters",
-                                num_stored * storage.weight_bytes);
+    store_ = WeightStore(ts, arena, backend, prefix, storage.master && !memory.forward_only);
   }
-  // counted with the optimizer states, as ZeRO does: only the optimizer reads it
-  if (storage.master && !memory.forward_only)
-    master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)", num_stored);
   if (memory.forward_only) {
     // no gradients
   } else if (!memory.fused_update) {
@@ -412,8 +407,6 @@ void* at(void* base, int64_t elements, int bytes) {
 }
 }  // namespace
 
-void* LlamaModel::weight(const ParamTensor& t) { return at(params_, t.offset, storage().weight_bytes); }
-
 void* LlamaModel::grad(const ParamTensor& t) {
   if (!t.dense()) return nullptr;
   if (!memory_.fused_update) return at(grads_, t.grad_offset, storage().grad_bytes);
@@ -621,25 +614,6 @@ void LlamaModel::init_weights(uint64_t seed) {
   }
 }
 
-void LlamaModel::write_tensor(const ParamTensor& t, const float* host) {
-  if (!t.padded()) {
-    backend_->write_weights(params_, master_, t.offset, host, t.numel);
-    return;
-  }
-  std::vector<float> stored(size_t(t.numel));
-  hf_to_stored(t, host, stored.data(), sizeof(float));
-  backend_->write_weights(params_, master_, t.offset, stored.data(), t.numel);
-}
-
-std::vector<float> LlamaModel::read_tensor(const ParamTensor& t) const {
-  std::vector<float> stored(size_t(t.numel));
-  backend_->read_weights(stored.data(), params_, t.offset, t.numel);
-  if (!t.padded()) return stored;
-  std::vector<float> host(size_t(t.hf_numel));
-  stored_to_hf(t, stored.data(), host.data(), sizeof(float));
-  return host;
-}
-
 void LlamaModel::zero_grads() {
   if (memory_.fused_update) return;  // each gradient's buffer is zeroed as it is formed
   backend_->zero(grads_, size_t(num_dense_grads()) * storage().grad_bytes);
@@ -700,7 +674,7 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
 
 LlamaModel::StreamNorm LlamaModel::stream_norm(int l) {
   if (l == cfg_.num_hidden_layers)
-    return {x_out_, nf_, rstdf_, at(params_, off_norm_, storage().weight_bytes)};
+    return {x_out_, nf_, rstdf_, weight(tensors_[size_t(norm_index_)])};
   return {acts_[l].x_in, acts_[l].n1, acts_[l].rstd1, layer_weights(l).attn_norm};
 }
 
@@ -805,7 +779,7 @@ double* LlamaModel::next_loss_sum() {
   return loss_sums_ + (loss_valid_.size() - 1);
 }
 
-void* LlamaModel::lm_head_weights() { return at(params_, off_lm_head_, storage().weight_bytes); }
+void* LlamaModel::lm_head_weights() { return weight(tensors_[size_t(lm_head_index_)]); }
 
 void LlamaModel::forward_to_head(const int32_t* inputs, const int32_t* targets, int B) {
   GRASS_CHECK(B >= 1 && B <= max_B_, "micro-batch larger than the activations allocated");
@@ -862,7 +836,7 @@ void LlamaModel::backward_from_head(int lm_head) {
   if (lm_head != embed) end_gradient(lm_head);  // a tied table waits for the embedding's part
   be.zero(ws_.dres, size_t(N) * C * storage().act_bytes);
   be.rmsnorm_backward(ws_.dres, begin_gradient(final_norm), ws_.dnorm, x_out_,
-                      at(params_, off_norm_, storage().weight_bytes), rstdf_, N, C);
+                      weight(tensors_[size_t(norm_index_)]), rstdf_, N, C);
   end_gradient(final_norm);
 
   for (int l = L - 1; l >= 0; l--) {

@@ -20,6 +20,7 @@
 #include "src/model/gradient_sink.h"
 #include "src/model/parameter_set.h"
 #include "src/model/sampled_inputs.h"
+#include "src/model/weight_store.h"
 #include "src/model/x_in_ring.h"
 
 namespace grass {
@@ -165,17 +166,19 @@ class LlamaModel {
   int64_t num_dense_grads() const { return tensors_.num_dense_grads(); }  // elements of grads()
   Backend& backend() const { return *backend_; }
   const Storage& storage() const { return backend_->storage(); }
-  // The backend's buffers: weights [num_params] (weight-typed), the fp32 master copy (or null),
-  // dense gradients [num_dense_grads] (grad-typed; with fused updates, only the one being formed).
-  void* weights() { return params_; }
-  float* master() { return master_; }
+  // Every access to the weights goes through the store (model/weight_store.h), by tensor.
+  WeightStore& weight_store() { return store_; }
+  const WeightStore& weight_store() const { return store_; }
+  // The backend's buffers: the resident weights [num_stored_params] (weight-typed) and the fp32
+  // master copy (or null), which tests read whole; dense gradients [num_dense_grads] (grad-typed;
+  // with fused updates, only the one being formed).
+  void* weights() { return store_.resident(); }
+  float* master() { return store_.master(); }
   void* grads_buffer() { return grads_; }
   void* grad(const ParamTensor& t);  // null for a projected tensor; fused: the shared buffer
-  void* weight(const ParamTensor& t);
+  void* weight(const ParamTensor& t) { return store_.weight(t); }
   // What an optimizer update of t writes: its weights and, with a master copy, its fp32 master.
-  WeightRef weight_ref(const ParamTensor& t) {
-    return {weight(t), master_ ? master_ + t.offset : nullptr};
-  }
+  WeightRef weight_ref(const ParamTensor& t) { return store_.ref(t); }
   int seq_len() const { return T_; }
   int max_batch() const { return max_B_; }
 
@@ -184,9 +187,9 @@ class LlamaModel {
   void init_weights(uint64_t seed);
   // Writes tensor t's weights from fp32 values on the host in Hugging Face's layout (hf_numel
   // of them), and the master copy, if any.
-  void write_tensor(const ParamTensor& t, const float* host);
+  void write_tensor(const ParamTensor& t, const float* host) { store_.write_hf(t, host); }
   // The weights the forward reads, in Hugging Face's layout.
-  std::vector<float> read_tensor(const ParamTensor& t) const;
+  std::vector<float> read_tensor(const ParamTensor& t) const { return store_.read_hf(t); }
   void zero_grads();
 
   // inputs, targets: [B, T] (a negative target is ignored). Queues the forward and keeps the
@@ -222,7 +225,7 @@ class LlamaModel {
 
  private:
   friend struct ModelInternals;  // tests/test_util.h: the buffers tests read on the CPU backend
-  struct LayerWeights {  // views into the flat weight buffer
+  struct LayerWeights {  // where the compute reads layer l's tensors (WeightStore::weight)
     void *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *wgate, *wup, *wdown;
   };
   struct LayerActs {  // act-typed unless said otherwise
@@ -240,6 +243,7 @@ class LlamaModel {
                      // stacked weights; F as stored: ffn_stored())
     void* act;       // [N, F] silu(gate) * up, input of down_proj
   };
+  // The one place the forward and backward get a layer's weights.
   LayerWeights layer_weights(int l);
   // The forward up to the final norm's output nf_ (valid_ counted, tokens sent).
   void forward_to_head(const int32_t* inputs, const int32_t* targets, int B);
@@ -326,14 +330,13 @@ class LlamaModel {
   GradientSink* sink_ = nullptr;
   ModelMemoryOptions memory_;
   Backend* backend_;
-  void* params_ = nullptr;
-  float* master_ = nullptr;
+  WeightStore store_;
   void* grads_ = nullptr;
   void* tied_grad_ = nullptr;  // fused with tied embeddings: the table's gradient [V, C], held
                                // from the lm_head's backward to the embedding's
-  // offsets of the tensors that are not per layer
-  int64_t off_embed_ = 0, off_norm_ = 0, off_lm_head_ = 0;
-  std::vector<int64_t> off_layer_;  // offset of each layer's first tensor
+  int64_t off_embed_ = 0;  // the embedding table's offset
+  int norm_index_ = 0, lm_head_index_ = 0;  // the final norm's and lm_head's tensors (tied: the
+                                            // embedding's)
 
   // Checkpointing per layer: every layer has its own x_in and shares the rest with the others;
   // elementwise and sampled: the layers share n1, n2 and act.

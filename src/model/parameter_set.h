@@ -1,5 +1,6 @@
 // Every trainable tensor of the model, in one list the model and the optimizers share: its
-// Hugging Face name, shape and place in the flat weight buffer, and how it is trained. A dense
+// Hugging Face name, shape and place in the flat weight buffer, where its weights live, and how
+// it is trained. A dense
 // tensor has a slice of the dense gradient buffer; a projected tensor has none: its optimizer
 // (GRASS, GaLore, FLORA) forms what it trains on from the layer's dy and x (model/gradient_sink.h).
 #pragma once
@@ -8,6 +9,12 @@
 #include <vector>
 
 namespace grass {
+
+// Where a tensor's weights live; model/weight_store.h dispatches every access on it. Device: in
+// the device's flat weight buffer at the tensor's offset, for the whole run. (Weight streaming,
+// ../shared/WEIGHT_STREAMING.md §3, adds layers kept in pinned host memory and fetched into
+// device slots.)
+enum class Place { Device };
 
 // A tensor is stored as `shape`, which is Hugging Face's `hf_shape` or, for the ffn tensors of a
 // model with padded ffn rows (ModelMemoryOptions::pad_ffn), larger: extra rows at the end and a
@@ -20,6 +27,7 @@ struct ParamTensor {
   int64_t offset = 0;          // in elements, into the weights (and the master copy)
   int64_t numel = 0;           // stored elements, pad included
   bool is_norm = false;        // RMSNorm gains: no weight decay
+  Place place = Place::Device;
   int64_t grad_offset = 0;     // into the dense gradient buffer; -1 for a projected tensor
   std::vector<int64_t> hf_shape;  // Hugging Face's: the stored shape less its pad
   int64_t hf_numel = 0;

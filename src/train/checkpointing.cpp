@@ -25,12 +25,12 @@ constexpr const char* kStateJson = "state.json";
 constexpr const char* kConfigFile = "config.json";
 constexpr const char* kTokenizerFile = "tokenizer.model";
 
-// The buffers saved byte for byte: weights and optimizer categories, less the parameters
-// themselves (saved as named tensors in model.safetensors).
-std::vector<Arena::Block> state_blocks(const Arena& arena, const void* params) {
+// The buffers saved byte for byte: weights and optimizer categories, less the weights themselves
+// (saved as named tensors in model.safetensors).
+std::vector<Arena::Block> state_blocks(const Arena& arena, const WeightStore& weights) {
   std::vector<Arena::Block> out;  // copies: the arena's list may grow while these are in use
   for (const Arena::Block& b : arena.blocks())
-    if ((b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) && b.ptr != params)
+    if ((b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) && !weights.holds(b.ptr))
       out.push_back(b);
   return out;
 }
@@ -115,7 +115,6 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
                             const std::vector<LoaderPosition>& rank_positions) {
   const std::string root = checkpoint_root(cfg);
   LlamaModel& model = *state.model;
-  const void* params = model.weights();
   // On the CPU the writers take views of the live buffers (nothing is copied); GPU buffers are
   // brought to the host first, each into one of these.
   const bool on_host = !model.storage().cuda;
@@ -135,7 +134,7 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
     writer.add_written(kModelFile);
 
     SafetensorsWriter buffers;
-    for (const Arena::Block& b : state_blocks(arena, params))
+    for (const Arena::Block& b : state_blocks(arena, model.weight_store()))
       buffers.add(b.name, "U8", {b.bytes}, host_view(b.ptr, b.bytes), size_t(b.bytes));
     buffers.write(writer.file_path(kStateFile), {{"format", "grass"}});
     writer.add_written(kStateFile);
@@ -348,7 +347,7 @@ VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConf
   SafetensorsFile weights(checkpoint.path(kModelFile));
   verify_weights(weights, *state.model);
   SafetensorsFile buffers(checkpoint.path(kStateFile));
-  std::vector<Arena::Block> blocks = state_blocks(arena, state.model->weights());
+  std::vector<Arena::Block> blocks = state_blocks(arena, state.model->weight_store());
   verify_buffers(buffers, blocks);
   VerifiedCheckpoint v{.weights = std::move(weights),
                        .buffers = std::move(buffers),
@@ -371,18 +370,8 @@ RestoredRun apply_checkpoint(const VerifiedCheckpoint& v, TrainingState& state,
                              TokenLoader& loader) {
   LlamaModel& model = *state.model;
   Backend& backend = model.backend();
-  const int wbytes = model.storage().weight_bytes;
-  std::vector<std::byte> padded;
-  for (const ParamTensor& t : model.tensors()) {
-    const std::byte* bytes = v.weights.get(t.name).bytes.data();
-    if (t.padded()) {
-      padded.resize(size_t(t.numel) * wbytes);
-      hf_to_stored(t, bytes, padded.data(), wbytes);
-      bytes = padded.data();
-    }
-    backend.upload(static_cast<std::byte*>(model.weights()) + t.offset * wbytes, bytes,
-                   size_t(t.numel) * wbytes);
-  }
+  for (const ParamTensor& t : model.tensors())
+    model.weight_store().load_hf_bytes(t, v.weights.get(t.name).bytes.data());
   for (const Arena::Block& b : v.blocks) {
     const TensorEntry& e = v.buffers.get(b.name);
     backend.upload(b.ptr, e.bytes.data(), e.bytes.size());

@@ -98,6 +98,7 @@ class Run {
   std::optional<Evaluator> evaluator_;  // rank 0 evaluates: the ranks hold the same weights
   std::string why_cpu_;
   std::string offload_why_;  // offload "auto": what it chose and why
+  int copy_queues_ = 2;      // the planner's link model's: min(Backend::copy_engines(), 2)
   std::unique_ptr<Backend> backend_;
   AttentionInUse attention_;  // the kernels attention computes with (prepare_attention)
   // Under a launcher the gradients' sums go through the communicator that works on the
@@ -156,9 +157,13 @@ void Run::build_state() {
   grads_comm_ = device_comm_ ? device_comm_.get() : &comm;
   attention_ = prepare_attention(cfg, *backend_);
   RunConfig run = with_attention(cfg, attention_.kernel);  // cfg keeps attention as given
+  // The engine's two queues; one copy engine (or none, copying between kernels) serves them in turn.
+  copy_queues_ = std::clamp(backend_->copy_engines(), 1, 2);
   if (cfg.offload.automatic) {
-    OffloadChoice choice = choose_offload(
-        run, backend_->storage(), LinkModel{.tflops = default_tflops(backend_->storage())});
+    OffloadChoice choice =
+        choose_offload(run, backend_->storage(),
+                       LinkModel{.copy_queues = copy_queues_,
+                                 .tflops = default_tflops(backend_->storage())});
     cfg.offload = run.offload = choice.cfg.offload;
     offload_why_ = std::move(choice.why);
   }
@@ -351,6 +356,16 @@ void Run::print_memory_lines() const {
                 "all of them each way a step\n",
                 format_bytes(arena_->bytes(MemPlace::Host, MemCategory::Optimizer)).c_str(),
                 backend_->host_tier().memory_name(), format_bytes(slots->slot_bytes()).c_str());
+  if (cfg.offload.any() || !offload_why_.empty()) {
+    const int engines = backend_->copy_engines();
+    const std::string has =
+        backend_->storage().cuda ? "the GPU has " + std::to_string(engines) + " copy engine" +
+                                       (engines == 1 ? "" : "s") + " (asyncEngineCount)"
+                                 : "the CPU backend has " + std::to_string(engines) +
+                                       " copy threads";
+    std::printf("  offload       copies %s: %s\n",
+                copy_queues_ == 1 ? "one way at a time" : "both ways at once", has.c_str());
+  }
   std::string savings;
   for (const auto& o : state_.optimizers->all()) savings += o->flops_note();
   std::printf("  FLOPs/token   %.4g (6 x matmul params + 12 x layers x d x seq_len%s)\n",

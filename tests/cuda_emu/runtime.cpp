@@ -356,6 +356,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     *value = kMultiProcessors;
     return cudaSuccess;
   }
+  if (attr == cudaDevAttrAsyncEngineCount) {  // a copy engine each way, as a datacenter GPU's
+    *value = 2;
+    return cudaSuccess;
+  }
   if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
   *value = kMaxSharedOptin;
   return cudaSuccess;

@@ -92,6 +92,7 @@ enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
 using cudaDataType = cudaDataType_t;
 enum cudaDeviceAttr {
   cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrAsyncEngineCount = 40,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
 enum cudaLimit { cudaLimitStackSize = 0x00 };
