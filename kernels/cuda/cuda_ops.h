@@ -151,6 +151,15 @@ void attention_backward(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch,
                         const bf16* out, const float* lse, QkvRows<const bf16*> qkv, int B, int T,
                         int NH, int NKV, int HD, RopeTable rope = {});
 
+// ---- the `attention: "mma"` forward (kernels/cuda/attention_mma.cu) ---------------------------
+// attention_forward's contract without RoPE (q and k already rotated, as for cuDNN), on sm_80's
+// mma.sync, ldmatrix and cp.async with S, P and O in registers (FA2-style). It takes the head
+// dims attention_mma_takes(HD) (16, 32, 64, 128); for any other it runs attention_forward. Its
+// out and lse are what attention_backward (without a RoPE table) takes.
+bool attention_mma_takes(int HD);
+void attention_forward_mma(const Context& ctx, bf16* out, float* lse, QkvRows<const bf16*> qkv,
+                           int B, int T, int NH, int NKV, int HD);
+
 // ---- cuDNN's fused flash attention (kernels/cudnn/attention_cudnn.cpp) -----------------------
 // The `attention: "cudnn"` option: the same contract as attention_forward/backward without RoPE
 // (q and k already rotated), stats [B,NH,T] fp32 in place of lse, and a cuDNN workspace of at
