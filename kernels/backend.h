@@ -96,9 +96,9 @@ int64_t galore_solver_work_floats(int64_t m, int64_t k);
 int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r);
 
 // Which kernels compute attention on the GPU (run config `attention`): the engine's own, the
-// readable ones the CPU checks, or cuDNN's fused flash attention (kernels/cudnn/). The CPU has its
-// reference only.
-enum class AttentionKernel { Grass, Cudnn };
+// readable ones the CPU checks, cuDNN's fused flash attention (kernels/cudnn/), or the engine's
+// FA2-style kernels (kernels/cuda/attention_mma.cu). The CPU has its reference only.
+enum class AttentionKernel { Grass, Cudnn, Mma };
 // The kernels a backend computes attention with, once prepare_attention has settled them.
 struct AttentionInUse {
   AttentionKernel kernel = AttentionKernel::Grass;

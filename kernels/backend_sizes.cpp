@@ -91,16 +91,17 @@ BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& s) 
   if (s.forward_only) {  // the forward's GEMMs, the head's loss sum and the RoPE table
     scratch.reduce_bytes = 8 * kReducePartials;
     scratch.gemm_bytes = kGemmWorkspaceBytes;
-    scratch.rope_bytes = s.attention == AttentionKernel::Cudnn ? 0 : 4 * int64_t(s.T) * s.HD;
+    scratch.rope_bytes = s.attention == AttentionKernel::Grass ? 4 * int64_t(s.T) * s.HD : 0;
     if (s.attention == AttentionKernel::Cudnn)
       scratch.attention_bytes = cudnn_attention_workspace_bytes(s.B, s.T, s.NH, s.HD);
     return scratch;
   }
   scratch.attention_bytes = 4 * int64_t(s.B) * s.NH * s.T;  // D = rowsum(dout ⊙ out)
-  scratch.rope_bytes = 4 * int64_t(s.T) * s.HD;               // cos and sin [T, HD/2]
+  // cos and sin [T, HD/2] for the engine's kernels' loads; "mma" and cuDNN's take q and k rotated
+  // in place, with no table
+  scratch.rope_bytes = s.attention == AttentionKernel::Grass ? 4 * int64_t(s.T) * s.HD : 0;
   if (s.attention == AttentionKernel::Cudnn) {
-    // cuDNN's workspace; q and k are rotated in place, with no table
-    scratch.rope_bytes = 0;
+    // cuDNN's workspace
     scratch.attention_bytes = cudnn_attention_workspace_bytes(s.B, s.T, s.NH, s.HD);
   }
   scratch.norm_bytes = 4 * std::min<int64_t>(N, kNormRowBlocks) * s.C;

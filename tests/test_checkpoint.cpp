@@ -345,6 +345,12 @@ TEST_CASE("a checkpoint records the attention kernels, and a resume on others wa
                  Contains("was made on cuDNN " + cudnn_version_name(v1) + "'s attention"));
   CHECK_THAT(attention_resume_warning(made, on_cudnn, engine),
              Contains("resuming on the engine's attention kernels"));
+  json on_mma = state;
+  on_mma["attention"] = {{"kernel", "mma"}};
+  const AttentionInUse mma{AttentionKernel::Mma, 0, ""};
+  CHECK(attention_resume_warning(made, on_mma, mma).empty());
+  CHECK_THAT(attention_resume_warning(made, on_mma, engine),
+             Contains("was made on the engine's FA2-style (mma) attention"));
   // Before the record, the kernels config.json named ("auto" there says nothing: unknown)
   json unrecorded = state;
   unrecorded.erase("attention");

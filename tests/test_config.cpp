@@ -533,11 +533,13 @@ TEST_CASE("layout and kernel keys: pad_ffn and attention", "[config]") {
   run = tiny_run();
   run["attention"] = "flash";
   CHECK(run_error(run) == "run.json: attention: unknown kernel \"flash\" (supported: \"auto\", "
-                          "\"grass\", \"cudnn\")");
-  run["attention"] = "cudnn";
-  run["device"] = "cpu";
-  CHECK(run_error(run) ==
-        "run.json: attention: \"cudnn\" runs on the GPU; with device \"cpu\" use \"grass\"");
+                          "\"grass\", \"cudnn\", \"mma\")");
+  for (const std::string kernel : {"cudnn", "mma"}) {
+    run["attention"] = kernel;
+    run["device"] = "cpu";
+    CHECK(run_error(run) == "run.json: attention: \"" + kernel +
+                                "\" runs on the GPU; with device \"cpu\" use \"grass\"");
+  }
   run = tiny_run();
   run["pad_ffn"] = true;
   CHECK_THAT(run_error(run), Contains("run.json: pad_ffn:"));
@@ -574,14 +576,14 @@ TEST_CASE("attention auto resolves to cuDNN's kernels only on the GPU, and a pla
   // a model is built on the engine's kernels until a backend has settled them
   CHECK(grass::model_memory_options(c, gpu).attention == grass::AttentionKernel::Grass);
   for (const grass::AttentionKernel k :
-       {grass::AttentionKernel::Grass, grass::AttentionKernel::Cudnn}) {
+       {grass::AttentionKernel::Grass, grass::AttentionKernel::Cudnn, grass::AttentionKernel::Mma}) {
     const grass::RunConfig settled = grass::with_attention(c, k);
     CHECK(grass::model_memory_options(settled, gpu).attention == k);
     CHECK(grass::model_memory_options(settled, cpu).attention == grass::AttentionKernel::Grass);
   }
   // explicit choices are asked for and planned as given, with no fallback
   for (const grass::AttentionChoice a :
-       {grass::AttentionChoice::Grass, grass::AttentionChoice::Cudnn}) {
+       {grass::AttentionChoice::Grass, grass::AttentionChoice::Cudnn, grass::AttentionChoice::Mma}) {
     grass::RunConfig explicit_choice = c;
     explicit_choice.attention = a;
     CHECK(grass::planned_attention(explicit_choice, gpu) == a);
@@ -636,6 +638,9 @@ TEST_CASE("the attention kernels in words: cuDNN's with its version, or the engi
   CHECK(grass::describe_attention(grass::AttentionChoice::Grass, {}) == "the engine's kernels");
   CHECK(std::string(grass::name_of(grass::AttentionKernel::Cudnn)) == "cudnn");
   CHECK(std::string(grass::name_of(grass::AttentionKernel::Grass)) == "grass");
+  CHECK(grass::describe_attention(grass::AttentionChoice::Mma, {grass::AttentionKernel::Mma, 0, ""}) ==
+        "the engine's FA2-style kernels (mma.sync; RoPE applied to q, k in place)");
+  CHECK(std::string(grass::name_of(grass::AttentionKernel::Mma)) == "mma");
 }
 
 TEST_CASE("optimizer.state_dtype and state_block: read, printed back, checked against the precision",

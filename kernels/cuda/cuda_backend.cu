@@ -332,10 +332,19 @@ class CudaBackend final : public Backend {
                            static_cast<float*>(scratch_.norm), N, C);
     poison(scratch_.norm, scratch_bytes_.norm_bytes);
   }
-  // The engine's kernels rotate q and k as they load them; cuDNN's take them rotated, so for
-  // those the backend rotates q and k in place, once, and turns dq, dk back afterwards.
+  // The engine's kernels rotate q and k as they load them; cuDNN's and "mma"'s take them rotated,
+  // so for those the backend rotates q and k in place, once, and turns dq, dk back afterwards.
+  // "mma": the FA2-style kernels on the rotated q and k (attention_mma.cu), the old ones for the
+  // shapes they do not take.
   void attention_forward(void* out, void* saved, QkvRows<void*> qkv, int B, int T, int NH,
                          int NKV, int HD, double theta) override {
+    if (attention_ == AttentionKernel::Mma) {
+      cuda::rope_forward(ctx_, b(qkv.q), B, T, NH, HD, float(theta), qkv.ldq);
+      cuda::rope_forward(ctx_, b(qkv.k), B, T, NKV, HD, float(theta), qkv.ldk);
+      cuda::attention_forward_mma(ctx_, b(out), static_cast<float*>(saved),
+                                  bf16_rows(read_only(qkv)), B, T, NH, NKV, HD);
+      return;
+    }
     if (cudnn_) {
       cuda::rope_forward(ctx_, b(qkv.q), B, T, NH, HD, float(theta), qkv.ldq);
       cuda::rope_forward(ctx_, b(qkv.k), B, T, NKV, HD, float(theta), qkv.ldk);
@@ -351,6 +360,15 @@ class CudaBackend final : public Backend {
                           QkvRows<const void*> qkv, int B, int T, int NH, int NKV, int HD,
                           double theta) override {
     const QkvRows<bf16*> grads{b(d.q), b(d.k), b(d.v), d.ldq, d.ldk, d.ldv};
+    if (attention_ == AttentionKernel::Mma) {
+      cuda::attention_backward_mma(ctx_, grads, static_cast<float*>(scratch_.attention), b(dout),
+                                   b(out), static_cast<const float*>(saved), bf16_rows(qkv), B, T,
+                                   NH, NKV, HD);
+      cuda::rope_backward(ctx_, grads.q, B, T, NH, HD, float(theta), grads.ldq);
+      cuda::rope_backward(ctx_, grads.k, B, T, NKV, HD, float(theta), grads.ldk);
+      poison(scratch_.attention, attention_bytes_);
+      return;
+    }
     if (cudnn_) {
       cudnn_->backward(grads, b(dout), b(out), static_cast<const float*>(saved), bf16_rows(qkv),
                        B, T, NH, NKV, HD, scratch_.attention, attention_bytes_);

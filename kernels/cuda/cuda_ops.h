@@ -151,6 +151,22 @@ void attention_backward(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch,
                         const bf16* out, const float* lse, QkvRows<const bf16*> qkv, int B, int T,
                         int NH, int NKV, int HD, RopeTable rope = {});
 
+// ---- the `attention: "mma"` kernels (kernels/cuda/attention_mma.cu) ---------------------------
+// attention_forward's and attention_backward's contracts without RoPE (q and k already rotated, as
+// for cuDNN), on sm_80's mma.sync, ldmatrix and cp.async, FA2-style. The forward takes the head
+// dims attention_mma_takes(HD) (16, 32, 64, 128); the backward, path A (one CTA per kv head and
+// batch, dQ summed in shared memory), the shapes attention_backward_mma_takes (HD 16, 32, 64,
+// T ≤ 256, the group's dQ within shared memory). For any other shape each runs the old kernels,
+// whose out and lse are the same contract, so either backward takes either forward's.
+bool attention_mma_takes(int HD);
+void attention_forward_mma(const Context& ctx, bf16* out, float* lse, QkvRows<const bf16*> qkv,
+                           int B, int T, int NH, int NKV, int HD);
+// scratch: attention_scratch_floats(...), used only by the old backward it falls back to
+bool attention_backward_mma_takes(int T, int NH, int NKV, int HD);
+void attention_backward_mma(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch,
+                            const bf16* dout, const bf16* out, const float* lse,
+                            QkvRows<const bf16*> qkv, int B, int T, int NH, int NKV, int HD);
+
 // ---- cuDNN's fused flash attention (kernels/cudnn/attention_cudnn.cpp) -----------------------
 // The `attention: "cudnn"` option: the same contract as attention_forward/backward without RoPE
 // (q and k already rotated), stats [B,NH,T] fp32 in place of lse, and a cuDNN workspace of at

@@ -47,7 +47,8 @@ constexpr ChoiceName<Switch> kSwitchNames[] = {
     {Switch::Auto, "auto"}, {Switch::On, "on"}, {Switch::Off, "off"}};
 constexpr ChoiceName<AttentionChoice> kAttentionNames[] = {{AttentionChoice::Auto, "auto"},
                                                            {AttentionChoice::Grass, "grass"},
-                                                           {AttentionChoice::Cudnn, "cudnn"}};
+                                                           {AttentionChoice::Cudnn, "cudnn"},
+                                                           {AttentionChoice::Mma, "mma"}};
 constexpr ChoiceName<ScheduleKind> kScheduleNames[] = {{ScheduleKind::Cosine, "cosine"},
                                                        {ScheduleKind::Constant, "constant"}};
 }  // namespace

@@ -48,8 +48,9 @@ enum class ActivationOffload { None, Host, Disk };
 // fused_update, pad_ffn: "auto" (decided by the backend and precision) | "on" | "off".
 enum class Switch { Auto, On, Off };
 // attention: cuDNN's fused flash attention where it works on the GPU, else the engine's own kernels
-// ("auto"); the engine's own ("grass"); cuDNN's ("cudnn").
-enum class AttentionChoice { Auto, Grass, Cudnn };
+// ("auto"); the engine's own ("grass"); cuDNN's ("cudnn"); the engine's FA2-style kernels ("mma",
+// GPU only; "auto" does not pick them until a GPU has measured them faster).
+enum class AttentionChoice { Auto, Grass, Cudnn, Mma };
 // schedule.name: warmup + cosine decay ("cosine") or a constant rate ("constant").
 enum class ScheduleKind { Cosine, Constant };
 

@@ -547,8 +547,10 @@ void read_memory(const ObjectReader& run, RunConfig& c) {
   c.fused_update = read_enum(run, "fused_update", "mode", c.fused_update);
   c.pad_ffn = read_enum(run, "pad_ffn", "mode", c.pad_ffn);
   c.attention = read_enum(run, "attention", "kernel", c.attention);
-  if (c.attention == AttentionChoice::Cudnn && c.device == DeviceChoice::Cpu)
-    run.at("attention").fail("\"cudnn\" runs on the GPU; with device \"cpu\" use \"grass\"");
+  if ((c.attention == AttentionChoice::Cudnn || c.attention == AttentionChoice::Mma) &&
+      c.device == DeviceChoice::Cpu)
+    run.at("attention").fail("\"" + std::string(name_of(c.attention)) +
+                             "\" runs on the GPU; with device \"cpu\" use \"grass\"");
   if (c.fused_update == Switch::On && c.micro_batches_per_rank() > 1)
     run.at("fused_update")
         .fail("\"on\" needs one micro-batch per step (total_batch_size " +

@@ -15,14 +15,16 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
   std::string& why = why_cpu ? *why_cpu : ignored;
   const std::string where = (cfg.source.empty() ? std::string("run config") : cfg.source) + ": ";
   if (cfg.device == DeviceChoice::Cpu) return make_cpu_backend(resolve(cfg, false).storage);
+  const bool gpu_only =
+      cfg.attention == AttentionChoice::Cudnn || cfg.attention == AttentionChoice::Mma;
 #ifdef GRASS_HAVE_CUDA
   const cuda::DeviceProbe gpu = cuda::probe_device(gpu_index);
   const ResolvedRun run = resolve(cfg, gpu.usable);
   if (gpu.usable && run.storage.cuda)
     return make_cuda_backend(run.storage, gpu_index, run.attention.kernel,
                              run.attention.fall_back_to_grass);
-  if (cfg.attention == AttentionChoice::Cudnn)  // the CPU has its reference kernels only
-    throw UserError(where + "attention: \"cudnn\" needs the GPU, but " +
+  if (gpu_only)  // the CPU has its reference kernels only
+    throw UserError(where + "attention: \"" + name_of(cfg.attention) + "\" needs the GPU, but " +
                     (gpu.usable ? "precision fp32 runs on the CPU" : gpu.description) +
                     "; use \"grass\"");
   if (gpu.usable) {  // auto with fp32: the CPU reference is the only fp32 backend
@@ -36,9 +38,9 @@ std::unique_ptr<Backend> choose_backend(const RunConfig& cfg, std::string* why_c
 #else
   (void)gpu_index;
   why = "built without CUDA";
-  if (cfg.attention == AttentionChoice::Cudnn)
-    throw UserError(where + "attention: \"cudnn\" needs the GPU, and this grass was built "
-                    "without CUDA; use \"grass\"");
+  if (gpu_only)
+    throw UserError(where + "attention: \"" + name_of(cfg.attention) + "\" needs the GPU, and "
+                    "this grass was built without CUDA; use \"grass\"");
   if (cfg.device == DeviceChoice::Cuda)
     throw UserError(where + "device: \"cuda\" but this grass was built without CUDA (no nvcc at "
                     "configure time); rebuild where CUDA is installed, or use \"auto\" or \"cpu\"");

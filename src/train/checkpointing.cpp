@@ -317,13 +317,15 @@ std::string attention_resume_warning(const Checkpoint& checkpoint, const nlohman
       saved = {{"kernel", config["attention"]}};
   }
   // anything but a kernel's name is no record (state.json is a file anyone may edit)
-  if (!saved.contains("kernel") || (saved["kernel"] != "grass" && saved["kernel"] != "cudnn"))
+  if (!saved.contains("kernel") ||
+      (saved["kernel"] != "grass" && saved["kernel"] != "cudnn" && saved["kernel"] != "mma"))
     return "";
   const std::string kernel = saved["kernel"].get<std::string>();
   const bool versioned =
       saved.contains("cudnn_version") && saved["cudnn_version"].is_number_integer();
   const int64_t version = versioned ? saved["cudnn_version"].get<int64_t>() : 0;
   const auto words = [](const std::string& name, int64_t cudnn_version) {
+    if (name == "mma") return std::string("the engine's FA2-style (mma) attention");
     if (name != "cudnn") return std::string("the engine's attention kernels");
     std::string text = "cuDNN ";
     if (cudnn_version > 0) text += cudnn_version_name(cudnn_version);

@@ -68,9 +68,10 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
                          (cfg.fused_update == Switch::Auto && storage.pure_bf16() &&
                           cfg.micro_batches_per_rank() == 1);
   options.pad_ffn = cfg.pad_ffn == Switch::On || (cfg.pad_ffn == Switch::Auto && storage.cuda);
-  options.attention = cfg.attention == AttentionChoice::Cudnn && storage.cuda
-                          ? AttentionKernel::Cudnn
-                          : AttentionKernel::Grass;
+  options.attention = !storage.cuda                           ? AttentionKernel::Grass
+                      : cfg.attention == AttentionChoice::Cudnn ? AttentionKernel::Cudnn
+                      : cfg.attention == AttentionChoice::Mma   ? AttentionKernel::Mma
+                                                                : AttentionKernel::Grass;
   options.x_in_offload = cfg.offload.activations;
   options.disk_dir = cfg.offload.disk_dir.empty() ? cfg.out_dir : cfg.offload.disk_dir;
   const ProjectionConfig& g = cfg.optimizer.projection;
@@ -88,7 +89,11 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
 
 namespace {
 AttentionChoice choice_of(AttentionKernel kernel) {
-  return kernel == AttentionKernel::Cudnn ? AttentionChoice::Cudnn : AttentionChoice::Grass;
+  switch (kernel) {
+    case AttentionKernel::Cudnn: return AttentionChoice::Cudnn;
+    case AttentionKernel::Mma: return AttentionChoice::Mma;
+    default: return AttentionChoice::Grass;
+  }
 }
 }  // namespace
 
@@ -132,6 +137,8 @@ std::string describe_attention(AttentionChoice asked, const AttentionInUse& in_u
     return "cuDNN " + cudnn_version_name(in_use.cudnn_version) +
            "'s fused flash attention (RoPE applied to q, k in place)" +
            (automatic ? ", taken by \"auto\"" : "");
+  if (in_use.kernel == AttentionKernel::Mma)
+    return "the engine's FA2-style kernels (mma.sync; RoPE applied to q, k in place)";
   if (automatic && !in_use.why_not_cudnn.empty())
     return "the engine's kernels (\"auto\" did not take cuDNN's: " + in_use.why_not_cudnn + ")";
   return "the engine's kernels";

@@ -121,12 +121,28 @@ struct DeviceAttention {
     grass::cuda::attention_forward(ctx, out.ptr, lse.ptr, grass::read_only(rows()), s.B, s.T, s.NH,
                                    s.NKV, s.HD, rope);
   }
+  // The `attention: "mma"` forward (attention_mma.cu; no RoPE table)
+  void forward_mma(const grass::cuda::Context& ctx) {
+    out.poison();
+    lse.poison();
+    grass::cuda::attention_forward_mma(ctx, out.ptr, lse.ptr, grass::read_only(rows()), s.B, s.T,
+                                       s.NH, s.NKV, s.HD);
+  }
   void backward(const grass::cuda::Context& ctx) {
     dqkv.poison();
     scratch.poison();
     grass::cuda::attention_backward(ctx, layout(dqkv.ptr, grads_packed), scratch.ptr, dout.ptr,
                                     out.ptr, lse.ptr, grass::read_only(rows()), s.B, s.T, s.NH,
                                     s.NKV, s.HD, rope);
+    dqkv_host = dqkv.download();
+  }
+  // The `attention: "mma"` backward (path A, or the old kernels where it hands over)
+  void backward_mma(const grass::cuda::Context& ctx) {
+    dqkv.poison();
+    scratch.poison();
+    grass::cuda::attention_backward_mma(ctx, layout(dqkv.ptr, grads_packed), scratch.ptr, dout.ptr,
+                                        out.ptr, lse.ptr, grass::read_only(rows()), s.B, s.T, s.NH,
+                                        s.NKV, s.HD);
     dqkv_host = dqkv.download();
   }
   // the last backward's gradients, each [B·T, H·HD]
@@ -273,5 +289,89 @@ TEST_CASE("cuda attention with RoPE in its loads equals RoPE then attention", "[
     check_grad(to_f32(fused.dq()), dq_ref, "dq");
     check_grad(to_f32(fused.dk()), dk_ref, "dk");
     check_grad(to_f32(dv_f), dv_ref, "dv");
+  }
+}
+
+// The FA2-style forward of `attention: "mma"` (kernels/cuda/attention_mma.cu), on shapes small
+// enough for the emulator: T off its 64-row tiles (37, 65, 80: a diagonal block with rows past T,
+// and a full block before it), one token, GQA groups of 1 and 2, each head dim it takes (16, 32,
+// 64, 128) and one it hands to the old kernel (8). Its out and lse match the CPU reference, and the
+// old backward (no RoPE table) on them gives the CPU's gradients: what "mma" runs for the shapes
+// its own backward hands over. Out and lse repeat bit for bit.
+TEST_CASE("cuda attention mma forward matches the CPU reference and feeds the old backward",
+          "[gpu][attention]") {
+  const Shape shapes[] = {{1, 80, 2, 1, 64}, {2, 37, 2, 2, 32}, {1, 70, 2, 1, 128},
+                          {1, 65, 2, 2, 16}, {2, 1, 2, 1, 64},  {1, 40, 2, 1, 8}};
+  TestContext tc;
+  for (const Shape& s : shapes) {
+    const bool packed = s.NKV != s.NH;  // the model's packed rows, and three buffers
+    INFO(describe(s) << (packed ? ", q, k, v packed" : ""));
+    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
+    const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
+                             v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
+    const auto in = grass::separate_qkv(q.data(), k.data(), v.data(), s.NH, s.NKV, s.HD);
+    std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T);
+    grass::ops::attention_forward<float>(out_ref.data(), probs.data(), in, s.B, s.T, s.NH, s.NKV,
+                                         s.HD);
+
+    DeviceAttention dev(s, q, k, v, dout, packed, packed);
+    dev.forward_mma(tc.ctx);
+    const std::vector<bf16> out = dev.out.download();
+    const std::vector<float> lse = dev.lse.download();
+    CHECK(rel_error(to_f32(out), out_ref) <= 1e-2);
+    CHECK(rel_error(lse, reference_lse(q, k, s)) <= 1e-2);
+    dev.forward_mma(tc.ctx);  // poisons out and lse first
+    const std::vector<bf16> again = dev.out.download();
+    CHECK(std::memcmp(out.data(), again.data(), nq * sizeof(bf16)) == 0);
+    CHECK(dev.lse.download() == lse);
+
+    std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv), cpu_scratch(probs.size());
+    grass::ops::attention_backward<float>(
+        grass::separate_qkv(dq_ref.data(), dk_ref.data(), dv_ref.data(), s.NH, s.NKV, s.HD),
+        cpu_scratch.data(), dout.data(), in, probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+    dev.backward(tc.ctx);
+    check_grad(to_f32(dev.dq()), dq_ref, "dq");
+    check_grad(to_f32(dev.dk()), dk_ref, "dk");
+    check_grad(to_f32(dev.dv()), dv_ref, "dv");
+  }
+}
+
+// The backward of `attention: "mma"`, path A (one CTA per kv head and batch, dQ summed in shared
+// memory; kernels/cuda/attention_mma.cu), on the mma forward's out and lse: T off the 64-row tiles
+// (a diagonal block with rows past T, and key blocks before it), one token, GQA groups of 1 and 2
+// (the group's dQ in shared memory), HD 16, 32 and 64; and HD 128, which it hands to the old
+// backward. dq, dk, dv match the CPU reference and repeat bit for bit.
+TEST_CASE("cuda attention mma backward matches the CPU reference and repeats bit for bit",
+          "[gpu][attention]") {
+  const Shape shapes[] = {{1, 80, 2, 1, 64}, {2, 37, 2, 2, 32}, {1, 65, 2, 2, 16},
+                          {2, 1, 2, 1, 64},  {1, 40, 1, 1, 128}};
+  TestContext tc;
+  for (const Shape& s : shapes) {
+    const bool packed = s.NKV != s.NH;
+    INFO(describe(s) << (packed ? ", q, k, v and their gradients packed" : "")
+                     << (grass::cuda::attention_backward_mma_takes(s.T, s.NH, s.NKV, s.HD)
+                             ? ", path A"
+                             : ", the old backward"));
+    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
+    const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
+                             v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
+    const auto in = grass::separate_qkv(q.data(), k.data(), v.data(), s.NH, s.NKV, s.HD);
+    std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T);
+    grass::ops::attention_forward<float>(out_ref.data(), probs.data(), in, s.B, s.T, s.NH, s.NKV,
+                                         s.HD);
+    std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv), cpu_scratch(probs.size());
+    grass::ops::attention_backward<float>(
+        grass::separate_qkv(dq_ref.data(), dk_ref.data(), dv_ref.data(), s.NH, s.NKV, s.HD),
+        cpu_scratch.data(), dout.data(), in, probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+
+    DeviceAttention dev(s, q, k, v, dout, packed, packed);
+    dev.forward_mma(tc.ctx);
+    dev.backward_mma(tc.ctx);
+    check_grad(to_f32(dev.dq()), dq_ref, "dq");
+    check_grad(to_f32(dev.dk()), dk_ref, "dk");
+    check_grad(to_f32(dev.dv()), dv_ref, "dv");
+    const std::vector<bf16> first = dev.dqkv_host;
+    dev.backward_mma(tc.ctx);  // poisons its outputs again first
+    CHECK(std::memcmp(first.data(), dev.dqkv_host.data(), first.size() * sizeof(bf16)) == 0);
   }
 }

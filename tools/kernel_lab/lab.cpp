@@ -310,6 +310,8 @@ void Lab::print_header() const {
   std::printf("kernel_bench: %s; attention: %s\n", gpu.describe().c_str(),
               options.attention == AttentionKernel::Cudnn
                   ? "cuDNN's fused flash attention (RoPE on copies)"
+              : options.attention == AttentionKernel::Mma
+                  ? "the engine's FA2-style kernels (RoPE on copies)"
                   : "the engine's kernels (RoPE in their loads)");
   std::printf("batch %d x %d tokens; median of %d calls after %d warm-ups, L2 flushed before each; "
               "timer floor %.4f ms; seed %llu\n",

@@ -3,7 +3,7 @@
 // the CPU backend on a sample. One row per op and shape on stdout; progress on stderr.
 //   build/kernel_bench [--model 60m,1b,13b] [--ops linear,head,...] [--batch 16] [--seq 256]
 //                      [--repeat 20] [--precision bf16-mixed|bf16] [--smoke] [--csv FILE]
-//                      [--seed S] [--configs DIR] [--attention grass|cudnn]
+//                      [--seed S] [--configs DIR] [--attention grass|cudnn|mma]
 //                      [--state-dtype auto|q8] [--state-block 256]
 // Exit status: 0 every check within its tolerance; 1 a check failed, or an error; 2 a bad flag;
 // 77 no usable GPU (ctest: skipped). kernel_bench_emu is the same program on the CUDA emulator.
@@ -31,7 +31,7 @@ constexpr std::pair<const char*, int> kRanks[] = {{"60m", 128}, {"1b", 512}, {"1
 const char* kUsage =
     "usage: kernel_bench [--model 60m,1b,13b] [--ops NAME,...] [--batch B] [--seq T] [--repeat N]\n"
     "                    [--precision bf16-mixed|bf16] [--smoke] [--csv FILE] [--seed S]\n"
-    "                    [--configs DIR] [--attention grass|cudnn] [--state-dtype auto|q8]\n"
+    "                    [--configs DIR] [--attention grass|cudnn|mma] [--state-dtype auto|q8]\n"
     "                    [--state-block B]\n"
     "ops: linear rmsnorm attention swiglu residual embedding head adamw sum_squares grass "
     "lowrank\n";
@@ -114,9 +114,11 @@ Options parse(int argc, char** argv) {
                         value + "\"");
       o.precision = *p;
     } else if (flag == "--attention") {
-      if (value != "grass" && value != "cudnn")
-        throw UserError("--attention expects grass or cudnn, got \"" + value + "\"");
-      o.attention = value == "cudnn" ? AttentionKernel::Cudnn : AttentionKernel::Grass;
+      if (value != "grass" && value != "cudnn" && value != "mma")
+        throw UserError("--attention expects grass, cudnn or mma, got \"" + value + "\"");
+      o.attention = value == "cudnn" ? AttentionKernel::Cudnn
+                    : value == "mma" ? AttentionKernel::Mma
+                                     : AttentionKernel::Grass;
     } else if (flag == "--state-dtype") {
       if (value != "auto" && value != "q8")
         throw UserError("--state-dtype expects auto (the precision's moments) or q8, got \"" +
