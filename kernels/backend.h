@@ -191,6 +191,9 @@ class Backend : public MemoryResource {
     // The per-thread stack limit (cudaLimitStackSize). The driver raises it, and reserves local
     // memory for every thread the GPU can hold, when a kernel launched needs more.
     int64_t stack_per_thread = 0;
+    // What the backend's warm-up took for the kernels' local memory pool before the reservation
+    // (kernels/cuda/device.h, take_local_memory_pool); 0 on the CPU.
+    int64_t local_pool_taken = 0;
   };
   virtual DeviceMemory device_memory() const = 0;
   // Waits for the queued work: step times measure work done, not work launched.

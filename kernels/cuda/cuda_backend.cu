@@ -55,8 +55,8 @@ class CudaBackend final : public Backend {
     GRASS_CUDA_CHECK(cudaSetDevice(device));
     GRASS_CUDA_CHECK(cudaDeviceGetAttribute(&copy_engines_, cudaDevAttrAsyncEngineCount, device));
     // Everything that takes device memory outside the arena happens here, before reserve(), so
-    // that the reservation is the run's last allocation: the stream, both cuBLAS handles (and the
-    // kernels, loaded eagerly: probe_device, cuda/device.h).
+    // that the reservation is the run's last allocation: the stream, both cuBLAS handles, the
+    // kernels' local memory pool (and the kernels, loaded eagerly: probe_device, cuda/device.h).
     GRASS_CUDA_CHECK(cudaStreamCreate(&ctx_.stream));
     copies_ = std::make_unique<cuda::CopyStreams>(ctx_.stream);
     GRASS_CUBLAS_CHECK(cublasLtCreate(&ctx_.lt));
@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
                       "or use \"grass\"");
 #endif
     }
+    local_pool_taken_ = cuda::take_local_memory_pool();
   }
   ~CudaBackend() override {
     cuda::destroy_solver_handle(solver_);
@@ -97,7 +98,8 @@ class CudaBackend final : public Backend {
     GRASS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     size_t stack = 0;
     GRASS_CUDA_CHECK(cudaDeviceGetLimit(&stack, cudaLimitStackSize));
-    return {int64_t(total_bytes - free_bytes), int64_t(total_bytes), int64_t(stack)};
+    return {int64_t(total_bytes - free_bytes), int64_t(total_bytes), int64_t(stack),
+            local_pool_taken_};
   }
   void synchronize() override { sync(); }
   std::unique_ptr<Communicator> communicator_for(Communicator& ranks) override {
@@ -589,6 +591,7 @@ class CudaBackend final : public Backend {
   std::string gpu_;
   cuda::Context ctx_;
   void* pool_ = nullptr;
+  int64_t local_pool_taken_ = 0;  // by take_local_memory_pool, before the reservation
   size_t pool_bytes_ = 0, pool_used_ = 0;
   BackendScratchPointers scratch_;
   cuda::StagingRing staging_;

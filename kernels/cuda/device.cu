@@ -16,6 +16,17 @@ __global__ void write_index_pattern(int* out, int n) {
   if (i < n) out[i] = i * 3 + 1;
 }
 
+// A stack frame of kLocalFrameBytes (tools/ptxas_budget.json records it): an array written and
+// read at indices known only at run time must live in local memory (a volatile one indexed in
+// order, or one whose values the compiler can recompute, is kept in registers or dropped). It
+// writes nothing to global memory (out is null).
+__global__ void local_frame_kernel(int* out, int index) {
+  constexpr int kWords = kLocalFrameBytes / int(sizeof(int));
+  int frame[kWords];
+  for (int i = 0; i < kWords; i++) frame[(i * 7 + index) % kWords] = i + int(threadIdx.x);
+  if (out != nullptr) *out = frame[index % kWords];
+}
+
 std::string failure(const char* what, cudaError_t err) {
   return std::string("no usable GPU (") + what + ": " + cudaGetErrorString(err) + ")";
 }
@@ -55,6 +66,16 @@ DeviceProbe probe_device(int device) {
   probe.usable = true;
   probe.description = desc;
   return probe;
+}
+
+long long take_local_memory_pool() {
+  size_t free_before = 0, free_after = 0, total = 0;
+  if (cudaMemGetInfo(&free_before, &total) != cudaSuccess) return 0;
+  local_frame_kernel<<<1, 32>>>(nullptr, 0);
+  if (cudaGetLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemGetInfo(&free_after, &total) != cudaSuccess)
+    return 0;  // an answer, not an error: the run then shows any growth after the reservation
+  return (long long)free_before - (long long)free_after;
 }
 
 }  // namespace grass::cuda

@@ -15,6 +15,19 @@ struct DeviceProbe {
 // first (src/core/gpu_environment.h), in case nothing before it did.
 DeviceProbe probe_device(int device = 0);
 
+// The driver gives kernels local memory (stack frames) from one device pool sized for every
+// thread the GPU can hold times the largest frame launched so far, and grows it at the first
+// launch of a kernel with a larger frame: after the run's reservation, that growth is memory the
+// plan did not count. The engine's kernels have no frame (tools/ptxas_budget.json), but the
+// libraries' do (sm_90 cubins, cuobjdump --dump-resource-usage, CUDA 13.0: cuDNN's runtime-compiled
+// engines 208 bytes, cuSOLVER's 224-592, cuBLASLt's non-nvjet GEMMs up to 1,160; its nvjet kernels
+// are built at run time and cannot be read), and the first GPU runs grew by 54 MiB (58 with cuDNN,
+// 82 with cuSOLVER) after the reservation: 144 SMs x 2,048 threads x 192 (208, 290) bytes.
+// Launching one kernel with a frame of kLocalFrameBytes before the reservation takes the pool up
+// front, where the memory outside the plan is counted. Returns the device memory it took.
+constexpr int kLocalFrameBytes = 320;
+long long take_local_memory_pool();
+
 // GRASS_CUDA_SYNC=1 in the environment (read once): every launch check (GRASS_LAUNCH_CHECK,
 // kernels/cuda/common.cuh) and every cuBLAS(Lt) call waits for the device, so that a kernel that
 // faults is named by its launching function, file and line instead of surfacing at the next

@@ -457,9 +457,9 @@ StepMetrics Run::step(int64_t step, double* seconds_so_far) {
 
 // Every device allocation belongs before the reservation (kernels/backend.h, kGpuHeadroomBytes);
 // the first step is where a late one shows: a lazy NCCL connection, a cuDNN plan built at first
-// use, kernels loaded lazily, local memory for a kernel with a larger stack. Each rank says so for
-// itself: a note within the headroom (an H200 measured 54 MiB, docs/gpu-status.md), a warning
-// past it.
+// use, kernels loaded lazily, local memory for a kernel with a larger stack than the pool the
+// backend took up front. Each rank says so for itself: a note within the headroom (an H200
+// measured 54 MiB before the pool was taken up front, docs/gpu-status.md), a warning past it.
 void Run::report_late_allocations(const Backend::DeviceMemory& device) const {
   const int64_t grown = device.used - device_at_reservation_.used;
   if (grown <= 0) return;
@@ -472,6 +472,9 @@ void Run::report_late_allocations(const Backend::DeviceMemory& device) const {
     stack = "; the per-thread stack limit rose from " +
             std::to_string(device_at_reservation_.stack_per_thread) + " to " +
             std::to_string(device.stack_per_thread) + " bytes";
+  if (device_at_reservation_.local_pool_taken > 0)
+    stack += "; " + format_bytes(device_at_reservation_.local_pool_taken) +
+             " were taken for kernels' local memory before the reservation";
   std::fprintf(stderr,
                "%s%s: the GPU memory in use grew by %s during the first step, after the run's "
                "reservation, %s the %s it leaves free (a lazy NCCL connection, a cuDNN plan, "
