@@ -20,7 +20,8 @@
 #          background during the build
 #   T5     the headline: llama_1b bf16-mixed at GaLore's batch (micro-batch 64 x 256, 512 x 256
 #          a step), the median of 3 steps after a warm-up, tok/s and MFU, with the engine's
-#          attention, with cuDNN's and with "auto" (the default: what it took), SM clock and
+#          attention, with cuDNN's, with "auto" (the default: what it took) and with the engine's
+#          FA2-style kernels ("mma"), SM clock and
 #          power sampled; host syncs per step (an LD_PRELOAD counter, tools/gpu/sync_count.c),
 #          cublasGemmEx fallbacks, then a profile
 #          (nsys if it works, else ncu over one step) read by tools/gpu/profile_shares.py:
@@ -44,8 +45,9 @@
 #   T10    one 8-bit Adam step against bitsandbytes' CUDA kernel (tools/peers/bitsandbytes_check.py
 #          with build-gpu/quant8_codes; bitsandbytes from build-deps/python, which
 #          scripts/gpu_deps.sh copies out of tools/peers' torch2 environment)
-#   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv)
-#          when that target exists; last, being optional
+#   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv,
+#          then its attention rows with --attention mma at 1B and 13B, B 16 and 64:
+#          logs/kernel_bench_mma_b16.csv, _b64.csv) when that target exists; last, being optional
 # It ends with a markdown table (also $OUT/summary.md, rewritten after every step) to paste
 # into docs/gpu-status.md; every measured figure is also a row of $OUT/figures.csv (step, run,
 # figure, value, unit). Logs: build-gpu/first_run/logs/, packed after every step into
@@ -509,8 +511,14 @@ step_bench() {
     record bench "not built" "no kernel_bench target in this tree (tools/kernel_lab)"
     return
   fi
-  run_cmd "$lim" "$log" "$BUILD"/kernel_bench --model 60m,1b,13b --csv "$out/kernel_bench.csv"
+  run_cmd "$(cap $((lim * 2 / 3)))" "$log" "$BUILD"/kernel_bench --model 60m,1b,13b --csv "$out/kernel_bench.csv"
   rc=$?
+  # the engine's FA2-style attention (issue 45 item 2) at the shapes it is for, B 16 and 64
+  local b
+  for b in 16 64; do
+    run_cmd "$(cap $((lim / 6)))" "$logs/kernel_bench_mma_b$b.log" "$BUILD"/kernel_bench --model 1b,13b \
+      --ops attention --attention mma --batch $b --csv "$logs/kernel_bench_mma_b$b.csv"
+  done
   [ $dry = 1 ] && { record bench dry-run "$([ -x "$BUILD"/kernel_bench ] && echo "built" || echo "not built here (CPU-side targets only)")"; return; }
   local rows=0
   [ -f "$out/kernel_bench.csv" ] && rows=$(($(wc -l <"$out/kernel_bench.csv") - 1))
@@ -574,7 +582,7 @@ step_t8() {
 # the optimizer's share, which gives the MFU without the optimizer.
 step_t5() {
   local rc
-  begin T5 240 60 || return
+  begin T5 270 60 || return
   need_build T5 || return
   ensure_shard || { record T5 "fail (no shard)" "log: logs/shard.log"; return; }
   local shim=$BUILD/libsync_count.so
@@ -614,6 +622,11 @@ step_t5() {
   run_cmd "$(cap 90)" "$logs/t5_train_auto.log" "$BUILD"/grass train "${base[@]}" \
     --set attention=auto --set steps=4 --set "out_dir=$work/t5_1b_auto"
   local auto_rc=$?
+  # the engine's FA2-style kernels (issue 45 item 2, attention "mma"): never run on a GPU before
+  rm -rf "$work/t5_1b_mma"
+  run_cmd "$(cap 90)" "$logs/t5_train_mma.log" "$BUILD"/grass train "${base[@]}" \
+    --set attention=mma --set steps=4 --set "out_dir=$work/t5_1b_mma"
+  local mma_rc=$?
   local log4=$logs/t5_train_4steps.log syncs="n/a" mfu=""
   if [ $dry = 0 ]; then
     if [ -n "$shim" ] && [ "$(wc -l <"$counts" 2>/dev/null || echo 0)" -ge 2 ]; then
@@ -634,6 +647,12 @@ step_t5() {
       run_figures T5 adamw-auto "$logs/t5_train_auto.log"
     else
       figure+="attention auto: no figure (exit $auto_rc, log t5_train_auto.log); "
+    fi
+    if [ $mma_rc = 0 ]; then
+      figure+="attention mma: $(done_field "$logs/t5_train_mma.log") tok/s, MFU $(mfu_field "$logs/t5_train_mma.log" | grep . || echo n/a); "
+      run_figures T5 adamw-mma "$logs/t5_train_mma.log"
+    else
+      figure+="attention mma: no figure (exit $mma_rc, log t5_train_mma.log); "
     fi
     if [ -s "$logs/t5_smi.csv" ]; then  # "clock, power" every 0.5 s during the 4-step run
       figure+="$(sort -t, -k1 -n "$logs/t5_smi.csv" | awk -F', *' '{c[NR]=$1; p+=$2} END {
