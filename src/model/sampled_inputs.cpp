@@ -15,17 +15,6 @@ namespace {
 
 constexpr uint64_t kSampleStreamTag = 0x52414d504c45ull;  // the activation draws' own stream
 
-RowSampler row_sampler(ActivationSample sample) {
-  switch (sample) {
-    case ActivationSample::Crs: return RowSampler::Crs;
-    case ActivationSample::WtaCrs: return RowSampler::WtaCrs;
-    case ActivationSample::Bernoulli: return RowSampler::Bernoulli;
-    case ActivationSample::None: break;
-  }
-  GRASS_CHECK(false, "sampled inputs without a sampler");
-  return RowSampler::Crs;
-}
-
 }  // namespace
 
 SampledInputs::SampledInputs(const SampledActivations& cfg, Backend& backend, Arena& arena,
