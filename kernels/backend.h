@@ -22,7 +22,7 @@
 //   embedding_*                            embedding                                        test_gpu_elementwise
 //   rmsnorm_*, residual_rmsnorm_forward    rmsnorm (the GPU's one kernel, the CPU's two)    test_gpu_elementwise
 //   residual_forward                       residual                                         test_gpu_elementwise
-//   gather_rows, row_norms                 sampling                                         test_gpu_elementwise
+//   gather_rows, row_norms, draw_rows      sampling                                         test_gpu_elementwise
 //   swiglu_*                               swiglu                                           test_gpu_elementwise
 //   attention_* (RoPE inside)              attention, rope                                  test_gpu_attention
 //   head_* (lm_head + cross-entropy)       cross_entropy, linear                            test_gpu_cross_entropy, test_gpu_model
@@ -94,6 +94,9 @@ int64_t galore_solver_work_floats(int64_t m, int64_t k);
 // keeps a bf16 copy of P and the bf16 direction there, and in pure bf16 the fp32
 // back-projection of a chunk of rows; kernels/cuda/cuda_ops.h has the layout).
 int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r);
+// Bytes of workspace Backend::draw_rows needs for N rows (0 on the CPU, which draws in its own
+// vectors).
+int64_t draw_rows_workspace_bytes(const Storage& storage, int64_t N);
 
 // Which kernels compute attention on the GPU (run config `attention`): the engine's own, the
 // readable ones the CPU checks, cuDNN's fused flash attention (kernels/cudnn/), or the engine's
@@ -343,6 +346,12 @@ class Backend : public MemoryResource {
   virtual void gather_rows(void* out, const void* x, const int32_t* rows, const float* scale,
                            int64_t k, int D) = 0;
   virtual void row_norms(float* norms, const void* x, int64_t N, int D) = 0;
+  // crs's k rows (winners: wta-crs's) drawn from the sampling weights norms [N] with stream
+  // `stream`, into rows [k] (int32) and scale [k] (fp32), all backend memory: the draw of
+  // ops::draw_rows (exact integers, kernels/row_draw.h), the same bits on both backends, on the
+  // device with no wait. workspace: draw_rows_workspace_bytes(storage(), N) bytes.
+  virtual void draw_rows(int32_t* rows, float* scale, const float* norms, int64_t N, int k,
+                         bool winners, uint64_t stream, void* workspace) = 0;
   // The head: logits = nf·wᵀ and *loss (one fp64 of backend memory, overwritten) = the summed
   // cross-entropy over the valid targets (target < 0 is ignored), in a fixed order: the host
   // reads it when it needs it. logits: head_rows(storage(), N, V) x V act elements, lse: N floats.

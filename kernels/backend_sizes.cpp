@@ -63,6 +63,14 @@ int64_t galore_basis_workspace_bytes(const Storage& storage, int out, int in, in
          2 * region(4 * k) + region(4) + region(4 * galore_solver_work_floats(m, k));
 }
 
+int64_t draw_rows_workspace_bytes(const Storage& storage, int64_t N) {
+  if (!storage.cuda) return 0;
+  // kernels/cuda/sampling.cu (draw_workspace): w and cum [N] uint64, rank and top [N] int32, the
+  // draw's state, each region 256-byte aligned.
+  const auto region = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  return 2 * region(8 * N) + 2 * region(4 * N) + 256;
+}
+
 int64_t lowrank_workspace_bytes(const Storage& storage, int out, int in, int r) {
   if (!storage.cuda) return 0;
   // kernels/cuda/lowrank.cu (cuda_ops.h has the layout): two bf16 buffers of r·max(out, in)

@@ -108,6 +108,11 @@ void gather_rows(T* out, const T* x, const int32_t* rows, const float* scale, in
 // norms[n] = ‖x[n, :]‖₂ in fp32 (the CPU sums in double), x [N, D]: the sampling weights.
 template <typename T>
 void row_norms(float* norms, const T* x, int64_t N, int D);
+// crs's k rows (winners: wta-crs's) drawn from weight [N] ≥ 0 with stream `stream`, 1 ≤ k ≤ N, in
+// exact integers (kernels/row_draw.h): rows [k] with their factors scale [k], wta-crs's winners
+// first (scale 1). Returns the number of winners (0 for crs).
+int draw_rows(int32_t* rows, float* scale, const double* weight, int64_t N, int k, bool winners,
+              uint64_t stream);
 
 // ---- cross-entropy (kernels/cpu/cross_entropy.cpp) -------------------------------------------
 // logits[N,V], targets[N] (a negative target is ignored).

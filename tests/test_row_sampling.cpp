@@ -3,10 +3,13 @@
 // and the draws a pure function of the stream.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <vector>
 
+#include "kernels/row_draw.h"
 #include "src/core/rng.h"
 #include "src/model/row_sampling.h"
 
@@ -153,8 +156,70 @@ TEST_CASE("row sampling: a pure function of the stream, never drawing a row of w
   // every row of nonzero weight among the winners: exact, nothing drawn
   std::vector<double> few(50, 0.0);
   few[3] = 5, few[40] = 1;
+  // (still k rows: the draws are row N − 1 at scale 0)
   const RowSample exact = sample_rows(RowSampler::WtaCrs, few, 4, 1);
   CHECK(exact.winners == 2);
-  CHECK(exact.rows == std::vector<int32_t>{3, 40});
-  CHECK(exact.scale == std::vector<float>{1.0f, 1.0f});
+  CHECK(exact.rows == std::vector<int32_t>{3, 40, 49, 49});
+  CHECK(exact.scale == std::vector<float>{1.0f, 1.0f, 0.0f, 0.0f});
+}
+
+TEST_CASE("row sampling: the integer CDF, boundaries included", "[row_sampling]") {
+  static std::mt19937_64 rng(std::random_device{}());
+  // draw_row: the first row whose cumulative weight exceeds t, at every t; rows of weight 0
+  // (repeated cumulatives, the first row's included) never
+  const std::vector<uint64_t> cum = {0, 3, 3, 4, 9, 9, 9, 10, 17};
+  for (uint64_t t = 0; t < cum.back(); t++) {
+    size_t want = 0;
+    while (cum[want] <= t) want++;
+    INFO("t " << t);
+    CHECK(draw_row(cum.data(), int64_t(cum.size()), t) == int64_t(want));
+  }
+  // draw_target: ⌊u·rest⌋ (u's 53 bits times rest's 10 fit long double's 64), below rest
+  const uint64_t stream = rng();
+  for (int64_t j = 0; j < 2000; j++) {
+    const uint64_t rest = 1 + rng() % 1000;
+    const long double u = uniform_open01(stream, uint64_t(j));
+    const uint64_t want = std::min(uint64_t(std::floor(u * (long double)rest)), rest - 1);
+    INFO("j " << j << ", rest " << rest);
+    CHECK(draw_target(stream, j, rest) == want);
+  }
+  // Whole draws on small integer weights (their fixed point is exact): draw j's row i is the one
+  // with C_{i−1} ≤ u_j·W < C_i, C the cumulative weights and W their sum, and its scale
+  // W / (k·weight_i) rounded once
+  std::vector<double> weight(40);
+  for (double& w : weight) w = double(rng() % 10);  // zeros included
+  weight[7] = 3;
+  const int k = 25;
+  const RowSample s = sample_rows(RowSampler::Crs, weight, k, stream);
+  REQUIRE(s.rows.size() == size_t(k));
+  std::vector<uint64_t> C(weight.size());
+  uint64_t W = 0;
+  for (size_t i = 0; i < weight.size(); i++) C[i] = W += uint64_t(weight[i]);
+  for (int j = 0; j < k; j++) {
+    const size_t i = size_t(s.rows[size_t(j)]);
+    const auto m = (unsigned __int128)(uniform_open01(stream, uint64_t(j)) * 18014398509481984.0);
+    const unsigned __int128 uW = m * W, below = i == 0 ? 0 : C[i - 1];
+    INFO("draw " << j << ", row " << i);
+    CHECK((below << 54) <= uW);
+    CHECK(uW < ((unsigned __int128)C[i] << 54));
+    CHECK(s.scale[size_t(j)] == float(double(W) / (double(k) * weight[i])));
+  }
+}
+
+TEST_CASE("row sampling: wta-crs's winner count, ties to the fewer winners", "[row_sampling]") {
+  // weights 3, 1, 1, 1 of 6, k = 4: c = 0 scores 6/4; c = 1, 2 and 3 score 3/3, 2/2 and 1/1
+  std::vector<double> weight(20, 0.0);
+  weight[9] = 3, weight[2] = 1, weight[5] = 1, weight[14] = 1;
+  const RowSample tie = sample_rows(RowSampler::WtaCrs, weight, 4, 3);
+  CHECK(tie.winners == 1);
+  CHECK(tie.rows[0] == 9);
+  // weights 6, 3, 1, 1 of 11, k = 3: c = 0 scores 11/3, c = 1 5/2, c = 2 2/1: two winners, the
+  // larger first; each draw from the 1s scaled by 2 / (1·1)
+  std::vector<double> steep(12, 0.0);
+  steep[4] = 6, steep[0] = 3, steep[11] = 1, steep[6] = 1;
+  const RowSample two = sample_rows(RowSampler::WtaCrs, steep, 3, 5);
+  CHECK(two.winners == 2);
+  CHECK(std::vector<int32_t>(two.rows.begin(), two.rows.begin() + 2) == std::vector<int32_t>{4, 0});
+  CHECK((two.rows[2] == 6 || two.rows[2] == 11));
+  CHECK(two.scale == std::vector<float>{1.0f, 1.0f, 2.0f});
 }

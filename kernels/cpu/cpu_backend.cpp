@@ -173,6 +173,11 @@ class CpuBackend final : public Backend {
   void row_norms(float* norms, const void* x, int64_t N, int D) override {
     ops::row_norms(norms, f(x), N, D);
   }
+  void draw_rows(int32_t* rows, float* scale, const float* norms, int64_t N, int k, bool winners,
+                 uint64_t stream, void*) override {
+    const std::vector<double> weight(norms, norms + N);
+    ops::draw_rows(rows, scale, weight.data(), N, k, winners, stream);
+  }
   void head_forward(void* logits, float* lse, double* loss, const void* nf, const void* w,
                     const int32_t* targets, int64_t N, int C, int V) override {
     ops::linear_forward(f(logits), f(nf), f(w), N, C, V);

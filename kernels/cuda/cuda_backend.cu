@@ -402,6 +402,10 @@ class CudaBackend final : public Backend {
   void row_norms(float* norms, const void* x, int64_t N, int D) override {
     cuda::row_norms(ctx_, norms, b(x), N, D);
   }
+  void draw_rows(int32_t* rows, float* scale, const float* norms, int64_t N, int k, bool winners,
+                 uint64_t stream, void* workspace) override {
+    cuda::draw_rows(ctx_, rows, scale, norms, N, k, winners, stream, workspace);
+  }
   // The head in chunks of head_rows() tokens: the logits of a chunk exist only while it is worked
   // on. `lse` holds each row's loss here (0 for an ignored target), summed in a fixed order on
   // the device (the backward recomputes the logits, not the lse).

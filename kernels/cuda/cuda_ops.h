@@ -126,6 +126,11 @@ void gather_rows(const Context& ctx, bf16* out, const bf16* x, const int32_t* ro
                  const float* scale, int64_t k, int D);
 // norms[n] = ‖x[n, :]‖₂ in fp32, x [N, D]
 void row_norms(const Context& ctx, float* norms, const bf16* x, int64_t N, int D);
+// crs's k rows (winners: wta-crs's) drawn from the weights norms [N] with stream `stream`, as
+// ops::draw_rows draws them (kernels/row_draw.h), into rows [k] and scale [k], on the stream;
+// workspace: draw_rows_workspace_bytes(N) (kernels/backend.h).
+void draw_rows(const Context& ctx, int32_t* rows, float* scale, const float* norms, int64_t N,
+               int k, bool winners, uint64_t stream, void* workspace);
 
 // ---- causal attention with GQA (kernels/cuda/attention.cu) -----------------------------------
 // q[B,T,NH,HD], k,v[B,T,NKV,HD] at their row pitches (kernels/qkv_rows.h: three buffers or one

@@ -14,7 +14,12 @@
 //              number of rows, k on average)
 //
 // Draws come from the counter-based stream `stream` (src/core/rng.h), so a sample is a pure
-// function of (weights, k, stream): a resumed run draws the same rows.
+// function of (weights, k, stream): a resumed run draws the same rows. crs and wta-crs draw in
+// exact integer arithmetic (kernels/row_draw.h: the weights in fixed point, which moves each p_i by
+// at most 2^-40 relative for rows of at least 2^-8 of the largest weight at N ≤ 2^13, still
+// unbiased), so that the GPU draws the same rows and scales bit for bit (Backend::draw_rows), and
+// always k rows: when wta-crs's winners hold every row of weight > 0 (exact), the s draws are
+// row N − 1 at scale 0.
 #pragma once
 #include <cstdint>
 #include <span>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "src/core/error.h"
 #include "src/core/rng.h"
@@ -13,17 +14,6 @@ namespace grass {
 namespace {
 
 constexpr uint64_t kSampleStreamTag = 0x52414d504c45ull;  // the activation draws' own stream
-
-RowSampler row_sampler(ActivationSample sample) {
-  switch (sample) {
-    case ActivationSample::Crs: return RowSampler::Crs;
-    case ActivationSample::WtaCrs: return RowSampler::WtaCrs;
-    case ActivationSample::Bernoulli: return RowSampler::Bernoulli;
-    case ActivationSample::None: break;
-  }
-  GRASS_CHECK(false, "sampled inputs without a sampler");
-  return RowSampler::Crs;
-}
 
 }  // namespace
 
@@ -48,6 +38,8 @@ SampledInputs::SampledInputs(const SampledActivations& cfg, Backend& backend, Ar
     }
   scale_ = arena.alloc<float>(MemCategory::Workspace, "kept rows' scales", capacity_);
   norms_ = arena.alloc<float>(MemCategory::Workspace, "row norms (sampling weights)", max_rows);
+  if (const int64_t bytes = draw_rows_workspace_bytes(backend.storage(), max_rows); bytes > 0)
+    draw_workspace_ = arena.alloc_bytes(MemCategory::Workspace, "the rows' draw", bytes);
   dy_rows_ = arena.alloc_bytes(MemCategory::Workspace, "dy of the kept rows",
                                capacity_ * widest_dy * act_bytes);
 }
@@ -72,25 +64,22 @@ bool SampledInputs::begin_pass() {
 void SampledInputs::keep(int layer, Input input, const void* x, int64_t n) {
   Backend& be = *backend_;
   const int D = width_[input];
-  std::vector<double> weight(size_t(n), 1.0);
-  if (cfg_.sample != ActivationSample::Bernoulli) {
-    be.row_norms(norms_, x, n, D);
-    std::vector<float> norms(static_cast<size_t>(n));
-    be.download(norms.data(), norms_, size_t(n) * sizeof(float));  // the host draws: one wait
-    double total = 0;
-    for (size_t i = 0; i < norms.size(); i++) total += weight[i] = norms[i];
-    // A diverged input (its NaN reaches the loss anyway) or an all-zero one: uniform draws,
-    // unbiased too.
-    if (!std::isfinite(total) || total <= 0) std::fill(weight.begin(), weight.end(), 1.0);
-  }
   const uint64_t stream = derive_seed(pass_stream_, uint64_t(layer) * kInputs + uint64_t(input));
-  const RowSample s = sample_rows(row_sampler(cfg_.sample), weight, int(rows_to_keep(n)), stream);
   Kept& kept = kept_[size_t(layer)][size_t(input)];
-  kept.k = int64_t(s.rows.size());
-  GRASS_CHECK(kept.k <= capacity_, "a Bernoulli draw kept more rows than planned (8 deviations)");
-  if (kept.k == 0) return;
-  be.upload_async(kept.rows, s.rows.data(), size_t(kept.k) * sizeof(int32_t));
-  be.upload_async(scale_, s.scale.data(), size_t(kept.k) * sizeof(float));
+  if (cfg_.sample == ActivationSample::Bernoulli) {  // no weights: the host draws, nothing to wait for
+    const std::vector<double> weight(size_t(n), 1.0);
+    const RowSample s = sample_rows(RowSampler::Bernoulli, weight, int(rows_to_keep(n)), stream);
+    kept.k = int64_t(s.rows.size());
+    GRASS_CHECK(kept.k <= capacity_, "a Bernoulli draw kept more rows than planned (8 deviations)");
+    if (kept.k == 0) return;
+    be.upload_async(kept.rows, s.rows.data(), size_t(kept.k) * sizeof(int32_t));
+    be.upload_async(scale_, s.scale.data(), size_t(kept.k) * sizeof(float));
+  } else {  // crs and wta-crs keep k rows whatever the weights: the backend draws them in place
+    kept.k = rows_to_keep(n);
+    be.row_norms(norms_, x, n, D);
+    be.draw_rows(kept.rows, scale_, norms_, n, int(kept.k), cfg_.sample == ActivationSample::WtaCrs,
+                 stream, draw_workspace_);
+  }
   be.gather_rows(kept.x, x, kept.rows, scale_, kept.k, D);
 }
 

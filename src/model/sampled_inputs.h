@@ -15,7 +15,10 @@
 // unknown in the forward, and their per-sample running mean of it does not exist in pretraining,
 // where no sequence is seen twice); any p_i > 0 where x_i ≠ 0 keeps the estimate unbiased.
 // bernoulli keeps each row with probability keep. The draws of a micro-batch come from the
-// stream (seed, step, rank, micro-batch, layer, input), so runs and resumes repeat exactly.
+// stream (seed, step, rank, micro-batch, layer, input), so runs and resumes repeat exactly. crs
+// and wta-crs draw where the rows are (Backend::draw_rows: the norms, the order, the winners and
+// the draws on the GPU's stream, no host wait; the CPU's are the same bits); bernoulli, which
+// reads no weights, draws on the host and uploads.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -62,6 +65,7 @@ class SampledInputs {
   std::vector<std::array<Kept, kInputs>> kept_;  // [layers]
   float* scale_ = nullptr;   // [capacity] workspace: a draw's scales on their way to gather_rows
   float* norms_ = nullptr;   // [max_rows] workspace: the sampling weights
+  void* draw_workspace_ = nullptr;  // Backend::draw_rows's (none on the CPU)
   void* dy_rows_ = nullptr;
   uint64_t step_stream_ = 0;
   bool exact_ = true;

@@ -12,6 +12,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "src/core/rng.h"
+#include "src/train/run_resolution.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -445,5 +447,59 @@ TEST_CASE("gpu gather_rows and row_norms match the CPU, repeated rows included",
     CHECK(count_misses(norms, want, D * 6e-8, 0.0) == 0);
     cuda::row_norms(tc.ctx, d_norms.ptr, d_x.ptr, N, D);
     CHECK(same_bits(d_norms.download(), norms));
+  }
+}
+
+TEST_CASE("gpu draw_rows draws the CPU's rows and scales bit for bit", "[gpu][row_sampling]") {
+  // Norms as activations give them (a few rows carrying most of the norm, so wta-crs keeps
+  // winners), and the awkward ones: repeated values (the tie order), few rows of weight > 0 (the
+  // winners hold them all: every score past them ties at 0), a NaN and all zeros (uniform
+  // draws). N = 1000 leaves some of the 1,024 scan threads nothing; 3000 gives each three.
+  gputest::TestContext tc;
+  static std::mt19937_64 rng(std::random_device{}());
+  enum Norms { Uneven, Repeated, Few, Nan, Zero };
+  struct Case {
+    Norms norms;
+    int64_t N;
+    int k;
+    bool winners;
+  };
+  const Case cases[] = {{Uneven, 1000, 500, true},  {Uneven, 3000, 1500, true},
+                        {Uneven, 1000, 37, false},  {Repeated, 257, 100, true},
+                        {Few, 300, 150, true},      {Nan, 64, 10, true},
+                        {Zero, 64, 10, false}};
+  for (const Case& c : cases) {
+    CAPTURE(int(c.norms), c.N, c.k, c.winners);
+    const uint64_t seed = rng(), stream = rng();
+    std::vector<float> norms(size_t(c.N), 0.0f);
+    for (int64_t i = 0; i < c.N; i++) {
+      const double g = normal(seed, uint64_t(i));
+      norms[size_t(i)] = c.norms == Uneven     ? float(std::exp(2 * g))
+                         : c.norms == Repeated ? float(1 + (rng() % 4))
+                         : c.norms == Few      ? (i % 61 == 7 ? float(std::exp(g)) : 0.0f)
+                         : c.norms == Nan      ? float(std::exp(g))
+                                               : 0.0f;
+    }
+    if (c.norms == Nan) norms[size_t(c.N / 2)] = NAN;
+    std::vector<int32_t> want_rows(size_t(c.k));
+    std::vector<float> want_scale(size_t(c.k));
+    const std::vector<double> weight(norms.begin(), norms.end());
+    const int winners = ops::draw_rows(want_rows.data(), want_scale.data(), weight.data(), c.N, c.k,
+                                       c.winners, stream);
+    if (c.norms == Uneven && c.winners) CHECK(winners > 0);  // the winner rule is exercised
+    if (c.norms == Few) CHECK(want_scale.back() == 0.0f);    // and the exact case
+
+    DeviceBuffer<float> d_norms{size_t(c.N)}, d_scale{size_t(c.k)};
+    DeviceBuffer<int32_t> d_rows{size_t(c.k)};
+    DeviceBuffer<char> d_workspace{size_t(
+        draw_rows_workspace_bytes(storage_for(PrecisionChoice::Bf16Mixed, true), c.N))};
+    d_norms.upload(norms);
+    d_rows.poison();
+    d_scale.poison();
+    d_workspace.poison();
+    cuda::draw_rows(tc.ctx, d_rows.ptr, d_scale.ptr, d_norms.ptr, c.N, c.k, c.winners, stream,
+                    d_workspace.ptr);
+    CHECK(d_rows.download() == want_rows);
+    CHECK(same_bits(d_scale.download(), want_scale));
   }
 }

@@ -734,7 +734,8 @@ TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][m
                                          ? test::named<Checkpointing>(lean)
                                          : Checkpointing::None;
       cfg.offload.optimizer_states = lean == "offload";  // the states in pinned host memory
-      if (lean == "sampled") cfg.activations = {ActivationSample::Bernoulli, 0.3};
+      if (lean == "sampled")  // wta-crs's draw has a workspace on the GPU, bernoulli's none
+        cfg.activations = {optimizer == "adamw" ? ActivationSample::WtaCrs : ActivationSample::Bernoulli, 0.3};
       if (lean == "columns") {  // GRASS's `cols` targets: gate and up's n2 kept as columns
         cfg.optimizer.projection.select_dim = SelectDim::Cols;
         cfg.activations.selected_columns = optimizer == "grass" ? Switch::On : Switch::Off;
@@ -767,8 +768,9 @@ TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][m
 TEST_CASE("model: a GPU training step waits for the device a fixed number of times", "[gpu][waits]") {
   // The host reads the step's norm and its losses, once each, whatever the number of tensors and
   // micro-batches: tokens go through pinned staging and the clipping coefficient stays on the
-  // device. A refresh (step 0 here) adds what the selection or the basis reads. (The
-  // projected optimizers skip the 1-micro-batch deferred run to keep the emulator's time down.)
+  // device, and so do sampled activations' draws. A refresh (step 0 here) adds what the selection
+  // or the basis reads. (The projected optimizers skip the 1-micro-batch deferred run to keep the
+  // emulator's time down.)
   constexpr int64_t kStepWaits = 2;
   for (const std::string optimizer : {"adamw", "grass", "galore", "flora"})
     for (const std::string mode : {"deferred, 1 micro-batch", "deferred, 3 micro-batches", "fused"}) {
@@ -795,6 +797,17 @@ TEST_CASE("model: a GPU training step waits for the device a fixed number of tim
         CHECK(waits == kStepWaits + (step == 0 ? refresh : 0));
       }
     }
+  {  // Sampled activations add none: crs and wta-crs draw their rows on the device
+     // (Backend::draw_rows; bernoulli reads no norms and draws on the host)
+    INFO("adamw, activations wta-crs");
+    RunConfig cfg = ngram_run("adamw");
+    cfg.activations.sample = ActivationSample::WtaCrs;
+    cfg.activations.keep = 0.5;
+    Run run(cfg, "bf16-mixed", true);
+    const int64_t before = run.backend->host_waits();
+    run.train(0, NgramBatches{});
+    CHECK(run.backend->host_waits() - before == kStepWaits);
+  }
 }
 
 TEST_CASE("model: the GPU's one-pass head gives the two calls' bits", "[gpu]") {
