@@ -42,6 +42,7 @@
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
+#include "kernels/lowrank_ops.h"
 #include "kernels/qkv_rows.h"
 #include "kernels/quant8.h"
 #include "kernels/storage.h"
@@ -428,12 +429,18 @@ class Backend : public MemoryResource {
                                        const void* x, int64_t N, const LowRankProjection& p) = 0;
   // P = the sign-normalised top-r singular vectors of g[out, in] (both fp32 backend memory), exact
   // or by the randomized range finder as `how` says; workspace: galore_basis_workspace_bytes.
-  // status (backend memory, 3 ints; null unless the refresh is randomized on a GPU): there the
-  // GPU keeps, per kind, the first non-zero status of its QRs and eigensolver (0: fine), so a
-  // refresh of many targets reads them once (GaLore::check_refresh_status) instead of waiting for
-  // the device after each; the CPU's LAPACK throws at once.
+  // status (backend memory, 4 ints; null unless the refresh is randomized on a GPU): there the
+  // GPU keeps, per kind, the first non-zero status of its QRs, eigensolver and Cholesky
+  // factorisations (0: fine), so a refresh of many targets reads them once
+  // (GaLore::check_refresh_status) instead of waiting for the device after each; the CPU's
+  // LAPACK throws at once.
   virtual void galore_basis(float* P, const float* g, int out, int in, int r, bool rows,
                             const GaloreBasisMethod& how, void* workspace, int* status) = 0;
+  // The randomized refresh's phase times since the last call (GRASS_GALORE_TIMERS=1, else none),
+  // then reset; a GPU waits for the last timed refresh's events.
+  virtual ops::GaloreRefreshTimes take_galore_refresh_times() {
+    return ops::take_galore_refresh_times();
+  }
   // P [side, r] = FLORA's projection number `refresh` of tensor `tensor`.
   virtual void flora_projection(float* P, uint64_t seed, int64_t tensor, int64_t refresh,
                                 int side, int r) = 0;

@@ -36,15 +36,37 @@ void lowrank_project(T* R, const T* G, const T* P, int out, int in, int r, bool 
 template <typename T>
 void galore_basis(T* P, const T* G, int out, int in, int r, bool rows);
 
+// The phases of one randomized refresh, timed when GRASS_GALORE_TIMERS is set and not 0:
+// steady_clock on the CPU, events on a GPU (kernels/cuda/cuda_ops.h, refresh_phase_times). Off,
+// nothing is recorded.
+enum class GalorePhase { TestMatrix, Gemm, Qr, Eigensolver, P };
+constexpr int kGalorePhases = 5;
+const char* name_of(GalorePhase phase);
+bool galore_timers_enabled();
+struct GaloreRefreshTimes {
+  double ms[kGalorePhases] = {};  // summed over the targets since the last take
+  int targets = 0;
+};
+// The CPU's times since the last call (zero and no targets with the timers off), then reset.
+GaloreRefreshTimes take_galore_refresh_times();
+
+// CholeskyQR2's shift in units of ε·trace(YᵀY): enough to cover the rounding of the Gram and of
+// its factorisation, so that potrf fails only on a non-finite gradient; more damps the subspace
+// (kernels/cpu/galore_basis.cpp has the measurements).
+constexpr double kGalorePotrfShift = 1;
+
 // GaLore's projection by a randomized range finder (Halko, Martinsson & Tropp 2011, Alg. 4.4 with
 // a final Rayleigh-Ritz step; GaLore 2's choice, fast where an exact SVD is not): approximately the
 // top-r singular vectors of galore_basis, from GEMMs, QRs and one k x k eigenproblem,
 //   A = G[out, in] (rows) or Gᵀ (cols), m x n with m = side;  k = min(r + oversample, m, n)
-//   Ω[n, k] = normal(seed, i) (core/rng.h);  Q = orth(A·Ω);  power_iters times: Q = orth(A·orth(Aᵀ·Q))
-//   B = Qᵀ·A [k, n];  B·Bᵀ = W·Λ·Wᵀ (Λ descending);  P = Q·W[:, :r]
-// orth: Householder QR (LAPACK geqrf + orgqr; cuSOLVER's on a GPU). Each column of P is then
-// sign-normalised as galore_basis's. Its subspace is the exact one's to within a principal angle
-// that shrinks as (σ_{k+1}/σ_r)^(2·power_iters+1) (tests/test_lowrank.cpp measures it).
+//   Ω[n, k] = normal(seed, i) (core/rng.h);  Y = A·Ω;  power_iters times: Y = A·chol(Aᵀ·chol(Y))
+//   Q = orth(Y);  B = Qᵀ·A [k, n];  B·Bᵀ = W·Λ·Wᵀ (Λ descending);  P = Q·W[:, :r]
+// orth: Householder QR (LAPACK geqrf + orgqr; cuSOLVER's on a GPU), for the basis Rayleigh-Ritz
+// reads. chol: shifted CholeskyQR2 for the power iterations' bases (two passes of a Gram by GEMM,
+// potrf with kGalorePotrfShift, trsm: GEMM-bound where a QR is latency-bound; the span is the
+// same, the orthonormality only approximate). Each column of P is then sign-normalised as
+// galore_basis's. Its subspace is the exact one's to within a principal angle that shrinks as
+// (σ_{k+1}/σ_r)^(2·power_iters+1) (tests/test_lowrank.cpp measures it).
 template <typename T>
 void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows, uint64_t seed,
                              int power_iters, int oversample);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -516,6 +517,82 @@ TEST_CASE("galore_basis_randomized spans the top-r singular subspace", "[lowrank
       CHECK(test::subspace_sine(E, k, other, side, r) < (gap ? 1e-10 : 2e-2));
     }
   }
+}
+
+TEST_CASE("galore_basis_randomized takes a rank-deficient or zero gradient", "[lowrank]") {
+  // A gradient of rank 6 < k = r + 8: the power iterations' Grams YᵀY are singular, which plain
+  // CholeskyQR cannot factor; the shift keeps them positive definite and the span exact, so P is
+  // the exact top-r basis (r = 4), or contains the whole range (r = 8 > 6).
+  const int out = 96, in = 64, rank = 6;
+  std::vector<double> spectrum(static_cast<size_t>(std::min(out, in)), 0.0);
+  for (int j = 0; j < rank; j++) spectrum[size_t(j)] = 3.0 / (1 + j);
+  std::vector<double> U, V;
+  const std::vector<double> Gd = with_spectrum<double>(out, in, spectrum, &U, &V);
+  const std::vector<float> Gf(Gd.begin(), Gd.end());
+  for (const bool rows : {true, false}) {
+    const int side = rows ? out : in, k = std::min(out, in);
+    const std::vector<double>& E = rows ? U : V;
+    for (const int r : {4, 8}) {
+      INFO("rows " << rows << " r " << r);
+      std::vector<double> Pd = poisoned<double>(size_t(side) * r);
+      std::vector<float> Pf = poisoned<float>(size_t(side) * r);
+      ops::galore_basis_randomized(Pd.data(), Gd.data(), out, in, r, rows, 5, 2, 8);
+      ops::galore_basis_randomized(Pf.data(), Gf.data(), out, in, r, rows, 5, 2, 8);
+      CHECK(orthonormality_error(Pd, side, r) < 1e-12);
+      CHECK(orthonormality_error(Pf, side, r) < 1e-5);
+      if (r <= rank) {
+        CHECK(test::subspace_sine(E, k, Pd, side, r) < 1e-10);
+        CHECK(test::subspace_sine(E, k, Pf, side, r) < 1e-5);
+        CHECK(rel_err(Pd, sign_normalised(E, side, k, r)) < 1e-8);
+      } else {  // the range, E's first `rank` columns, inside span(P): ‖(I − P·Pᵀ)·E_rank‖
+        std::vector<double> range(size_t(side) * r, 0.0);
+        for (int i = 0; i < side; i++)
+          for (int j = 0; j < rank; j++) range[size_t(i) * r + j] = E[size_t(i) * k + j];
+        CHECK(test::subspace_sine(Pd, r, range, side, r) < 1e-10);
+        CHECK(test::subspace_sine(Pf, r, range, side, r) < 1e-5);
+      }
+    }
+    // a zero gradient (no token reached the weight): an orthonormal P all the same
+    const std::vector<float> zero(Gf.size(), 0.0f);
+    std::vector<float> P0 = poisoned<float>(size_t(side) * 8);
+    ops::galore_basis_randomized(P0.data(), zero.data(), out, in, 8, rows, 5, 2, 8);
+    CHECK(orthonormality_error(P0, side, 8) < 1e-6);
+  }
+}
+
+TEST_CASE("galore_basis_randomized stops a non-finite gradient at its first Cholesky factor",
+          "[lowrank]") {
+  // The GPU keeps potrf's info for the refresh's one read (tests/gpu/test_gpu_lowrank.cpp); the
+  // CPU's LAPACK throws at once, before the eigensolver would.
+  std::vector<float> G = randn<float>(size_t(40) * 30, 9), P(size_t(40) * 4);
+  G[17] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH(ops::galore_basis_randomized(P.data(), G.data(), 40, 30, 4, true, 5, 1, 4),
+                    Catch::Contains("Cholesky factorisation of a Gram matrix failed"));
+  G[17] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH(ops::galore_basis_randomized(P.data(), G.data(), 40, 30, 4, true, 5, 1, 4),
+                    Catch::Contains("Cholesky factorisation of a Gram matrix failed"));
+}
+
+TEST_CASE("GRASS_GALORE_TIMERS times each phase of the CPU's randomized refresh", "[lowrank]") {
+  const std::vector<float> G = randn<float>(size_t(48) * 40, 10);
+  std::vector<float> P(size_t(48) * 6);
+  ::setenv("GRASS_GALORE_TIMERS", "1", 1);
+  ops::take_galore_refresh_times();  // whatever an earlier test left
+  ops::galore_basis_randomized(P.data(), G.data(), 48, 40, 6, true, 5, 2, 8);
+  ops::galore_basis_randomized(P.data(), G.data(), 48, 40, 6, false, 5, 2, 8);
+  const ops::GaloreRefreshTimes times = ops::take_galore_refresh_times();
+  CHECK(times.targets == 2);
+  for (int p = 0; p < ops::kGalorePhases; p++) {
+    INFO(ops::name_of(ops::GalorePhase(p)));
+    CHECK(times.ms[p] > 0);
+    CHECK(times.ms[p] < 10000);
+  }
+  CHECK(ops::take_galore_refresh_times().targets == 0);  // taken: reset
+  ::unsetenv("GRASS_GALORE_TIMERS");  // off: nothing recorded
+  ops::galore_basis_randomized(P.data(), G.data(), 48, 40, 6, true, 5, 2, 8);
+  const ops::GaloreRefreshTimes off = ops::take_galore_refresh_times();
+  CHECK(off.targets == 0);
+  for (const double ms : off.ms) CHECK(ms == 0);
 }
 
 TEST_CASE("galore_basis matches the float64 reference on the fixture's gradients", "[lowrank]") {

@@ -2,7 +2,11 @@
 // vectors by LAPACK's SVD, and the randomized range finder that approximates them from GEMMs, QRs
 // and one small eigenproblem. The reference kernels/cuda/galore_basis.cu is tested against.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/blas.h"
@@ -34,6 +38,9 @@ void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const i
 void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
              double* work, const int* lwork, int* iwork, const int* liwork, int* info,
              size_t jobz_len, size_t uplo_len);
+// Cholesky factorisation of a symmetric positive definite matrix.
+void spotrf_(const char* uplo, const int* n, float* a, const int* lda, int* info, size_t uplo_len);
+void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info, size_t uplo_len);
 }
 
 namespace grass::ops {
@@ -63,6 +70,17 @@ inline void orgqr(int m, int n, float* a, const float* tau, float* work, int lwo
 inline void orgqr(int m, int n, double* a, const double* tau, double* work, int lwork, int* info) {
   dorgqr_(&m, &n, &n, a, &m, tau, work, &lwork, info);
 }
+inline void potrf(int n, float* a, int* info) { spotrf_("L", &n, a, &n, info, 1); }
+inline void potrf(int n, double* a, int* info) { dpotrf_("L", &n, a, &n, info, 1); }
+// Y[m, k] := Y·R⁻¹, R upper triangular [k, k] (row-major)
+inline void trsm_right_upper(int m, int k, const float* R, float* Y) {
+  cblas_strsm(CblasRowMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, k, 1.0f, R, k,
+              Y, k);
+}
+inline void trsm_right_upper(int m, int k, const double* R, double* Y) {
+  cblas_dtrsm(CblasRowMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, k, 1.0, R, k,
+              Y, k);
+}
 inline void syevd(int n, float* a, float* w, float* work, int lwork, int* iwork, int liwork,
                   int* info) {
   ssyevd_("V", "U", &n, a, &n, w, work, &lwork, iwork, &liwork, info, 1, 1);
@@ -90,6 +108,69 @@ void orthonormalise(std::vector<T>& Y, int m, int k) {
     for (int j = 0; j < k; j++) Y[size_t(i) * k + j] = a[size_t(j) * m + i];
 }
 
+// Y[m, k] (row-major) replaced by a well-conditioned basis of its columns' span: CholeskyQR2
+// (Fukaya et al. 2014) with a shift (Fukaya et al. 2020, shifted CholeskyQR), for the power
+// iterations' intermediate bases, whose orthonormality matters less than their span. Each pass
+// is a Gram by GEMM, a Cholesky factor and a triangular solve: S = YᵀY + s·I = RᵀR, Y := Y·R⁻¹.
+// The shift s = kGalorePotrfShift·ε·trace(S) (plus the smallest normal number, for Y = 0) keeps S
+// positive definite against the Gram's and the factorisation's rounding, so a rank-deficient or
+// ill-conditioned Y (a gradient of fewer tokens than k, a spectrum steeper than 1/√ε) still
+// factors; it only damps the directions below √s, which the span keeps. The factorisation then
+// fails only on a non-finite Y (made to fail: below) or rounding beyond the shift, and either
+// stops the refresh as a failed eigensolver does. kernels/cuda/galore_basis.cu takes the same
+// steps. The shift's unit, ε·trace, measured on the CPU in float (m up to 5,000, k up to 136,
+// rank-deficient spectra and one falling to 10^-6 over k): no failed factorisation from 0.25 to
+// 100 units (every rank-deficient case failed unshifted); the range finder's subspace as
+// Householder's at 1 unit, 17 times further from the exact one at 10 on the steep spectrum, and
+// lost at 100.
+template <typename T>
+void cholesky_qr2(std::vector<T>& Y, int m, int k) {
+  std::vector<T> S(size_t(k) * k);
+  for (int pass = 0; pass < 2; pass++) {
+    cpu::gemm(true, false, k, k, m, T(1), Y.data(), k, Y.data(), k, T(0), S.data(), k);
+    T trace = 0;
+    for (int i = 0; i < k; i++) trace += S[size_t(i) * k + i];
+    const T shift = T(kGalorePotrfShift) * std::numeric_limits<T>::epsilon() * trace +
+                    std::numeric_limits<T>::min();
+    // a non-finite Y: a diagonal of -1, which potrf reports whatever its NaN tests (OpenBLAS's
+    // pass a NaN pivot)
+    for (int i = 0; i < k; i++)
+      S[size_t(i) * k + i] = std::isfinite(trace) ? S[size_t(i) * k + i] + shift : T(-1);
+    // LAPACK's column-major lower factor L (S = L·Lᵀ) is, read row-major, R = Lᵀ: upper
+    int info = 0;
+    potrf(k, S.data(), &info);
+    GRASS_CHECK(info == 0, "galore_basis_randomized: the Cholesky factorisation of a Gram matrix "
+                           "failed (non-finite gradient?), info " + std::to_string(info));
+    trsm_right_upper(m, k, S.data(), Y.data());
+  }
+}
+
+GaloreRefreshTimes cpu_times;  // the CPU's phases since the last take
+
+// Adds the time since the last switch to the running phase (the timers on).
+class PhaseClock {
+ public:
+  explicit PhaseClock(bool on) : on_(on) {}
+  void start(GalorePhase phase) {
+    if (!on_) return;
+    stop();
+    phase_ = int(phase);
+  }
+  void stop() {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (phase_ >= 0)
+      cpu_times.ms[phase_] += std::chrono::duration<double, std::milli>(now - since_).count();
+    since_ = now;
+    phase_ = -1;
+  }
+
+ private:
+  bool on_;
+  int phase_ = -1;
+  std::chrono::steady_clock::time_point since_;
+};
+
 // Column j of P[side, r] multiplied by the sign that makes its largest-magnitude entry (the first
 // on ties) positive: P a deterministic function of its subspace's basis.
 template <typename T>
@@ -104,6 +185,28 @@ void sign_normalise(T* P, int side, int r) {
 }
 
 }  // namespace
+
+const char* name_of(GalorePhase phase) {
+  switch (phase) {
+    case GalorePhase::TestMatrix: return "test matrix";
+    case GalorePhase::Gemm: return "GEMMs";
+    case GalorePhase::Qr: return "QRs";
+    case GalorePhase::Eigensolver: return "eigensolver";
+    case GalorePhase::P: return "P";
+  }
+  return "?";
+}
+
+bool galore_timers_enabled() {  // read at each refresh of a target: a test can set it
+  const char* v = std::getenv("GRASS_GALORE_TIMERS");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+GaloreRefreshTimes take_galore_refresh_times() {
+  const GaloreRefreshTimes times = cpu_times;
+  cpu_times = {};
+  return times;
+}
 
 template <typename T>
 void galore_basis(T* P, const T* G, int out, int in, int r, bool rows) {
@@ -152,20 +255,31 @@ void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows
   const auto times_at = [&](const std::vector<T>& X, std::vector<T>& Z) {  // Z[n, k]
     cpu::gemm(rows, false, n, k, m, T(1), G, in, X.data(), k, T(0), Z.data(), k);
   };
+  PhaseClock clock(galore_timers_enabled());
+  clock.start(GalorePhase::TestMatrix);
   std::vector<T> omega(size_t(n) * k), Q(size_t(m) * k), Z(size_t(n) * k);
   for (size_t i = 0; i < omega.size(); i++) omega[i] = T(normal(seed, i));
+  // Householder QR for the basis the Rayleigh-Ritz step reads, CholeskyQR2 for those before it
+  clock.start(GalorePhase::Gemm);
   times_a(omega, Q);
-  orthonormalise(Q, m, k);
   for (int it = 0; it < power_iters; it++) {
+    clock.start(GalorePhase::Qr);
+    cholesky_qr2(Q, m, k);
+    clock.start(GalorePhase::Gemm);
     times_at(Q, Z);
-    orthonormalise(Z, n, k);
+    clock.start(GalorePhase::Qr);
+    cholesky_qr2(Z, n, k);
+    clock.start(GalorePhase::Gemm);
     times_a(Z, Q);
-    orthonormalise(Q, m, k);
   }
+  clock.start(GalorePhase::Qr);
+  orthonormalise(Q, m, k);
   // Rayleigh-Ritz: B = Qᵀ·A [k, n] (Bᵀ = Aᵀ·Q), S = B·Bᵀ [k, k], its top-r eigenvectors W
+  clock.start(GalorePhase::Gemm);
   times_at(Q, Z);  // Z = Bᵀ
   std::vector<T> S(size_t(k) * k), lambda(static_cast<size_t>(k));
   cpu::gemm(true, false, k, k, n, T(1), Z.data(), k, Z.data(), k, T(0), S.data(), k);
+  clock.start(GalorePhase::Eigensolver);
   int info = 0, iquery = 0;
   T query;
   syevd(k, S.data(), lambda.data(), &query, -1, &iquery, -1, &info);
@@ -176,11 +290,14 @@ void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows
   GRASS_CHECK(info == 0, "galore_basis_randomized: the eigensolver did not converge (non-finite "
                          "gradient?), info " + std::to_string(info));
   // syevd: ascending eigenvalues, eigenvector j in column j (S symmetric: S[i + j·k]); W_top[k, r]
+  clock.start(GalorePhase::P);
   std::vector<T> w_top(size_t(k) * r);
   for (int c = 0; c < r; c++)
     for (int i = 0; i < k; i++) w_top[size_t(i) * r + c] = S[size_t(k - 1 - c) * k + i];
   cpu::gemm(false, false, m, r, k, T(1), Q.data(), k, w_top.data(), r, T(0), P, r);
   sign_normalise(P, m, r);
+  clock.stop();
+  if (galore_timers_enabled()) cpu_times.targets++;
 }
 
 #define INSTANTIATE(T)                                                                          \

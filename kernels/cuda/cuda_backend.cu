@@ -531,6 +531,9 @@ class CudaBackend final : public Backend {
     ops::galore_basis<float>(host_P.data(), host_g.data(), out, in, r, rows);
     upload_async(P, host_P.data(), host_P.size() * sizeof(float));
   }
+  ops::GaloreRefreshTimes take_galore_refresh_times() override {
+    return cuda::refresh_phase_times();
+  }
   // Generated on the host and uploaded: the same P as the CPU backend's, bit for bit.
   void flora_projection(float* P, uint64_t seed, int64_t tensor, int64_t refresh, int side,
                         int r) override {

@@ -24,6 +24,7 @@
 
 #include "kernels/adam_args.h"
 #include "kernels/clip_rule.h"
+#include "kernels/lowrank_ops.h"
 #include "kernels/qkv_rows.h"
 #include "kernels/quant8.h"
 
@@ -363,24 +364,28 @@ void dequantize_layout(const Context& ctx, const Quant8Map& map, const uint8_t* 
                        const float* absmax, const Quant8Layout& layout, float* x);
 
 // ---- GaLore's randomized refresh (kernels/cuda/galore_basis.cu) ------------------------------
-// ops::galore_basis_randomized on the device: fp32 GEMMs (gemm_f32), cuSOLVER's QR (geqrf, orgqr)
-// and eigensolver (syevd), kernels for the test matrix and the signs. The same test matrix as the
+// ops::galore_basis_randomized on the device: fp32 GEMMs (gemm_f32), cuSOLVER's QR (geqrf, orgqr),
+// Cholesky (potrf) with cuBLAS's trsm, and eigensolver (syevd), kernels for the test matrix, the
+// shift and the signs. The same test matrix as the
 // CPU's for a seed, so P spans the CPU's subspace to within rounding (not its bits: other
 // summation orders, another QR). cusolverDnCreate takes device memory: the backend makes the
 // handle before the reservation.
 cusolverDnHandle_t create_solver_handle(cudaStream_t stream);
 void destroy_solver_handle(cusolverDnHandle_t solver);
 // The floats of work space cuSOLVER asks for to orthonormalise m x k and solve a k x k
-// eigenproblem (the larger of geqrf's, orgqr's and syevd's).
+// eigenproblem (the largest of geqrf's, orgqr's, syevd's and the k x k potrf's).
 int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k);
 // P[side, r] from G[out, in] (fp32 device memory); workspace: galore_basis_workspace_bytes of
 // kernels/backend_sizes.cpp (galore_basis.cu carves it and checks that it fits). status (device
-// memory, 3 ints) keeps each of cuSOLVER's statuses (the last geqrf's, orgqr's, syevd's) where it
-// is still 0, so over a refresh's targets it holds the first failure of each kind: the caller
+// memory, 4 ints) keeps each of cuSOLVER's statuses (the last geqrf's, orgqr's, syevd's, and
+// every potrf's of the CholeskyQR2 passes) where it is still 0, so over a refresh's targets it holds the first failure of each kind: the caller
 // zeroes it before the refresh and reads it once after (GaLore::check_refresh_status).
 void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
                              const float* G, int out, int in, int r, bool rows, uint64_t seed,
                              int power_iters, int oversample, void* workspace,
                              int64_t workspace_bytes, int* status);
+// With GRASS_GALORE_TIMERS=1: the phases' event times of the galore_basis_randomized calls since
+// the last take (one wait for the last of them), then reset.
+ops::GaloreRefreshTimes refresh_phase_times();
 
 }  // namespace grass::cuda

@@ -1,29 +1,40 @@
-// GaLore's randomized refresh on the device: ops::galore_basis_randomized (kernels/cpu/lowrank.cpp,
-// the reference; docs/lowrank.md, the method) with fp32 GEMMs, cuSOLVER and three small kernels,
-// so a refresh neither downloads the gradient nor leaves the GPU idle for a host SVD.
+// GaLore's randomized refresh on the device: ops::galore_basis_randomized
+// (kernels/cpu/galore_basis.cpp, the reference; docs/lowrank.md, the method) with fp32 GEMMs,
+// cuSOLVER, cuBLAS's trsm and small kernels, so a refresh neither downloads the gradient nor
+// leaves the GPU idle for a host SVD.
 //
 // Layout. cuSOLVER is column-major, the engine row-major. The tall matrices are kept transposed,
 // row-major [k, m] = column-major [m, k], which is what geqrf and orgqr factor in place:
 //   A = G[out, in] (rows: m = out, n = in) or Gᵀ (cols: m = in, n = out)
 //   Ωt[k, n]: Ωt[c][a] = normal(seed, a·k + c), the CPU's Ω[n, k] (same seed, same test matrix)
-//   Qt[k, m] = Ωt·Aᵀ;  orth(Qt);  power_iters times: Zt[k, n] = Qt·A, orth(Zt), Qt = Zt·Aᵀ, orth(Qt)
+//   Qt[k, m] = Ωt·Aᵀ;  power_iters times: chol(Qt), Zt[k, n] = Qt·A, chol(Zt), Qt = Zt·Aᵀ;  orth(Qt)
 //   B = Zt = Qt·A [k, n];  S = B·Bᵀ [k, k];  syevd(S): λ ascending, eigenvector j in S's row j
 //   W[k, r]: W[i][c] = S[k-1-c][i] (the top r, descending);  P[m, r] = Qtᵀ·W;  signs as the CPU's
+// orth: geqrf + orgqr (Householder), for the basis Rayleigh-Ritz reads. chol: the CPU's shifted
+// CholeskyQR2, twice S = YᵀY (gemm_f32, into S's region, free until Rayleigh-Ritz), S += s·I with
+// s = kGalorePotrfShift·ε·trace(S) (shift_diagonal_kernel), potrf (upper: S = RᵀR), Y := Y·R⁻¹
+// (cublasStrsm); each potrf's info is kept at once (status[3]: it shares one info int).
 // Every product is fp32 (gemm_f32: CUBLAS_COMPUTE_32F, no TF32).
+//
+// GRASS_GALORE_TIMERS=1 times the phases with events (refresh_phase_times reads them).
 //
 // The workspace (galore_basis_workspace_bytes, kernels/backend_sizes.cpp), regions 256-byte
 // aligned, sized for either side being projected (D = max(out, in)):
 //   Ωt then Zt [k, D] | Qt [k, D] | S [k, k] | W [k, r] | λ [k] | τ [k] | 4 ints: cuSOLVER's info |
 //   cuSOLVER's work space, galore_solver_work_floats(D, k) floats
+#include <cublas_v2.h>
 #include <cusolverDn.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/lowrank_ops.h"
 #include "src/core/error.h"
 #include "src/core/rng.h"
 
@@ -93,11 +104,31 @@ __global__ void sign_normalise_kernel(float* P, int side, int r) {
   for (int i = threadIdx.x; i < side; i += blockDim.x) P[int64_t(i) * r + c] = -P[int64_t(i) * r + c];
 }
 
-// status[i] = info[i] where status[i] is still 0, for i < 3: the first failure of each kind
+// status[i] = info[i] where status[i] is still 0, for i < count: the first failure of each kind
 // over the calls since the caller zeroed status.
-__global__ void keep_status_kernel(int* status, const int* info) {
+__global__ void keep_status_kernel(int* status, const int* info, int count) {
   const int i = int(threadIdx.x);
-  if (i < 3 && status[i] == 0) status[i] = info[i];
+  if (i < count && status[i] == 0) status[i] = info[i];
+}
+
+// S[k, k] += s·I, s = shift·trace(S) + FLT_MIN (the CPU's cholesky_qr2): one block, the trace
+// summed in a fixed tree order. A non-finite trace (a non-finite Y) sets the diagonal to -1, so
+// that potrf reports it whatever its NaN tests.
+__global__ void shift_diagonal_kernel(float* S, int k, float shift) {
+  __shared__ float part[kThreads];
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < k; i += blockDim.x) sum += S[int64_t(i) * k + i];
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+    __syncthreads();
+  }
+  const float trace = part[0];
+  const bool finite = fabsf(trace) <= FLT_MAX;  // false for NaN and ±inf
+  const float s = shift * trace + FLT_MIN;
+  for (int i = threadIdx.x; i < k; i += blockDim.x)
+    S[int64_t(i) * k + i] = finite ? S[int64_t(i) * k + i] + s : -1.0f;
 }
 
 int64_t region(int64_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -138,6 +169,48 @@ void orthonormalise(cusolverDnHandle_t solver, float* Qt, int m, int k, const Wo
                                         int(ws.work_floats), ws.info + 1));
 }
 
+// Yt[k, m] (column-major m x k) := Y·R⁻¹ twice (shifted CholeskyQR2), potrf's info kept in
+// status[3] after each factorisation.
+void cholesky_qr2(const Context& ctx, cusolverDnHandle_t solver, float* Yt, int m, int k,
+                  const Workspace& ws, int* status) {
+  const float shift = float(ops::kGalorePotrfShift) * FLT_EPSILON;
+  const float one = 1.0f;
+  for (int pass = 0; pass < 2; pass++) {
+    gemm_f32(ctx, false, true, k, k, m, Yt, m, Yt, m, 0.0f, ws.s, k);  // S = YᵀY
+    shift_diagonal_kernel<<<1, kThreads, 0, ctx.stream>>>(ws.s, k, shift);
+    GRASS_LAUNCH_CHECK();
+    GRASS_CUSOLVER_CHECK(cusolverDnSpotrf(solver, CUBLAS_FILL_MODE_UPPER, k, ws.s, k, ws.work,
+                                          int(ws.work_floats), ws.info + 3));
+    keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status + 3, ws.info + 3, 1);
+    GRASS_LAUNCH_CHECK();
+    GRASS_CUBLAS_CHECK(cublasSetStream(ctx.blas, ctx.stream));
+    GRASS_CUBLAS_CHECK(cublasStrsm(ctx.blas, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
+                                   CUBLAS_DIAG_NON_UNIT, m, k, &one, ws.s, k, Yt, m));
+  }
+}
+
+// GRASS_GALORE_TIMERS=1: an event at each phase's start on the refresh's stream; the marks of a
+// refresh are read (one wait) by refresh_phase_times. Events are pooled across refreshes.
+struct PhaseTimers {
+  std::vector<cudaEvent_t> events;  // the pool; the first `used` are this refresh's marks
+  std::vector<int> phases;          // the phase each mark starts (-1: an end)
+  size_t used = 0;
+  int targets = 0;
+  void mark(cudaStream_t stream, int phase) {
+    if (used == events.size()) {
+      events.emplace_back();
+      GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&events.back(), cudaEventDefault));
+    }
+    GRASS_CUDA_CHECK(cudaEventRecord(events[used], stream));
+    if (phases.size() <= used) phases.resize(used + 1);
+    phases[used++] = phase;
+  }
+};
+PhaseTimers& phase_timers() {
+  static PhaseTimers timers;
+  return timers;
+}
+
 }  // namespace
 
 cusolverDnHandle_t create_solver_handle(cudaStream_t stream) {
@@ -153,13 +226,15 @@ void destroy_solver_handle(cusolverDnHandle_t solver) {
 
 int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k) {
   // The queries read only the shapes; cuSOLVER's documentation has them take the pointers too.
-  int geqrf = 0, orgqr = 0, syevd = 0;
+  int geqrf = 0, orgqr = 0, syevd = 0, potrf = 0;
   GRASS_CUSOLVER_CHECK(cusolverDnSgeqrf_bufferSize(solver, m, k, nullptr, m, &geqrf));
   GRASS_CUSOLVER_CHECK(cusolverDnSorgqr_bufferSize(solver, m, k, k, nullptr, m, nullptr, &orgqr));
   GRASS_CUSOLVER_CHECK(cusolverDnSsyevd_bufferSize(solver, CUSOLVER_EIG_MODE_VECTOR,
                                                    CUBLAS_FILL_MODE_LOWER, k, nullptr, k, nullptr,
                                                    &syevd));
-  return std::max({int64_t(geqrf), int64_t(orgqr), int64_t(syevd)});
+  GRASS_CUSOLVER_CHECK(cusolverDnSpotrf_bufferSize(solver, CUBLAS_FILL_MODE_UPPER, k, nullptr, k,
+                                                   &potrf));
+  return std::max({int64_t(geqrf), int64_t(orgqr), int64_t(syevd), int64_t(potrf)});
 }
 
 void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
@@ -184,31 +259,66 @@ void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, floa
   const auto times_at = [&](const float* Zt, float* Qt) {  // Qt[k, m] = Zt[k, n]·Aᵀ[n, m]
     gemm_f32(ctx, false, rows, k, m, n, Zt, n, G, in, 0.0f, Qt, m);
   };
+  const bool timed = ops::galore_timers_enabled();
+  PhaseTimers& timers = phase_timers();
+  const auto phase = [&](ops::GalorePhase p) {
+    if (timed) timers.mark(ctx.stream, int(p));
+  };
+  phase(ops::GalorePhase::TestMatrix);
   test_matrix_kernel<<<unsigned(ceil_div(int64_t(n) * k, kThreads)), kThreads, 0, ctx.stream>>>(
       ws.z, seed, n, k);
   GRASS_LAUNCH_CHECK();
+  phase(ops::GalorePhase::Gemm);
   times_at(ws.z, ws.q);
-  orthonormalise(solver, ws.q, m, k, ws);
   for (int it = 0; it < power_iters; it++) {
+    phase(ops::GalorePhase::Qr);
+    cholesky_qr2(ctx, solver, ws.q, m, k, ws, status);
+    phase(ops::GalorePhase::Gemm);
     times_a(ws.q, ws.z);
-    orthonormalise(solver, ws.z, n, k, ws);
+    phase(ops::GalorePhase::Qr);
+    cholesky_qr2(ctx, solver, ws.z, n, k, ws, status);
+    phase(ops::GalorePhase::Gemm);
     times_at(ws.z, ws.q);
-    orthonormalise(solver, ws.q, m, k, ws);
   }
+  phase(ops::GalorePhase::Qr);
+  orthonormalise(solver, ws.q, m, k, ws);
   // Rayleigh-Ritz: B = Zt = Qt·A, S = B·Bᵀ, its top-r eigenvectors
+  phase(ops::GalorePhase::Gemm);
   times_a(ws.q, ws.z);
   gemm_f32(ctx, false, true, k, k, n, ws.z, n, ws.z, n, 0.0f, ws.s, k);
+  phase(ops::GalorePhase::Eigensolver);
   GRASS_CUSOLVER_CHECK(cusolverDnSsyevd(solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER,
                                         k, ws.s, k, ws.lambda, ws.work, int(ws.work_floats),
                                         ws.info + 2));
+  phase(ops::GalorePhase::P);
   top_vectors_kernel<<<unsigned(ceil_div(int64_t(k) * r, kThreads)), kThreads, 0, ctx.stream>>>(
       ws.w, ws.s, k, r);
   GRASS_LAUNCH_CHECK();
   gemm_f32(ctx, true, false, m, r, k, ws.q, m, ws.w, r, 0.0f, P, r);  // P[m, r] = Qtᵀ·W
   sign_normalise_kernel<<<unsigned(r), kThreads, 0, ctx.stream>>>(P, m, r);
   GRASS_LAUNCH_CHECK();
-  keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status, ws.info);
+  keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status, ws.info, 3);
   GRASS_LAUNCH_CHECK();
+  if (timed) {
+    timers.mark(ctx.stream, -1);
+    timers.targets++;
+  }
+}
+
+ops::GaloreRefreshTimes refresh_phase_times() {
+  PhaseTimers& timers = phase_timers();
+  ops::GaloreRefreshTimes times;
+  times.targets = timers.targets;
+  if (timers.used > 0) GRASS_CUDA_CHECK(cudaEventSynchronize(timers.events[timers.used - 1]));
+  for (size_t i = 0; i + 1 < timers.used; i++) {
+    if (timers.phases[i] < 0) continue;
+    float ms = 0;
+    GRASS_CUDA_CHECK(cudaEventElapsedTime(&ms, timers.events[i], timers.events[i + 1]));
+    times.ms[timers.phases[i]] += ms;
+  }
+  timers.used = 0;
+  timers.targets = 0;
+  return times;
 }
 
 }  // namespace grass::cuda

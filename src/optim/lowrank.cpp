@@ -1,6 +1,7 @@
 #include "src/optim/lowrank.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "src/core/error.h"
 #include "src/core/rng.h"
@@ -224,11 +225,26 @@ void GaLore::refresh_from(size_t k, const float* g) {
                          model_.tensors()[size_t(t.tensor_index)].name);
   }
   needs_refresh_[k] = false;
-  if (refresh_status_ && !needs_exact_activations()) check_refresh_status();  // the last target
+  if (needs_exact_activations()) return;
+  // the last target
+  if (refresh_status_) check_refresh_status();
+  if (ops::galore_timers_enabled()) print_refresh_times();
+}
+
+void GaLore::print_refresh_times() const {
+  const ops::GaloreRefreshTimes times = backend_.take_galore_refresh_times();
+  if (times.targets == 0) return;  // the exact SVD: no phases
+  double total = 0;
+  for (const double ms : times.ms) total += ms;
+  std::fprintf(stderr, "galore refresh at step %lld: %d targets, %.3f ms in the range finder\n",
+               static_cast<long long>(step_ + 1), times.targets, total);
+  for (int p = 0; p < ops::kGalorePhases; p++)
+    std::fprintf(stderr, "galore refresh phase %-12s %10.3f ms\n",
+                 ops::name_of(ops::GalorePhase(p)), times.ms[p]);
 }
 
 void GaLore::check_refresh_status() const {
-  int status[3] = {0, 0, 0};
+  int status[4] = {0, 0, 0, 0};
   backend_.download(status, refresh_status_, sizeof status);
   GRASS_CHECK(status[0] == 0 && status[1] == 0,
               "GaLore's refresh: cuSOLVER's QR refused its arguments (status " +
@@ -236,6 +252,10 @@ void GaLore::check_refresh_status() const {
   GRASS_CHECK(status[2] == 0, "GaLore's refresh at step " + std::to_string(step_ + 1) +
                                   ": the eigensolver did not converge (non-finite gradient?), "
                                   "cuSOLVER's info " + std::to_string(status[2]));
+  GRASS_CHECK(status[3] == 0, "GaLore's refresh at step " + std::to_string(step_ + 1) +
+                                  ": the Cholesky factorisation of a power iteration's Gram matrix "
+                                  "failed (non-finite gradient?), cuSOLVER's info " +
+                                  std::to_string(status[3]));
 }
 
 // ---- FLORA --------------------------------------------------------------------------------------

@@ -132,10 +132,12 @@ class GaLore final : public LowRankOptimizer {
   std::vector<bool> needs_refresh_;   // set at a refresh step until the first backward
   GaloreBasisMethod method_;          // resolved; its seed is set per refresh and target
   void* basis_workspace_ = nullptr;   // galore_basis_workspace_bytes of the largest target
-  // With the workspace (a randomized refresh on the GPU): the refresh's cuSOLVER statuses, int[3]
+  // With the workspace (a randomized refresh on the GPU): the refresh's cuSOLVER statuses, int[4]
   // backend memory, zeroed when a refresh begins and read when its last target is done
   int* refresh_status_ = nullptr;
   void check_refresh_status() const;
+  // GRASS_GALORE_TIMERS=1: the refresh's phase times on stderr, one line a phase
+  void print_refresh_times() const;
 };
 
 // FLORA (Hao et al. 2024; flora-opt, with the engine's exact variant of docs/lowrank.md): P is

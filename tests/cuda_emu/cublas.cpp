@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <cblas.h>
+
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
 #include "cuda_emu.h"
@@ -368,4 +370,23 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t op_a, cubla
               {a, a_type, ta ? k : m, ta ? m : k, lda, "A"},
               {b, b_type, tb ? n : k, tb ? k : n, ldb, "B"}, *static_cast<const float*>(beta),
               {c, c_type, m, n, ldc, "C"}, c, kGemmExOrder, handle->stream);
+}
+
+cublasStatus_t cublasStrsm(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo,
+                           cublasOperation_t trans, cublasDiagType_t diag, int m, int n,
+                           const float* alpha, const float* A, int lda, float* B, int ldb) {
+  if (!handle) return invalid("cublasStrsm: handle");
+  if (m < 0 || n < 0) return invalid("cublasStrsm: shape");
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  const int a_side = side == CUBLAS_SIDE_LEFT ? m : n;
+  if (cublasStatus_t s = check_operand({A, CUDA_R_32F, a_side, a_side, lda, "A"})) return s;
+  if (cublasStatus_t s = check_operand({B, CUDA_R_32F, m, n, ldb, "B"})) return s;
+  const float a = *alpha;  // a host scalar, read at the call as cuBLAS's default pointer mode
+  cuda_emu::enqueue(handle->stream, [=] {
+    cblas_strsm(CblasColMajor, side == CUBLAS_SIDE_LEFT ? CblasLeft : CblasRight,
+                uplo == CUBLAS_FILL_MODE_UPPER ? CblasUpper : CblasLower,
+                trans == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
+                diag == CUBLAS_DIAG_UNIT ? CblasUnit : CblasNonUnit, m, n, a, A, lda, B, ldb);
+  });
+  return CUBLAS_STATUS_SUCCESS;
 }

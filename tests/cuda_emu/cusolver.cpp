@@ -16,6 +16,7 @@ void sgeqrf_(const int* m, const int* n, float* a, const int* lda, float* tau, f
              const int* lwork, int* info);
 void sorgqr_(const int* m, const int* n, const int* k, float* a, const int* lda, const float* tau,
              float* work, const int* lwork, int* info);
+void spotrf_(const char* uplo, const int* n, float* a, const int* lda, int* info, size_t uplo_len);
 // the trailing size_t: gfortran's hidden lengths of the two strings
 void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const int* lda, float* w,
              float* work, const int* lwork, int* iwork, const int* liwork, int* info,
@@ -150,6 +151,33 @@ cusolverStatus_t cusolverDnSsyevd(cusolverDnHandle_t handle, cusolverEigMode_t j
     std::vector<int> iwork(size_t(sizes.liwork));  // cuSOLVER keeps its integer work itself
     const char up = uplo == CUBLAS_FILL_MODE_UPPER ? 'U' : 'L';
     ssyevd_("V", &up, &n, A, &lda, W, work, &lwork, iwork.data(), &sizes.liwork, info, 1, 1);
+  });
+  return CUSOLVER_STATUS_SUCCESS;
+}
+
+namespace {
+// cuSOLVER asks for work space for potrf (LAPACK's needs none): one block column of n, so a call
+// is held to its _bufferSize as the others are.
+int potrf_lwork(int n) { return std::max(1, 64 * n); }
+}  // namespace
+
+cusolverStatus_t cusolverDnSpotrf_bufferSize(cusolverDnHandle_t handle, cublasFillMode_t, int n,
+                                             float*, int lda, int* lwork) {
+  if (!handle) return CUSOLVER_STATUS_NOT_INITIALIZED;
+  if (n < 0 || lda < std::max(1, n)) return invalid("potrf_bufferSize: shape");
+  *lwork = potrf_lwork(n);
+  return CUSOLVER_STATUS_SUCCESS;
+}
+cusolverStatus_t cusolverDnSpotrf(cusolverDnHandle_t handle, cublasFillMode_t uplo, int n,
+                                  float* A, int lda, float* work, int lwork, int* info) {
+  if (!handle) return CUSOLVER_STATUS_NOT_INITIALIZED;
+  if (n < 0 || lda < std::max(1, n)) return invalid("potrf: shape");
+  if (!on_device(A, n, n, lda) || !on_device(work, lwork, 1, lwork) || !on_device(info, 1, 1, 1))
+    return invalid("potrf: A, work or info outside device memory");
+  if (lwork < potrf_lwork(n)) return invalid("potrf: lwork below potrf_bufferSize's");
+  cuda_emu::enqueue(handle->stream, [=] {
+    const char up = uplo == CUBLAS_FILL_MODE_UPPER ? 'U' : 'L';
+    spotrf_(&up, &n, A, &lda, info, 1);
   });
   return CUSOLVER_STATUS_SUCCESS;
 }

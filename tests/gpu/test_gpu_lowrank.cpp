@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -231,14 +232,14 @@ TEST_CASE("lowrank: the randomized galore_basis on the device spans the CPU's su
       REQUIRE(bytes > 0);
       DeviceBuffer<float> d_g(g.size()), d_P(size_t(side) * s.r);
       DeviceBuffer<char> workspace{size_t(bytes)};
-      DeviceBuffer<int> status(3);
+      DeviceBuffer<int> status(4);
       d_g.upload(g);
       d_P.poison();
-      status.upload({0, 0, 0});
+      status.upload({0, 0, 0, 0});
       be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, how, workspace.ptr,
                            status.ptr);
       const std::vector<float> got = d_P.download();
-      CHECK(status.download() == std::vector<int>{0, 0, 0});  // cuSOLVER's: every call succeeded
+      CHECK(status.download() == std::vector<int>{0, 0, 0, 0});  // cuSOLVER's: every call succeeded
       std::vector<float> cpu(got.size()), exact(got.size());
       be.cpu->galore_basis(cpu.data(), g.data(), s.out, s.in, s.r, rows, how, nullptr, nullptr);
       ops::galore_basis<float>(exact.data(), g.data(), s.out, s.in, s.r, rows);
@@ -250,18 +251,20 @@ TEST_CASE("lowrank: the randomized galore_basis on the device spans the CPU's su
       CHECK(rel_error(got, cpu) <= 1e-3);
       CHECK(same_bits(d_g.download(), g));  // read only
       // a function of (G, seed): the same bits again; a status an earlier target left is kept
-      status.upload({0, 0, 7});
+      status.upload({0, 0, 7, 0});
       be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, how, workspace.ptr,
                            status.ptr);
       CHECK(same_bits(d_P.download(), got));
-      CHECK(status.download() == std::vector<int>{0, 0, 7});
+      CHECK(status.download() == std::vector<int>{0, 0, 7, 0});
     }
 }
 
 TEST_CASE("lowrank: the randomized galore_basis keeps a failed eigensolver's status",
           "[gpu][lowrank]") {
-  // A non-finite gradient: the eigensolver does not converge (LAPACK's, the emulator's, says so
-  // with info > 0), and the status ints keep it for the refresh's one read.
+  // A non-finite gradient: the first CholeskyQR2 pass's Gram has a non-finite trace, which the
+  // shift kernel turns into a diagonal of -1, so potrf fails on its first column (info 1) on any
+  // cuSOLVER; the eigensolver does not converge either (LAPACK's, the emulator's, says so with
+  // info > 0), and the status ints keep both for the refresh's one read.
   Backends be(PrecisionChoice::Bf16Mixed);
   const Shape s = kShapes[1];
   GaloreBasisMethod how;
@@ -271,12 +274,93 @@ TEST_CASE("lowrank: the randomized galore_basis keeps a failed eigensolver's sta
   g[3] = std::numeric_limits<float>::quiet_NaN();
   DeviceBuffer<float> d_g(g.size()), d_P(size_t(s.out) * s.r);
   DeviceBuffer<char> workspace{size_t(bytes)};
-  DeviceBuffer<int> status(3);
+  DeviceBuffer<int> status(4);
   d_g.upload(g);
-  status.upload({0, 0, 0});
+  status.upload({0, 0, 0, 0});
   be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, true, how, workspace.ptr, status.ptr);
   const std::vector<int> got = status.download();
   CHECK(got[2] != 0);
+  CHECK(got[3] == 1);
+}
+
+TEST_CASE("lowrank: the randomized galore_basis takes a rank-deficient gradient",
+          "[gpu][lowrank]") {
+  // G = A·B of rank 5 < r = 8 < k = 16: the power iterations' Grams are singular, and only the
+  // CholeskyQR2 shift lets potrf factor them (every status stays 0). P is orthonormal and holds
+  // G's range, as the CPU's does.
+  Backends be(PrecisionChoice::Bf16Mixed);
+  const Shape s = kShapes[0];
+  const int rank = 5;
+  for (const bool rows : {true, false}) {
+    INFO("rows=" << rows);
+    const int side = rows ? s.out : s.in;
+    const std::vector<float> A = randn(size_t(s.out) * rank), B = randn(size_t(rank) * s.in);
+    std::vector<float> g(size_t(s.out) * s.in, 0.0f);
+    for (int i = 0; i < s.out; i++)
+      for (int j = 0; j < s.in; j++)
+        for (int c = 0; c < rank; c++)
+          g[size_t(i) * s.in + j] += A[size_t(i) * rank + c] * B[size_t(c) * s.in + j];
+    GaloreBasisMethod how;
+    how.randomized = true;
+    how.seed = 99;
+    const int64_t bytes = galore_basis_workspace_bytes(be.gpu_storage, s.out, s.in, s.r, how);
+    DeviceBuffer<float> d_g(g.size()), d_P(size_t(side) * s.r);
+    DeviceBuffer<char> workspace{size_t(bytes)};
+    DeviceBuffer<int> status(4);
+    d_g.upload(g);
+    d_P.poison();
+    status.upload({0, 0, 0, 0});
+    be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, rows, how, workspace.ptr, status.ptr);
+    const std::vector<float> got = d_P.download();
+    CHECK(status.download() == std::vector<int>{0, 0, 0, 0});
+    // the exact top-`rank` vectors (G's range), padded with zero columns to P's r
+    std::vector<float> exact(size_t(side) * rank), range(got.size(), 0.0f), cpu(got.size());
+    ops::galore_basis<float>(exact.data(), g.data(), s.out, s.in, rank, rows);
+    for (int i = 0; i < side; i++)
+      for (int c = 0; c < rank; c++) range[size_t(i) * s.r + c] = exact[size_t(i) * rank + c];
+    CHECK(test::subspace_sine(got, s.r, range, side, s.r) <= 1e-4);  // ‖(I − P·Pᵀ)·range‖
+    be.cpu->galore_basis(cpu.data(), g.data(), s.out, s.in, s.r, rows, how, nullptr, nullptr);
+    CHECK(test::subspace_sine(cpu, s.r, range, side, s.r) <= 1e-4);
+    double worst = 0;  // PᵀP = I
+    for (int a = 0; a < s.r; a++)
+      for (int b = 0; b < s.r; b++) {
+        double dot = 0;
+        for (int i = 0; i < side; i++) dot += double(got[size_t(i) * s.r + a]) * got[size_t(i) * s.r + b];
+        worst = std::max(worst, std::abs(dot - (a == b ? 1.0 : 0.0)));
+      }
+    CHECK(worst <= 1e-5);
+  }
+}
+
+TEST_CASE("lowrank: GRASS_GALORE_TIMERS times the device refresh's phases", "[gpu][lowrank]") {
+  Backends be(PrecisionChoice::Bf16Mixed);
+  const Shape s = kShapes[1];
+  GaloreBasisMethod how;
+  how.randomized = true;
+  const int64_t bytes = galore_basis_workspace_bytes(be.gpu_storage, s.out, s.in, s.r, how);
+  DeviceBuffer<float> d_g(size_t(s.out) * s.in), d_P(size_t(s.out) * s.r);
+  DeviceBuffer<char> workspace{size_t(bytes)};
+  DeviceBuffer<int> status(4);
+  d_g.upload(randn(d_g.n));
+  status.upload({0, 0, 0, 0});
+  ::setenv("GRASS_GALORE_TIMERS", "1", 1);
+  be.gpu->take_galore_refresh_times();  // whatever an earlier test left
+  for (int target = 0; target < 2; target++)
+    be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, true, how, workspace.ptr, status.ptr);
+  const ops::GaloreRefreshTimes times = be.gpu->take_galore_refresh_times();
+  ::unsetenv("GRASS_GALORE_TIMERS");
+  CHECK(times.targets == 2);
+  double total = 0;
+  for (const double ms : times.ms) {
+    CHECK(ms >= 0);
+    total += ms;
+  }
+  CHECK(total > 0);
+  CHECK(be.gpu->take_galore_refresh_times().targets == 0);  // taken: reset
+  // off: no events
+  be.gpu->galore_basis(d_P.ptr, d_g.ptr, s.out, s.in, s.r, true, how, workspace.ptr, status.ptr);
+  CHECK(be.gpu->take_galore_refresh_times().targets == 0);
+  CHECK(status.download() == std::vector<int>{0, 0, 0, 0});
 }
 
 TEST_CASE("lowrank: the randomized galore_basis refuses a workspace smaller than planned",
@@ -292,8 +376,8 @@ TEST_CASE("lowrank: the randomized galore_basis refuses a workspace smaller than
   DeviceBuffer<char> workspace{size_t(bytes)};
   d_g.upload(randn(d_g.n));
   // the layout's last region, cuSOLVER's work space, one float short
-  DeviceBuffer<int> status(3);
-  status.upload({0, 0, 0});
+  DeviceBuffer<int> status(4);
+  status.upload({0, 0, 0, 0});
   CHECK_THROWS_WITH(cuda::galore_basis_randomized(tc.ctx, solver, d_P.ptr, d_g.ptr, s.out, s.in,
                                                   s.r, true, 1, 2, 8, workspace.ptr, bytes - 257,
                                                   status.ptr),

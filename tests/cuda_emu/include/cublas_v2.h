@@ -1,10 +1,14 @@
-// cuda_emu: cuBLAS's cublasGemmEx (the fallback of kernels/cuda/gemm.cu) on the CPU.
+// cuda_emu: cuBLAS's cublasGemmEx (the fallback of kernels/cuda/gemm.cu) and cublasStrsm (GaLore's
+// CholeskyQR2, kernels/cuda/galore_basis.cu) on the CPU.
 #pragma once
 #include "cublasLt.h"
 
 struct cublasContext;
 using cublasHandle_t = cublasContext*;
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+enum cublasFillMode_t { CUBLAS_FILL_MODE_LOWER = 0, CUBLAS_FILL_MODE_UPPER = 1 };
+enum cublasSideMode_t { CUBLAS_SIDE_LEFT = 0, CUBLAS_SIDE_RIGHT = 1 };
+enum cublasDiagType_t { CUBLAS_DIAG_NON_UNIT = 0, CUBLAS_DIAG_UNIT = 1 };
 enum cublasMath_t {
   CUBLAS_DEFAULT_MATH = 0,
   CUBLAS_PEDANTIC_MATH = 2,
@@ -22,3 +26,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t op_a, cubla
                             cudaDataType_t a_type, int lda, const void* b, cudaDataType_t b_type,
                             int ldb, const void* beta, void* c, cudaDataType_t c_type, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t algo);
+// B[m, n] := alpha·op(A)⁻¹·B (left) or alpha·B·op(A)⁻¹ (right), A triangular, column-major fp32.
+cublasStatus_t cublasStrsm(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo,
+                           cublasOperation_t trans, cublasDiagType_t diag, int m, int n,
+                           const float* alpha, const float* A, int lda, float* B, int ldb);

@@ -1,5 +1,6 @@
 // cuda_emu: the part of cuSOLVER's dense API that GaLore's refresh uses (kernels/cuda/
-// galore_basis.cu): single-precision QR (geqrf, orgqr) and the symmetric eigensolver (syevd),
+// galore_basis.cu): single-precision QR (geqrf, orgqr), Cholesky (potrf) and the symmetric
+// eigensolver (syevd),
 // column-major as cuSOLVER's, computed by the host's LAPACK in the handle's stream order.
 #pragma once
 #include "cublas_v2.h"
@@ -11,7 +12,6 @@ enum cusolverStatus_t {
   CUSOLVER_STATUS_INVALID_VALUE = 3,
 };
 enum cusolverEigMode_t { CUSOLVER_EIG_MODE_NOVECTOR = 0, CUSOLVER_EIG_MODE_VECTOR = 1 };
-enum cublasFillMode_t { CUBLAS_FILL_MODE_LOWER = 0, CUBLAS_FILL_MODE_UPPER = 1 };
 
 struct cusolverDnContext;
 using cusolverDnHandle_t = cusolverDnContext*;
@@ -33,3 +33,7 @@ cusolverStatus_t cusolverDnSsyevd_bufferSize(cusolverDnHandle_t handle, cusolver
 cusolverStatus_t cusolverDnSsyevd(cusolverDnHandle_t handle, cusolverEigMode_t jobz,
                                   cublasFillMode_t uplo, int n, float* A, int lda, float* W,
                                   float* work, int lwork, int* info);
+cusolverStatus_t cusolverDnSpotrf_bufferSize(cusolverDnHandle_t handle, cublasFillMode_t uplo,
+                                             int n, float* A, int lda, int* lwork);
+cusolverStatus_t cusolverDnSpotrf(cusolverDnHandle_t handle, cublasFillMode_t uplo, int n,
+                                  float* A, int lda, float* work, int lwork, int* info);
