@@ -4,6 +4,7 @@
 // shapes in checkpoints and exports (tests/test_checkpoint.cpp resumes padded runs).
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <filesystem>
 
 #include "src/core/arena.h"
@@ -66,6 +67,12 @@ TEST_CASE("a padded model stores gate and up with zero rows and down with a wide
     CHECK(stored[i * 48 + 45] == 0.0f);
     CHECK(stored[i * 48 + 47] == 0.0f);
   }
+  // what checkpoints and exports write: the same rows, cut out of the padded ones
+  std::vector<std::vector<std::byte>> keep;
+  const std::byte* bytes = model.weight_store().hf_bytes(down, keep);
+  std::vector<float> written(hf.size());
+  std::memcpy(written.data(), bytes, written.size() * sizeof(float));
+  CHECK(written == hf);
   // the same draws as the unpadded model's: init takes each element's stream index in HF's layout
   Arena other;
   LlamaModel plain(m, other, 1, 8);
