@@ -32,8 +32,8 @@ INFRASTRUCTURE = {
         "common.cuh": "what every .cu shares: checks, bf16 packs, block sums, rounding",
         "copy_stream.cu": "the copy stream behind copy_async (offload) and pinned host memory",
         "copy_stream.cuh": "the copy stream behind copy_async (offload) and pinned host memory",
-        "device.cu": "the device probe, the launch checks' debugging mode",
-        "device.h": "the device probe, the launch checks' debugging mode",
+        "device.cu": "the device probe, the launch checks' debugging mode, the local memory pool",
+        "device.h": "the device probe, the launch checks' debugging mode, the local memory pool",
         "staging.cu": "the pinned staging ring of host-to-device copies",
         "staging.cuh": "the pinned staging ring of host-to-device copies",
         "nccl_communicator.cu": "the data-parallel sums over NCCL",
@@ -42,6 +42,9 @@ INFRASTRUCTURE = {
         "gemm.cuh": "the cuBLASLt GEMM every product goes through",
         "quant8.cuh": "the 8-bit optimizer steps' dequantize-step-requantize block",
         "mma_ptx.cuh": "sm_80's mma.sync, ldmatrix and cp.async as inline PTX (the emulator's model)",
+        "attention_mma.cu": "attention's second GPU implementation (attention: \"mma\"), beside "
+                            "attention.cu until a GPU measures which is faster; its reference is "
+                            "cpu/attention.cpp",
     },
 }
 OP_EXTENSION = {"cpu": ".cpp", "cuda": ".cu"}
