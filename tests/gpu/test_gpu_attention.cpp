@@ -80,6 +80,32 @@ void check_grad(const std::vector<float>& got, const std::vector<float>& want, c
   }
 }
 
+// One problem's random bf16-valued inputs and the CPU reference's forward and backward on them.
+struct Reference {
+  size_t nq, nkv;
+  std::vector<float> q, k, v, dout, out, dq, dk, dv;
+  explicit Reference(const Shape& s)
+      : nq(size_t(s.B) * s.T * s.NH * s.HD),
+        nkv(size_t(s.B) * s.T * s.NKV * s.HD),
+        q(bf16_rounded(randn(nq))),
+        k(bf16_rounded(randn(nkv))),
+        v(bf16_rounded(randn(nkv))),
+        dout(bf16_rounded(randn(nq))),
+        out(nq),
+        dq(nq),
+        dk(nkv),
+        dv(nkv) {
+    // probs[B,NH,T,T] from the forward feed the backward
+    const float *cq = q.data(), *ck = k.data(), *cv = v.data();
+    const auto in = grass::separate_qkv(cq, ck, cv, s.NH, s.NKV, s.HD);
+    std::vector<float> probs(size_t(s.B) * s.NH * s.T * s.T), scratch(probs.size());
+    grass::ops::attention_forward<float>(out.data(), probs.data(), in, s.B, s.T, s.NH, s.NKV, s.HD);
+    grass::ops::attention_backward<float>(
+        grass::separate_qkv(dq.data(), dk.data(), dv.data(), s.NH, s.NKV, s.HD), scratch.data(),
+        dout.data(), in, probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
+  }
+};
+
 // One problem on the device: bf16 inputs uploaded, outputs allocated; q, k, v and their
 // gradients in one buffer each, packed or as three.
 struct DeviceAttention {
@@ -173,30 +199,17 @@ TEST_CASE("cuda attention forward and backward match the CPU reference", "[gpu]"
          {std::pair{false, false}, {true, true}, {true, false}}) {
       INFO(describe(s) << (packed ? ", q, k, v packed" : ", q, k, v as three buffers")
                        << (grads_packed ? ", their gradients packed" : ""));
-      const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
-      const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
-                               v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
-
-      // CPU reference: probs[B,NH,T,T] from the forward feed the backward.
-      const auto in = grass::separate_qkv(q.data(), k.data(), v.data(), s.NH, s.NKV, s.HD);
-      std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T);
-      grass::ops::attention_forward<float>(out_ref.data(), probs.data(), in, s.B, s.T, s.NH, s.NKV,
-                                           s.HD);
-      std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv), cpu_scratch(probs.size());
-      grass::ops::attention_backward<float>(
-          grass::separate_qkv(dq_ref.data(), dk_ref.data(), dv_ref.data(), s.NH, s.NKV, s.HD),
-          cpu_scratch.data(), dout.data(), in, probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
-
-      DeviceAttention dev(s, q, k, v, dout, packed, grads_packed);
+      const Reference r(s);
+      DeviceAttention dev(s, r.q, r.k, r.v, r.dout, packed, grads_packed);
       dev.forward(tc.ctx);
-      CHECK(rel_error(to_f32(dev.out.download()), out_ref) <= 1e-2);
-      CHECK(rel_error(dev.lse.download(), reference_lse(q, k, s)) <= 1e-2);
+      CHECK(rel_error(to_f32(dev.out.download()), r.out) <= 1e-2);
+      CHECK(rel_error(dev.lse.download(), reference_lse(r.q, r.k, s)) <= 1e-2);
 
       // The backward runs on the GPU's own out and lse, as in training.
       dev.backward(tc.ctx);
-      check_grad(to_f32(dev.dq()), dq_ref, "dq");
-      check_grad(to_f32(dev.dk()), dk_ref, "dk");
-      check_grad(to_f32(dev.dv()), dv_ref, "dv");
+      check_grad(to_f32(dev.dq()), r.dq, "dq");
+      check_grad(to_f32(dev.dk()), r.dk, "dk");
+      check_grad(to_f32(dev.dv()), r.dv, "dv");
     }
 }
 
@@ -306,33 +319,22 @@ TEST_CASE("cuda attention mma forward matches the CPU reference and feeds the ol
   for (const Shape& s : shapes) {
     const bool packed = s.NKV != s.NH;  // the model's packed rows, and three buffers
     INFO(describe(s) << (packed ? ", q, k, v packed" : ""));
-    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
-    const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
-                             v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
-    const auto in = grass::separate_qkv(q.data(), k.data(), v.data(), s.NH, s.NKV, s.HD);
-    std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T);
-    grass::ops::attention_forward<float>(out_ref.data(), probs.data(), in, s.B, s.T, s.NH, s.NKV,
-                                         s.HD);
-
-    DeviceAttention dev(s, q, k, v, dout, packed, packed);
+    const Reference r(s);
+    DeviceAttention dev(s, r.q, r.k, r.v, r.dout, packed, packed);
     dev.forward_mma(tc.ctx);
     const std::vector<bf16> out = dev.out.download();
     const std::vector<float> lse = dev.lse.download();
-    CHECK(rel_error(to_f32(out), out_ref) <= 1e-2);
-    CHECK(rel_error(lse, reference_lse(q, k, s)) <= 1e-2);
+    CHECK(rel_error(to_f32(out), r.out) <= 1e-2);
+    CHECK(rel_error(lse, reference_lse(r.q, r.k, s)) <= 1e-2);
     dev.forward_mma(tc.ctx);  // poisons out and lse first
     const std::vector<bf16> again = dev.out.download();
-    CHECK(std::memcmp(out.data(), again.data(), nq * sizeof(bf16)) == 0);
+    CHECK(std::memcmp(out.data(), again.data(), r.nq * sizeof(bf16)) == 0);
     CHECK(dev.lse.download() == lse);
 
-    std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv), cpu_scratch(probs.size());
-    grass::ops::attention_backward<float>(
-        grass::separate_qkv(dq_ref.data(), dk_ref.data(), dv_ref.data(), s.NH, s.NKV, s.HD),
-        cpu_scratch.data(), dout.data(), in, probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
     dev.backward(tc.ctx);
-    check_grad(to_f32(dev.dq()), dq_ref, "dq");
-    check_grad(to_f32(dev.dk()), dk_ref, "dk");
-    check_grad(to_f32(dev.dv()), dv_ref, "dv");
+    check_grad(to_f32(dev.dq()), r.dq, "dq");
+    check_grad(to_f32(dev.dk()), r.dk, "dk");
+    check_grad(to_f32(dev.dv()), r.dv, "dv");
   }
 }
 
@@ -352,24 +354,13 @@ TEST_CASE("cuda attention mma backward matches the CPU reference and repeats bit
                      << (grass::cuda::attention_backward_mma_takes(s.T, s.NH, s.NKV, s.HD)
                              ? ", path A"
                              : ", the old backward"));
-    const size_t nq = size_t(s.B) * s.T * s.NH * s.HD, nkv = size_t(s.B) * s.T * s.NKV * s.HD;
-    const std::vector<float> q = bf16_rounded(randn(nq)), k = bf16_rounded(randn(nkv)),
-                             v = bf16_rounded(randn(nkv)), dout = bf16_rounded(randn(nq));
-    const auto in = grass::separate_qkv(q.data(), k.data(), v.data(), s.NH, s.NKV, s.HD);
-    std::vector<float> out_ref(nq), probs(size_t(s.B) * s.NH * s.T * s.T);
-    grass::ops::attention_forward<float>(out_ref.data(), probs.data(), in, s.B, s.T, s.NH, s.NKV,
-                                         s.HD);
-    std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv), cpu_scratch(probs.size());
-    grass::ops::attention_backward<float>(
-        grass::separate_qkv(dq_ref.data(), dk_ref.data(), dv_ref.data(), s.NH, s.NKV, s.HD),
-        cpu_scratch.data(), dout.data(), in, probs.data(), s.B, s.T, s.NH, s.NKV, s.HD);
-
-    DeviceAttention dev(s, q, k, v, dout, packed, packed);
+    const Reference r(s);
+    DeviceAttention dev(s, r.q, r.k, r.v, r.dout, packed, packed);
     dev.forward_mma(tc.ctx);
     dev.backward_mma(tc.ctx);
-    check_grad(to_f32(dev.dq()), dq_ref, "dq");
-    check_grad(to_f32(dev.dk()), dk_ref, "dk");
-    check_grad(to_f32(dev.dv()), dv_ref, "dv");
+    check_grad(to_f32(dev.dq()), r.dq, "dq");
+    check_grad(to_f32(dev.dk()), r.dk, "dk");
+    check_grad(to_f32(dev.dv()), r.dv, "dv");
     const std::vector<bf16> first = dev.dqkv_host;
     dev.backward_mma(tc.ctx);  // poisons its outputs again first
     CHECK(std::memcmp(first.data(), dev.dqkv_host.data(), first.size() * sizeof(bf16)) == 0);

@@ -11,6 +11,7 @@
 #include "kernels/storage.h"
 #include "src/core/arena.h"
 #include "src/train/run_resolution.h"
+#include "tests/gpu/attention_backend.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -18,23 +19,8 @@ namespace {
 using grass::AttentionKernel;
 using grass::gputest::DeviceBuffer;
 using bf16 = __nv_bfloat16;
-
-struct Shape {
-  int B, T, NH, NKV, HD;
-};
-
-// A CUDA backend on the given attention kernels, its scratch planned for one shape.
-struct AttentionBackend {
-  std::unique_ptr<grass::Backend> backend;
-  grass::Arena arena;
-  std::unique_ptr<grass::ScratchLease> scratch;
-  AttentionBackend(AttentionKernel kernel, const Shape& s)
-      : backend(grass::make_cuda_backend(
-            grass::storage_for(grass::PrecisionChoice::Bf16Mixed, true), 0, kernel)),
-        arena(false, *backend),
-        scratch(backend->plan_scratch(
-            arena, {s.B, s.T, s.NH * s.HD, 8, 8, s.NH, s.NKV, s.HD, 10000.0, kernel})) {}
-};
+using grass::gputest::AttentionBackend;
+using Shape = grass::gputest::AttentionShape;
 
 struct Result {
   std::vector<bf16> out, dqkv;
