@@ -41,10 +41,12 @@ cat >"$tmp/run.json" <<JSON
 JSON
 ck="$tmp/crash/checkpoints"
 final="step_00000100"
-# OFFLOAD=1: the killed runs keep their optimizer states in the host tier and, under per-layer
-# checkpointing of a four-layer model, layer 0's input in a file ring on disk; the uninterrupted
-# run keeps everything on the device (offload is a layout of memory, not of state), and no
-# ring file may outlive a killed run. The faults after the kills are left to the plain run.
+# OFFLOAD=1: the killed runs keep their optimizer states in the host tier, under per-layer
+# checkpointing of a four-layer model layer 0's input in a file ring on disk, and layers 1 and 3's
+# weights in the host tier (offload.layers: one micro-batch of 16 a step, fused updates, for both
+# runs); the uninterrupted run keeps everything on the device (offload is a layout of memory, not
+# of state), and no ring file may outlive a killed run. The faults after the kills are left to the
+# plain run.
 crash_args=()
 ring="$tmp/ring"
 if [ "${OFFLOAD:-0}" = 1 ]; then
@@ -53,10 +55,10 @@ import json, sys
 run = json.load(open(sys.argv[1]))
 model = json.load(open(run["model"]))
 model["num_hidden_layers"] = 4
-run.update(model=model, activation_checkpointing="layer")
+run.update(model=model, activation_checkpointing="layer", micro_batch_size=16, fused_update="on")
 json.dump(run, open(sys.argv[1], "w"))
 PY
-  crash_args=(--set "offload={\"optimizer_states\": true, \"activations\": \"disk\", \"disk_dir\": \"$ring\"}")
+  crash_args=(--set "offload={\"optimizer_states\": true, \"activations\": \"disk\", \"disk_dir\": \"$ring\", \"layers\": 2}")
 fi
 
 # The uninterrupted run (its only checkpoint is the last).
@@ -156,6 +158,7 @@ echo "$kills kills ($during_write during a checkpoint write, $((kills - during_w
 [ "$during_write" -ge 3 ] && pass || fail "only $during_write kills landed during a checkpoint write"
 if [ "${OFFLOAD:-0}" = 1 ]; then
   grep -q "offload       layer inputs 0..0" "$tmp/final.log" && pass || fail "the final run moved no layer input"
+  grep -q "offload       layers 1, 3: their matrices" "$tmp/final.log" && pass || fail "the final run streamed no layer"
   echo "checkpoint_crash (offload): $passes checks passed, $failures failed ($((SECONDS - start)) s)"
   [ "$failures" = 0 ]
   exit

@@ -5,7 +5,8 @@
 # and a run resumed from its step-6 checkpoint ends with the same losses and the same
 # weights and optimizer state, byte for byte, as the run that never stopped (resumed with the
 # optimizer states offloaded too); a pure-bf16 run with
-# per-layer checkpointing and fused updates trains too, and so do GaLore and FLORA (an SVD and a
+# per-layer checkpointing and fused updates trains too (and with a layer's weights streamed, to
+# the same bytes), and so do GaLore and FLORA (an SVD and a
 # resampling inside 6 steps, bf16-mixed and fused pure bf16). Run by ctest with GRASS=<grass_emu> and
 # MAKE_SHARD=<make_synthetic_shard>, from the source directory.
 set -uo pipefail
@@ -89,6 +90,18 @@ done
   --set checkpoint_every=0 --set eval_every=0 >"$tmp/lean.log" 2>&1
 check "a pure-bf16 checkpointed, fused run exits 0" test $? = 0
 check "it trains 4 finite steps" test "$(grep -c '"loss":[0-9]' "$tmp/lean/metrics.jsonl")" = 4
+# The same with layer 1's weights in pinned host memory (offload.layers), fetched through a device
+# slot on the copy streams: the same losses and final weights, byte for byte.
+"$GRASS" train "$tmp/run.json" --set out_dir="$tmp/streamed" --set precision=bf16 --set steps=4 \
+  --set total_batch_size=4 --set activation_checkpointing=layer --set fused_update=on \
+  --set checkpoint_every=0 --set eval_every=0 --set offload.layers=1 >"$tmp/streamed.log" 2>&1
+check "the run with a streamed layer exits 0" test $? = 0
+check "its layer's weights are in pinned host memory" \
+  grep -q "offload       layers 1: their matrices, .* in pinned host memory, through 1 device slot:" "$tmp/streamed.log"
+check "streamed: the same losses and gradient norms" \
+  diff <(losses "$tmp/lean/metrics.jsonl") <(losses "$tmp/streamed/metrics.jsonl")
+check "streamed: the final weights byte for byte" \
+  cmp -s "$tmp/lean/model/model.safetensors" "$tmp/streamed/model/model.safetensors"
 
 # The emulator has no cuDNN: attention "cudnn" is one error line and nothing written.
 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/cudnn" --set attention=cudnn >"$tmp/cudnn.log" 2>&1

@@ -6,7 +6,8 @@
 # steps and bytes. A memory_limit below the resident plan is refused with the offloaded plan
 # named, and met with offload, or by offload "auto". Then offload.activations (host and disk):
 # the resident run's bytes, a resume into it, the disk ring's file never left behind, and the
-# faults of its directory (unwritable; full, where a tmpfs can be mounted) in one line. Run by
+# faults of its directory (unwritable; full, where a tmpfs can be mounted) in one line. Then
+# offload.layers: the resident run's bytes and resumes across it. Run by
 # ctest with GRASS=<grass> and MAKE_SHARD=<make_synthetic_shard>, from the source directory.
 set -uo pipefail
 : "${GRASS:?set GRASS to the grass binary}" "${MAKE_SHARD:?set MAKE_SHARD to make_synthetic_shard}"
@@ -148,6 +149,35 @@ mkdir -p "$ring" && echo "not grass's" >"$ring/grass-activations-old"
 check "a run beside an old file in disk_dir exits 0 and leaves the file" \
   sh -c "[ $? = 0 ] && [ \"\$(ls -A '$ring')\" = grass-activations-old ]"
 rm -f "$ring/grass-activations-old"
+
+# offload.layers: four of the six layers' weights streamed through the default three slots, with
+# the states and inputs offloaded too; the resident run's bytes, and resumes across the two
+step4="$tmp/layers/checkpoints/step_00000004"
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/streamed" \
+  --set offload='{"layers": 4, "optimizer_states": true, "activations": "host"}' >"$tmp/streamed.log" 2>&1
+check "streamed layers: exits 0" test $? = 0
+check "streamed layers: the start-up table names them, their host bytes and slots" \
+  grep -q "offload       layers 0, 2, 3, 5: their matrices, .* in host memory outside the arena, through 3 device slots: .* fetched and .* written back a step" "$tmp/streamed.log"
+check "streamed layers: the resident run's losses and gradient norms" \
+  diff <(losses "$tmp/layers/metrics.jsonl") <(losses "$tmp/streamed/metrics.jsonl")
+for step in 00000004 00000008; do
+  check "streamed layers: step $step's checkpoint byte for byte" \
+    same_checkpoint "$tmp/layers/checkpoints/step_$step" "$tmp/streamed/checkpoints/step_$step"
+done
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/to_streamed" --set offload.layers=6 \
+  --resume "$step4" >"$tmp/to_streamed.log" 2>&1
+check "a resident checkpoint resumes with every layer streamed" test $? = 0
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/from_streamed" \
+  --resume "$tmp/streamed/checkpoints/step_00000004" >"$tmp/from_streamed.log" 2>&1
+check "a streamed checkpoint resumes resident" test $? = 0
+for run in to_streamed from_streamed; do
+  check "$run: step 8's checkpoint byte for byte" \
+    same_checkpoint "$tmp/layers/checkpoints/step_00000008" "$tmp/$run/checkpoints/step_00000008"
+done
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/streamed_mixed" --set precision=bf16-mixed \
+  --set offload.layers=2 >"$tmp/streamed_mixed.log" 2>&1
+check "streamed layers with bf16-mixed: exit 2, one line naming offload.layers" \
+  sh -c "[ $? = 2 ] && [ \"\$(grep -c . '$tmp/streamed_mixed.log')\" = 1 ] && grep -q 'offload.layers: does not stream bf16-mixed' '$tmp/streamed_mixed.log' && [ ! -e '$tmp/streamed_mixed' ]"
 
 # faults: a disk_dir nothing can be created in, and a full disk, each in one line before a step
 # runs, the checkpoints already there untouched

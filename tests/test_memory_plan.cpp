@@ -456,14 +456,16 @@ TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under
   CHECK(v.line.starts_with("does not fit memory_limit 24.00 GiB: LLaMA 13.016B, grass r=256, pure "
                            "bf16, 1 x 256 tokens, checkpointed per layer needs 29.67 GiB"));
   CHECK_THAT(v.line, Contains("the bf16 weights alone take 24.24 GiB: no placement trains this "
-                              "model under 24.00 GiB without streaming or quantizing weights"));
+                              "model under 24.00 GiB with every weight on the device: stream "
+                              "some layers' (offload.layers)"));
   CHECK(v.details.starts_with("  29.67 GiB = 28.41 GiB planned + 1.01 GiB the CUDA context and "
                               "libraries take outside the plan (measured on an H200) + 256.0 MiB"));
   // over the weights but under them with what a card holds beyond the plan: both named
   cfg.memory_limit = 25 * GiB;
   CHECK_THAT(memory_verdict(cfg, storage).line,
              Contains("the bf16 weights take 24.24 GiB and a card holds 1.26 GiB beyond the plan: "
-                      "no placement trains this model under 25.00 GiB without streaming"));
+                      "no placement trains this model under 25.00 GiB with every weight on the "
+                      "device"));
   // under what a card holds beyond any plan, no model trains: that is said, not the weights
   RunConfig tiny = small_run("adamw");
   tiny.memory_limit = GiB;

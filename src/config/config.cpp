@@ -507,7 +507,8 @@ std::optional<int64_t> read_memory_size(const ObjectReader& obj, const std::stri
 }
 
 void read_offload(const ObjectReader& o, RunConfig& c) {
-  o.reject_unknown_keys({"optimizer_states", "piece_bytes", "activations", "disk_dir"});
+  o.reject_unknown_keys({"optimizer_states", "piece_bytes", "activations", "disk_dir", "layers",
+                          "layer_slots"});
   c.offload.optimizer_states = o.boolean("optimizer_states").value_or(false);
   if (const std::optional<int64_t> piece = read_memory_size(o, "piece_bytes")) {
     if (*piece < 4096)
@@ -524,6 +525,20 @@ void read_offload(const ObjectReader& o, RunConfig& c) {
                              name_of(c.activation_checkpointing) + "\"");
   c.offload.disk_dir = o.string("disk_dir").value_or("");
   if (o.find("disk_dir") && c.offload.disk_dir.empty()) o.at("disk_dir").fail("must not be empty");
+  c.offload.layers = int(o.integer("layers", 0, c.model.num_hidden_layers).value_or(0));
+  c.offload.layer_slots = int(o.integer("layer_slots", 2, 8).value_or(c.offload.layer_slots));
+  if (c.offload.layers == 0) return;
+  // each streamed layer is updated while it is on the device, by the backward that brought it
+  if (c.fused_update == Switch::Off)
+    o.at("layers").fail("streams layers through the device and updates each while it is there: "
+                        "it needs fused_update \"on\" or \"auto\", not \"off\"");
+  if (c.micro_batches_per_rank() > 1)
+    o.at("layers").fail("needs one micro-batch a step (fused updates); this run accumulates " +
+                        std::to_string(c.micro_batches_per_rank()) +
+                        ": set total_batch_size to micro_batch_size times the ranks");
+  if (c.precision == PrecisionChoice::Bf16Mixed)
+    o.at("layers").fail("does not stream bf16-mixed's fp32 master copy yet: use precision "
+                        "\"bf16\" (pure bf16, the 13B mode) or \"fp32\"");
 }
 
 void read_memory(const ObjectReader& run, RunConfig& c) {
@@ -841,6 +856,10 @@ json to_json(const RunConfig& c) {
     run["offload"] = {{"optimizer_states", c.offload.optimizer_states},
                       {"piece_bytes", format_memory_size(c.offload.piece_bytes)},
                       {"activations", name_of(c.offload.activations)}};
+    if (c.offload.layers > 0) {
+      run["offload"]["layers"] = c.offload.layers;
+      run["offload"]["layer_slots"] = c.offload.layer_slots;
+    }
     if (!c.offload.disk_dir.empty()) run["offload"]["disk_dir"] = c.offload.disk_dir;
   }
   // only when on, so a checkpoint from before the key resumes without a warning about it

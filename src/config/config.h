@@ -157,6 +157,10 @@ struct SampledActivations {
 // activations (needs activation_checkpointing "layer"): each layer's input, the one activation
 // kept from the forward to the backward, waits in the host tier or in a file ring in disk_dir
 // (default: out_dir) and comes back through a three-slot device ring (model/x_in_ring.h).
+// layers: this many decoder layers' matrices live in the host tier, spread evenly over the
+// model, and pass through layer_slots device slots (default 3) for each pass
+// (model/layer_stream.h); needs fused updates and no fp32 master copy (precision "fp32" or
+// "bf16").
 // JSON "auto" (automatic): the planner picks the placement that fits memory_limit (and
 // host_memory_limit) with the least traffic (train/offload_choice.h).
 struct OffloadConfig {
@@ -164,8 +168,12 @@ struct OffloadConfig {
   int64_t piece_bytes = int64_t(16) << 20;
   ActivationOffload activations = ActivationOffload::None;
   std::string disk_dir;  // "": out_dir
+  int layers = 0;
+  int layer_slots = 3;
   bool automatic = false;
-  bool any() const { return optimizer_states || activations != ActivationOffload::None; }
+  bool any() const {
+    return optimizer_states || activations != ActivationOffload::None || layers > 0;
+  }
   bool operator==(const OffloadConfig&) const = default;
 };
 

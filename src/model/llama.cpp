@@ -80,6 +80,13 @@ std::vector<std::string> projection_tensor_names(int num_layers,
   return names;
 }
 
+std::vector<int> streamed_layers_for(int layers, int count) {
+  GRASS_CHECK(count >= 0 && count <= layers, "more streamed layers than layers");
+  std::vector<int> out;
+  for (int i = 0; i < count; i++) out.push_back(int((2 * int64_t(i) + 1) * layers / (2 * int64_t(count))));
+  return out;
+}
+
 int ffn_stored_width(const ModelConfig& cfg, const ModelMemoryOptions& memory) {
   const int F = cfg.intermediate_size;
   return memory.pad_ffn ? (F + kFfnRowMultiple - 1) / kFfnRowMultiple * kFfnRowMultiple : F;
@@ -93,11 +100,13 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Arena& arena, int max_batch, int 
 }
 
 namespace {
-// A forward-only model's options beside a training model: its layout (padded ffn), attention
-// kernels and disk_dir, and nothing else of its memory options.
+// A forward-only model's options beside a training model: its layout (padded ffn, streamed
+// layers), attention kernels and disk_dir, and nothing else of its memory options.
 ModelMemoryOptions forward_only_options(const ModelMemoryOptions& of) {
   ModelMemoryOptions memory;
   memory.pad_ffn = of.pad_ffn;
+  memory.streamed_layers = of.streamed_layers;
+  memory.layer_slots = of.layer_slots;
   memory.attention = of.attention;
   memory.forward_only = true;
   return memory;
@@ -149,7 +158,7 @@ void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
   for (int l = 0; l < L; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     for (const LayerTensorSpec& t : kLayerTensors)
-      ts.add(p + t.name, shape_of(t, false), t.is_norm, shape_of(t, true));
+      ts.add(p + t.name, shape_of(t, false), t.is_norm, shape_of(t, true), l);
   }
   norm_index_ = int(ts.size());
   ts.add("model.norm.weight", {C}, true);
@@ -168,6 +177,11 @@ void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
                 "gate_proj and up_proj must be adjacent in the weights");
   }
   ts.set_projected(projected);
+  if (!memory.streamed_layers.empty()) {
+    GRASS_CHECK(memory.forward_only || memory.fused_update,
+                "streamed layers need fused updates: each layer is updated while on the device");
+    ts.stream_layers(memory.streamed_layers);
+  }
   const int64_t num_stored = ts.num_stored(), num_dense_grads = ts.num_dense_grads();
 
   // Element sizes are the backend's: fp32 on the CPU, bf16 activations and weights on the GPU.
@@ -177,7 +191,8 @@ void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
                 "a model sharing another's weights must be forward-only and of its layout");
     store_ = weights_of->store_.view_without_master();
   } else {
-    store_ = WeightStore(ts, arena, backend, prefix, storage.master && !memory.forward_only);
+    store_ = WeightStore(ts, arena, backend, prefix, storage.master && !memory.forward_only,
+                         memory.layer_slots);
   }
   if (memory.forward_only) {
     // no gradients
@@ -675,7 +690,9 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
 LlamaModel::StreamNorm LlamaModel::stream_norm(int l) {
   if (l == cfg_.num_hidden_layers)
     return {x_out_, nf_, rstdf_, weight(tensors_[size_t(norm_index_)])};
-  return {acts_[l].x_in, acts_[l].n1, acts_[l].rstd1, layer_weights(l).attn_norm};
+  // the gain alone: it stays resident when layer l streams, which is not acquired yet
+  return {acts_[l].x_in, acts_[l].n1, acts_[l].rstd1,
+          weight(tensors_[size_t(layer_tensor_index(l, LayerTensor::AttnNorm))])};
 }
 
 double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, int B) {
@@ -799,9 +816,13 @@ void LlamaModel::forward_to_head(const int32_t* inputs, const int32_t* targets, 
   if (x_in_ring_) x_in_ring_->before_write(0);
   be.embedding_forward(first.x, inputs_, weight(tensors_[0]), N, C);
   be.rmsnorm_forward(first.out, first.rstd, first.x, first.w, N, C, cfg_.rms_norm_eps);
+  LayerStream* stream = store_.stream();
   for (int l = 0; l < cfg_.num_hidden_layers; l++) {
     const TraceRange layer_range(trace_names_[size_t(l)].c_str());
+    const bool streamed = stream && stream->streams(l);
+    if (streamed) stream->acquire(l, LayerStream::Direction::Forward);
     layer_forward(l, B, true);
+    if (streamed) stream->release(l, false);
   }
 }
 
@@ -839,8 +860,12 @@ void LlamaModel::backward_from_head(int lm_head) {
                       weight(tensors_[size_t(norm_index_)]), rstdf_, N, C);
   end_gradient(final_norm);
 
+  LayerStream* stream = store_.stream();
   for (int l = L - 1; l >= 0; l--) {
     const TraceRange layer_range(trace_names_[size_t(L + l)].c_str());
+    // a streamed layer is on the device from its recomputation to its last update
+    const bool streamed = stream && stream->streams(l);
+    if (streamed) stream->acquire(l, LayerStream::Direction::Backward);
     // The shared activations hold the last layer's after the forward; the others' are
     // recomputed: per layer from the layer's input, elementwise each just before it is read.
     const bool recompute = l < L - 1;
@@ -879,6 +904,7 @@ void LlamaModel::backward_from_head(int lm_head) {
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::AttnNorm)), ws_.dnorm,
                         a.x_in, w.attn_norm, a.rstd1, N, C);
     end_gradient(layer_tensor_index(l, LayerTensor::AttnNorm));
+    if (streamed) stream->release(l, true);  // fused: every update of its matrices is queued
   }
   be.embedding_backward(begin_gradient(embed), ws_.dres, inputs_, host_inputs_.data(), N, C);
   end_gradient(embed);

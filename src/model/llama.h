@@ -66,6 +66,11 @@ struct ModelMemoryOptions {
   // .activations: model/x_in_ring.h), and the directory of the disk tier's file.
   ActivationOffload x_in_offload = ActivationOffload::None;
   std::string disk_dir;
+  // offload.layers: these layers' matrices (ascending; not their norm gains) live in the host
+  // tier and pass through layer_slots device slots (model/layer_stream.h). Needs fused updates
+  // (each layer is updated while it is on the device) and no master copy. The same numbers.
+  std::vector<int> streamed_layers;
+  int layer_slots = LayerStream::kDefaultSlots;
   // Evaluation only: forward() and nothing else. No gradients, master copy or backward
   // workspace; one layer's activations shared by all layers (the residual stream in two buffers
   // taken in turn), and the head in chunks of rows (kForwardHeadElements logits at a time). Its
@@ -85,6 +90,10 @@ std::array<bool, 3> inputs_kept_as_columns(const ModelConfig& cfg,
 // targets: then the backward forms dq, dk, dv packed, as one buffer (what the cuDNN attention's
 // graphs are built for: Backend::prepare_attention).
 bool qkv_gradients_packed(const std::vector<ProjectionTarget>& projected);
+// `count` of a model's `layers` layers to stream, spread evenly: layer ⌊(2i + 1)·layers / (2·count)⌋
+// for i < count (13B's 10 of 40: 2, 6, ..., 38), so the resident layers between two streamed
+// ones hide each fetch.
+std::vector<int> streamed_layers_for(int layers, int count);
 // The ffn width a model with these options stores (cfg.intermediate_size, padded with pad_ffn).
 int ffn_stored_width(const ModelConfig& cfg, const ModelMemoryOptions& memory);
 

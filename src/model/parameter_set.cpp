@@ -26,7 +26,7 @@ RowLayout row_layout(const ParamTensor& t) {
 }  // namespace
 
 void ParameterSet::add(const std::string& name, std::vector<int64_t> hf_shape, bool is_norm,
-                       std::vector<int64_t> stored) {
+                       std::vector<int64_t> stored, int layer) {
   if (stored.empty()) stored = hf_shape;
   GRASS_CHECK(stored.size() == hf_shape.size() && hf_shape.size() <= 2,
               "a parameter is a vector or a matrix: " + name);
@@ -36,15 +36,49 @@ void ParameterSet::add(const std::string& name, std::vector<int64_t> hf_shape, b
   t.name = name;
   t.numel = product(stored);
   t.shape = std::move(stored);
-  t.offset = num_stored_;
+  t.offset = t.place_offset = num_stored_;
   t.is_norm = is_norm;
+  t.layer = layer;
   t.grad_offset = num_dense_grads_;
   t.hf_numel = product(hf_shape);
   t.hf_shape = std::move(hf_shape);
   num_params_ += t.hf_numel;
   num_stored_ += t.numel;
+  num_resident_ = num_stored_;
   num_dense_grads_ += t.numel;
   tensors_.push_back(std::move(t));
+}
+
+namespace {
+// The first start at or after `cursor` congruent to `offset` modulo kPlaceAlign (offset >= cursor
+// keeps it at or before offset).
+int64_t place_at(int64_t cursor, int64_t offset) {
+  constexpr int64_t a = ParameterSet::kPlaceAlign;
+  return cursor + ((offset - cursor) % a + a) % a;
+}
+}  // namespace
+
+void ParameterSet::stream_layers(const std::vector<int>& layers) {
+  GRASS_CHECK(std::is_sorted(layers.begin(), layers.end()) &&
+                  std::adjacent_find(layers.begin(), layers.end()) == layers.end(),
+              "streamed layers must be ascending and distinct");
+  streamed_layers_ = layers;
+  num_resident_ = layer_block_ = 0;
+  std::vector<int64_t> block_end(layers.size(), 0);
+  for (ParamTensor& t : tensors_) {  // in flat order: each place's tensors keep their order
+    const auto it = std::find(layers.begin(), layers.end(), t.layer);
+    if (it == layers.end() || t.is_norm) {
+      t.place = Place::Device;
+      t.place_offset = place_at(num_resident_, t.offset);
+      num_resident_ = t.place_offset + t.numel;
+      continue;
+    }
+    t.place = Place::Streamed;
+    int64_t& end = block_end[size_t(it - layers.begin())];
+    t.place_offset = place_at(end, t.offset);
+    end = t.place_offset + t.numel;
+    layer_block_ = std::max(layer_block_, end);
+  }
 }
 
 void hf_to_stored(const ParamTensor& t, const void* hf, void* stored, int elem_bytes) {

@@ -1,5 +1,7 @@
 #include "src/model/weight_store.h"
 
+#include <cstring>
+
 #include "src/core/error.h"
 
 namespace grass {
@@ -13,10 +15,14 @@ namespace {
 }  // namespace
 
 WeightStore::WeightStore(const ParameterSet& tensors, Arena& arena, Backend& backend,
-                         const std::string& prefix, bool master)
+                         const std::string& prefix, bool master, int layer_slots)
     : backend_(&backend) {
   resident_ = arena.alloc_bytes(MemCategory::Weights, prefix + "parameters",
-                                tensors.num_stored() * backend.storage().weight_bytes);
+                                tensors.num_resident() * backend.storage().weight_bytes);
+  if (!tensors.streamed_layers().empty()) {
+    GRASS_CHECK(!master, "streamed layers with a master copy");
+    stream_ = std::make_shared<LayerStream>(backend, arena, tensors, layer_slots);
+  }
   if (master)
     master_ = arena.alloc<float>(MemCategory::Optimizer, "master weights (fp32)",
                                  tensors.num_stored());
@@ -32,7 +38,8 @@ void* WeightStore::weight(const ParamTensor& t) const {
   switch (t.place) {
     case Place::Device:
       if (!resident_) return nullptr;  // a planning arena's
-      return static_cast<std::byte*>(resident_) + t.offset * backend_->storage().weight_bytes;
+      return static_cast<std::byte*>(resident_) + t.place_offset * backend_->storage().weight_bytes;
+    case Place::Streamed: return stream_->device(t);
   }
   no_such_place(t);
 }
@@ -40,20 +47,29 @@ void* WeightStore::weight(const ParamTensor& t) const {
 WeightRef WeightStore::ref(const ParamTensor& t) const {
   switch (t.place) {
     case Place::Device: return {weight(t), master_ ? master_ + t.offset : nullptr};
+    case Place::Streamed: return {stream_->device(t), nullptr};
   }
   no_such_place(t);
 }
 
 void WeightStore::write_hf(const ParamTensor& t, const float* values) {
+  std::vector<float> stored;
+  if (t.padded()) {
+    stored.resize(size_t(t.numel));
+    hf_to_stored(t, values, stored.data(), sizeof(float));
+    values = stored.data();
+  }
   switch (t.place) {
-    case Place::Device: {
-      std::vector<float> stored;
-      if (t.padded()) {
-        stored.resize(size_t(t.numel));
-        hf_to_stored(t, values, stored.data(), sizeof(float));
-        values = stored.data();
-      }
-      backend_->write_weights(resident_, master_, t.offset, values, t.numel);
+    case Place::Device:  // the master copy, when there is one, is in flat offsets (= place's)
+      backend_->write_weights(resident_, master_, t.place_offset, values, t.numel);
+      return;
+    case Place::Streamed: {  // rounded to weights in a slot by the backend, then to the host
+      void* slot = stream_->staging(t);
+      if (!slot) return;  // a planning arena's
+      backend_->write_weights(slot, nullptr, 0, values, t.numel);
+      backend_->copy_async(stream_->host(t), slot, size_t(t.numel) * backend_->storage().weight_bytes,
+                           Backend::Copy::ToHost);
+      backend_->synchronize();
       return;
     }
   }
@@ -61,14 +77,24 @@ void WeightStore::write_hf(const ParamTensor& t, const float* values) {
 }
 
 std::vector<float> WeightStore::read_hf(const ParamTensor& t) const {
+  std::vector<float> stored(size_t(t.numel));
+  const auto hf = [&] {
+    if (!t.padded()) return stored;
+    std::vector<float> values(size_t(t.hf_numel));
+    stored_to_hf(t, stored.data(), values.data(), sizeof(float));
+    return values;
+  };
   switch (t.place) {
-    case Place::Device: {
-      std::vector<float> stored(size_t(t.numel));
-      backend_->read_weights(stored.data(), resident_, t.offset, t.numel);
-      if (!t.padded()) return stored;
-      std::vector<float> hf(size_t(t.hf_numel));
-      stored_to_hf(t, stored.data(), hf.data(), sizeof(float));
-      return hf;
+    case Place::Device:
+      backend_->read_weights(stored.data(), resident_, t.place_offset, t.numel);
+      return hf();
+    case Place::Streamed: {  // up to a slot, then read as the backend reads weights
+      void* slot = stream_->staging(t);
+      backend_->copy_async(slot, stream_->host(t), size_t(t.numel) * backend_->storage().weight_bytes,
+                           Backend::Copy::ToDevice);
+      backend_->synchronize();
+      backend_->read_weights(stored.data(), slot, 0, t.numel);
+      return hf();
     }
   }
   no_such_place(t);
@@ -94,6 +120,14 @@ const std::byte* WeightStore::hf_bytes(const ParamTensor& t,
       if (downloaded.empty()) return stored;
       return keep.emplace_back(std::move(downloaded)).data();
     }
+    case Place::Streamed: {  // the host block, once the write-backs have landed
+      stream_->settle_host();
+      const auto* stored = static_cast<const std::byte*>(stream_->host(t));
+      if (!t.padded()) return stored;
+      std::vector<std::byte>& hf = keep.emplace_back(size_t(t.hf_numel) * wbytes);
+      stored_to_hf(t, stored, hf.data(), wbytes);
+      return hf.data();
+    }
   }
   no_such_place(t);
 }
@@ -109,6 +143,15 @@ void WeightStore::load_hf_bytes(const ParamTensor& t, const std::byte* hf) {
         hf = stored.data();
       }
       backend_->upload(weight(t), hf, size_t(t.numel) * wbytes);
+      return;
+    }
+    case Place::Streamed: {
+      stream_->settle_host();
+      void* host = stream_->host(t);
+      if (!host) return;  // a planning arena's
+      if (t.padded()) hf_to_stored(t, hf, host, wbytes);
+      else std::memcpy(host, hf, size_t(t.numel) * wbytes);
+      stream_->forget(t.layer);
       return;
     }
   }

@@ -2,18 +2,20 @@
 // where its values live, and every access dispatches on it here: the model's forward and backward
 // (weight(): LlamaModel::layer_weights, the embedding, the final norm, lm_head), the optimizers'
 // updates (ref()), init and init_from (write_hf()), tests (read_hf()), exports and
-// checkpoints (hf_bytes(), load_hf_bytes(), holds()). Today every tensor is Place::Device: one
-// flat buffer on the device, each tensor at its offset, beside the fp32 master copy when the
-// storage keeps one. Weight streaming (../shared/WEIGHT_STREAMING.md §3) adds a place to each
-// of these functions: layers whose weights live in pinned host memory and pass through device
-// slots.
+// checkpoints (hf_bytes(), load_hf_bytes(), holds()). Device: one buffer on the device, each
+// tensor at its place_offset, beside the fp32 master copy when the storage keeps one. Streamed
+// (offload.layers): the layer's block in the host tier, which the layer stream
+// (model/layer_stream.h) brings through a device slot for each pass; the compute reads and the
+// fused updates write the slot.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "src/core/arena.h"
+#include "src/model/layer_stream.h"
 #include "src/model/parameter_set.h"
 
 namespace grass {
@@ -21,14 +23,17 @@ namespace grass {
 class WeightStore {
  public:
   WeightStore() = default;  // no weights yet
-  // The weights of `tensors`, every one resident: the buffer "<prefix>parameters" (Weights
+  // The weights of `tensors`: the resident ones in the buffer "<prefix>parameters" (Weights
   // category) and, with `master`, "master weights (fp32)" (counted with the optimizer states, as
-  // ZeRO does: only the optimizers read it). The arena must hand out `backend`'s memory.
+  // ZeRO does: only the optimizers read it); streamed layers in a layer stream of `layer_slots`
+  // slots (no master copy then). The arena must hand out `backend`'s memory.
   WeightStore(const ParameterSet& tensors, Arena& arena, Backend& backend,
-              const std::string& prefix, bool master);
-  // The same weights without the master copy: a forward-only model's view of a training model's
-  // (it sees every update).
+              const std::string& prefix, bool master, int layer_slots);
+  // The same weights without the master copy, through the same layer stream: a forward-only
+  // model's view of a training model's (it sees every update).
   WeightStore view_without_master() const;
+  // The layer stream of the streamed layers, or null (none).
+  LayerStream* stream() const { return stream_.get(); }
 
   // Where the compute reads tensor t (the backend's memory, weight-typed).
   void* weight(const ParamTensor& t) const;
@@ -48,10 +53,12 @@ class WeightStore {
   void load_hf_bytes(const ParamTensor& t, const std::byte* hf);
   // Whether `buffer` is one of the arena blocks that hold the weights themselves (which
   // checkpoints save as tensors, not as state buffers).
-  bool holds(const void* buffer) const { return buffer == resident_; }
+  bool holds(const void* buffer) const {
+    return buffer == resident_ || (stream_ && stream_->holds(buffer));
+  }
 
-  // The resident buffers whole, in ParameterSet offsets: the weights [num_stored] and the master
-  // copy (null without one). For tests, which read them in place on the CPU.
+  // The resident buffers whole, in place offsets: the weights [num_resident] and the master copy
+  // [num_stored] (null without one). For tests, which read them in place on the CPU.
   void* resident() const { return resident_; }
   float* master() const { return master_; }
 
@@ -59,6 +66,7 @@ class WeightStore {
   Backend* backend_ = nullptr;
   void* resident_ = nullptr;
   float* master_ = nullptr;
+  std::shared_ptr<LayerStream> stream_;  // shared with forward-only views
 };
 
 }  // namespace grass

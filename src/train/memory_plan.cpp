@@ -45,6 +45,10 @@ MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage, int eval_ba
     if (ring->where() == ActivationOffload::Disk)
       plan.disk_bytes_per_step = plan.activation_bytes_per_step;
   }
+  if (const LayerStream* stream = s.model->weight_store().stream()) {  // offload.layers
+    plan.h2d_bytes_per_step += stream->fetch_bytes_per_step();
+    plan.d2h_bytes_per_step += stream->write_back_bytes_per_step();
+  }
   plan.flops_per_token = flops_per_token(s);
   plan.step_sum_bytes = sizeof(double);  // the loss
   for (size_t i = 0; i < s.model->tensors().size(); i++) {
@@ -167,6 +171,9 @@ std::string placement(const OffloadConfig& o) {
   if (o.activations != ActivationOffload::None)
     out += std::string(out.empty() ? "" : ", ") + "layer inputs " +
            (o.activations == ActivationOffload::Host ? "in the host tier" : "on disk");
+  if (o.layers > 0)
+    out += std::string(out.empty() ? "" : ", ") + std::to_string(o.layers) +
+           " layers' weights streamed from the host tier";
   return out;
 }
 
@@ -382,7 +389,7 @@ struct StepBound {
 };
 // Per pass (LinkModel): the forward's copies go to the host, each input then written to disk with
 // the disk tier (a task on the same queue); the backward's inputs come back, each read from disk
-// first, and the states go both ways. Two queues: each pass takes its busier queue's time; one
+// first, and the states and the streamed layers go both ways (counted as the backward's). Two queues: each pass takes its busier queue's time; one
 // queue: everything in turn.
 double copy_seconds(const MemoryPlan& plan, const LinkModel& link) {
   const double link_bytes_per_s = link.link_gbps * 1e9;
@@ -425,6 +432,11 @@ std::string describe_offload(const RunConfig& cfg, const MemoryPlan& plan, const
             (cfg.offload.activations == ActivationOffload::Host ? "in the host tier"
                                                                 : "on disk (offload.disk_dir)") +
             ", through a ring of " + std::to_string(XInRing::kSlots) + " device slots";
+  if (cfg.offload.layers > 0)
+    what += std::string(what.empty() ? "" : "; ") + std::to_string(cfg.offload.layers) +
+            " layers' matrices in the host tier, through " +
+            std::to_string(std::min(cfg.offload.layers, cfg.offload.layer_slots)) +
+            " device slots";
   char line[400];
   std::snprintf(line, sizeof line, "offload  %s;\n         per step %s to the device and %s back",
                 what.c_str(), format_bytes(plan.h2d_bytes_per_step).c_str(),
@@ -570,7 +582,8 @@ MemoryVerdict memory_verdict(const RunConfig& given, const Storage& storage) {
     const int64_t weights = plan.bytes[int(MemCategory::Weights)];
     const std::string dtype = storage.weight_bytes == 2 ? "bf16" : "fp32";
     const std::string no_placement = ": no placement trains this model under " + limit_name +
-                                     " without streaming or quantizing weights";
+                                     " with every weight on the device: stream some layers' "
+                                     "(offload.layers)";
     if (beyond >= limit)
       return out + "a card holds " + format_bytes(beyond) +
              " beyond any plan (the CUDA context and libraries, the reservation's free memory): "
@@ -690,8 +703,14 @@ std::string format_memory_plans(const RunConfig& given, const Storage& storage,
             [&](size_t i) { return format_bytes(plans[i].total); });
   if (cfg.offload.any()) {
     table_row("host tier (offload)", [&](size_t i) { return format_bytes(plans[i].host_total); });
-    table_row("copied a step, each way",
+    const bool symmetric = std::all_of(plans.begin(), plans.end(), [](const MemoryPlan& p) {
+      return p.h2d_bytes_per_step == p.d2h_bytes_per_step;
+    });
+    table_row(symmetric ? "copied a step, each way" : "to device a step",
               [&](size_t i) { return format_bytes(plans[i].h2d_bytes_per_step); });
+    if (!symmetric)
+      table_row("to host a step",
+                [&](size_t i) { return format_bytes(plans[i].d2h_bytes_per_step); });
     if (cfg.offload.activations == ActivationOffload::Disk)
       table_row("disk file (offload)", [&](size_t i) { return format_bytes(plans[i].disk_bytes); });
   }

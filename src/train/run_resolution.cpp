@@ -24,6 +24,15 @@ void check_state_dtype(const RunConfig& cfg, const Storage& storage) {
                   "\" or \"q8\" (other pairings are not built)");
 }
 
+// precision "auto" is bf16-mixed on a GPU: its master copy does not stream.
+void check_streamed_layers(const RunConfig& cfg, const Storage& storage) {
+  if (cfg.offload.layers == 0 || !storage.master) return;
+  throw UserError((cfg.source.empty() ? std::string("run config") : cfg.source) +
+                  ": offload.layers: precision \"auto\" is bf16-mixed on the GPU, whose fp32 "
+                  "master copy does not stream yet; set precision \"bf16\" (pure bf16, the 13B "
+                  "mode)");
+}
+
 // "on" promises a saving: refused where no input is kept as columns.
 void check_selected_columns(const RunConfig& cfg, const ModelMemoryOptions& memory) {
   if (cfg.activations.selected_columns != Switch::On) return;
@@ -45,6 +54,7 @@ ResolvedRun resolve(const RunConfig& cfg, bool gpu_usable) {
                      cfg.precision != PrecisionChoice::F32);
   const Storage storage = storage_for(cfg.precision, cuda);
   check_state_dtype(cfg, storage);
+  check_streamed_layers(cfg, storage);
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   check_selected_columns(cfg, memory);
   return {storage, memory, attention_request(cfg, storage)};
@@ -65,8 +75,11 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
   options.checkpointing = cfg.activation_checkpointing;
   options.sampled = cfg.activations;
   options.fused_update = cfg.fused_update == Switch::On ||
-                         (cfg.fused_update == Switch::Auto && storage.pure_bf16() &&
-                          cfg.micro_batches_per_rank() == 1);
+                         (cfg.fused_update == Switch::Auto &&
+                          ((storage.pure_bf16() && cfg.micro_batches_per_rank() == 1) ||
+                           cfg.offload.layers > 0));  // the config checked the rest
+  options.streamed_layers = streamed_layers_for(cfg.model.num_hidden_layers, cfg.offload.layers);
+  options.layer_slots = cfg.offload.layer_slots;
   options.pad_ffn = cfg.pad_ffn == Switch::On || (cfg.pad_ffn == Switch::Auto && storage.cuda);
   options.attention = !storage.cuda                           ? AttentionKernel::Grass
                       : cfg.attention == AttentionChoice::Cudnn ? AttentionKernel::Cudnn

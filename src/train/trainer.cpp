@@ -356,6 +356,17 @@ void Run::print_memory_lines() const {
                 "all of them each way a step\n",
                 format_bytes(arena_->bytes(MemPlace::Host, MemCategory::Optimizer)).c_str(),
                 backend_->host_tier().memory_name(), format_bytes(slots->slot_bytes()).c_str());
+  if (const LayerStream* stream = state_.model->weight_store().stream()) {
+    std::string layers;
+    for (const int l : stream->layers()) layers += (layers.empty() ? "" : ", ") + std::to_string(l);
+    std::printf("  offload       layers %s: their matrices, %s in %s, through %d device slot%s: "
+                "%s fetched and %s written back a step\n",
+                layers.c_str(),
+                format_bytes(arena_->bytes(MemPlace::Host, MemCategory::Weights)).c_str(),
+                backend_->host_tier().memory_name(), stream->slots(), stream->slots() == 1 ? "" : "s",
+                format_bytes(stream->fetch_bytes_per_step()).c_str(),
+                format_bytes(stream->write_back_bytes_per_step()).c_str());
+  }
   if (cfg.offload.any() || !offload_why_.empty()) {
     const int engines = backend_->copy_engines();
     const std::string has =

@@ -1,0 +1,105 @@
+// offload.layers (docs/memory.md, ../shared/WEIGHT_STREAMING.md §3): the matrices of some decoder
+// layers live in the host tier, each layer in a block of its own, and pass through a few device
+// slots while a pass computes with them. Their norm gains stay resident: the forward reads layer
+// l + 1's input_layernorm in layer l's last op. The embedding, the final norm and lm_head stay
+// resident too.
+//
+//   forward    acquire S0 ─ compute S0 ─ acquire S1 ─ compute S1 ...   (S: streamed layers)
+//                 └─ fetch S1, S2 (the slots' other occupants leave)
+//   backward   acquire Sk ─ recompute, backward, fused updates in the slot ─ release: write back
+//                 └─ fetch S(k-1), S(k-2)
+//
+// Acquiring a layer makes the compute queued from then on wait for its fetch, and queues the
+// fetches of the next slots - 1 layers in the pass's direction into the slots no layer of that
+// window holds: the copies run beside the compute. The last layers a forward fetched are the
+// backward's first, and the first layers a backward updated are the next forward's, so at each
+// turnaround the slots' contents are reused, not fetched again.
+// A fetch runs after the compute queued before it (Backend::copy_async), so after the reads of the
+// slot's previous occupant, and after every write-back queued before it (a cross-queue wait,
+// Backend::order_copy_after): after its slot's last write-back, and after its own layer's.
+// Each tensor is its own copy, so an urgent small copy never waits behind a whole layer.
+// The numbers are the resident run's: the same kernels read and update the same bytes, in a slot
+// that keeps each tensor's alignment class (ParameterSet::kPlaceAlign).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "src/core/arena.h"
+#include "src/model/parameter_set.h"
+
+namespace grass {
+
+class LayerStream {
+ public:
+  static constexpr int kDefaultSlots = 3;
+  enum class Direction { Forward, Backward };
+
+  // The streamed layers of `tensors` (ParameterSet::stream_layers): a host block each (the
+  // Weights category, MemPlace::Host) and `slots` device slots (Workspace), all of
+  // tensors.layer_block() weight-typed elements. On a planning arena nothing is copied.
+  LayerStream(Backend& backend, Arena& arena, const ParameterSet& tensors, int slots);
+
+  int slots() const { return int(slots_.size()); }
+  bool streams(int layer) const { return position(layer) >= 0; }
+  const std::vector<int>& layers() const { return layers_; }
+
+  // Layer l (streamed) on the device for the compute queued from now until release(l): fetched
+  // now unless it is in a slot already; then the next layers in `direction` are fetched ahead.
+  void acquire(int l, Direction direction);
+  // The compute that reads layer l is queued. `updated`: it also wrote the slot (fused updates):
+  // the layer goes back to its host block.
+  void release(int l, bool updated);
+  // Where tensor t (Streamed) is: in its held layer's slot (null on a planning arena), and in its
+  // host block.
+  void* device(const ParamTensor& t) const;
+  void* host(const ParamTensor& t) const;
+  // Before the host reads or writes a host block: every write-back queued has landed (a host wait
+  // when one is pending).
+  void settle_host();
+  // The host block of layer l changed (a load, an init): a slot's copy of it is stale.
+  void forget(int l);
+  // A slot for the host to stage tensor t through (weights <-> fp32 on the device's side), at
+  // t's place in it, once every queued copy has landed (a host wait): no layer may be held, and
+  // the slot's occupant is forgotten.
+  void* staging(const ParamTensor& t);
+  // Whether `buffer` is one of the host blocks (checkpoints save the weights as tensors).
+  bool holds(const void* buffer) const;
+
+  // What crosses the link each way in a training step once the first has run: 2·(k − slots)
+  // layer fetches (the slots' contents are reused at both turnarounds) and k write-backs.
+  int64_t fetch_bytes_per_step() const;
+  int64_t write_back_bytes_per_step() const;
+
+  // Bytes queued each way since construction, and acquires that found their layer neither in a
+  // slot nor on its way (the first pass's first layers, or a pass in an unexpected order).
+  int64_t fetched_bytes() const { return fetched_; }
+  int64_t written_back_bytes() const { return written_back_; }
+  int64_t unprefetched() const { return unprefetched_; }
+
+ private:
+  struct Slot {
+    char* base = nullptr;
+    int layer = -1;              // the layer it holds or receives; -1: none
+    Backend::CopyMark ready;     // after its fetch
+  };
+  int position(int layer) const;  // in layers_, or -1
+  int slot_of(int layer) const;   // or -1
+  void fetch(int slot, int layer);
+
+  Backend& backend_;
+  int weight_bytes_;
+  int64_t block_bytes_;
+  std::vector<int> layers_;                       // ascending
+  struct Span {
+    int64_t at, bytes;  // in the layer's block and slot
+  };
+  std::vector<std::vector<Span>> spans_;          // per streamed layer, its matrices
+  std::vector<char*> host_;                       // per streamed layer, its block
+  std::vector<Slot> slots_;
+  int held_ = -1;  // the layer acquired and not released; -1: none
+  bool host_pending_ = false;  // write-backs queued since the last settle_host()
+  int64_t fetched_ = 0, written_back_ = 0, unprefetched_ = 0;
+};
+
+}  // namespace grass
