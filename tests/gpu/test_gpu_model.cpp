@@ -625,6 +625,8 @@ TEST_CASE("model: offloaded optimizer states give the resident GPU run's bits",
                        Case{"galore", "bf16", true}, Case{"flora", "bf16", true}}) {
     INFO(c.optimizer << " " << c.precision << (c.fused ? ", fused" : ", deferred"));
     RunConfig resident = ngram_run(c.optimizer);
+    resident.micro_batch_size = resident.total_batch_size = 2;  // the emulator's time: 64 tokens
+    resident.seq_len = 32;
     resident.optimizer.projection.update_interval = 2;
     resident.fused_update = c.fused ? Switch::On : Switch::Off;
     resident.grad_clip = 0.05;
@@ -687,6 +689,8 @@ TEST_CASE("model: offloaded layer inputs give the resident GPU run's bits",
     INFO(c.optimizer << " " << c.precision << (c.fused ? ", fused" : ", deferred"));
     RunConfig resident = ngram_run(c.optimizer);
     resident.model.num_hidden_layers = 5;
+    resident.micro_batch_size = resident.total_batch_size = 2;  // the emulator's time: 64 tokens
+    resident.seq_len = 32;
     resident.activation_checkpointing = Checkpointing::Layer;
     resident.fused_update = c.fused ? Switch::On : Switch::Off;
     if (!c.fused) resident.total_batch_size = 2 * resident.micro_batch_size;
@@ -738,6 +742,8 @@ TEST_CASE("model: streamed layers give the resident GPU run's bits", "[gpu][memo
     INFO(c.optimizer << ", " << c.layers << " of 4 layers streamed through " << c.slots << " slots");
     RunConfig resident = ngram_run(c.optimizer);
     resident.model.num_hidden_layers = 4;
+    resident.micro_batch_size = resident.total_batch_size = 2;  // the emulator's time: 64 tokens
+    resident.seq_len = 32;
     resident.optimizer.projection.update_interval = 2;
     resident.fused_update = Switch::On;
     resident.grad_clip = 0.05;
