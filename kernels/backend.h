@@ -30,7 +30,8 @@
 //   adamw_update, adamw_update_q8          adamw                                            test_gpu_adamw
 //   store_gradients (bf16 precisions)      bf16_storage (the CPU rounds; the GPU's are      test_gpu_adamw, test_gpu_model
 //                                          formed in bf16 by the ops that write them)
-//   grass_* (grass_adam_update_q8 too)     grass                                            test_gpu_grass
+//   grass_* (grass_adam_update_q8 too),    grass                                            test_gpu_grass
+//   pack_slices, unpack_slices
 //   lowrank_*, flora_* (and their _q8)     lowrank                                          test_gpu_lowrank
 //   galore_basis (randomized)              galore_basis (cuSOLVER)                          test_gpu_lowrank
 #pragma once
@@ -413,6 +414,12 @@ class Backend : public MemoryResource {
   virtual void grass_slice_norms(const float* g, int row0, int rows, int in, bool by_rows) = 0;
   // The buffer's first n norms, on the host.
   virtual void read_slice_norms(double* host, int n) = 0;
+  // A target's selected slices out of w[out, in] (weight-typed) into delta and back
+  // (ops::pack_slices, unpack_slices), σ in backend memory.
+  virtual void pack_slices(void* delta, const void* w, const int32_t* sigma, int count, int out,
+                           int in, bool rows) = 0;
+  virtual void unpack_slices(void* w, const void* delta, const int32_t* sigma, int count, int out,
+                             int in, bool rows) = 0;
   // The sparse Adam update of one target (ops::grass_adam_update), the weight w[out, in] as in
   // adamw_update. gc may be overwritten.
   virtual void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,

@@ -184,6 +184,14 @@ void grass_slice_norms(double* norms_sq, const T* g, int out, int in, bool rows)
 template <typename T>
 void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* scale, int out,
                        int in, int r, bool rows, double alpha, const AdamArgs& a);
+// A target's selected slices, packed, and back (offload.layers' write-back of a GRASS layer,
+// src/model/layer_stream.h): delta [count, in] = w[σ_j, :] (rows) or delta [out, count] =
+// w[:, σ_j] (columns), j < count, w [out, in]; unpack_slices writes them back into w.
+template <typename T>
+void pack_slices(T* delta, const T* w, const int32_t* sigma, int count, int out, int in, bool rows);
+template <typename T>
+void unpack_slices(T* w, const T* delta, const int32_t* sigma, int count, int out, int in,
+                   bool rows);
 // The same step with 8-bit moments (kernels/quant8.h), in fp32: m, v are codes shaped like gc,
 // blocked flat or down its columns (by_columns: Quant8Layout::columns), and σ is distinct, so
 // each element of gc owns one weight element: w = w·(1 − lr·wd) − lr·alpha·s_j·Δ, gc unchanged.

@@ -60,7 +60,7 @@ struct StreamTrained {
   std::vector<std::vector<std::byte>> states;       // every optimizer buffer, in order
   std::vector<std::string> state_names;
   std::vector<int64_t> unprefetched;                // per step, layers fetched on demand
-  int64_t fetched = 0, written_back = 0;            // bytes, the last step's
+  std::vector<int64_t> fetched, written_back;       // per step, bytes
 };
 
 StreamTrained train_streamed(const RunConfig& cfg, int steps) {
@@ -85,8 +85,8 @@ StreamTrained train_streamed(const RunConfig& cfg, int steps) {
                          }).loss);
     if (!stream) continue;
     out.unprefetched.push_back(stream->unprefetched() - before);
-    out.fetched = stream->fetched_bytes() - fetched;
-    out.written_back = stream->written_back_bytes() - written;
+    out.fetched.push_back(stream->fetched_bytes() - fetched);
+    out.written_back.push_back(stream->written_back_bytes() - written);
   }
   for (const ParamTensor& t : s.model->tensors()) out.weights.push_back(s.model->read_tensor(t));
   backend->synchronize();  // the states' last write-backs
@@ -190,11 +190,58 @@ TEST_CASE("streamed layers train to the resident run's bits", "[stream][offload]
           for (size_t step = 1; step < 5; step++) CHECK(streamed.unprefetched[step] == 0);
           // a step's copies: the plan's, 2·(k − slots) layers fetched, every streamed one back
           const MemoryPlan plan = plan_memory(cfg, storage_for(cfg.precision, false));
-          CHECK(streamed.fetched == plan.h2d_bytes_per_step);
-          CHECK(streamed.written_back == plan.d2h_bytes_per_step);
-          const int64_t layer = streamed.written_back / layers;
-          CHECK(streamed.fetched == 2 * std::max(layers - slots, 0) * layer);
+          int64_t whole = 0;  // the streamed layers' matrices, bytes
+          for (const ParamTensor& t : names)
+            if (t.layer == 0 && !t.is_norm)
+              whole += layers * t.numel * storage_for(cfg.precision, false).weight_bytes;
+          if (optimizer != "grass") {  // every layer goes back whole
+            for (size_t step = 1; step < 5; step++) {
+              CHECK(streamed.written_back[step] == plan.d2h_bytes_per_step);
+              CHECK(streamed.fetched[step] == plan.h2d_bytes_per_step);
+            }
+            CHECK(plan.d2h_bytes_per_step == whole);
+            CHECK(plan.h2d_bytes_per_step == 2 * std::max(layers - slots, 0) * whole / layers);
+            continue;
+          }
+          // GRASS: steps 1 and 3 change σ's slices alone, which go back packed (the plan's);
+          // refresh steps 2 and 4 write every target whole, once; step 4's fetches bring the
+          // slices step 3 packed (the plan's)
+          CHECK(plan.d2h_bytes_per_step < whole / 4);
+          CHECK(streamed.written_back[3] == plan.d2h_bytes_per_step);
+          CHECK(streamed.written_back[2] == whole);
+          CHECK(streamed.written_back[4] == whole);
+          CHECK(streamed.fetched[4] == plan.h2d_bytes_per_step);
+          if (layers > slots) CHECK(plan.h2d_bytes_per_step > 2 * (layers - slots) * whole / layers);
         }
+    }
+}
+
+TEST_CASE("streamed GRASS layers go back as their packed slices: every selection rule, staggered "
+          "refreshes, the resident run's bits", "[stream][offload][train]") {
+  // Repeated draws (multinomial, uniform) merge into fewer slices; refresh_stagger refreshes one target
+  // at a time, so a layer mixes packed and whole write-backs in one step.
+  for (const std::string selection : {"top_r", "multinomial", "uniform"})
+    for (const bool stagger : {false, true}) {
+      RunConfig cfg = stream_run("grass", "bf16");
+      cfg.optimizer.projection.selection = test::named<Selection>(selection);
+      cfg.optimizer.projection.refresh_stagger = stagger;
+      cfg.optimizer.projection.update_interval = 3;
+      const StreamTrained resident = train_streamed(cfg, 7);
+      cfg.offload.layers = 3;
+      cfg.offload.layer_slots = 2;
+      INFO(selection << (stagger ? ", staggered" : ""));
+      const LazyCopies lazy(true);
+      const StreamTrained streamed = train_streamed(cfg, 7);
+      check_same(streamed, resident, tensors_of(cfg));
+      const MemoryPlan plan = plan_memory(cfg, storage_for(cfg.precision, false));
+      for (size_t step = 1; step < 7; step++) CHECK(streamed.written_back[step] > 0);
+      if (!stagger) {  // steps 1, 2, 4, 5 between refreshes: at most r slices each
+        for (const size_t step : {1, 2, 4, 5}) {
+          INFO("step " << step);
+          if (selection == "top_r") CHECK(streamed.written_back[step] == plan.d2h_bytes_per_step);
+          else CHECK(streamed.written_back[step] <= plan.d2h_bytes_per_step);  // repeats merged
+        }
+      }
     }
 }
 
@@ -246,13 +293,22 @@ TEST_CASE("streamed layers: plan = arena, the matrices in the host tier, slots o
       const int wbytes = storage.weight_bytes;
       const int weights = int(MemCategory::Weights), work = int(MemCategory::Workspace);
       CHECK(plan.host_total == plan.host_bytes[size_t(weights)]);
-      CHECK(plan.host_total == layers * ts.layer_block() * wbytes);
-      CHECK(plan.host_total >= streamed * wbytes);
+      CHECK(ts.layer_block() * layers >= streamed);
       CHECK(resident.bytes[size_t(weights)] - plan.bytes[size_t(weights)] ==
             (ts.num_stored() - ts.num_resident()) * wbytes);
+      // per layer a block of its matrices and, for GRASS, one of its targets' r slices (each
+      // 256-byte aligned); a slot holds both
+      int64_t slices = 0;
+      if (optimizer == "grass")
+        for (const ParamTensor& t : ts)
+          if (t.layer == 0 && !t.is_norm) {
+            const int64_t side = std::min(t.shape[0], t.shape[1]) == t.shape[0] ? t.shape[1] : t.shape[0];
+            slices += (cfg.optimizer.projection.rank * side * wbytes + 255) / 256 * 256;
+          }
+      CHECK(plan.host_total == layers * (ts.layer_block() * wbytes + slices));
       const int slots = std::min(layers, cfg.offload.layer_slots);
       CHECK(plan.bytes[size_t(work)] - resident.bytes[size_t(work)] ==
-            slots * ts.layer_block() * wbytes);
+            slots * (ts.layer_block() * wbytes + slices));
     }
 }
 

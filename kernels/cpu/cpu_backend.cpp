@@ -257,6 +257,14 @@ class CpuBackend final : public Backend {
   void read_slice_norms(double* host, int n) override {
     std::copy(slice_norms_.begin(), slice_norms_.begin() + n, host);
   }
+  void pack_slices(void* delta, const void* w, const int32_t* sigma, int count, int out, int in,
+                   bool rows) override {
+    ops::pack_slices(f(delta), f(w), sigma, count, out, in, rows);
+  }
+  void unpack_slices(void* w, const void* delta, const int32_t* sigma, int count, int out, int in,
+                     bool rows) override {
+    ops::unpack_slices(f(w), f(delta), sigma, count, out, in, rows);
+  }
   void grass_adam_update(WeightRef weight, void* gc, void* m, void* v, const GrassSlices& s,
                          double alpha, const AdamArgs& a, uint64_t seed) override {
     float* const master = weight.master;

@@ -152,7 +152,32 @@ void grass_adam_update_q8(float* w, const float* gc, const Quant8Moments& s, boo
   });
 }
 
+template <typename T>
+void pack_slices(T* delta, const T* w, const int32_t* sigma, int count, int out, int in, bool rows) {
+  if (rows) {
+    for (int j = 0; j < count; j++)
+      std::copy_n(w + int64_t(sigma[j]) * in, in, delta + int64_t(j) * in);
+    return;
+  }
+  for (int64_t o = 0; o < out; o++)
+    for (int j = 0; j < count; j++) delta[o * count + j] = w[o * in + sigma[j]];
+}
+
+template <typename T>
+void unpack_slices(T* w, const T* delta, const int32_t* sigma, int count, int out, int in,
+                   bool rows) {
+  if (rows) {
+    for (int j = 0; j < count; j++)
+      std::copy_n(delta + int64_t(j) * in, in, w + int64_t(sigma[j]) * in);
+    return;
+  }
+  for (int64_t o = 0; o < out; o++)
+    for (int j = 0; j < count; j++) w[o * in + sigma[j]] = delta[o * count + j];
+}
+
 #define INSTANTIATE(T)                                                                            \
+  template void pack_slices<T>(T*, const T*, const int32_t*, int, int, int, bool);               \
+  template void unpack_slices<T>(T*, const T*, const int32_t*, int, int, int, bool);             \
   template void grass_compressed_grad<T>(T*, T*, const T*, const T*, const int32_t*, const T*,   \
                                          int64_t, int, int, int, bool);                          \
   template void grass_gather_columns<T>(T*, const T*, const int32_t*, const T*, int64_t, int,    \

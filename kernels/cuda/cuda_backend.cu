@@ -496,6 +496,14 @@ class CudaBackend final : public Backend {
   void read_slice_norms(double* host, int n) override {
     download(host, scratch_.slice_norms, size_t(n) * sizeof(double));
   }
+  void pack_slices(void* delta, const void* w, const int32_t* sigma, int count, int out, int in,
+                   bool rows) override {
+    cuda::pack_slices(ctx_, b(delta), b(w), sigma, count, out, in, rows);
+  }
+  void unpack_slices(void* w, const void* delta, const int32_t* sigma, int count, int out, int in,
+                     bool rows) override {
+    cuda::unpack_slices(ctx_, b(w), b(delta), sigma, count, out, in, rows);
+  }
   void grass_adam_update(WeightRef w, void* gc, void* m, void* v, const GrassSlices& s,
                          double alpha, const AdamArgs& a, uint64_t seed) override {
     cuda::grass_adam_update(ctx_, b(w.weights), w.master, gc, m, v, s.sigma, s.scale, s.out, s.in,

@@ -280,6 +280,11 @@ void grass_slice_norms(const Context& ctx, double* norms_sq, const float* g, int
 void grass_adam_update(const Context& ctx, bf16* param, float* master, const void* gc, void* m,
                        void* v, const int32_t* sigma, const float* scale, int out, int in, int r,
                        bool rows, double alpha, const AdamArgs& a, uint64_t seed);
+// A target's selected slices packed and back (ops::pack_slices, unpack_slices).
+void pack_slices(const Context& ctx, bf16* delta, const bf16* w, const int32_t* sigma, int count,
+                 int out, int in, bool rows);
+void unpack_slices(const Context& ctx, bf16* w, const bf16* delta, const int32_t* sigma, int count,
+                   int out, int in, bool rows);
 // The same with 8-bit moments (ops::grass_adam_update_q8 is the reference; σ distinct), blocked
 // flat or down gc's columns; the weight and gc as in grass_adam_update, the anchor state-typed.
 void grass_adam_update_q8(const Context& ctx, bf16* param, float* master, const void* gc,

@@ -232,7 +232,43 @@ AdamStep adam_step_of(const AdamArgs& a, double alpha, uint64_t seed) {
   return k;
 }
 
+// Element e of the packed slices [count, in] (rows) or [out, count] (columns) and its place in
+// w [out, in]; PACK copies w's into delta, else delta's into w.
+template <bool PACK>
+__global__ void slices_kernel(bf16* delta, bf16* w, const int32_t* sigma, int count, int out,
+                              int in, bool rows) {
+  const int64_t total = int64_t(count) * (rows ? in : out);
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t at = rows ? int64_t(sigma[e / in]) * in + e % in
+                            : (e / count) * in + sigma[e % count];
+    if constexpr (PACK) delta[e] = w[at];
+    else w[at] = delta[e];
+  }
+}
+
+template <bool PACK>
+void launch_slices(const Context& ctx, bf16* delta, bf16* w, const int32_t* sigma, int count,
+                   int out, int in, bool rows) {
+  const int64_t total = int64_t(count) * (rows ? in : out);
+  if (total == 0) return;
+  const int64_t blocks = std::min<int64_t>(ceil_div(total, kThreads), 4096);
+  slices_kernel<PACK><<<int(blocks), kThreads, 0, ctx.stream>>>(delta, w, sigma, count, out, in,
+                                                                rows);
+  GRASS_LAUNCH_CHECK();
+}
+
 }  // namespace
+
+void pack_slices(const Context& ctx, bf16* delta, const bf16* w, const int32_t* sigma, int count,
+                 int out, int in, bool rows) {
+  launch_slices<true>(ctx, delta, const_cast<bf16*>(w), sigma, count, out, in, rows);
+}
+
+void unpack_slices(const Context& ctx, bf16* w, const bf16* delta, const int32_t* sigma, int count,
+                   int out, int in, bool rows) {
+  launch_slices<false>(ctx, const_cast<bf16*>(delta), w, sigma, count, out, in, rows);
+}
 
 void grass_gather_columns(const Context& ctx, bf16* xs, const bf16* source, const int32_t* sigma,
                           const float* rho, int64_t N, int width, int r) {

@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "src/core/error.h"
 
 namespace grass {
+
+namespace {
+int64_t aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+}  // namespace
 
 LayerStream::LayerStream(Backend& backend, Arena& arena, const ParameterSet& tensors, int slots)
     : backend_(backend),
@@ -15,10 +20,16 @@ LayerStream::LayerStream(Backend& backend, Arena& arena, const ParameterSet& ten
       spans_(layers_.size()) {
   GRASS_CHECK(!layers_.empty(), "a layer stream with no streamed layers");
   GRASS_CHECK(slots >= 2, "a layer stream needs two slots at least");
-  for (const ParamTensor& t : tensors)
-    if (t.place == Place::Streamed)
-      spans_[size_t(position(t.layer))].push_back({t.place_offset * weight_bytes_,
-                                                   t.numel * weight_bytes_});
+  for (size_t i = 0; i < tensors.size(); i++) {
+    const ParamTensor& t = tensors[i];
+    if (t.place != Place::Streamed) continue;
+    GRASS_CHECK(t.shape.size() == 2, "a streamed tensor that is not a matrix: " + t.name);
+    spans_[size_t(position(t.layer))].push_back({.tensor = int(i),
+                                                 .at = t.place_offset * weight_bytes_,
+                                                 .bytes = t.numel * weight_bytes_,
+                                                 .out = int(t.shape[0]),
+                                                 .in = int(t.shape[1])});
+  }
   for (const int l : layers_)
     host_.push_back(static_cast<char*>(arena.alloc_bytes(
         MemCategory::Weights, "layer " + std::to_string(l) + " weights (offload.layers)",
@@ -27,6 +38,35 @@ LayerStream::LayerStream(Backend& backend, Arena& arena, const ParameterSet& ten
   for (size_t i = 0; i < slots_.size(); i++)
     slots_[i].base = static_cast<char*>(arena.alloc_bytes(
         MemCategory::Workspace, "layer weights slot " + std::to_string(i), block_bytes_));
+}
+
+void LayerStream::pack_slices_of(const std::vector<Packed>& tensors, const SliceSource& source,
+                                 Arena& arena) {
+  GRASS_CHECK(!source_, "a layer stream's packed tensors named twice");
+  source_ = &source;
+  int64_t delta_bytes = 0;  // a layer's packed block: the largest layer's
+  for (std::vector<Span>& spans : spans_) {
+    int64_t at = 0;
+    for (Span& span : spans) {
+      const auto it = std::find_if(tensors.begin(), tensors.end(),
+                                   [&](const Packed& p) { return p.tensor == span.tensor; });
+      if (it == tensors.end()) continue;
+      span.packs = true;
+      span.rows = it->rows;
+      span.max_slices = it->max_slices;
+      span.delta_at = at;
+      at += aligned(span.max_slices * slice_bytes(span));
+    }
+    delta_bytes = std::max(delta_bytes, at);
+  }
+  if (delta_bytes == 0) return;
+  for (const int l : layers_)
+    host_delta_.push_back(static_cast<char*>(arena.alloc_bytes(
+        MemCategory::Weights, "layer " + std::to_string(l) + " selected slices (offload.layers)",
+        delta_bytes, MemPlace::Host)));
+  for (size_t i = 0; i < slots_.size(); i++)
+    slots_[i].delta = static_cast<char*>(arena.alloc_bytes(
+        MemCategory::Workspace, "layer slices slot " + std::to_string(i), delta_bytes));
 }
 
 int LayerStream::position(int layer) const {
@@ -40,18 +80,46 @@ int LayerStream::slot_of(int layer) const {
   return -1;
 }
 
+LayerStream::Span& LayerStream::span_of(const ParamTensor& t) {
+  return const_cast<Span&>(std::as_const(*this).span_of(t));
+}
+
+const LayerStream::Span& LayerStream::span_of(const ParamTensor& t) const {
+  GRASS_CHECK(t.place == Place::Streamed, t.name + " is not streamed");
+  for (const Span& span : spans_[size_t(position(t.layer))])
+    if (span.at == t.place_offset * weight_bytes_) return span;
+  throw InternalError("no span of the layer stream holds " + t.name);
+}
+
+void LayerStream::fetch_span(Slot& s, int p, const Span& span) {
+  backend_.copy_async(s.base + span.at, host_[size_t(p)] + span.at, size_t(span.bytes),
+                      Backend::Copy::ToDevice);
+  fetched_ += span.bytes;
+  if (span.base != Base::Packed) return;
+  const int64_t bytes = span.count * slice_bytes(span);
+  backend_.copy_async(s.delta + span.delta_at, host_delta_[size_t(p)] + span.delta_at,
+                      size_t(bytes), Backend::Copy::ToDevice);
+  fetched_ += bytes;
+  s.unpack = true;
+}
+
+void LayerStream::unpack(const Slot& s, const Span& span) {
+  const SliceSet now = source_->changed_slices(span.tensor);
+  GRASS_CHECK(now.generation == span.generation && now.count == span.count,
+              "a streamed tensor's selection changed while its slices were packed");
+  backend_.unpack_slices(s.base + span.at, s.delta + span.delta_at, now.sigma, span.count,
+                         span.out, span.in, span.rows);
+}
+
 void LayerStream::fetch(int slot, int layer) {
   Slot& s = slots_[size_t(slot)];
   s.layer = layer;
+  s.unpack = false;
   if (!s.base) return;  // a planning arena's
   // after every write-back queued so far: the slot's last occupant's, and this layer's own
   backend_.order_copy_after(backend_.mark_copies(Backend::Copy::ToHost));
-  const char* host = host_[size_t(position(layer))];
-  for (const Span& span : spans_[size_t(position(layer))]) {
-    backend_.copy_async(s.base + span.at, host + span.at, size_t(span.bytes),
-                        Backend::Copy::ToDevice);
-    fetched_ += span.bytes;
-  }
+  const int p = position(layer);
+  for (const Span& span : spans_[size_t(p)]) fetch_span(s, p, span);
   s.ready = backend_.mark_copies(Backend::Copy::ToDevice);
 }
 
@@ -77,7 +145,13 @@ void LayerStream::acquire(int l, Direction direction) {
     fetch(slot, l);
   }
   held_ = l;
-  if (slots_[size_t(slot)].base) backend_.wait_copies(slots_[size_t(slot)].ready);
+  Slot& s = slots_[size_t(slot)];
+  if (s.base) backend_.wait_copies(s.ready);
+  if (s.unpack) {  // the packed slices over the base, before the compute reads the layer
+    for (const Span& span : spans_[size_t(p)])
+      if (span.base == Base::Packed) unpack(s, span);
+    s.unpack = false;
+  }
   for (size_t i = 1; i < window.size(); i++)
     if (slot_of(window[i]) < 0) fetch(free_slot(), window[i]);
 }
@@ -87,12 +161,32 @@ void LayerStream::release(int l, bool updated) {
   held_ = -1;
   if (!updated) return;
   const Slot& s = slots_[size_t(slot_of(l))];
-  if (!s.base) return;
-  char* host = host_[size_t(position(l))];
-  for (const Span& span : spans_[size_t(position(l))]) {
-    backend_.copy_async(host + span.at, s.base + span.at, size_t(span.bytes),
-                        Backend::Copy::ToHost);
+  const int p = position(l);
+  for (Span& span : spans_[size_t(p)]) {
+    const SliceSet now = span.packs ? source_->changed_slices(span.tensor) : SliceSet{};
+    if (span.packs && span.base != Base::Whole && now.generation == span.generation) {
+      // only σ's slices changed since the base was whole: they go back packed
+      const int64_t bytes = now.count * slice_bytes(span);
+      if (s.base) {
+        backend_.pack_slices(s.delta + span.delta_at, s.base + span.at, now.sigma, now.count,
+                             span.out, span.in, span.rows);
+        backend_.copy_async(host_delta_[size_t(p)] + span.delta_at, s.delta + span.delta_at,
+                            size_t(bytes), Backend::Copy::ToHost);
+      }
+      written_back_ += bytes;
+      span.base = Base::Packed;
+      span.count = now.count;
+      continue;
+    }
+    // the whole tensor: not packed, or σ changed (a refresh), or the base came from the host
+    if (s.base)
+      backend_.copy_async(host_[size_t(p)] + span.at, s.base + span.at, size_t(span.bytes),
+                          Backend::Copy::ToHost);
     written_back_ += span.bytes;
+    if (span.packs) {
+      span.base = Base::WholeAt;
+      span.generation = now.generation;
+    }
   }
   host_pending_ = true;
 }
@@ -110,6 +204,8 @@ void* LayerStream::host(const ParamTensor& t) const {
   return block ? block + t.place_offset * weight_bytes_ : nullptr;
 }
 
+bool LayerStream::packed(const ParamTensor& t) const { return span_of(t).base == Base::Packed; }
+
 void LayerStream::settle_host() {
   if (!host_pending_) return;
   backend_.synchronize();  // waits for the copy queues too
@@ -119,6 +215,11 @@ void LayerStream::settle_host() {
 void LayerStream::forget(int l) {
   GRASS_CHECK(held_ != l, "layer " + std::to_string(l) + " changed while held");
   if (const int slot = slot_of(l); slot >= 0) slots_[size_t(slot)].layer = -1;
+}
+
+void LayerStream::host_written(const ParamTensor& t) {
+  forget(t.layer);
+  span_of(t).base = Base::Whole;
 }
 
 void* LayerStream::staging(const ParamTensor& t) {
@@ -132,22 +233,39 @@ void* LayerStream::staging(const ParamTensor& t) {
   return s.base ? s.base + t.place_offset * weight_bytes_ : nullptr;
 }
 
+void* LayerStream::stage(const ParamTensor& t) {
+  char* at = static_cast<char*>(staging(t));
+  if (!at) return nullptr;  // a planning arena's
+  Slot& s = *std::find_if(slots_.begin(), slots_.end(),
+                          [&](const Slot& slot) { return at >= slot.base && at < slot.base + block_bytes_; });
+  const Span& span = span_of(t);
+  const int64_t fetched = fetched_;  // not a pass's fetch: the per-step count leaves it out
+  fetch_span(s, position(t.layer), span);
+  fetched_ = fetched;
+  backend_.synchronize();
+  if (s.unpack) unpack(s, span);
+  s.unpack = false;
+  return at;
+}
+
 int64_t LayerStream::fetch_bytes_per_step() const {
   int64_t fetched = 0;
   for (size_t p = 0; p + slots_.size() < layers_.size(); p++)  // forward: all but the first slots
-    for (const Span& span : spans_[p + slots_.size()]) fetched += span.bytes;
+    for (const Span& span : spans_[p + slots_.size()])
+      fetched += span.bytes + (span.packs ? span.max_slices * slice_bytes(span) : 0);
   return 2 * fetched;  // the backward's, all but the last slots, are as many of the same size
 }
 
 int64_t LayerStream::write_back_bytes_per_step() const {
   int64_t bytes = 0;
   for (const std::vector<Span>& spans : spans_)
-    for (const Span& span : spans) bytes += span.bytes;
+    for (const Span& span : spans) bytes += span.packs ? span.max_slices * slice_bytes(span) : span.bytes;
   return bytes;
 }
 
 bool LayerStream::holds(const void* buffer) const {
-  return std::find(host_.begin(), host_.end(), buffer) != host_.end();
+  return std::find(host_.begin(), host_.end(), buffer) != host_.end() ||
+         std::find(host_delta_.begin(), host_delta_.end(), buffer) != host_delta_.end();
 }
 
 }  // namespace grass

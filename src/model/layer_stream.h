@@ -18,6 +18,12 @@
 // slot's previous occupant, and after every write-back queued before it (a cross-queue wait,
 // Backend::order_copy_after): after its slot's last write-back, and after its own layer's.
 // Each tensor is its own copy, so an urgent small copy never waits behind a whole layer.
+// GRASS's targets (pack_slices_of) change between refreshes only in their selected slices, so
+// their write-back is those slices packed (Δ: 3.6-6.3% of a layer), not the tensor: a host block
+// then holds the tensor's base, current everywhere but at σ, and its Δ, which a fetch brings up
+// beside the base and unpacks into the slot on the compute queue. A write-back after σ changed
+// (a refresh) is the whole tensor, once; the next one packs again. Host reads of such a tensor
+// (checkpoints, exports) merge the two in a slot.
 // The numbers are the resident run's: the same kernels read and update the same bytes, in a slot
 // that keeps each tensor's alignment class (ParameterSet::kPlaceAlign).
 #pragma once
@@ -29,6 +35,22 @@
 #include "src/model/parameter_set.h"
 
 namespace grass {
+
+// The slices of a tensor that its optimizer's updates change (GRASS's σ), as the stream asks for
+// them after the tensor's update: σ in backend memory, their count, and a number that changes
+// whenever σ does.
+struct SliceSet {
+  const int32_t* sigma = nullptr;
+  int count = 0;
+  int64_t generation = 0;
+};
+class SliceSource {
+ public:
+  virtual SliceSet changed_slices(int tensor) const = 0;
+
+ protected:
+  ~SliceSource() = default;
+};
 
 class LayerStream {
  public:
@@ -50,10 +72,27 @@ class LayerStream {
   // The compute that reads layer l is queued. `updated`: it also wrote the slot (fused updates):
   // the layer goes back to its host block.
   void release(int l, bool updated);
+  // Tensors (streamed) whose updates change only the slices `source` names, at most max_slices
+  // of them, rows or columns: their write-backs take those slices packed. One call, before the
+  // first pass; it allocates their packed blocks (host) and each slot's (device).
+  struct Packed {
+    int tensor, max_slices;
+    bool rows;
+  };
+  void pack_slices_of(const std::vector<Packed>& tensors, const SliceSource& source, Arena& arena);
+
   // Where tensor t (Streamed) is: in its held layer's slot (null on a planning arena), and in its
-  // host block.
+  // host block (its base: current unless packed() says its slices are elsewhere).
   void* device(const ParamTensor& t) const;
   void* host(const ParamTensor& t) const;
+  // Whether t's host block lacks its packed slices (a read must merge them: stage()).
+  bool packed(const ParamTensor& t) const;
+  // Tensor t's current values in a slot, merged from its host blocks, once every queued copy has
+  // landed (a host wait): no layer may be held, and the slot's occupant is forgotten.
+  void* stage(const ParamTensor& t);
+  // The host wrote t's whole base (a load, an init): its packed slices and a slot's copy of its
+  // layer are stale.
+  void host_written(const ParamTensor& t);
   // Before the host reads or writes a host block: every write-back queued has landed (a host wait
   // when one is pending).
   void settle_host();
@@ -66,8 +105,9 @@ class LayerStream {
   // Whether `buffer` is one of the host blocks (checkpoints save the weights as tensors).
   bool holds(const void* buffer) const;
 
-  // What crosses the link each way in a training step once the first has run: 2·(k − slots)
-  // layer fetches (the slots' contents are reused at both turnarounds) and k write-backs.
+  // What crosses the link each way in a training step between refreshes, once the first has
+  // run: 2·(k − slots) layer fetches (the slots' contents are reused at both turnarounds) and k
+  // write-backs, a packed tensor's its max_slices slices.
   int64_t fetch_bytes_per_step() const;
   int64_t write_back_bytes_per_step() const;
 
@@ -80,22 +120,48 @@ class LayerStream {
  private:
   struct Slot {
     char* base = nullptr;
+    char* delta = nullptr;       // the layer's packed slices
     int layer = -1;              // the layer it holds or receives; -1: none
+    bool unpack = false;         // the fetch brought packed slices: unpack them before the compute
     Backend::CopyMark ready;     // after its fetch
   };
+  // A packed tensor's host block: Whole, current everywhere (from a load, or init); WholeAt, the
+  // same, written back at σ's `generation`; Packed, current but at σ of `generation`, whose
+  // `count` slices the packed block holds.
+  enum class Base { Whole, WholeAt, Packed };
+  struct Span {
+    int tensor;
+    int64_t at, bytes;  // in the layer's block and slot
+    int out, in;
+    // packed tensors (pack_slices_of)
+    bool packs = false, rows = true;
+    int max_slices = 0;
+    int64_t delta_at = 0;  // in the layer's packed block and a slot's
+    Base base = Base::Whole;
+    int64_t generation = 0;
+    int count = 0;
+  };
+  int64_t slice_bytes(const Span& span) const {
+    return int64_t(span.rows ? span.in : span.out) * weight_bytes_;
+  }
   int position(int layer) const;  // in layers_, or -1
   int slot_of(int layer) const;   // or -1
+  Span& span_of(const ParamTensor& t);
+  const Span& span_of(const ParamTensor& t) const;
   void fetch(int slot, int layer);
+  // Queue span's copies from layer p's host blocks into slot s (its base; its packed slices when
+  // it has them), and the unpack's arguments.
+  void fetch_span(Slot& s, int p, const Span& span);
+  void unpack(const Slot& s, const Span& span);
 
   Backend& backend_;
   int weight_bytes_;
   int64_t block_bytes_;
   std::vector<int> layers_;                       // ascending
-  struct Span {
-    int64_t at, bytes;  // in the layer's block and slot
-  };
   std::vector<std::vector<Span>> spans_;          // per streamed layer, its matrices
   std::vector<char*> host_;                       // per streamed layer, its block
+  std::vector<char*> host_delta_;                 // per streamed layer, its packed block
+  const SliceSource* source_ = nullptr;
   std::vector<Slot> slots_;
   int held_ = -1;  // the layer acquired and not released; -1: none
   bool host_pending_ = false;  // write-backs queued since the last settle_host()

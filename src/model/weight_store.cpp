@@ -70,6 +70,7 @@ void WeightStore::write_hf(const ParamTensor& t, const float* values) {
       backend_->copy_async(stream_->host(t), slot, size_t(t.numel) * backend_->storage().weight_bytes,
                            Backend::Copy::ToHost);
       backend_->synchronize();
+      stream_->host_written(t);
       return;
     }
   }
@@ -88,14 +89,9 @@ std::vector<float> WeightStore::read_hf(const ParamTensor& t) const {
     case Place::Device:
       backend_->read_weights(stored.data(), resident_, t.place_offset, t.numel);
       return hf();
-    case Place::Streamed: {  // up to a slot, then read as the backend reads weights
-      void* slot = stream_->staging(t);
-      backend_->copy_async(slot, stream_->host(t), size_t(t.numel) * backend_->storage().weight_bytes,
-                           Backend::Copy::ToDevice);
-      backend_->synchronize();
-      backend_->read_weights(stored.data(), slot, 0, t.numel);
+    case Place::Streamed:  // up to a slot, merged, then read as the backend reads weights
+      backend_->read_weights(stored.data(), stream_->stage(t), 0, t.numel);
       return hf();
-    }
   }
   no_such_place(t);
 }
@@ -123,6 +119,11 @@ const std::byte* WeightStore::hf_bytes(const ParamTensor& t,
     case Place::Streamed: {  // the host block, once the write-backs have landed
       stream_->settle_host();
       const auto* stored = static_cast<const std::byte*>(stream_->host(t));
+      if (stream_->packed(t)) {  // its selected slices are in their own block: merged in a slot
+        std::vector<std::byte>& merged = keep.emplace_back(size_t(t.numel) * wbytes);
+        backend_->download(merged.data(), stream_->stage(t), merged.size());
+        stored = merged.data();
+      }
       if (!t.padded()) return stored;
       std::vector<std::byte>& hf = keep.emplace_back(size_t(t.hf_numel) * wbytes);
       stored_to_hf(t, stored, hf.data(), wbytes);
@@ -151,7 +152,7 @@ void WeightStore::load_hf_bytes(const ParamTensor& t, const std::byte* hf) {
       if (!host) return;  // a planning arena's
       if (t.padded()) hf_to_stored(t, hf, host, wbytes);
       else std::memcpy(host, hf, size_t(t.numel) * wbytes);
-      stream_->forget(t.layer);
+      stream_->host_written(t);
       return;
     }
   }

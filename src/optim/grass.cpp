@@ -95,6 +95,20 @@ Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
       largest_out, std::max<int64_t>(8, refresh_chunk_bytes / (4 * largest_in) / 8 * 8)));
   chunk_grad_ = arena.alloc<float>(MemCategory::Workspace, "grass.refresh_gradient_rows",
                                    int64_t(chunk_rows_) * largest_in);
+  // offload.layers: a streamed target changes only at σ between refreshes, so it goes back to
+  // the host as its r slices (model/layer_stream.h)
+  if (LayerStream* stream = model.weight_store().stream()) {
+    std::vector<LayerStream::Packed> streamed;
+    for (const Target& t : targets_)
+      if (model.tensors()[size_t(t.tensor_index)].place == Place::Streamed)
+        streamed.push_back({t.tensor_index, r, t.rows});
+    if (!streamed.empty()) stream->pack_slices_of(streamed, *this, arena);
+  }
+}
+
+SliceSet Grass::changed_slices(int tensor) const {
+  const Target& t = target_of(tensor);
+  return {t.sigma, t.slices, t.selection};
 }
 
 int Grass::target_index(int tensor) const {
@@ -225,6 +239,7 @@ std::vector<double> Grass::slice_norms(const Target& t, const void* dy, const vo
 }
 
 void Grass::store_selection(Target& t, const SliceSelection& s) {
+  t.selection++;
   t.slices = int(s.sigma.size());
   t.gc_numel = int64_t(t.slices) * (t.rows ? t.in : t.out);
   t.count = s.count;

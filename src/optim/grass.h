@@ -23,7 +23,7 @@
 
 namespace grass {
 
-class Grass final : public Optimizer {
+class Grass final : public Optimizer, public SliceSource {
  public:
   // Trains the model's projected tensors. max_tokens: the largest micro-batch, in tokens (B x T),
   // for the gather scratch. A refresh forms the full gradient in row chunks of at most
@@ -108,8 +108,11 @@ class Grass final : public Optimizer {
     int64_t phase = 0;     // refresh_stagger: re-selects at the steps ≡ phase (mod K)
     int64_t adam_step = 0; // steps since the last refresh
     bool needs_selection = true;
+    int64_t selection = 0; // selections stored so far (SliceSource's generation)
   };
   const std::vector<Target>& targets() const { return targets_; }
+  // The slices of a target that its updates change: σ (offload.layers packs them).
+  SliceSet changed_slices(int tensor) const override;
   const Target& target_of(int tensor) const;
 
  private:

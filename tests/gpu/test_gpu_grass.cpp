@@ -154,6 +154,53 @@ TEST_CASE("grass: compressed gradient accumulates rho-scaled selected slices", "
     }
 }
 
+TEST_CASE("grass: packed slices out of a weight and back, as the CPU moves them", "[gpu]") {
+  // offload.layers' write-back of a streamed GRASS target (model/layer_stream.h): pure copies,
+  // so the GPU's values are the CPU reference's on the same bf16 values, exactly, and the unpack
+  // writes σ's slices of w alone.
+  TestContext tc;
+  std::mt19937 rng(std::random_device{}());
+  const int out = 70, in = 132;
+  for (const bool rows : {true, false}) {
+    const int side = rows ? out : in, count = 23;
+    std::vector<int32_t> sigma(static_cast<size_t>(side));
+    for (int i = 0; i < side; i++) sigma[size_t(i)] = i;
+    std::shuffle(sigma.begin(), sigma.end(), rng);
+    sigma.resize(size_t(count));
+    std::sort(sigma.begin(), sigma.end());
+    INFO((rows ? "rows" : "cols"));
+    const std::vector<bf16> w = to_bf16(randn(size_t(out) * in)),
+                            other = to_bf16(randn(size_t(out) * in));
+    const auto bits = [](const std::vector<bf16>& x) { return to_f32(x); };
+    const size_t packed = size_t(count) * (rows ? in : out);
+    std::vector<float> want(packed), unpacked = bits(other);
+    ops::pack_slices(want.data(), bits(w).data(), sigma.data(), count, out, in, rows);
+    ops::unpack_slices(unpacked.data(), want.data(), sigma.data(), count, out, in, rows);
+    DeviceBuffer<bf16> d_w(w.size()), d_other(other.size()), d_delta(packed);
+    DeviceBuffer<int32_t> d_sigma(sigma.size());
+    d_w.upload(w);
+    d_other.upload(other);
+    d_sigma.upload(sigma);
+    d_delta.poison();
+    cuda::pack_slices(tc.ctx, d_delta.ptr, d_w.ptr, d_sigma.ptr, count, out, in, rows);
+    CHECK(bits(d_delta.download()) == want);
+    cuda::unpack_slices(tc.ctx, d_other.ptr, d_delta.ptr, d_sigma.ptr, count, out, in, rows);
+    CHECK(bits(d_other.download()) == unpacked);
+    // the slices are w's, and the rest other's
+    const std::vector<float> got = bits(d_other.download()), wb = bits(w), ob = bits(other);
+    int64_t from_w = 0;
+    for (int o = 0; o < out; o++)
+      for (int c = 0; c < in; c++) {
+        const int slice = rows ? o : c;
+        const bool selected = std::binary_search(sigma.begin(), sigma.end(), slice);
+        const size_t e = size_t(o) * in + size_t(c);
+        from_w += selected && got[e] == wb[e];
+        if (!selected) CHECK(got[e] == ob[e]);
+      }
+    CHECK(from_w == int64_t(packed));
+  }
+}
+
 TEST_CASE("grass: the cols gradient from kept columns gives grass_compressed_grad's bits",
           "[gpu]") {
   // What the model does with an input kept as selected columns: the gather in the forward, the
