@@ -96,6 +96,9 @@ int64_t rmsnorm_scratch_floats(int64_t N, int C);
 void rmsnorm_backward(const Context& ctx, bf16* dx, void* dw, GradType gtype, const bf16* dout,
                       const bf16* x, const bf16* w, const float* rstd, float* scratch, int64_t N,
                       int C);
+// For the kernel lab alone, which times the block-per-row kernels beside the warp-per-row ones
+// (issue 45): true sends every row of the three calls above to the block-per-row kernels.
+void rmsnorm_force_block_kernels(bool on);
 
 // ---- RoPE (kernels/cuda/rope.cu), HF rotate-half on x[B,T,H,HD], in place ----------------------
 // Rows at a pitch of ld elements (0: H·HD). The engine's attention kernels apply RoPE as they load

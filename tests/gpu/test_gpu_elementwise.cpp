@@ -154,10 +154,21 @@ TEST_CASE("gpu embedding backward sums repeated tokens into dtable, deterministi
   }
 }
 
+// RMSNorm's shapes: C in 64, 136 (17 packs: most lanes idle), 2048, 4096, 5120 (the forward holds
+// the row in registers at each) and 8192 (the forward reads it again) take a warp per row; N is
+// never a multiple of its 8 rows per block. 5461 (odd) and 8200 (above 8192) take the block-per-row
+// kernels, one value and packs of 8 at a time.
+struct NormShape {
+  int64_t N;
+  int C;
+};
+constexpr NormShape kNormShapes[] = {{1617, 64}, {1617, 136}, {203, 2048}, {45, 4096},
+                                     {1025, 5120}, {77, 8192},  {3 * 77, 5461}, {13, 8200}};
+
 TEST_CASE("gpu rmsnorm forward matches the CPU, rstd in fp32", "[gpu]") {
   gputest::TestContext tc;
   const float eps = 1e-5f;
-  for (const auto& [N, C] : {std::pair<int64_t, int>{3 * 77, 5461}, {1617, 1024}, {77, 8192}}) {
+  for (const auto& [N, C] : kNormShapes) {
     CAPTURE(N, C);
     const std::vector<float> x = gputest::bf16_rounded(gputest::randn(size_t(N) * C));
     std::vector<float> w = gputest::randn(C, 0.1);
@@ -177,7 +188,10 @@ TEST_CASE("gpu rmsnorm forward matches the CPU, rstd in fp32", "[gpu]") {
     CHECK(rel_error(out, want) <= 1e-2);
     CHECK(count_misses(out, want, kBf16Rel, 1e-4) == 0);
     CHECK(rel_error(rstd, want_rstd) <= 1e-5);
+    CHECK(count_misses(rstd, want_rstd, 1e-4, 0.0) == 0);  // fp32 sums of C squares, two orders
 
+    d_out.poison();
+    d_rstd.poison();
     cuda::rmsnorm_forward(tc.ctx, d_out.ptr, d_rstd.ptr, d_x.ptr, d_w.ptr, N, C, eps);
     CHECK(same_bits(get(d_out), out));
     CHECK(same_bits(d_rstd.download(), rstd));
@@ -186,8 +200,13 @@ TEST_CASE("gpu rmsnorm forward matches the CPU, rstd in fp32", "[gpu]") {
 
 TEST_CASE("gpu rmsnorm backward accumulates into dx and dw, deterministically", "[gpu]") {
   gputest::TestContext tc;
-  // 1617 rows: more than the backward's 1024 row blocks, so blocks own two rows (the last one).
-  for (const auto& [N, C] : {std::pair<int64_t, int>{3 * 77, 5461}, {1617, 1024}, {77, 8192}}) {
+  // Past 1024 rows the backward's row blocks own several rows each, which a warp-per-row block
+  // shares among its warps: at C = 64 and 7202 rows 8 rows and 8 warps a block, the last block 2
+  // rows; at 136 and 1617 rows, and at 5120 (where the partials' shared memory fits 2 warps) and
+  // 1025 rows, 2 rows on 2 warps, the last block 1 row.
+  const NormShape shapes[] = {{7202, 64}, {1617, 136}, {231, 2048},    {45, 4096},
+                              {1025, 5120}, {77, 8192}, {3 * 77, 5461}, {13, 8200}};
+  for (const auto& [N, C] : shapes) {
     for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
       const bool f32 = gtype == cuda::GradType::F32;
       CAPTURE(N, C, f32);

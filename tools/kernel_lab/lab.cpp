@@ -327,7 +327,7 @@ void Lab::print_header() const {
     std::printf("optimizer moments: 8-bit in blocks of %d (projected states per feature)\n",
                 options.state_block);
   std::printf("(op*: derived, the difference of the two rows above it, not timed on its own)\n");
-  std::printf("%-24s %-5s %-46s %10s %10s %-7s %6s %9s %8s %s\n", "op", "model", "shape", "ms",
+  std::printf("%-26s %-5s %-46s %10s %10s %-7s %6s %9s %8s %s\n", "op", "model", "shape", "ms",
               "rate", "unit", "%peak", "max_err", "tol", "ok");
 }
 
@@ -343,7 +343,7 @@ void Lab::report(const Model& m, const Row& row) {
   char percent_text[16] = "n/a";
   if (!std::isnan(percent)) std::snprintf(percent_text, sizeof percent_text, "%.1f", percent);
   const char* unit = flops ? "TFLOP/s" : "GB/s";
-  std::printf("%-24s %-5s %-46s %10.4f %10.3f %-7s %6s %9.2e %8.1e %s\n", op.c_str(),
+  std::printf("%-26s %-5s %-46s %10.4f %10.3f %-7s %6s %9.2e %8.1e %s\n", op.c_str(),
               m.name.c_str(), row.shape.c_str(), row.ms, rate, unit, percent_text, row.err, row.tol,
               ok ? "ok" : "FAIL");
   std::fflush(stdout);

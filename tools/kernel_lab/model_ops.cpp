@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_ops.h"
 #include "tools/kernel_lab/lab.h"
 
 namespace grass::lab {
@@ -93,6 +94,17 @@ void bench_linear(Lab& lab, const Model& m) {
 // Bytes: the forward reads x and writes out (2·N·C·A) and writes rstd (4·N); the backward reads
 // dout and x and reads and writes dx (4·N·C·A) and reads rstd (4·N); w and dw (C elements) are
 // noise. The CPU reference runs on every row: O(N·C) is cheap on the host.
+// The `_block` rows are the same calls on the block-per-row kernels that the warp-per-row ones
+// replaced (issue 45), timed beside them until a GPU has measured which is faster.
+
+// While alive, the GPU's RMSNorm calls take the block-per-row kernels.
+struct BlockPerRowRmsnorm {
+  BlockPerRowRmsnorm() { cuda::rmsnorm_force_block_kernels(true); }
+  ~BlockPerRowRmsnorm() { cuda::rmsnorm_force_block_kernels(false); }
+  BlockPerRowRmsnorm(const BlockPerRowRmsnorm&) = delete;
+  BlockPerRowRmsnorm& operator=(const BlockPerRowRmsnorm&) = delete;
+};
+
 void bench_rmsnorm(Lab& lab, const Model& m) {
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
   const Storage& s = gpu.storage();
@@ -107,15 +119,22 @@ void bench_rmsnorm(Lab& lab, const Model& m) {
   auto forward = [&] {
     gpu.rmsnorm_forward(gout.ptr(), grstd.f32(), gx.ptr(), gw.ptr(), N, C, eps);
   };
-  gout.poison();
-  grstd.poison();
-  forward();
   std::vector<float> out_ref(size_t(N * C)), rstd_ref(static_cast<size_t>(N));
   cpu.rmsnorm_forward(out_ref.data(), rstd_ref.data(), x.data(), w.data(), N, C, eps);
-  const double fwd_err =
-      worst({max_row_error(gout.get(), out_ref, C), max_row_error(grstd.get(), rstd_ref, 1)});
-  lab.report(m, {.op = "rmsnorm.fwd", .shape = shape, .ms = lab.time_ms(forward),
-                 .bytes = 2.0 * A * N * C + 4.0 * N, .err = fwd_err, .tol = kTolBf16});
+  auto check_and_time_forward = [&](const std::string& op) {
+    gout.poison();
+    grstd.poison();
+    forward();
+    const double err =
+        worst({max_row_error(gout.get(), out_ref, C), max_row_error(grstd.get(), rstd_ref, 1)});
+    lab.report(m, {.op = op, .shape = shape, .ms = lab.time_ms(forward),
+                   .bytes = 2.0 * A * N * C + 4.0 * N, .err = err, .tol = kTolBf16});
+  };
+  check_and_time_forward("rmsnorm.fwd");
+  {
+    const BlockPerRowRmsnorm old;
+    check_and_time_forward("rmsnorm.fwd_block");
+  }
 
   // The backward on its own: both sides read the CPU's rstd.
   const std::vector<float> dout = lab.uniform(N * C, -1, 1, A);           // [N, C]
@@ -126,14 +145,23 @@ void bench_rmsnorm(Lab& lab, const Model& m) {
   auto backward = [&] {
     gpu.rmsnorm_backward(gdx.ptr(), gdw.ptr(), gdout.ptr(), gx.ptr(), gw.ptr(), grstd.f32(), N, C);
   };
-  backward();
   std::vector<float> dx_ref = dx0, dw_ref = dw0;
   cpu.rmsnorm_backward(dx_ref.data(), dw_ref.data(), dout.data(), x.data(), w.data(),
                        rstd_ref.data(), N, C);
-  const double bwd_err =
-      worst({max_row_error(gdx.get(), dx_ref, C), max_row_error(gdw.get(), dw_ref, C)});
-  lab.report(m, {.op = "rmsnorm.bwd", .shape = shape, .ms = lab.time_ms(backward),
-                 .bytes = 4.0 * A * N * C + 4.0 * N, .err = bwd_err, .tol = kTolBf16});
+  auto check_and_time_backward = [&](const std::string& op) {
+    gdx.put(dx0);  // the timed calls below keep accumulating
+    gdw.put(dw0);
+    backward();
+    const double err =
+        worst({max_row_error(gdx.get(), dx_ref, C), max_row_error(gdw.get(), dw_ref, C)});
+    lab.report(m, {.op = op, .shape = shape, .ms = lab.time_ms(backward),
+                   .bytes = 4.0 * A * N * C + 4.0 * N, .err = err, .tol = kTolBf16});
+  };
+  check_and_time_backward("rmsnorm.bwd");
+  {
+    const BlockPerRowRmsnorm old;
+    check_and_time_backward("rmsnorm.bwd_block");
+  }
 }
 
 // ---- attention ----------------------------------------------------------------------------------
@@ -298,17 +326,24 @@ void bench_residual(Lab& lab, const Model& m) {
     gpu.residual_rmsnorm_forward(gsum.ptr(), gout.ptr(), grstd.f32(), ga.ptr(), gb.ptr(), gw.ptr(),
                                  N, C, m.config.rms_norm_eps);
   };
-  for (Buffer* out : {&gsum, &gout, &grstd}) out->poison();
-  fused();
   std::vector<float> sum_ref(static_cast<size_t>(n)), out_ref(static_cast<size_t>(n)),
       rstd_ref(static_cast<size_t>(N));
   cpu.residual_rmsnorm_forward(sum_ref.data(), out_ref.data(), rstd_ref.data(), a.data(), b.data(),
                                w.data(), N, C, m.config.rms_norm_eps);
-  const double fused_err = worst({max_row_error(gsum.get(), sum_ref, C),
-                                  max_row_error(gout.get(), out_ref, C),
-                                  max_row_error(grstd.get(), rstd_ref, 1)});
-  lab.report(m, {.op = "residual_rmsnorm.fwd", .shape = shape, .ms = lab.time_ms(fused),
-                 .bytes = 4.0 * A * n + 4.0 * N, .err = fused_err, .tol = kTolBf16});
+  auto check_and_time_fused = [&](const std::string& op) {
+    for (Buffer* out : {&gsum, &gout, &grstd}) out->poison();
+    fused();
+    const double fused_err = worst({max_row_error(gsum.get(), sum_ref, C),
+                                    max_row_error(gout.get(), out_ref, C),
+                                    max_row_error(grstd.get(), rstd_ref, 1)});
+    lab.report(m, {.op = op, .shape = shape, .ms = lab.time_ms(fused),
+                   .bytes = 4.0 * A * n + 4.0 * N, .err = fused_err, .tol = kTolBf16});
+  };
+  check_and_time_fused("residual_rmsnorm.fwd");
+  {
+    const BlockPerRowRmsnorm old;  // the block-per-row kernel it replaced (bench_rmsnorm)
+    check_and_time_fused("residual_rmsnorm.fwd_block");
+  }
 }
 
 // ---- embedding ----------------------------------------------------------------------------------
