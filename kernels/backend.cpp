@@ -11,7 +11,11 @@ bool scratch_covers(const Storage& storage, const WorkspaceShape& a, const Works
          x.reduce_bytes >= y.reduce_bytes && x.gemm_bytes >= y.gemm_bytes &&
          x.tokens_bytes >= y.tokens_bytes && x.slice_norms_bytes >= y.slice_norms_bytes &&
          x.rope_bytes >= y.rope_bytes && a.T >= b.T && a.HD == b.HD &&
-         a.rope_theta == b.rope_theta && a.attention == b.attention;
+         a.rope_theta == b.rope_theta && a.attention == b.attention &&
+         // the GPU's head fills the caller's logits a chunk at a time: no more rows than b's
+         // buffer holds (a forward-only model passes at most its buffer's rows to each call)
+         (!storage.cuda || b.forward_only || b.V <= 0 ||
+          head_chunk(a.V, a.head_chunk_rows) <= head_chunk(b.V, b.head_chunk_rows));
 }
 
 std::unique_ptr<ScratchLease> Backend::plan_scratch(Arena& arena, const WorkspaceShape& shape) {

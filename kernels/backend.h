@@ -118,6 +118,9 @@ struct WorkspaceShape {
   AttentionKernel attention = AttentionKernel::Grass;
   bool qkv_grads_packed = true;  // dq, dk, dv packed as q, k, v (else three buffers)
   bool forward_only = false;     // an evaluation model's: none of the backward's scratch
+  // The head's chunk asked for (ModelMemoryOptions::head_chunk_rows; head_rows() resolves it):
+  // the rows of logits the model's buffer holds and the GPU's head computes at a time.
+  int64_t head_chunk_rows = 0;
 };
 
 // The backend's own scratch, sized from the storage alone (kernels/backend_sizes.cpp), so that a
@@ -143,7 +146,8 @@ BackendScratch backend_scratch(const Storage& storage, const WorkspaceShape& sha
 
 class Backend;
 // Whether scratch planned for shape `a` serves every op of shape `b`: at least its bytes in every
-// buffer, and the same RoPE table (as many positions or more, the same head dim and theta).
+// buffer, the same RoPE table (as many positions or more, the same head dim and theta), and on
+// the GPU a head chunk no larger than b's (its logits buffer holds that many rows).
 bool scratch_covers(const Storage& storage, const WorkspaceShape& a, const WorkspaceShape& b);
 
 // The backend's scratch for one model's shapes, from Backend::plan_scratch. While the lease lives
@@ -179,8 +183,20 @@ int64_t cudnn_attention_workspace_bytes(int B, int T, int NH, int HD);
 // and NCCL's own growth. An estimate until a GPU run measures it: the trainer warns when the
 // memory in use grows after the reservation, naming by how much.
 constexpr int64_t kGpuHeadroomBytes = int64_t(256) << 20;
-// Rows of logits the head holds at once: all N on the CPU, a chunk on the GPU.
-int64_t head_rows(const Storage& storage, int64_t N, int V);
+// Rows of logits the head holds at once: all N on the CPU; on the GPU a chunk of `chunk_rows`,
+// or for 0 as many rows as kHeadChunkElements logits (64 MiB of bf16: 1,048 rows at LLaMA's
+// vocabulary of 32,000), never more than N. Each chunk reads and writes the whole fp32 lm_head
+// gradient once, so fewer, larger chunks are faster; they also change the order in which that
+// gradient is summed (fp32, chunk by chunk).
+constexpr int64_t kHeadChunkElements = int64_t(32) << 20;
+int64_t head_rows(const Storage& storage, int64_t N, int V, int64_t chunk_rows = 0);
+// The GPU's chunk for `chunk_rows` asked, before N caps it: chunk_rows, or for 0 the default
+// (0 for a shape without a vocabulary).
+int64_t head_chunk(int V, int64_t chunk_rows);
+// The larger chunk a run takes where its plan has room (train/run_resolution.h): 4,096 rows, or
+// the default chunk where that holds more (a vocabulary under 8,192).
+constexpr int64_t kLargeHeadChunkRows = 4096;
+int64_t large_head_chunk_rows(int V);
 
 class Backend : public MemoryResource {
  public:
@@ -356,7 +372,9 @@ class Backend : public MemoryResource {
                          bool winners, uint64_t stream, void* workspace) = 0;
   // The head: logits = nf·wᵀ and *loss (one fp64 of backend memory, overwritten) = the summed
   // cross-entropy over the valid targets (target < 0 is ignored), in a fixed order: the host
-  // reads it when it needs it. logits: head_rows(storage(), N, V) x V act elements, lse: N floats.
+  // reads it when it needs it. logits: head_rows(storage(), N, V, chunk) x V act elements, chunk
+  // the bound workspace shape's head_chunk_rows (the GPU computes that many rows at a time);
+  // lse: N floats.
   virtual void head_forward(void* logits, float* lse, double* loss, const void* nf, const void* w,
                             const int32_t* targets, int64_t N, int C, int V) = 0;
   // dnf = d(loss·dloss_scale)/dnf (overwritten), dw += its weight gradient. Runs after

@@ -8,8 +8,6 @@
 namespace grass {
 
 namespace {
-// The GPU's head computes logits for this many elements at a time (64 MiB of bf16).
-constexpr int64_t kHeadChunkElements = int64_t(32) << 20;
 constexpr int64_t kGemmWorkspaceBytes = int64_t(32) << 20;  // cuBLASLt's recommended on Hopper
 constexpr int64_t kCudnnHeadroomBytes = int64_t(4) << 20;
 constexpr int64_t kNormRowBlocks = 1024;    // kernels/cuda/rmsnorm.cu: kRowBlocks
@@ -35,9 +33,16 @@ int64_t cudnn_attention_workspace_bytes(int B, int T, int NH, int HD) {
          kCudnnHeadroomBytes;
 }
 
-int64_t head_rows(const Storage& storage, int64_t N, int V) {
-  return storage.cuda ? std::min<int64_t>(N, std::max<int64_t>(1, kHeadChunkElements / V)) : N;
+int64_t head_chunk(int V, int64_t chunk_rows) {
+  if (chunk_rows > 0 || V <= 0) return chunk_rows;  // V 0: a shape with no head
+  return std::max<int64_t>(1, kHeadChunkElements / V);
 }
+
+int64_t head_rows(const Storage& storage, int64_t N, int V, int64_t chunk_rows) {
+  return storage.cuda ? std::min(N, head_chunk(V, chunk_rows)) : N;
+}
+
+int64_t large_head_chunk_rows(int V) { return std::max(kLargeHeadChunkRows, head_chunk(V, 0)); }
 
 int64_t galore_solver_work_floats(int64_t m, int64_t k) {
   // LAPACK asks for n·nb floats for a QR of m x n (nb, its block size, 32 to 64 in OpenBLAS) and

@@ -267,6 +267,51 @@ TEST_CASE("a memory limit refuses a run that does not fit, naming the largest mi
                     Contains("not even micro_batch_size 1 fits"));
 }
 
+TEST_CASE("a GPU run's head takes 4096-row chunks where its plan has room, else 64 MiB ones",
+          "[memory][head]") {
+  // Vocabulary 16,384: the default chunk is 2,048 rows (64 MiB of bf16 logits), the larger
+  // 4,096 (128 MiB); 300 x 16 tokens hold more than either.
+  RunConfig cfg = small_run("adamw");
+  cfg.model.vocab_size = 16384;
+  cfg.micro_batch_size = cfg.total_batch_size = 300;
+  const Storage gpu = storage_for(PrecisionChoice::Bf16Mixed, true);
+  const int64_t MiB = int64_t(1) << 20;
+  const MemoryPlan large = plan_memory(cfg, gpu);
+  CHECK(model_memory_options(cfg, gpu).head_chunk_rows == 4096);
+  CHECK_THAT(format_memory_plans(cfg, gpu), Contains("head logits 4096 rows at a time (128.0 MiB)\n"));
+  CHECK(nlohmann::json::parse(memory_plan_json(cfg, gpu))["head_rows"] == 4096);
+
+  // A limit the larger chunk's plan is 1 byte over: the default chunk, 64 MiB less, which fits.
+  cfg.source = "run.json";
+  cfg.memory_limit = large.total - 1;
+  const MemoryPlan small = plan_memory(cfg, gpu);
+  CHECK(model_memory_options(cfg, gpu).head_chunk_rows == 0);
+  CHECK(large.total - small.total == 64 * MiB);
+  CHECK(large.bytes[int(MemCategory::Activations)] - small.bytes[int(MemCategory::Activations)] ==
+        64 * MiB);
+  CHECK_NOTHROW(check_memory_limit(cfg, gpu, small));
+  CHECK_THAT(format_memory_plans(cfg, gpu),
+             Contains("head logits 2048 rows at a time (64.0 MiB); 4096 would not fit memory_limit"));
+  // exactly the larger plan: the larger chunk
+  cfg.memory_limit = large.total;
+  CHECK(model_memory_options(cfg, gpu).head_chunk_rows == 4096);
+  CHECK(plan_memory(cfg, gpu).total == large.total);
+  // the largest micro-batch under a limit counts the chunk each micro-batch would take
+  const int micro = largest_micro_batch(cfg, gpu, small.total);
+  CHECK(micro >= 300);
+  RunConfig next = cfg;
+  next.micro_batch_size = next.total_batch_size = micro + 1;
+  next.memory_limit = small.total;
+  CHECK(plan_memory(next, gpu).total > small.total);
+
+  // The CPU computes the whole micro-batch's logits at once, whatever the limit.
+  const Storage cpu = storage_for(PrecisionChoice::F32, false);
+  CHECK(model_memory_options(cfg, cpu).head_chunk_rows == 0);
+  CHECK(describe_head(cfg, cpu, model_memory_options(cfg, cpu)) ==
+        "logits of the whole micro-batch at once (" + format_bytes(300 * 16 * 16384 * int64_t(4)) +
+            ")");
+}
+
 TEST_CASE("cuDNN attention's workspace is planned by its formula, growing as T squared",
           "[memory]") {
   // LLaMA-1B's heads (32 of 64) at GaLore's micro-batch of 64 x 256: the deterministic backward's

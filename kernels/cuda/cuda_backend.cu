@@ -233,6 +233,7 @@ class CudaBackend final : public Backend {
       attention_bytes_ = 0;
       rope_ = {nullptr, 0};
       slice_norms_capacity_ = 0;
+      head_chunk_ = 0;
       ctx_.lt_workspace = nullptr;
       ctx_.lt_workspace_bytes = 0;
       return;
@@ -252,6 +253,12 @@ class CudaBackend final : public Backend {
     GRASS_CHECK(cuda::sum_squares_scratch_doubles(int64_t(1) << 40) * 8 <= sizes.reduce_bytes,
                 "reduction scratch smaller than the kernel needs");
     GRASS_CHECK(s.attention == attention_, "a workspace planned for other attention kernels");
+    // The head's chunk: the model sized its logits with head_rows() from this shape's, and
+    // scratch_covers serves no model whose logits hold fewer rows. One chunk is one GEMM's rows
+    // and one launch of the cross-entropy's blocks: within their int dimensions.
+    head_chunk_ = head_chunk(s.V, s.head_chunk_rows);
+    GRASS_CHECK(s.V <= 0 || (head_chunk_ >= 1 && head_chunk_ <= INT32_MAX),
+                "the head's chunk is outside the kernels' dimensions");
     scratch_ = scratch;
     scratch_bytes_ = sizes;
     attention_bytes_ = sizes.attention_bytes;
@@ -406,12 +413,13 @@ class CudaBackend final : public Backend {
                  uint64_t stream, void* workspace) override {
     cuda::draw_rows(ctx_, rows, scale, norms, N, k, winners, stream, workspace);
   }
-  // The head in chunks of head_rows() tokens: the logits of a chunk exist only while it is worked
-  // on. `lse` holds each row's loss here (0 for an ignored target), summed in a fixed order on
-  // the device (the backward recomputes the logits, not the lse).
+  // The head in chunks of the scratch's head_chunk_ tokens (head_rows()): the logits of a chunk
+  // exist only while it is worked on. `lse` holds each row's loss here (0 for an ignored
+  // target), summed in a fixed order on the device (the backward recomputes the logits, not the
+  // lse).
   void head_forward(void* logits, float* lse, double* loss, const void* nf, const void* w,
                     const int32_t* targets, int64_t N, int C, int V) override {
-    const int64_t chunk = head_rows(storage_, N, V);
+    const int64_t chunk = head_chunk_rows(N);
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t rows = std::min(chunk, N - r0);
       cuda::linear_forward(ctx_, b(logits), b(at(nf, r0 * C)), b(w), rows, C, V);
@@ -424,7 +432,7 @@ class CudaBackend final : public Backend {
   void head_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
                      const void* w, const int32_t* targets, int64_t N, int C, int V,
                      double dloss_scale) override {
-    const int64_t chunk = head_rows(storage_, N, V);
+    const int64_t chunk = head_chunk_rows(N);
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t rows = std::min(chunk, N - r0);
       head_chunk_backward(dnf, dw, logits, lse, nf, w, targets, r0, rows, C, V, dloss_scale);
@@ -435,7 +443,7 @@ class CudaBackend final : public Backend {
   void head_forward_backward(void* dnf, void* dw, void* logits, float* lse, double* loss,
                              const void* nf, const void* w, const int32_t* targets, int64_t N,
                              int C, int V, double dloss_scale) override {
-    const int64_t chunk = head_rows(storage_, N, V);
+    const int64_t chunk = head_chunk_rows(N);
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t rows = std::min(chunk, N - r0);
       head_chunk_backward(dnf, dw, logits, lse, nf, w, targets, r0, rows, C, V, dloss_scale);
@@ -582,6 +590,11 @@ class CudaBackend final : public Backend {
       GRASS_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size_t(bytes), ctx_.stream));
   }
   GradType grad_type() const { return storage_.grad_bytes == 2 ? GradType::BF16 : GradType::F32; }
+  // Rows of the head's chunk for a call on N rows: the scratch in use's chunk, at most N.
+  int64_t head_chunk_rows(int64_t N) const {
+    GRASS_CHECK(head_chunk_ > 0, "the head needs the scratch of a model with a vocabulary");
+    return std::min(N, head_chunk_);
+  }
   // Rows r0 .. r0 + rows of the head: logits, loss per row (into lse) and its gradient in place,
   // then dnf (overwritten) and dw (+=) through lm_head.
   void head_chunk_backward(void* dnf, void* dw, void* logits, float* lse, const void* nf,
@@ -615,6 +628,7 @@ class CudaBackend final : public Backend {
   int64_t host_waits_ = 0;
   BackendScratch scratch_bytes_;       // the sizes of scratch_'s buffers
   int64_t slice_norms_capacity_ = 0;  // doubles at scratch_.slice_norms
+  int64_t head_chunk_ = 0;            // rows of logits the head computes at a time (head_chunk())
   // The RoPE table in scratch_.rope, for head dim rope_HD_ and rope_theta_.
   cuda::RopeTable rope_;
   int rope_HD_ = 0;

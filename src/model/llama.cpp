@@ -239,7 +239,7 @@ void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
     head_chunk_rows_ = std::min<int64_t>(N, std::max<int64_t>(1, kForwardHeadElements / V));
     logits_ = act("logits", head_rows(storage, head_chunk_rows_, int(V)) * V);
   } else {
-    logits_ = act("logits", head_rows(storage, N, int(V)) * V);
+    logits_ = act("logits", head_rows(storage, N, int(V), memory.head_chunk_rows) * V);
   }
   lse_ = act_f32("logsumexp", N);
   if (memory.forward_only)
@@ -255,6 +255,7 @@ void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
   WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
                        cfg.num_key_value_heads, int(HD), cfg.rope_theta, memory.attention};
   shape.forward_only = memory.forward_only;
+  shape.head_chunk_rows = memory.head_chunk_rows;
   if (memory.forward_only) {
     if (weights_of)  // the training model's scratch serves the forward (see the constructor)
       GRASS_CHECK(weights_of->backend_scratch_ &&

@@ -52,6 +52,11 @@ struct ModelMemoryOptions {
   bool pad_ffn = false;
   // Which kernels the GPU computes attention with (they size the backend's scratch).
   AttentionKernel attention = AttentionKernel::Grass;
+  // The GPU head's chunk, rows of logits at a time (kernels/backend.h: head_rows; 0: 64 MiB of
+  // them). It sizes the logits buffer; a run takes large_head_chunk_rows where its plan has room
+  // (train/run_resolution.h). Changes the order the lm_head gradient is summed in; the CPU
+  // computes the head in one chunk whatever it says.
+  int64_t head_chunk_rows = 0;
   // With checkpointing None: n1, n2 and act kept as sampled token rows, shared in the forward as
   // with Elementwise (model/sampled_inputs.h). Changes the weight gradients of the steps that
   // draw (begin_sampled_step) to unbiased estimates; nothing else.

@@ -67,6 +67,7 @@ int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t li
     RunConfig c = cfg;
     c.micro_batch_size = int(micro);
     c.total_batch_size = int(micro * accum);
+    c.memory_limit = limit;  // the plan under `limit`: the head's chunk is the one it leaves room for
     return plan_memory(c, storage).total <= limit;
   };
   if (!fits(1)) return 0;
@@ -677,7 +678,7 @@ std::string format_memory_plans(const RunConfig& given, const Storage& storage,
   out += std::string("memory  activations ") +
          activations_kept(cfg.model, memory) +
          ", updates " + (memory.fused_update ? "fused into the backward" : "after the backward") +
-         "\n";
+         (storage.cuda ? ", head " + describe_head(cfg, storage, memory) : "") + "\n";
   if (memory.attention == AttentionKernel::Cudnn)  // in workspace; the T² term dominates long T
     out += std::string(given.attention != AttentionChoice::Cudnn  // "auto", planned as cuDNN's
                            ? "        attention \"auto\": cuDNN's where it loads on the GPU, "
@@ -755,6 +756,8 @@ std::string memory_plan_json(const RunConfig& given, const Storage& storage,
       {"activation_checkpointing",
        name_of(memory.checkpointing)},
       {"fused_update", memory.fused_update},
+      {"head_rows", head_rows(storage, int64_t(cfg.micro_batch_size) * cfg.seq_len,
+                              cfg.model.vocab_size, memory.head_chunk_rows)},
       {"ffn_stored", ffn_stored_width(cfg.model, memory)},
       {"attention", name_of(memory.attention)},
       {"attention_choice", name_of(given.attention)},

@@ -45,7 +45,8 @@ MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage, int eval_ba
 constexpr int64_t kCudaOutsidePlanBytes = int64_t(1.01 * double(int64_t(1) << 30));
 
 // The largest micro_batch_size whose plan fits in `limit` bytes, the number of micro-batches per
-// step kept; 0 when not even one sequence fits.
+// step kept, each planned with memory_limit `limit` (the head's chunk is the one it leaves room
+// for); 0 when not even one sequence fits.
 int largest_micro_batch(const RunConfig& cfg, const Storage& storage, int64_t limit);
 
 // The sequences an evaluation forward takes: eval_batch_size, or for "auto" the most that memory

@@ -3,8 +3,11 @@
 #include <array>
 #include <string>
 
+#include "kernels/backend.h"
 #include "src/config/json_check.h"
 #include "src/core/error.h"
+#include "src/core/format.h"
+#include "src/train/memory_plan.h"
 
 namespace grass {
 
@@ -85,6 +88,7 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
                       : cfg.attention == AttentionChoice::Cudnn ? AttentionKernel::Cudnn
                       : cfg.attention == AttentionChoice::Mma   ? AttentionKernel::Mma
                                                                 : AttentionKernel::Grass;
+  options.head_chunk_rows = planned_head_chunk_rows(cfg, storage);
   options.x_in_offload = cfg.offload.activations;
   options.disk_dir = cfg.offload.disk_dir.empty() ? cfg.out_dir : cfg.offload.disk_dir;
   const ProjectionConfig& g = cfg.optimizer.projection;
@@ -155,6 +159,32 @@ std::string describe_attention(AttentionChoice asked, const AttentionInUse& in_u
   if (automatic && !in_use.why_not_cudnn.empty())
     return "the engine's kernels (\"auto\" did not take cuDNN's: " + in_use.why_not_cudnn + ")";
   return "the engine's kernels";
+}
+
+int64_t planned_head_chunk_rows(const RunConfig& cfg, const Storage& storage) {
+  if (!storage.cuda) return 0;
+  const int V = cfg.model.vocab_size;
+  const int64_t N = int64_t(cfg.micro_batch_size) * cfg.seq_len, large = large_head_chunk_rows(V);
+  // Where the larger chunk holds no more rows, the plans are the same: no need to make one.
+  if (cfg.memory_limit <= 0 || head_rows(storage, N, V, large) == head_rows(storage, N, V))
+    return large;
+  RunConfig unlimited = cfg;  // planned with the larger chunk
+  unlimited.memory_limit = 0;
+  return plan_memory(unlimited, storage).total <= cfg.memory_limit ? large : 0;
+}
+
+std::string describe_head(const RunConfig& cfg, const Storage& storage,
+                          const ModelMemoryOptions& memory) {
+  const int V = cfg.model.vocab_size;
+  const int64_t N = int64_t(cfg.micro_batch_size) * cfg.seq_len;
+  const int64_t rows = head_rows(storage, N, V, memory.head_chunk_rows);
+  const std::string logits = format_bytes(rows * V * storage.act_bytes);
+  if (rows == N) return "logits of the whole micro-batch at once (" + logits + ")";
+  std::string out = "logits " + std::to_string(rows) + " rows at a time (" + logits + ")";
+  const int64_t large = head_rows(storage, N, V, large_head_chunk_rows(V));
+  if (large > rows)  // the run took the smaller chunk: memory_limit has no room for the larger
+    out += "; " + std::to_string(large) + " would not fit memory_limit";
+  return out;
 }
 
 std::string activations_kept(const ModelConfig& model, const ModelMemoryOptions& memory) {

@@ -43,7 +43,8 @@ Storage storage_for(PrecisionChoice precision, bool cuda);
 // How the run's model holds its memory on a backend with `storage`: fused_update "auto" is on in
 // pure bf16 when a rank's step is one micro-batch; pad_ffn "auto" is on with the CUDA backend;
 // attention "cudnn" is the GPU's (the CPU computes with its reference kernels), and "auto" the
-// engine's kernels until a backend has settled it (with_attention).
+// engine's kernels until a backend has settled it (with_attention); the head's chunk is
+// planned_head_chunk_rows (which plans the run once more under a memory_limit).
 ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& storage);
 
 // How a run on `storage` asks its backend for attention.
@@ -68,6 +69,16 @@ std::string cudnn_version_name(int64_t version);
 // with their version, or the engine's; for `asked` "auto", that "auto" took them, or why not
 // cuDNN's.
 std::string describe_attention(AttentionChoice asked, const AttentionInUse& in_use);
+
+// The GPU head's chunk for a run (ModelMemoryOptions::head_chunk_rows): large_head_chunk_rows
+// (kernels/backend.h) where the run's plan with it fits memory_limit, and always without one;
+// else 0, the default 64 MiB of logits. The plan is the training model's, before an evaluation
+// model takes what it leaves. 0 on the CPU, which computes the head in one chunk.
+int64_t planned_head_chunk_rows(const RunConfig& cfg, const Storage& storage);
+// The head's chunk in words (the start-up table, `grass mem`): "logits 4096 rows at a time
+// (250.0 MiB)", and why where memory_limit left no room for the larger chunk.
+std::string describe_head(const RunConfig& cfg, const Storage& storage,
+                          const ModelMemoryOptions& memory);
 
 // How a run keeps its activations, in words (the start-up table, `grass mem`).
 std::string activations_kept(const ModelConfig& model, const ModelMemoryOptions& memory);

@@ -327,7 +327,9 @@ void Run::print_optimizer_lines() const {
 void Run::print_memory_lines() const {
   const ModelMemoryOptions& memory = state_.model->memory_options();
   if (backend_->storage().cuda)  // the CPU computes with its reference
-    std::printf("  attention     %s\n", describe_attention(cfg.attention, attention_).c_str());
+    std::printf("  attention     %s\n  head          %s\n",
+                describe_attention(cfg.attention, attention_).c_str(),
+                describe_head(cfg, backend_->storage(), memory).c_str());
   std::printf("  activations   %s; updates %s\n",
               activations_kept(cfg.model, memory).c_str(),
               memory.fused_update ? "fused into the backward (per-tensor clipping)"

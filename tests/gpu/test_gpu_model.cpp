@@ -829,6 +829,37 @@ TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][m
     }
 }
 
+TEST_CASE("model: the plan equals the GPU arena at either head chunk; a tight limit takes the "
+          "smaller", "[gpu][memory][head]") {
+  // Vocabulary 16,384: the default chunk is 2,048 rows (64 MiB), the larger 4,096; 42 x 100
+  // tokens hold more than either. Only allocated: nothing is computed.
+  const RunConfig cfg = run_config(model_config(kHd32, 16384, 0.02), 42, kSeq, "adamw", 1e-3);
+  const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, true);
+  const MemoryPlan large = plan_memory(cfg, storage);
+  CHECK(model_memory_options(cfg, storage).head_chunk_rows == 4096);
+  RunConfig tight = cfg;
+  tight.memory_limit = large.total - 1;
+  const MemoryPlan small = plan_memory(tight, storage);
+  CHECK(model_memory_options(tight, storage).head_chunk_rows == 0);
+  CHECK(large.total - small.total == (4096 - 2048) * int64_t(16384) * 2);
+  CHECK(small.total <= tight.memory_limit);
+  const RunConfig* runs[] = {&cfg, &tight};
+  for (const RunConfig* c : runs) {
+    INFO((c == &cfg ? "no memory_limit" : "memory_limit 1 byte under the larger chunk's plan"));
+    const MemoryPlan plan = plan_memory(*c, storage);
+    const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
+    backend->reserve(plan.total, plan.buffers);  // the trainer's way: one reservation
+    Arena real(false, *backend, &backend->host_tier());
+    CHECK_NOTHROW(build_training_state(*c, real, *backend));
+    for (int k = 0; k < kMemCategories; k++) {
+      INFO(mem_category_name(MemCategory(k)));
+      CHECK(plan.bytes[size_t(k)] == real.bytes(MemCategory(k)));
+    }
+    CHECK(real.total_bytes() == plan.total);
+    CHECK(plan.buffers == real.num_blocks());
+  }
+}
+
 TEST_CASE("model: a GPU training step waits for the device a fixed number of times", "[gpu][waits]") {
   // The host reads the step's norm and its losses, once each, whatever the number of tensors and
   // micro-batches: tokens go through pinned staging and the clipping coefficient stays on the
@@ -872,6 +903,62 @@ TEST_CASE("model: a GPU training step waits for the device a fixed number of tim
     run.train(0, NgramBatches{});
     CHECK(run.backend->host_waits() - before == kStepWaits);
   }
+}
+
+TEST_CASE("model: the GPU's head in chunks of either size matches the CPU and repeats its bits",
+          "[gpu][model][head]") {
+  // Chunks of 72 rows (4 and one of 12) against one chunk of all 300: the loss and every
+  // gradient within the CPU comparison's bounds (see the header), each size bit for bit the same
+  // twice. The chunk changes the order lm_head's gradient is summed in (chunk by chunk, fp32):
+  // its bits differ between the sizes, which shows the chunk taken is the one asked for. (72 is
+  // not a multiple of the GEMMs' K tiles, 16 to 64 on the emulator: chunks of 64 rows would sum
+  // in the one chunk's order.)
+  const RunConfig cfg = run_config(model_config(kHd64Odd, kVocab, 0.04), kBatch, kSeq, "adamw", 1e-3);
+  const Batch batch = random_batch(int64_t(kBatch) * kSeq, kVocab, 29);
+  Run cpu(cfg, "bf16-mixed", false);
+  const double cpu_loss = cpu.gradients(0, batch.inputs, batch.targets);
+  const ParameterSet& tensors = cpu.model().tensors();
+  struct Result {
+    double loss = 0;
+    std::vector<std::vector<float>> grads;
+  };
+  const auto gpu_run = [&](int64_t chunk_rows) {
+    const Storage storage = storage_for(PrecisionChoice::Bf16Mixed, true);
+    ModelMemoryOptions memory = model_memory_options(cfg, storage);
+    memory.head_chunk_rows = chunk_rows;
+    const std::unique_ptr<Backend> backend = make_cuda_backend(storage);
+    Arena arena(false, *backend, &backend->host_tier());
+    LlamaModel model(cfg.model, arena, kBatch, kSeq, {}, *backend, memory);
+    model.init_weights(cfg.seed);
+    model.zero_grads();
+    Result r;
+    r.loss = model.forward(batch.inputs.data(), batch.targets.data(), kBatch);
+    model.backward(1.0);
+    for (const ParamTensor& t : model.tensors()) {
+      r.grads.emplace_back(size_t(t.numel));
+      backend->read_grads(r.grads.back().data(), model.grads_buffer(), t.grad_offset, t.numel);
+    }
+    return r;
+  };
+  std::vector<Result> by_size;
+  for (const int64_t chunk_rows : {int64_t(72), kBatch * int64_t(kSeq)}) {
+    INFO("chunks of " << chunk_rows << " rows");
+    const Result a = gpu_run(chunk_rows), b = gpu_run(chunk_rows);
+    REQUIRE(std::isfinite(a.loss));
+    CHECK(rel_diff(a.loss, cpu_loss) <= 1e-2);
+    CHECK(std::memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
+    for (size_t i = 0; i < tensors.size(); i++) {
+      INFO(tensors[i].name);
+      const std::vector<float> want = cpu.grad(tensors[i]);
+      CHECK(l2_norm(a.grads[i]) > 0);
+      CHECK(rel_error(a.grads[i], want) <= 3e-2);
+      CHECK(same_bits(a.grads[i], b.grads[i]));
+    }
+    by_size.push_back(a);
+  }
+  const size_t lm_head = tensors.size() - 1;
+  REQUIRE(tensors[lm_head].name == "lm_head.weight");
+  CHECK_FALSE(same_bits(by_size[0].grads[lm_head], by_size[1].grads[lm_head]));
 }
 
 TEST_CASE("model: the GPU's one-pass head gives the two calls' bits", "[gpu]") {
