@@ -359,6 +359,20 @@ TEST_CASE("a checkpoint records the attention kernels, and a resume on others wa
   unrecorded["attention"] = {{"kernel", 7}};
   CHECK(attention_resume_warning(made, unrecorded, cudnn1).empty());
 
+  // The head's chunk: the CPU's head takes the micro-batch's rows at once; a GPU's chunk
+  // (memory_limit may choose it) sums lm_head's gradient in its own order
+  const int64_t rows = cfg.micro_batch_size * int64_t(cfg.seq_len);
+  CHECK(state["head_rows"] == rows);
+  CHECK(head_rows_resume_warning(made, state, rows).empty());
+  CHECK(head_rows_resume_warning(made, state, rows + 1) ==
+        "resuming with the head's logits " + std::to_string(rows + 1) + " rows at a time, but "
+        "checkpoint " + made.dir() + " was made with " + std::to_string(rows) +
+        " (memory_limit chooses it on a GPU): lm_head's gradient sums in another order, so the "
+        "run will not match an uninterrupted one");
+  json no_record = state;
+  no_record.erase("head_rows");
+  CHECK(head_rows_resume_warning(made, no_record, rows + 1).empty());
+
   // A resume from a checkpoint made on cuDNN's kernels onto the engine's warns and trains on
   const std::string root = dir.file("from_cudnn/checkpoints");
   {

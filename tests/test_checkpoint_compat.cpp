@@ -175,13 +175,16 @@ TEST_CASE("a checkpoint of the engine before the step redesign resumes to its st
     CHECK(std::abs(losses[i] - want) <= kLossTolerance * want);
   }
   const std::string step4 = dir.file("out/checkpoints/step_00000004");
-  // the same state.json, but for the keys checkpoints have had since: the moments' format and
-  // the attention kernels (the CPU's reference: the engine's)
+  // the same state.json, but for the keys checkpoints have had since: the moments' format, the
+  // attention kernels (the CPU's reference: the engine's) and the head's chunk (the CPU's: all
+  // of a micro-batch's rows)
   json state = test::read_json(step4 + "/state.json");
   CHECK(state.value("optimizer_states", "") == "fp32");
   state.erase("optimizer_states");
   CHECK(state["attention"] == json{{"kernel", "grass"}});
   state.erase("attention");
+  CHECK(state["head_rows"].is_number_integer());
+  state.erase("head_rows");
   CHECK(state == test::read_json(kFixture + "/step_00000004/state.json"));
   const Distance d = distance_to_reference(step4);
   CHECK(d.state <= 1.0);

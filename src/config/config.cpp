@@ -645,7 +645,9 @@ bool changes_results(const std::string& key) {
       "eval_batch_size",
       "checkpoint_every", "checkpoint_keep", "checkpoint_keep_every", "init_from",
       "pad_ffn",          "attention"};
-  // offload and the memory caps move bytes between places, never a number computed
+  // offload and the memory caps move bytes between places, never a number computed, but for
+  // the GPU head's chunk, which memory_limit may choose: state.json records it and a resume on
+  // another warns (train/checkpointing.h, head_rows_resume_warning), as for "attention"
   return !(free.count(key) || key == "data.val" || key.starts_with("data.val[") ||
            key == "offload" || key.starts_with("offload.") || key == "memory_limit" ||
            key == "host_memory_limit");

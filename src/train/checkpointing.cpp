@@ -86,7 +86,7 @@ class CheckpointStateReader final : public StateReader {
 
 // state.json's keys that are not an optimizer's
 const std::set<std::string> kRunStateKeys = {"step", "loader", "tokens_seen", "metrics_rows", "rng",
-                                             "optimizer_states", "attention",
+                                             "optimizer_states", "attention", "head_rows",
                                              "ranks", "loader_ranks"};
 
 // The attention kernels the model computes with, and cuDNN's version with cuDNN's.
@@ -145,6 +145,7 @@ std::string save_checkpoint(const RunConfig& cfg, const Arena& arena, const Trai
               {"metrics_rows", metrics_rows},
               {"optimizer_states", state_format(cfg.optimizer, model.storage())},
               {"attention", attention_json(attention_of(model))},
+              {"head_rows", head_rows_of(model)},
               {"rng", "none: every random draw is a pure function of (seed, step or epoch, index); "
                       "the seeds are in config.json"}};
     if (rank_positions.size() > 1) {
@@ -341,6 +342,23 @@ std::string attention_resume_warning(const Checkpoint& checkpoint, const nlohman
          ": the two compute other bits, so the run will not match an uninterrupted one";
 }
 
+int64_t head_rows_of(const LlamaModel& model) {
+  return head_rows(model.storage(), int64_t(model.max_batch()) * model.seq_len(),
+                   model.config().vocab_size, model.memory_options().head_chunk_rows);
+}
+
+std::string head_rows_resume_warning(const Checkpoint& checkpoint, const nlohmann::json& state,
+                                     int64_t now) {
+  if (!state.is_object() || !state.contains("head_rows") ||
+      !state["head_rows"].is_number_integer() || state["head_rows"].get<int64_t>() == now)
+    return "";
+  return "resuming with the head's logits " + std::to_string(now) + " rows at a time, but " +
+         "checkpoint " + checkpoint.dir() + " was made with " +
+         std::to_string(state["head_rows"].get<int64_t>()) +
+         " (memory_limit chooses it on a GPU): lm_head's gradient sums in another order, so the "
+         "run will not match an uninterrupted one";
+}
+
 VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg,
                                      const Arena& arena, const TrainingState& state,
                                      const TokenLoader& loader) {
@@ -362,6 +380,10 @@ VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConf
   warn_config_changes(checkpoint, cfg);
   if (const std::string warning =
           attention_resume_warning(checkpoint, v.state, attention_of(*state.model));
+      !warning.empty())
+    std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  if (const std::string warning =
+          head_rows_resume_warning(checkpoint, v.state, head_rows_of(*state.model));
       !warning.empty())
     std::fprintf(stderr, "warning: %s\n", warning.c_str());
   return v;

@@ -62,6 +62,13 @@ struct VerifiedCheckpoint {
 // when they are the same or unknown. A warning, not a refusal: the weights and states fit either.
 std::string attention_resume_warning(const Checkpoint& checkpoint, const nlohmann::json& state,
                                      const AttentionInUse& now);
+// The same for the head's chunk (state.json's "head_rows": the rows of logits a GPU head computes
+// at a time, which its memory_limit may choose, ModelMemoryOptions::head_chunk_rows): another
+// chunk sums lm_head's gradient in another order. "" when the same or unrecorded.
+std::string head_rows_resume_warning(const Checkpoint& checkpoint, const nlohmann::json& state,
+                                     int64_t now);
+// The rows of logits the model's head computes at a time, as head_rows() gives them.
+int64_t head_rows_of(const LlamaModel& model);
 VerifiedCheckpoint verify_checkpoint(const Checkpoint& checkpoint, const RunConfig& cfg,
                                      const Arena& arena, const TrainingState& state,
                                      const TokenLoader& loader);
