@@ -2,6 +2,7 @@
 // the trainer's steps on the CPU backend, and every weights and optimizer buffer afterwards), and
 // the plan checked against a real arena.
 #pragma once
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "src/train/memory_plan.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
+#include "tests/named_choice.h"
 #include "tests/ngram_batches.h"
 
 namespace grass::test {
@@ -26,6 +28,44 @@ struct LazyCopies {
   }
   ~LazyCopies() { unsetenv("GRASS_LAZY_COPIES"); }
 };
+
+// A two-layer model on the n-gram data (tests/ngram_batches.h) trained by `optimizer` in
+// `precision`: one micro-batch of 2 x 16 tokens a step with fused updates, else two; GRASS,
+// GaLore and FLORA refresh every 2 steps, and clipping clips (its coefficient's order matters).
+inline RunConfig offload_run(const std::string& optimizer, const std::string& precision, bool fused) {
+  RunConfig c;
+  c.model.hidden_size = 32;
+  c.model.intermediate_size = 40;
+  c.model.num_attention_heads = 4;
+  c.model.num_key_value_heads = 2;
+  c.model.num_hidden_layers = 2;
+  c.model.vocab_size = NgramBatches::V;
+  c.model.max_position_embeddings = 64;
+  c.micro_batch_size = 2;
+  c.total_batch_size = fused ? 2 : 4;  // deferred: two micro-batches a step
+  c.seq_len = 16;
+  c.precision = named<PrecisionChoice>(precision);
+  c.fused_update = fused ? Switch::On : Switch::Off;
+  c.optimizer.kind = named<OptimizerKind>(optimizer);
+  c.optimizer.lr = 1e-2;
+  c.optimizer.weight_decay = 0.1;
+  c.optimizer.projection.rank = 4;
+  c.optimizer.projection.update_interval = 2;  // refreshes (FLORA: resamplings) inside 5 steps
+  c.optimizer.projection.seed = 11;
+  c.grad_clip = 0.05;
+  return c;
+}
+
+// The trainer's step `step` on the n-gram data, its micro-batches batch, batch + 1, ...
+inline StepOutcome ngram_step(TrainingState& s, const RunConfig& cfg, int64_t step,
+                              const NgramBatches& data, int64_t& batch) {
+  return train_step(s, cfg, step, cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
+    std::vector<int32_t> inputs, targets;
+    data.batch(batch++, cfg.micro_batch_size, cfg.seq_len, inputs, targets);
+    std::copy(inputs.begin(), inputs.end(), in);
+    std::copy(targets.begin(), targets.end(), tg);
+  });
+}
 
 struct Trained {
   std::vector<double> losses;
@@ -46,12 +86,7 @@ inline Trained train(const RunConfig& cfg, int steps) {
   const StateSlots* slots = s.step->state_slots();
   for (int64_t step = 0; step < steps; step++) {
     const int64_t before = slots ? slots->unprefetched_holds() : 0;
-    out.losses.push_back(train_step(s, cfg, step, cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
-                           std::vector<int32_t> inputs, targets;
-                           data.batch(batch++, cfg.micro_batch_size, cfg.seq_len, inputs, targets);
-                           std::copy(inputs.begin(), inputs.end(), in);
-                           std::copy(targets.begin(), targets.end(), tg);
-                         }).loss);
+    out.losses.push_back(ngram_step(s, cfg, step, data, batch).loss);
     if (slots) out.unprefetched.push_back(slots->unprefetched_holds() - before);
   }
   backend->synchronize();  // the last write-backs

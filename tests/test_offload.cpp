@@ -33,33 +33,7 @@ using test::Trained;
 using test::check_plan_is_arena;
 using test::train;
 
-namespace {
-
-RunConfig offload_run(const std::string& optimizer, const std::string& precision, bool fused) {
-  RunConfig c;
-  c.model.hidden_size = 32;
-  c.model.intermediate_size = 40;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
-  c.model.num_hidden_layers = 2;
-  c.model.vocab_size = test::NgramBatches::V;
-  c.model.max_position_embeddings = 64;
-  c.micro_batch_size = 2;
-  c.total_batch_size = fused ? 2 : 4;  // deferred: two micro-batches a step
-  c.seq_len = 16;
-  c.precision = test::named<PrecisionChoice>(precision);
-  c.fused_update = fused ? Switch::On : Switch::Off;
-  c.optimizer.kind = test::named<OptimizerKind>(optimizer);
-  c.optimizer.lr = 1e-2;
-  c.optimizer.weight_decay = 0.1;
-  c.optimizer.projection.rank = 4;
-  c.optimizer.projection.update_interval = 2;  // refreshes (FLORA: resamplings) inside 5 steps
-  c.optimizer.projection.seed = 11;
-  c.grad_clip = 0.05;  // clips: the coefficient's order matters too
-  return c;
-}
-
-}  // namespace
+using test::offload_run;
 
 TEST_CASE("copy queues: each way its own, ordered across only by order_copy_after", "[offload]") {
   // A slot's write-back (to the host), the fetch of the bytes it wrote (to the device), and a

@@ -30,27 +30,10 @@ using test::LazyCopies;
 
 namespace {
 
+// offload_run's model with 4 layers, fused updates.
 RunConfig stream_run(const std::string& optimizer, const std::string& precision) {
-  RunConfig c;
-  c.model.hidden_size = 32;
-  c.model.intermediate_size = 40;
-  c.model.num_attention_heads = 4;
-  c.model.num_key_value_heads = 2;
+  RunConfig c = test::offload_run(optimizer, precision, true);
   c.model.num_hidden_layers = 4;
-  c.model.vocab_size = test::NgramBatches::V;
-  c.model.max_position_embeddings = 64;
-  c.micro_batch_size = 2;
-  c.total_batch_size = 2;
-  c.seq_len = 16;
-  c.precision = test::named<PrecisionChoice>(precision);
-  c.fused_update = Switch::On;
-  c.optimizer.kind = test::named<OptimizerKind>(optimizer);
-  c.optimizer.lr = 1e-2;
-  c.optimizer.weight_decay = 0.1;
-  c.optimizer.projection.rank = 4;
-  c.optimizer.projection.update_interval = 2;  // refreshes (FLORA: resamplings) inside 5 steps
-  c.optimizer.projection.seed = 11;
-  c.grad_clip = 0.05;
   return c;
 }
 
@@ -77,12 +60,7 @@ StreamTrained train_streamed(const RunConfig& cfg, int steps) {
     const int64_t before = stream ? stream->unprefetched() : 0;
     const int64_t fetched = stream ? stream->fetched_bytes() : 0;
     const int64_t written = stream ? stream->written_back_bytes() : 0;
-    out.losses.push_back(train_step(s, cfg, step, cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
-                           std::vector<int32_t> inputs, targets;
-                           data.batch(batch++, cfg.micro_batch_size, cfg.seq_len, inputs, targets);
-                           std::copy(inputs.begin(), inputs.end(), in);
-                           std::copy(targets.begin(), targets.end(), tg);
-                         }).loss);
+    out.losses.push_back(test::ngram_step(s, cfg, step, data, batch).loss);
     if (!stream) continue;
     out.unprefetched.push_back(stream->unprefetched() - before);
     out.fetched.push_back(stream->fetched_bytes() - fetched);
@@ -331,12 +309,8 @@ TEST_CASE("streamed layers: export and checkpoint bytes, and a resume, as the re
   streamed.model->init_weights(5);
   const test::NgramBatches data;
   auto step = [&](TrainingState& s, int64_t n) {
-    train_step(s, cfg, n, cfg.optimizer.lr, [&](int32_t* in, int32_t* tg) {
-      std::vector<int32_t> inputs, targets;
-      data.batch(n, cfg.micro_batch_size, cfg.seq_len, inputs, targets);
-      std::copy(inputs.begin(), inputs.end(), in);
-      std::copy(targets.begin(), targets.end(), tg);
-    });
+    int64_t batch = n;
+    test::ngram_step(s, cfg, n, data, batch);
   };
   for (int64_t n = 0; n < 3; n++) {
     step(resident, n);

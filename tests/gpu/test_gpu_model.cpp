@@ -829,7 +829,7 @@ TEST_CASE("model: the memory plan equals what the GPU arena allocates", "[gpu][m
     }
 }
 
-TEST_CASE("model: the plan equals the GPU arena at either head chunk; a tight limit takes the "
+TEST_CASE("model: the plan equals the GPU arena at either head chunk, and a tight limit takes the "
           "smaller", "[gpu][memory][head]") {
   // Vocabulary 16,384: the default chunk is 2,048 rows (64 MiB), the larger 4,096; 42 x 100
   // tokens hold more than either. Only allocated: nothing is computed.
