@@ -222,22 +222,24 @@ void LayerStream::host_written(const ParamTensor& t) {
   span_of(t).base = Base::Whole;
 }
 
-void* LayerStream::staging(const ParamTensor& t) {
+LayerStream::Slot& LayerStream::host_transfer_slot(const ParamTensor& t) {
   GRASS_CHECK(held_ < 0, "a host transfer of " + t.name + " while a streamed layer is held");
   backend_.synchronize();  // no copy still reads or writes the slot, or the host blocks
   host_pending_ = false;
-  // the slot holding t's layer (its copy is stale afterwards), else the first
   const int found = slot_of(t.layer);
   Slot& s = slots_[size_t(found >= 0 ? found : 0)];
   s.layer = -1;
+  return s;
+}
+
+void* LayerStream::staging(const ParamTensor& t) {
+  const Slot& s = host_transfer_slot(t);
   return s.base ? s.base + t.place_offset * weight_bytes_ : nullptr;
 }
 
 void* LayerStream::stage(const ParamTensor& t) {
-  char* at = static_cast<char*>(staging(t));
-  if (!at) return nullptr;  // a planning arena's
-  Slot& s = *std::find_if(slots_.begin(), slots_.end(),
-                          [&](const Slot& slot) { return at >= slot.base && at < slot.base + block_bytes_; });
+  Slot& s = host_transfer_slot(t);
+  if (!s.base) return nullptr;  // a planning arena's
   const Span& span = span_of(t);
   const int64_t fetched = fetched_;  // not a pass's fetch: the per-step count leaves it out
   fetch_span(s, position(t.layer), span);
@@ -245,7 +247,7 @@ void* LayerStream::stage(const ParamTensor& t) {
   backend_.synchronize();
   if (s.unpack) unpack(s, span);
   s.unpack = false;
-  return at;
+  return s.base + t.place_offset * weight_bytes_;
 }
 
 int64_t LayerStream::fetch_bytes_per_step() const {

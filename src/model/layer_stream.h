@@ -153,6 +153,9 @@ class LayerStream {
   // it has them), and the unpack's arguments.
   void fetch_span(Slot& s, int p, const Span& span);
   void unpack(const Slot& s, const Span& span);
+  // A slot for the host's transfer of tensor t, once every queued copy has landed: the one
+  // holding t's layer (its copy is stale afterwards), else the first; its occupant is forgotten.
+  Slot& host_transfer_slot(const ParamTensor& t);
 
   Backend& backend_;
   int weight_bytes_;
