@@ -397,16 +397,22 @@ TEST_CASE("grass mem plans attention auto with cuDNN's workspace, the larger of 
   // plan_memory itself plans the kernels a run's backend has settled on: "auto" unsettled is the
   // engine's (a model built on a backend that tried nothing)
   CHECK(plan_memory(cfg, storage).total == engine.total);
-  // offload "auto" under a limit chooses on the plan with cuDNN's workspace, and leaves the
-  // choice as given
+  // offload "auto" under a limit chooses on the plan with cuDNN's workspace (and what a card
+  // holds beyond it), and leaves the choice as given
   RunConfig limited = cfg;
   limited.offload.automatic = true;
-  limited.memory_limit = cudnn.total;
+  limited.memory_limit = cudnn.total + beyond_plan_bytes(storage);
   const OffloadChoice choice = choose_offload(limited, storage);
   CHECK(choice.cfg.attention == AttentionChoice::Auto);
   CHECK_THAT(choice.why, Contains("nothing moves off the device: the run fits memory_limit " +
-                                  format_bytes(cudnn.total) + " as it is (" +
+                                  format_bytes(limited.memory_limit) + " (" +
+                                  format_bytes(cudnn.total) + " for the plan, " +
+                                  format_bytes(beyond_plan_bytes(storage)) +
+                                  " for what a card holds beside it) as it is (" +
                                   format_bytes(cudnn.total) + ")"));
+  limited.memory_limit = beyond_plan_bytes(storage) / 2;  // under what any run needs: said so
+  CHECK_THAT(choose_offload(limited, storage).why,
+             Contains("a card holds beyond any plan: no placement fits"));
   // where auto may not take cuDNN's (an evaluation batch above the micro-batch), the engine's
   RunConfig wide = cfg;
   wide.val_files = {"val.bin"};
@@ -500,14 +506,21 @@ TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under
   CHECK(v.largest_micro_batch == 0);
   CHECK(v.line.starts_with("does not fit memory_limit 24.00 GiB: LLaMA 13.016B, grass r=256, pure "
                            "bf16, 1 x 256 tokens, checkpointed per layer needs 29.67 GiB"));
-  CHECK_THAT(v.line, Contains("the bf16 weights alone take 24.24 GiB: no placement trains this "
-                              "model under 24.00 GiB with every weight on the device: stream "
-                              "some layers' (offload.layers)"));
+  // streamed layers fit it: offload "auto" says with how many
+  CHECK_THAT(v.line, Contains("offload \"auto\" fits it with optimizer states in the host tier, "
+                              "7 layers' weights streamed from the host tier: "));
   CHECK(v.details.starts_with("  29.67 GiB = 28.41 GiB planned + 1.01 GiB the CUDA context and "
                               "libraries take outside the plan (measured on an H200) + 256.0 MiB"));
+  // two micro-batches a step: no layer streams (each is updated in the backward that brought
+  // it), so the weights are the floor
+  RunConfig accumulating = run_13b({"memory_limit=24GiB", "total_batch_size=2"});
+  CHECK_THAT(memory_verdict(accumulating, storage).line,
+             Contains("the bf16 weights alone take 24.24 GiB: no placement trains this model under "
+                      "24.00 GiB with every weight on the device: stream some layers' "
+                      "(offload.layers, with one micro-batch a step"));
   // over the weights but under them with what a card holds beyond the plan: both named
-  cfg.memory_limit = 25 * GiB;
-  CHECK_THAT(memory_verdict(cfg, storage).line,
+  accumulating.memory_limit = 25 * GiB;
+  CHECK_THAT(memory_verdict(accumulating, storage).line,
              Contains("the bf16 weights take 24.24 GiB and a card holds 1.26 GiB beyond the plan: "
                       "no placement trains this model under 25.00 GiB with every weight on the "
                       "device"));

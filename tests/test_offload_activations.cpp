@@ -146,12 +146,20 @@ TEST_CASE("offloaded layer inputs: plan = arena, the ring on the device, the res
           // states: both ways at once, or in turn; the inputs' two trips are in different passes
           const double fixed_s = (queues == 1 ? 2 : 1) * states_s;
           CHECK(b["copy_s"].get<double>() == Approx(2 * inputs_s + fixed_s).epsilon(1e-12));
-          // the smallest step whose compute covers its copies, the inputs' growing with it
+          CHECK(b["forward"]["copy_s"].get<double>() == Approx(inputs_s).epsilon(1e-12));
+          CHECK(b["backward"]["copy_s"].get<double>() ==
+                Approx(inputs_s + fixed_s).epsilon(1e-12));
+          // the smallest step whose backward covers its copies, the inputs' growing with it (the
+          // forward's, inputs alone, grow no faster than its compute at this rate)
           const double tokens = double(cfg.micro_batches_per_rank()) * cfg.micro_batch_size *
                                 cfg.seq_len;
-          const double spare = (b["compute_s"].get<double>() - 2 * inputs_s) / tokens;
+          const double backward_s = b["backward"]["compute_s"].get<double>();
+          REQUIRE(b["forward"]["compute_s"].get<double>() > inputs_s);
+          const double spare = (backward_s - inputs_s) / tokens;
           REQUIRE(spare > 0);
           CHECK(b["hiding_tokens"].get<int64_t>() == int64_t(std::ceil(fixed_s / spare - 1e-9)));
+          CHECK(b["step_s"].get<double>() ==
+                Approx(b["forward"]["compute_s"].get<double>() + backward_s).epsilon(1e-12));
         }
         const int64_t host_inputs =
             plan.host_bytes[size_t(act)] - states_only.host_bytes[size_t(act)];
@@ -229,7 +237,7 @@ TEST_CASE("offload auto picks the placement that fits with the least traffic", "
   const bool states_cheaper = states.h2d_bytes_per_step < inputs.h2d_bytes_per_step;
   CHECK(c.cfg.offload.optimizer_states == states_cheaper);
   CHECK((c.cfg.offload.activations == ActivationOffload::Host) == !states_cheaper);
-  CHECK_THAT(c.why, Catch::StartsWith("offload auto: ") && Catch::Contains("least traffic"));
+  CHECK_THAT(c.why, Catch::StartsWith("offload auto: ") && Catch::Contains("fastest placement"));
   // only both together fit
   cfg.memory_limit = both.total;
   c = choose_offload(cfg, storage);
@@ -243,11 +251,120 @@ TEST_CASE("offload auto picks the placement that fits with the least traffic", "
   CHECK(c.cfg.offload.optimizer_states);
   CHECK(c.cfg.offload.activations == ActivationOffload::Disk);
   CHECK(plan_memory(c.cfg, storage).host_total <= cfg.host_memory_limit);
-  // nothing fits: the least on the device, said so
+  // nothing fits: the least on the device, said so: states and inputs in the host tier, every
+  // layer streamed
   cfg.memory_limit = 1;
   c = choose_offload(cfg, storage);
   CHECK_THAT(c.why, Catch::Contains("no placement fits"));
-  CHECK(plan_memory(c.cfg, storage).total == both.total);
+  RunConfig least = cfg;
+  least.offload = {.optimizer_states = true, .activations = ActivationOffload::Host,
+                   .layers = kLayers};
+  CHECK(c.cfg.offload == least.offload);
+  CHECK(plan_memory(c.cfg, storage).total == plan_memory(least, storage).total);
+  // and with two micro-batches a step no layer streams (each is updated in the backward that
+  // brought it): the least is both moves, with why
+  cfg.total_batch_size = 2 * cfg.micro_batch_size;
+  cfg.fused_update = Switch::Auto;
+  c = choose_offload(cfg, storage);
+  CHECK(c.cfg.offload.layers == 0);
+  CHECK(plan_memory(c.cfg, storage).total ==
+        plan_of(true, ActivationOffload::Host).total);  // plan_of takes cfg as it is now
+  CHECK_THAT(c.why, Catch::Contains("(no layer streams: that needs one micro-batch a step"));
+}
+
+TEST_CASE("offload auto streams the fewest layers that fit and so does offload.layers auto "
+          "beside the placement given", "[offload][memory][stream]") {
+  RunConfig cfg = layer_run("grass", "bf16", true);
+  cfg.model.num_hidden_layers = 8;  // past the three slots, each streamed layer frees one
+  const Storage storage = storage_for(cfg.precision, false);
+  const auto plan_with = [&](const OffloadConfig& o) {
+    RunConfig c = cfg;
+    c.offload = o;
+    return plan_memory(c, storage);
+  };
+  const OffloadConfig both{.optimizer_states = true, .activations = ActivationOffload::Host};
+  // the device total with k layers streamed beside both moves: it falls past the slots
+  std::vector<int64_t> total;
+  for (int k = 0; k <= 8; k++) {
+    OffloadConfig o = both;
+    o.layers = k;
+    total.push_back(plan_with(o).total);
+  }
+  for (int k = 4; k <= 8; k++) CHECK(total[size_t(k)] < total[size_t(k - 1)]);
+  for (int k = 1; k <= 3; k++) CHECK(total[size_t(k)] >= total[0]);  // the slots cost a layer each
+  {  // the step-time bound pass by pass: half the layer fetches in each, the write-backs in the
+     // backward beside the states, the inputs out in the forward and back in the backward
+    RunConfig c = cfg;
+    c.offload = both;
+    c.offload.layers = 6;
+    const MemoryPlan p = plan_memory(c, storage);
+    REQUIRE(p.layer_fetch_bytes_per_step > 0);
+    REQUIRE(p.layer_write_back_bytes_per_step > 0);
+    const double bw = 25e9;
+    const double fetch = double(p.layer_fetch_bytes_per_step) / bw;
+    const double back = double(p.layer_write_back_bytes_per_step) / bw;
+    const double inputs = double(p.activation_bytes_per_step) / bw;
+    const double states = double(p.h2d_bytes_per_step - p.activation_bytes_per_step -
+                                 p.layer_fetch_bytes_per_step) / bw;
+    CHECK(p.d2h_bytes_per_step - p.activation_bytes_per_step - p.layer_write_back_bytes_per_step ==
+          p.h2d_bytes_per_step - p.activation_bytes_per_step - p.layer_fetch_bytes_per_step);
+    for (const int queues : {1, 2}) {
+      INFO(queues << " copy queues");
+      const nlohmann::json b = nlohmann::json::parse(memory_plan_json(
+          c, storage, LinkModel{.copy_queues = queues, .tflops = 1e-3}))["step_bound"];
+      const double forward = queues == 2 ? std::max(fetch / 2, inputs) : fetch / 2 + inputs;
+      const double backward = queues == 2 ? std::max(fetch / 2 + inputs + states, states + back)
+                                          : fetch / 2 + inputs + 2 * states + back;
+      CHECK(b["forward"]["copy_s"].get<double>() == Approx(forward).epsilon(1e-12));
+      CHECK(b["backward"]["copy_s"].get<double>() == Approx(backward).epsilon(1e-12));
+      // the forward computes a third of the model's FLOPs; the backward the rest and, under
+      // layer checkpointing, every layer's forward again
+      const double f = b["forward"]["compute_s"].get<double>();
+      CHECK(f == Approx(p.forward_flops_per_token * 2 * 16 / 1e9).epsilon(1e-12));
+      CHECK(b["backward"]["compute_s"].get<double>() ==
+            Approx((p.flops_per_token + p.recompute_flops_per_token) * 2 * 16 / 1e9 - f)
+                .epsilon(1e-12));
+    }
+  }
+  cfg.offload.automatic = true;
+  for (int k = 4; k <= 8; k++) {
+    INFO(k << " layers streamed");
+    // the limit that k layers meet and k - 1 do not: auto streams k, beside both moves (every
+    // other placement keeps more on the device)
+    cfg.memory_limit = total[size_t(k)];
+    const OffloadChoice c = choose_offload(cfg, storage);
+    CHECK(c.cfg.offload.layers == k);
+    CHECK(c.cfg.offload.optimizer_states);
+    CHECK(c.cfg.offload.activations == ActivationOffload::Host);
+    CHECK_FALSE(c.cfg.offload.automatic);
+    CHECK_THAT(c.why, Catch::Contains(std::to_string(k) + " layers' weights streamed"));
+    CHECK(plan_memory(c.cfg, storage).total <= cfg.memory_limit);
+  }
+  // offload.layers "auto": the placement given (states only), the fewest layers beside it
+  cfg.offload = {.optimizer_states = true, .layers_auto = true};
+  std::vector<int64_t> states_only;
+  for (int k = 0; k <= 8; k++)
+    states_only.push_back(plan_with({.optimizer_states = true, .layers = k}).total);
+  cfg.memory_limit = states_only[6];
+  OffloadChoice c = choose_offload(cfg, storage);
+  CHECK(c.cfg.offload == OffloadConfig{.optimizer_states = true, .layers = 6});
+  CHECK_THAT(c.why, Catch::StartsWith("offload.layers auto: optimizer states in the host tier, 6 "
+                                      "layers' weights streamed"));
+  // a limit the placement meets without streaming: none streams
+  cfg.memory_limit = states_only[0];
+  CHECK(choose_offload(cfg, storage).cfg.offload ==
+        OffloadConfig{.optimizer_states = true, .layers = 0});
+  // no limit: nothing to choose against, none streams, said so
+  cfg.memory_limit = 0;
+  c = choose_offload(cfg, storage);
+  CHECK(c.cfg.offload.layers == 0);
+  CHECK_THAT(c.why, Catch::StartsWith("offload.layers auto: no memory_limit"));
+  // host_memory_limit below the host tier k layers need: more cannot stream, and the least on
+  // the device is named
+  cfg.memory_limit = states_only[7];
+  cfg.host_memory_limit = plan_with({.optimizer_states = true, .layers = 6}).host_total;
+  c = choose_offload(cfg, storage);
+  CHECK_THAT(c.why, Catch::Contains("no placement fits"));
 }
 
 TEST_CASE("offload auto weighs the copies by the copy queues the device has", "[offload][memory]") {

@@ -397,4 +397,19 @@ TEST_CASE("offload.layers: one line for a run it cannot serve", "[stream][config
   const ResolvedRun cpu = resolve(cfg, false);
   CHECK(cpu.memory.fused_update);
   CHECK(cpu.memory.streamed_layers == std::vector<int>{1, 3});
+  // "auto": the planner chooses (memory_plan.h); the same refusals, and the key names what else
+  // it takes
+  CHECK_THAT(error_of(run(R"("offload": {"layers": "some"})")),
+             Catch::Contains("offload.layers") && Catch::Contains("or \"auto\", got string \"some\""));
+  CHECK_THAT(error_of(run(R"("micro_batch_size": 2, "total_batch_size": 4, "offload": {"layers": "auto"})")),
+             Catch::Contains("offload.layers") && Catch::Contains("accumulates 2"));
+  cfg = parse_run_config(nlohmann::json::parse(run(R"("offload": {"layers": "auto"})")), "run.json");
+  CHECK(cfg.offload.layers_auto);
+  CHECK(cfg.offload.layers == 0);
+  CHECK_THROWS_WITH(resolve(cfg, true), Catch::Contains("offload.layers") &&
+                                            Catch::Contains("precision \"bf16\""));
+  // written back as given: a run's config.json reads again to the same run
+  const nlohmann::json written = to_json(cfg);
+  CHECK(written["offload"]["layers"] == "auto");
+  CHECK(parse_run_config(written, "again.json").offload == cfg.offload);
 }

@@ -114,8 +114,8 @@ int cmd_mem(const Args& args) {
   link.disk_gbps = disk_gbps.value_or(link.disk_gbps);
   link.copy_queues = copy_queues;
   link.tflops = tflops.value_or(default_tflops(storage));
-  std::string why;  // offload "auto": the placement chosen, and why
-  if (cfg.offload.automatic) {
+  std::string why;  // offload "auto" or offload.layers "auto": the placement chosen, and why
+  if (cfg.offload.automatic || cfg.offload.layers_auto) {
     OffloadChoice choice = choose_offload(cfg, storage, link);
     cfg = std::move(choice.cfg);
     why = std::move(choice.why);

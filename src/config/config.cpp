@@ -525,9 +525,17 @@ void read_offload(const ObjectReader& o, RunConfig& c) {
                              name_of(c.activation_checkpointing) + "\"");
   c.offload.disk_dir = o.string("disk_dir").value_or("");
   if (o.find("disk_dir") && c.offload.disk_dir.empty()) o.at("disk_dir").fail("must not be empty");
-  c.offload.layers = int(o.integer("layers", 0, c.model.num_hidden_layers).value_or(0));
+  if (const json* layers = o.find("layers"); layers && layers->is_string()) {
+    if (layers->get<std::string>() != "auto")
+      o.at("layers").fail("expected an integer from 0 to " +
+                          std::to_string(c.model.num_hidden_layers) + " or \"auto\", got " +
+                          describe(*layers));
+    c.offload.layers_auto = true;
+  } else {
+    c.offload.layers = int(o.integer("layers", 0, c.model.num_hidden_layers).value_or(0));
+  }
   c.offload.layer_slots = int(o.integer("layer_slots", 2, 8).value_or(c.offload.layer_slots));
-  if (c.offload.layers == 0) return;
+  if (c.offload.layers == 0 && !c.offload.layers_auto) return;
   // each streamed layer is updated while it is on the device, by the backward that brought it
   if (c.fused_update == Switch::Off)
     o.at("layers").fail("streams layers through the device and updates each while it is there: "
@@ -854,12 +862,12 @@ json to_json(const RunConfig& c) {
   if (c.host_memory_limit > 0) run["host_memory_limit"] = format_memory_size(c.host_memory_limit);
   if (c.offload.automatic) {
     run["offload"] = "auto";
-  } else if (c.offload.any()) {
+  } else if (c.offload.any() || c.offload.layers_auto) {
     run["offload"] = {{"optimizer_states", c.offload.optimizer_states},
                       {"piece_bytes", format_memory_size(c.offload.piece_bytes)},
                       {"activations", name_of(c.offload.activations)}};
-    if (c.offload.layers > 0) {
-      run["offload"]["layers"] = c.offload.layers;
+    if (c.offload.layers > 0 || c.offload.layers_auto) {
+      run["offload"]["layers"] = c.offload.layers_auto ? json("auto") : json(c.offload.layers);
       run["offload"]["layer_slots"] = c.offload.layer_slots;
     }
     if (!c.offload.disk_dir.empty()) run["offload"]["disk_dir"] = c.offload.disk_dir;

@@ -170,7 +170,8 @@ struct OffloadConfig {
   std::string disk_dir;  // "": out_dir
   int layers = 0;
   int layer_slots = 3;
-  bool automatic = false;
+  bool layers_auto = false;  // "layers": "auto": the fewest streamed layers that fit memory_limit
+  bool automatic = false;    // offload "auto": states, inputs and layers placed by the planner
   bool any() const {
     return optimizer_states || activations != ActivationOffload::None || layers > 0;
   }

@@ -46,10 +46,16 @@ MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage, int eval_ba
       plan.disk_bytes_per_step = plan.activation_bytes_per_step;
   }
   if (const LayerStream* stream = s.model->weight_store().stream()) {  // offload.layers
-    plan.h2d_bytes_per_step += stream->fetch_bytes_per_step();
-    plan.d2h_bytes_per_step += stream->write_back_bytes_per_step();
+    plan.layer_fetch_bytes_per_step = stream->fetch_bytes_per_step();
+    plan.layer_write_back_bytes_per_step = stream->write_back_bytes_per_step();
+    plan.h2d_bytes_per_step += plan.layer_fetch_bytes_per_step;
+    plan.d2h_bytes_per_step += plan.layer_write_back_bytes_per_step;
   }
   plan.flops_per_token = flops_per_token(s);
+  plan.forward_flops_per_token = s.model->flops_per_token() / 3;
+  if (cfg.activation_checkpointing == Checkpointing::Layer)  // every layer's forward: not the head's
+    plan.recompute_flops_per_token = plan.forward_flops_per_token -
+                                     2.0 * double(cfg.model.vocab_size) * cfg.model.hidden_size;
   plan.step_sum_bytes = sizeof(double);  // the loss
   for (size_t i = 0; i < s.model->tensors().size(); i++) {
     const int64_t numel = s.model->tensors()[i].numel;
@@ -163,6 +169,10 @@ RunConfig as_planned(const RunConfig& cfg, const Storage& storage) {
 }
 
 double copy_seconds(const MemoryPlan& plan, const LinkModel& link);  // below
+// The step time the copies and compute bound (step_bound's), or with no rate known the copies'
+double step_seconds(const RunConfig& cfg, const MemoryPlan& plan, const LinkModel& link);
+OffloadChoice choose_placement(const RunConfig& cfg, const Storage& storage, const LinkModel& link,
+                               int64_t device_budget);  // below
 
 // "optimizer states and layer inputs in the host tier", "nothing moves": cfg's placement.
 std::string placement(const OffloadConfig& o) {
@@ -183,7 +193,8 @@ std::string offload_advice(const RunConfig& cfg, const Storage& storage) {
   if (cfg.offload.automatic) return "";
   RunConfig automatic = cfg;
   automatic.offload.automatic = true;
-  const OffloadChoice choice = choose_offload(automatic, storage);
+  // cfg.memory_limit caps the plan here (the verdict's is already less what lies beyond it)
+  const OffloadChoice choice = choose_placement(automatic, storage, {}, cfg.memory_limit);
   const MemoryPlan p = plan_memory(choice.cfg, storage);
   if (!choice.cfg.offload.any() || p.total > cfg.memory_limit) return "";
   return "offload \"auto\" fits it with " + placement(choice.cfg.offload) + ": " +
@@ -226,67 +237,135 @@ FitAdvice fit_advice(const RunConfig& cfg, const Storage& storage) {
   return a;
 }
 
-OffloadChoice choose_offload_as_planned(const RunConfig& cfg, const Storage& storage,
-                                        const LinkModel& link) {
+// Whether offload "auto" may stream layers: each is updated in the backward that brought it
+// (fused updates, one micro-batch a step), and bf16-mixed's master copy does not stream.
+bool may_stream_layers(const RunConfig& cfg, const Storage& storage) {
+  return cfg.fused_update != Switch::Off && cfg.micro_batches_per_rank() == 1 && !storage.master;
+}
+
+// choose_offload with `device_budget` for the plan on the device (the memory_limit less what a
+// card holds beyond the plan).
+OffloadChoice choose_placement(const RunConfig& cfg, const Storage& storage, const LinkModel& link,
+                               int64_t device_budget) {
   RunConfig base = cfg;
-  base.offload.automatic = false;
-  base.offload.optimizer_states = false;
-  base.offload.activations = ActivationOffload::None;
+  base.offload.automatic = base.offload.layers_auto = false;
+  if (cfg.offload.automatic) {
+    base.offload.optimizer_states = false;
+    base.offload.activations = ActivationOffload::None;
+    base.offload.layers = 0;
+  }
+  const std::string what = cfg.offload.automatic ? "offload auto" : "offload.layers auto";
   if (cfg.memory_limit <= 0)
-    return {base, "offload auto: no memory_limit, so nothing moves off the device"};
+    return {base, what + ": no memory_limit, so nothing moves off the device"};
+  if (device_budget <= 0)
+    return {base, what + ": memory_limit " + format_bytes(cfg.memory_limit) + " is under the " +
+                      format_bytes(cfg.memory_limit - device_budget) +
+                      " a card holds beyond any plan: no placement fits"};
   struct Candidate {
     RunConfig cfg;
     MemoryPlan plan;
-    double copy_s;
-  };
-  std::vector<Candidate> candidates;
-  for (const bool states : {false, true})
-    for (const ActivationOffload inputs :
-         {ActivationOffload::None, ActivationOffload::Host, ActivationOffload::Disk}) {
-      if (inputs != ActivationOffload::None &&
-          cfg.activation_checkpointing != Checkpointing::Layer)
-        continue;
-      RunConfig c = base;
-      c.offload.optimizer_states = states;
-      c.offload.activations = inputs;
-      const MemoryPlan p = plan_memory(c, storage);
-      candidates.push_back({c, p, copy_seconds(p, link)});
+    double step_s, copy_s;
+    bool faster_than(const Candidate& o) const {  // a shorter step, then fewer seconds of copies
+      return step_s != o.step_s ? step_s < o.step_s : copy_s < o.copy_s;
     }
-  const auto fits = [&](const Candidate& c) {
-    return c.plan.total <= cfg.memory_limit &&
-           (cfg.host_memory_limit <= 0 || c.plan.host_total <= cfg.host_memory_limit);
   };
-  const Candidate* best = nullptr;
-  for (const Candidate& c : candidates)  // the disk's copies always take longer than the host's
-    if (fits(c) && (!best || c.copy_s < best->copy_s)) best = &c;
+  const auto fits = [&](const MemoryPlan& p) {
+    return p.total <= device_budget &&
+           (cfg.host_memory_limit <= 0 || p.host_total <= cfg.host_memory_limit);
+  };
+  const int L = cfg.model.num_hidden_layers;
+  const bool layers_free = cfg.offload.automatic || cfg.offload.layers_auto;
+  const bool may_stream = layers_free && may_stream_layers(cfg, storage);
+  // per placement of states and inputs, the fewest streamed layers that fit (each streamed
+  // layer adds its fetches: fewer is less traffic), and the most, the least on the device
+  std::vector<Candidate> fitting, least;
+  const auto consider = [&](RunConfig c) {
+    const auto plan_with = [&](int layers) {
+      c.offload.layers = layers;
+      const MemoryPlan p = plan_memory(c, storage);
+      return Candidate{c, p, step_seconds(c, p, link), copy_seconds(p, link)};
+    };
+    if (!may_stream) {
+      Candidate only = plan_with(c.offload.layers);
+      (fits(only.plan) ? fitting : least).push_back(std::move(only));
+      return;
+    }
+    if (Candidate none = plan_with(0); fits(none.plan)) return fitting.push_back(std::move(none));
+    Candidate most = plan_with(L);
+    if (!fits(most.plan)) return least.push_back(std::move(most));
+    // !fits(lo), fits(hi): past the slots, the device total falls with each layer that leaves it
+    int lo = 0, hi = L;
+    Candidate found = std::move(most);
+    while (hi - lo > 1) {
+      const int mid = lo + (hi - lo) / 2;
+      Candidate c_mid = plan_with(mid);
+      if (fits(c_mid.plan)) {
+        hi = mid;
+        found = std::move(c_mid);
+      } else {
+        lo = mid;
+      }
+    }
+    fitting.push_back(std::move(found));
+  };
+  if (!cfg.offload.automatic) {
+    consider(base);
+  } else {
+    for (const bool states : {false, true})
+      for (const ActivationOffload inputs :
+           {ActivationOffload::None, ActivationOffload::Host, ActivationOffload::Disk}) {
+        if (inputs != ActivationOffload::None &&
+            cfg.activation_checkpointing != Checkpointing::Layer)
+          continue;
+        RunConfig c = base;
+        c.offload.optimizer_states = states;
+        c.offload.activations = inputs;
+        consider(c);
+      }
+  }
+  const int64_t beyond = cfg.memory_limit - device_budget;
   const std::string limits =
       "memory_limit " + format_bytes(cfg.memory_limit) +
+      (beyond > 0 ? " (" + format_bytes(device_budget) + " for the plan, " + format_bytes(beyond) +
+                        " for what a card holds beside it)"
+                  : std::string()) +
       (cfg.host_memory_limit > 0 ? " and host_memory_limit " + format_bytes(cfg.host_memory_limit)
                                  : std::string());
+  const Candidate* best = nullptr;
+  for (const Candidate& c : fitting)  // the disk's copies always take longer than the host's
+    if (!best || c.faster_than(*best)) best = &c;
   if (best) {
     const MemoryPlan& p = best->plan;
     if (!best->cfg.offload.any())
-      return {best->cfg, "offload auto: nothing moves off the device: the run fits " + limits +
+      return {best->cfg, what + ": nothing moves off the device: the run fits " + limits +
                              " as it is (" + format_bytes(p.total) + ")"};
-    return {best->cfg, "offload auto: " + placement(best->cfg.offload) +
-                           ", the least traffic that fits " + limits + ": " +
+    return {best->cfg, what + ": " + placement(best->cfg.offload) +
+                           ", the fastest placement that fits " + limits + ": " +
                            format_bytes(p.total) + " on the device, " +
                            format_bytes(p.host_total) + " in the host tier, " +
-                           format_bytes(p.h2d_bytes_per_step) + " each way a step"};
+                           format_bytes(p.h2d_bytes_per_step) + " to the device and " +
+                           format_bytes(p.d2h_bytes_per_step) + " back a step"};
   }
-  best = &candidates[0];
-  for (const Candidate& c : candidates)
+  best = &least[0];
+  for (const Candidate& c : least)
     if (c.plan.total < best->plan.total) best = &c;
-  return {best->cfg, "offload auto: no placement fits " + limits + "; the least on the device is " +
+  const std::string no_stream =
+      layers_free && !may_stream
+          ? " (no layer streams: that needs one micro-batch a step, fused updates and precision "
+            "\"bf16\" or \"fp32\")"
+          : "";
+  return {best->cfg, what + ": no placement fits " + limits + "; the least on the device is " +
                          placement(best->cfg.offload) + ": " + format_bytes(best->plan.total) +
-                         ", " + format_bytes(best->plan.total - cfg.memory_limit) + " over"};
+                         ", " + format_bytes(best->plan.total - device_budget) + " over" +
+                         no_stream};
 }
 
 }  // namespace
 
 OffloadChoice choose_offload(const RunConfig& given, const Storage& storage,
                             const LinkModel& link) {
-  OffloadChoice choice = choose_offload_as_planned(as_planned(given, storage), storage, link);
+  OffloadChoice choice = choose_placement(as_planned(given, storage), storage, link,
+                                          given.memory_limit - beyond_plan_bytes(storage));
   choice.cfg.attention = given.attention;  // as given: it only chose the placement
   return choice;
 }
@@ -381,44 +460,102 @@ std::vector<ActivationMode> activation_modes(const RunConfig& cfg, const Storage
   return modes;
 }
 
-// Seconds of compute and of copies a step takes, and the tokens a step would need for its
-// compute to cover its copies.
-struct StepBound {
-  double compute_s = 0, copy_s = 0;
-  int64_t hiding_tokens = 0;  // < 0: no step hides them (the inputs' copies outgrow the compute)
-  bool link_bound() const { return copy_s > compute_s; }
+// One pass's copies on each queue, in seconds: a part fixed per step (states, streamed layers)
+// and a part that grows with the step's tokens (the layer inputs, with the disk's time), at the
+// plan's tokens; and the pass's compute at the plan's tokens.
+struct QueueLoad {
+  double fixed_s = 0, growing_s = 0;
+  double at(double scale) const { return fixed_s + growing_s * scale; }
 };
-// Per pass (LinkModel): the forward's copies go to the host, each input then written to disk with
-// the disk tier (a task on the same queue); the backward's inputs come back, each read from disk
-// first, and the states and the streamed layers go both ways (counted as the backward's). Two queues: each pass takes its busier queue's time; one
-// queue: everything in turn.
-double copy_seconds(const MemoryPlan& plan, const LinkModel& link) {
-  const double link_bytes_per_s = link.link_gbps * 1e9;
-  const double inputs = double(plan.activation_bytes_per_step) / link_bytes_per_s +
+struct PassLoad {
+  QueueLoad to_device, to_host;
+  double compute_s = 0;
+  // both queues at once (two), or in turn (one)
+  double copy_s(const LinkModel& link, double scale = 1) const {
+    return link.copy_queues == 1 ? to_device.at(scale) + to_host.at(scale)
+                                 : std::max(to_device.at(scale), to_host.at(scale));
+  }
+};
+// The forward sends each layer input to the host (then to disk with the disk tier, a task on the
+// same queue) and fetches the streamed layers past the slots; the backward fetches as many
+// layers, the inputs (read from disk first) and the states, and writes back the states and
+// the layers' updates. The forward's compute is a third of the model's FLOPs (2 of 6 per weight
+// and token); the backward takes the rest of what the MFU convention counts, and a checkpoint's
+// recomputed forward.
+std::array<PassLoad, 2> pass_loads(const MemoryPlan& plan, const LinkModel& link, double tokens) {
+  const double bw = link.link_gbps * 1e9;
+  const double inputs = double(plan.activation_bytes_per_step) / bw +
                         double(plan.disk_bytes_per_step) / (link.disk_gbps * 1e9);
-  const double states_in =
-      double(plan.h2d_bytes_per_step - plan.activation_bytes_per_step) / link_bytes_per_s;
-  const double states_out =
-      double(plan.d2h_bytes_per_step - plan.activation_bytes_per_step) / link_bytes_per_s;
-  if (link.copy_queues == 1) return inputs + inputs + states_in + states_out;
-  return inputs + std::max(inputs + states_in, states_out);
+  const double layers_in = double(plan.layer_fetch_bytes_per_step) / bw;
+  const double states_in = double(plan.h2d_bytes_per_step - plan.activation_bytes_per_step -
+                                  plan.layer_fetch_bytes_per_step) / bw;
+  const double states_out = double(plan.d2h_bytes_per_step - plan.activation_bytes_per_step -
+                                   plan.layer_write_back_bytes_per_step) / bw;
+  const double layers_out = double(plan.layer_write_back_bytes_per_step) / bw;
+  const double rate = link.tflops * 1e12;
+  const double forward = rate > 0 ? plan.forward_flops_per_token * tokens / rate : 0;
+  const double total =
+      rate > 0 ? (plan.flops_per_token + plan.recompute_flops_per_token) * tokens / rate : 0;
+  PassLoad f, b;
+  f.to_device = {layers_in / 2, 0};
+  f.to_host = {0, inputs};
+  f.compute_s = forward;
+  b.to_device = {layers_in / 2 + states_in, inputs};
+  b.to_host = {states_out + layers_out, 0};
+  b.compute_s = total - forward;
+  return {f, b};
 }
+
+double copy_seconds(const MemoryPlan& plan, const LinkModel& link) {
+  double s = 0;
+  for (const PassLoad& pass : pass_loads(plan, link, 0)) s += pass.copy_s(link);
+  return s;
+}
+
+// Seconds of compute and of copies a step takes, pass by pass, the step time they bound, and
+// the tokens a step would need for each pass's compute to cover its copies.
+struct StepBound {
+  std::array<double, 2> pass_compute_s{}, pass_copy_s{};  // forward, backward
+  double compute_s = 0, copy_s = 0;
+  double step_s = 0;  // the passes' longer side each, summed: copies overlap only their own pass
+  int64_t hiding_tokens = 0;  // < 0: no step hides them (the inputs' copies outgrow the compute)
+  bool link_bound() const {
+    return pass_copy_s[0] > pass_compute_s[0] || pass_copy_s[1] > pass_compute_s[1];
+  }
+};
 StepBound step_bound(const RunConfig& cfg, const MemoryPlan& plan, const LinkModel& link) {
   StepBound b;
-  const double rate = link.tflops * 1e12;
   const double tokens = double(cfg.micro_batches_per_rank()) * cfg.micro_batch_size * cfg.seq_len;
-  b.compute_s = plan.flops_per_token * tokens / rate;
-  b.copy_s = copy_seconds(plan, link);
-  // the copies' time is fixed (states) plus per token (layer inputs); so is the compute's
-  MemoryPlan inputs_only;
-  inputs_only.h2d_bytes_per_step = inputs_only.d2h_bytes_per_step =
-      inputs_only.activation_bytes_per_step = plan.activation_bytes_per_step;
-  inputs_only.disk_bytes_per_step = plan.disk_bytes_per_step;
-  const double copy_per_token = copy_seconds(inputs_only, link) / tokens;
-  const double fixed = b.copy_s - copy_per_token * tokens;
-  const double spare_per_token = plan.flops_per_token / rate - copy_per_token;
-  b.hiding_tokens = spare_per_token > 0 ? int64_t(std::ceil(fixed / spare_per_token)) : -1;
+  const std::array<PassLoad, 2> passes = pass_loads(plan, link, tokens);
+  double scale = 0;  // the step's tokens over the plan's that hide every pass's copies
+  for (size_t p = 0; p < passes.size(); p++) {
+    const PassLoad& pass = passes[p];
+    b.pass_compute_s[p] = pass.compute_s;
+    b.pass_copy_s[p] = pass.copy_s(link);
+    b.compute_s += pass.compute_s;
+    b.copy_s += b.pass_copy_s[p];
+    b.step_s += std::max(pass.compute_s, b.pass_copy_s[p]);
+    // each queue (or both in turn) against the pass's compute, both growing with the tokens
+    const QueueLoad one_queue = {pass.to_device.fixed_s + pass.to_host.fixed_s,
+                                 pass.to_device.growing_s + pass.to_host.growing_s};
+    const std::vector<QueueLoad> loads =
+        link.copy_queues == 1 ? std::vector<QueueLoad>{one_queue}
+                              : std::vector<QueueLoad>{pass.to_device, pass.to_host};
+    for (const QueueLoad& q : loads) {
+      if (q.fixed_s <= 0 && q.growing_s <= 0) continue;
+      const double spare = pass.compute_s - q.growing_s;
+      if (spare <= 0) scale = -1;
+      else if (scale >= 0) scale = std::max(scale, q.fixed_s / spare);
+    }
+  }
+  // (1e-9: a ratio that is a whole number of tokens is not rounded up past it)
+  b.hiding_tokens = scale < 0 ? -1 : int64_t(std::ceil(scale * tokens - 1e-9));
   return b;
+}
+
+double step_seconds(const RunConfig& cfg, const MemoryPlan& plan, const LinkModel& link) {
+  if (link.tflops <= 0 || plan.flops_per_token <= 0) return copy_seconds(plan, link);
+  return step_bound(cfg, plan, link).step_s;
 }
 
 // "offload  ..." for the run's plan: what moves where, the bytes, the step-time bound and, with
@@ -471,6 +608,21 @@ std::string describe_offload(const RunConfig& cfg, const MemoryPlan& plan, const
                   (long long)b.hiding_tokens, (long long)sequences, cfg.seq_len);
     out += line;
   }
+  // pass by pass: copies overlap only their own pass's compute
+  const std::array<PassLoad, 2> passes = pass_loads(plan, link, 0);
+  const double bw = link.link_gbps * 1e9;
+  for (size_t p = 0; p < passes.size(); p++) {
+    const double up = passes[p].to_device.at(1) * bw, down = passes[p].to_host.at(1) * bw;
+    std::snprintf(line, sizeof line,
+                  "         %-9s %s to the device, %s back: %.3g s of copies, %.3g s of compute\n",
+                  p == 0 ? "forward" : "backward", format_bytes(int64_t(up)).c_str(),
+                  format_bytes(int64_t(down)).c_str(), b.pass_copy_s[p], b.pass_compute_s[p]);
+    out += line;
+  }
+  const double tokens = double(cfg.micro_batches_per_rank()) * cfg.micro_batch_size * cfg.seq_len;
+  std::snprintf(line, sizeof line, "         a step takes at least %.3g s: %.0f tokens/s\n",
+                b.step_s, tokens / b.step_s);
+  out += line;
   if (plan.disk_bytes_per_step > 0) {  // SSD endurance: rated in terabytes written
     const double per_day = double(plan.disk_bytes_per_step) * 86400 / std::max(b.copy_s, b.compute_s);
     std::snprintf(line, sizeof line,
@@ -584,7 +736,8 @@ MemoryVerdict memory_verdict(const RunConfig& given, const Storage& storage) {
     const std::string dtype = storage.weight_bytes == 2 ? "bf16" : "fp32";
     const std::string no_placement = ": no placement trains this model under " + limit_name +
                                      " with every weight on the device: stream some layers' "
-                                     "(offload.layers)";
+                                     "(offload.layers, with one micro-batch a step, fused updates "
+                                     "and precision \"bf16\" or \"fp32\")";
     if (beyond >= limit)
       return out + "a card holds " + format_bytes(beyond) +
              " beyond any plan (the CUDA context and libraries, the reservation's free memory): "
@@ -818,6 +971,11 @@ std::string memory_plan_json(const RunConfig& given, const Storage& storage,
     out["tflops"] = link.tflops;
     out["step_bound"] = {{"compute_s", b.compute_s},
                          {"copy_s", b.copy_s},
+                         {"step_s", b.step_s},
+                         {"forward", {{"compute_s", b.pass_compute_s[0]},
+                                      {"copy_s", b.pass_copy_s[0]}}},
+                         {"backward", {{"compute_s", b.pass_compute_s[1]},
+                                       {"copy_s", b.pass_copy_s[1]}}},
                          {"link_bound", b.link_bound()},
                          {"hiding_tokens", b.hiding_tokens}};
   }

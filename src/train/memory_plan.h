@@ -22,8 +22,11 @@ struct MemoryPlan {
   // What offload copies each step, each way: host to device and back (a refresh step may fetch
   // less: moments it resets are not fetched).
   int64_t h2d_bytes_per_step = 0, d2h_bytes_per_step = 0;
-  // Of those, offload.activations' (the layers' inputs: they grow with the tokens of a step)
+  // Of those, offload.activations' (the layers' inputs: they grow with the tokens of a step), and
+  // offload.layers' (the streamed layers fetched in the two passes, half in each, and written back
+  // in the backward)
   int64_t activation_bytes_per_step = 0;
+  int64_t layer_fetch_bytes_per_step = 0, layer_write_back_bytes_per_step = 0;
   // offload.activations disk: the file ring's size, and what it writes each step (and reads back)
   int64_t disk_bytes = 0, disk_bytes_per_step = 0;
   // What each rank of a data-parallel run sums with the others (docs/distributed.md): every step,
@@ -33,6 +36,10 @@ struct MemoryPlan {
   int64_t step_sum_bytes = 0;
   int64_t refresh_sum_bytes = 0;
   double flops_per_token = 0;  // training FLOPs per token, as MFU counts them (training_state.h)
+  double forward_flops_per_token = 0;  // the forward's share of them
+  // what a checkpoint's backward computes again beside them (activation_checkpointing "layer":
+  // every layer's forward; MFU does not count it, a step's time does)
+  double recompute_flops_per_token = 0;
 };
 
 // eval_batch: the sequences an evaluation forward takes (resolve_eval_batch); 0, or at most

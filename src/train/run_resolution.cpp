@@ -29,7 +29,7 @@ void check_state_dtype(const RunConfig& cfg, const Storage& storage) {
 
 // precision "auto" is bf16-mixed on a GPU: its master copy does not stream.
 void check_streamed_layers(const RunConfig& cfg, const Storage& storage) {
-  if (cfg.offload.layers == 0 || !storage.master) return;
+  if ((cfg.offload.layers == 0 && !cfg.offload.layers_auto) || !storage.master) return;
   throw UserError((cfg.source.empty() ? std::string("run config") : cfg.source) +
                   ": offload.layers: precision \"auto\" is bf16-mixed on the GPU, whose fp32 "
                   "master copy does not stream yet; set precision \"bf16\" (pure bf16, the 13B "

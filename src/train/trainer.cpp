@@ -97,7 +97,7 @@ class Run {
   std::unique_ptr<TokenLoader> loader_;
   std::optional<Evaluator> evaluator_;  // rank 0 evaluates: the ranks hold the same weights
   std::string why_cpu_;
-  std::string offload_why_;  // offload "auto": what it chose and why
+  std::string offload_why_;  // offload "auto" (or offload.layers "auto"): what it chose and why
   int copy_queues_ = 2;      // the planner's link model's: min(Backend::copy_engines(), 2)
   std::unique_ptr<Backend> backend_;
   AttentionInUse attention_;  // the kernels attention computes with (prepare_attention)
@@ -159,7 +159,7 @@ void Run::build_state() {
   RunConfig run = with_attention(cfg, attention_.kernel);  // cfg keeps attention as given
   // The engine's two queues; one copy engine (or none, copying between kernels) serves them in turn.
   copy_queues_ = std::clamp(backend_->copy_engines(), 1, 2);
-  if (cfg.offload.automatic) {
+  if (cfg.offload.automatic || cfg.offload.layers_auto) {
     OffloadChoice choice =
         choose_offload(run, backend_->storage(),
                        LinkModel{.copy_queues = copy_queues_,
