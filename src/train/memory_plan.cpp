@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "src/config/json_check.h"
 #include "src/core/format.h"
+#include "src/model/llama.h"
 #include "src/model/x_in_ring.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
@@ -570,12 +571,24 @@ std::string describe_offload(const RunConfig& cfg, const MemoryPlan& plan, const
             (cfg.offload.activations == ActivationOffload::Host ? "in the host tier"
                                                                 : "on disk (offload.disk_dir)") +
             ", through a ring of " + std::to_string(XInRing::kSlots) + " device slots";
-  if (cfg.offload.layers > 0)
-    what += std::string(what.empty() ? "" : "; ") + std::to_string(cfg.offload.layers) +
-            " layers' matrices in the host tier, through " +
+  if (cfg.offload.layers > 0) {
+    const std::vector<int> streamed =
+        streamed_layers_for(cfg.model.num_hidden_layers, cfg.offload.layers);
+    std::string which;  // "2, 6, 10, ..., 38": the first three and the last of many
+    for (size_t i = 0; i < streamed.size(); i++) {
+      if (streamed.size() > 6 && i == 3) {
+        which += ", ...";
+        i = streamed.size() - 1;
+      }
+      which += (which.empty() ? "" : ", ") + std::to_string(streamed[i]);
+    }
+    what += std::string(what.empty() ? "" : "; ") + std::to_string(cfg.offload.layers) + " of " +
+            std::to_string(cfg.model.num_hidden_layers) + " layers' matrices (" + which +
+            ") in the host tier, through " +
             std::to_string(std::min(cfg.offload.layers, cfg.offload.layer_slots)) +
             " device slots";
-  char line[400];
+  }
+  char line[600];
   std::snprintf(line, sizeof line, "offload  %s;\n         per step %s to the device and %s back",
                 what.c_str(), format_bytes(plan.h2d_bytes_per_step).c_str(),
                 format_bytes(plan.d2h_bytes_per_step).c_str());
