@@ -102,6 +102,19 @@ check "streamed: the same losses and gradient norms" \
   diff <(losses "$tmp/lean/metrics.jsonl") <(losses "$tmp/streamed/metrics.jsonl")
 check "streamed: the final weights byte for byte" \
   cmp -s "$tmp/lean/model/model.safetensors" "$tmp/streamed/model/model.safetensors"
+# A machine that cannot pin the host tier (cudaHostAlloc fails past the emulator's limit: the
+# backend's 32 MiB staging ring and 4 KiB more): one line naming the key and the bytes, before
+# anything is written; and one that cannot pin the staging ring, one line too
+CUDA_EMU_PINNED_LIMIT=$(((32 << 20) + 4096)) "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/unpinned" \
+  --set precision=bf16 --set total_batch_size=4 --set activation_checkpointing=layer \
+  --set fused_update=on --set offload.layers=1 >"$tmp/unpinned.log" 2>&1
+check "a host tier that cannot be pinned exits 2" test $? = 2
+check "in one line naming offload.layers and the bytes, nothing written" \
+  sh -c "[ \"\$(grep -c . '$tmp/unpinned.log')\" = 1 ] && grep -q '^error: offload.layers: cannot allocate .* of pinned host memory for layer 1 weights (offload.layers) (0 B of the host tier already held)' '$tmp/unpinned.log' && [ ! -e '$tmp/unpinned' ]"
+CUDA_EMU_PINNED_LIMIT=4096 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/unpinned" \
+  >"$tmp/no_staging.log" 2>&1
+check "no staging ring: exit 2, one line, nothing written" \
+  sh -c "[ $? = 2 ] && [ \"\$(grep -c . '$tmp/no_staging.log')\" = 1 ] && grep -q '^error: cannot allocate 32.0 MiB of pinned host memory for the CUDA backend.s staging ring' '$tmp/no_staging.log' && [ ! -e '$tmp/unpinned' ]"
 
 # The emulator has no cuDNN: attention "cudnn" is one error line and nothing written.
 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/cudnn" --set attention=cudnn >"$tmp/cudnn.log" 2>&1

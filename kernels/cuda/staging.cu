@@ -3,11 +3,19 @@
 #include <cstring>
 
 #include "kernels/cuda/common.cuh"
+#include "src/core/error.h"
+#include "src/core/format.h"
 
 namespace grass::cuda {
 
 StagingRing::StagingRing(size_t capacity) : capacity_(capacity) {
-  GRASS_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ring_), capacity, cudaHostAllocDefault));
+  if (cudaHostAlloc(reinterpret_cast<void**>(&ring_), capacity, cudaHostAllocDefault) !=
+      cudaSuccess) {
+    cudaGetLastError();  // answered here
+    throw UserError("cannot allocate " + format_bytes(int64_t(capacity)) +
+                    " of pinned host memory for the CUDA backend's staging ring (its uploads "
+                    "from the host): the machine cannot pin that much memory");
+  }
 }
 
 StagingRing::~StagingRing() {

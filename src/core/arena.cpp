@@ -25,6 +25,17 @@ const char* mem_category_name(MemCategory c) {
 const char* mem_place_name(MemPlace p) { return p == MemPlace::Device ? "device" : "host"; }
 
 namespace {
+// The run key whose offload puts a category in the host tier
+const char* host_tier_key(MemCategory cat) {
+  switch (cat) {
+    case MemCategory::Optimizer: return "offload.optimizer_states";
+    case MemCategory::Weights: return "offload.layers";
+    case MemCategory::Activations:
+    case MemCategory::Workspace: return "offload.activations";
+    default: return "offload";
+  }
+}
+
 class HostMemory : public MemoryResource {
  public:
   void* allocate_zeroed(size_t bytes) override {
@@ -53,6 +64,13 @@ void* Arena::alloc_bytes(MemCategory cat, const std::string& name, int64_t bytes
   const int at = int(place);
   MemoryResource& memory = *memory_[size_t(at)];
   void* p = bytes && !planning_ ? memory.allocate_zeroed(size_t(bytes)) : nullptr;
+  if (bytes && !p && !planning_ && place == MemPlace::Host)  // the host tier: offload's
+    throw UserError(std::string(host_tier_key(cat)) + ": cannot allocate " + format_bytes(bytes) +
+                    " of " + memory.memory_name() + " for " + name + " (" +
+                    format_bytes(total_[size_t(at)]) +
+                    " of the host tier already held): the machine cannot pin the host tier the "
+                    "run plans; offload less, or cap it with host_memory_limit (grass mem "
+                    "<run.json> --host-memory-limit SIZE explores the options)");
   if (bytes && !p && !planning_)
     throw UserError(std::string("out of ") + memory.memory_name() + " allocating " + name +
                     " (" + format_bytes(bytes) + ") with " + format_bytes(total_[size_t(at)]) +

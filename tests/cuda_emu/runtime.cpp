@@ -397,12 +397,39 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   cuda_emu::drain_stream(stream);
   return take_fault();
 }
+// CUDA_EMU_PINNED_LIMIT=<bytes>: cudaHostAlloc fails once the pinned bytes held would pass it,
+// as on a machine that cannot pin (or lock) that much memory.
+namespace {
+std::mutex pinned_mutex;
+std::map<void*, size_t> pinned;  // held, by pointer
+size_t pinned_bytes = 0;
+size_t pinned_limit() {
+  static const size_t limit = [] {
+    const char* text = std::getenv("CUDA_EMU_PINNED_LIMIT");
+    return text ? size_t(std::strtoull(text, nullptr, 10)) : SIZE_MAX;
+  }();
+  return limit;
+}
+}  // namespace
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
+  const std::lock_guard<std::mutex> lock(pinned_mutex);
+  *ptr = nullptr;
+  if (bytes > pinned_limit() - pinned_bytes) return cudaErrorMemoryAllocation;
   *ptr = std::malloc(std::max<size_t>(bytes, 1));
-  return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*ptr) return cudaErrorMemoryAllocation;
+  pinned[*ptr] = bytes;
+  pinned_bytes += bytes;
+  return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* ptr) {
   cuda_emu::drain_all();  // as cudaFree: queued copies may still read it
+  {
+    const std::lock_guard<std::mutex> lock(pinned_mutex);
+    if (auto it = pinned.find(ptr); it != pinned.end()) {
+      pinned_bytes -= it->second;
+      pinned.erase(it);
+    }
+  }
   std::free(ptr);
   return cudaSuccess;
 }
