@@ -93,12 +93,18 @@ check "grass mem --set offload=auto exits 0: it fits with streamed layers" test 
 check "it says what auto chose and why" grep -q "^offload auto: optimizer states in the host tier, layer inputs in the host tier, 10 layers' weights streamed from the host tier, the fastest placement that fits memory_limit 24.00 GiB (22.74 GiB for the plan, 1.26 GiB for what a card holds beside it): 22.40 GiB on the device" "$tmp/mem_13b.log"
 check "a row per place" sh -c "grep -q '^total on the device  ' '$tmp/mem_13b.log' && grep -q '^host tier (offload)  ' '$tmp/mem_13b.log'"
 check "the traffic and the step-time bound, pass by pass" sh -c "grep -q '^to device a step ' '$tmp/mem_13b.log' && grep -q 'of copies over a 25 GB/s link (two copy queues, both ways at once) against .* s of compute at 395.6 TFLOP/s: hidden' '$tmp/mem_13b.log' && grep -q '^         forward   4.34 GiB to the device, 1.45 GiB back: ' '$tmp/mem_13b.log' && grep -q '^         backward  9.37 GiB to the device, 3.88 GiB back: ' '$tmp/mem_13b.log' && grep -q '^         a step takes at least .* s: .* tokens/s' '$tmp/mem_13b.log'"
-# two micro-batches a step: no layer streams, and the weights are the floor
+# bf16-mixed: no layer streams (its fp32 master copy does not), and the weights are the floor
 "$GRASS" mem configs/runs/llama_13b_grass.json --memory-limit 24GiB --set offload=auto \
-  --set total_batch_size=2 >"$tmp/mem_13b_accumulating.log" 2>&1
-check "with two micro-batches a step it exits 3: it does not fit" test $? = 3
-check "its verdict names the weights as the floor" grep -q "^does not fit memory_limit 24.00 GiB: .*the bf16 weights alone take 24.24 GiB: no placement trains this model under 24.00 GiB with every weight on the device: stream some layers' (offload.layers, with one micro-batch a step" "$tmp/mem_13b_accumulating.log"
-check "and auto says why none streams" grep -q "^offload auto: no placement fits memory_limit 24.00 GiB .* (no layer streams: that needs one micro-batch a step" "$tmp/mem_13b_accumulating.log"
+  --set precision=bf16-mixed >"$tmp/mem_13b_mixed.log" 2>&1
+check "in bf16-mixed it exits 3: it does not fit" test $? = 3
+check "its verdict names the weights as the floor" grep -q "^does not fit memory_limit 24.00 GiB: .*the bf16 weights alone take 24.24 GiB: no placement trains this model under 24.00 GiB with every weight on the device: stream some layers' (offload.layers, with precision \"bf16\" or \"fp32\")" "$tmp/mem_13b_mixed.log"
+check "and auto says why none streams" grep -q "^offload auto: no placement fits memory_limit 24.00 GiB .* (no layer streams: bf16-mixed's fp32 master copy does not stream yet" "$tmp/mem_13b_mixed.log"
+# two micro-batches a step: the layers stream all the same, each micro-batch fetching them and
+# an update pass after the last
+"$GRASS" mem configs/runs/llama_13b_grass.json --memory-limit 24GiB --set offload=auto \
+  --set micro_batch_size=8 --set total_batch_size=16 >"$tmp/mem_13b_accumulating.log" 2>&1
+check "with two micro-batches a step auto streams layers and fits" \
+  sh -c "[ $? = 0 ] && grep -q \"^offload auto: .* layers' weights streamed from the host tier, the fastest placement that fits\" '$tmp/mem_13b_accumulating.log'"
 "$GRASS" mem configs/runs/llama_13b_grass.json --memory-limit 24GiB --set offload=auto \
   --set micro_batch_size=16 --set total_batch_size=16 --copy-queues 1 >"$tmp/mem_13b_one_queue.log" 2>&1
 check "--copy-queues 1: both ways in turn, more seconds of copies" python3 - "$tmp/mem_13b.log" "$tmp/mem_13b_one_queue.log" <<'PY'
@@ -192,6 +198,22 @@ check "offload.layers auto: the start-up table says it streams 4, and why" \
   grep -q "offload.layers auto: optimizer states in the host tier, layer inputs in the host tier, 4 layers' weights streamed from the host tier, the fastest placement that fits memory_limit" "$tmp/streamed_auto.log"
 check "offload.layers auto: step 8's checkpoint as the resident run's, byte for byte" \
   same_checkpoint "$tmp/layers/checkpoints/step_00000008" "$tmp/streamed_auto/checkpoints/step_00000008"
+# two micro-batches a step (deferred updates): each micro-batch fetches the streamed layers, an
+# update pass after the last updates each in a slot and writes it back; the resident run's bytes
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/deferred" --set micro_batch_size=2 \
+  --set total_batch_size=4 --set fused_update=off --set steps=4 --set checkpoint_every=0 \
+  >"$tmp/deferred.log" 2>&1
+check "deferred, resident: exits 0" test $? = 0
+"$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/deferred_streamed" --set micro_batch_size=2 \
+  --set total_batch_size=4 --set fused_update=off --set steps=4 --set checkpoint_every=0 \
+  --set offload.layers=4 >"$tmp/deferred_streamed.log" 2>&1
+check "deferred, streamed: exits 0" test $? = 0
+check "deferred, streamed: the start-up table says what each micro-batch fetches" \
+  grep -q "offload       layers 0, 2, 3, 5: .* written back a step (each of the 2 micro-batches fetches them for its passes, then the updates' pass)" "$tmp/deferred_streamed.log"
+check "deferred, streamed: the resident run's final weights, byte for byte" \
+  cmp -s "$tmp/deferred/model/model.safetensors" "$tmp/deferred_streamed/model/model.safetensors"
+check "deferred, streamed: the resident run's losses and gradient norms" \
+  diff <(losses "$tmp/deferred/metrics.jsonl") <(losses "$tmp/deferred_streamed/metrics.jsonl")
 "$GRASS" train "$tmp/layers.json" --set out_dir="$tmp/streamed_mixed" --set precision=bf16-mixed \
   --set offload.layers=2 >"$tmp/streamed_mixed.log" 2>&1
 check "streamed layers with bf16-mixed: exit 2, one line naming offload.layers" \

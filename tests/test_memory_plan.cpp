@@ -511,16 +511,16 @@ TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under
                               "7 layers' weights streamed from the host tier: "));
   CHECK(v.details.starts_with("  29.67 GiB = 28.41 GiB planned + 1.01 GiB the CUDA context and "
                               "libraries take outside the plan (measured on an H200) + 256.0 MiB"));
-  // two micro-batches a step: no layer streams (each is updated in the backward that brought
-  // it), so the weights are the floor
-  RunConfig accumulating = run_13b({"memory_limit=24GiB", "total_batch_size=2"});
-  CHECK_THAT(memory_verdict(accumulating, storage).line,
+  // bf16-mixed: no layer streams (its fp32 master copy does not), so the weights are the floor
+  RunConfig accumulating = run_13b({"memory_limit=24GiB", "precision=bf16-mixed"});
+  const Storage mixed = planned_storage(accumulating);
+  CHECK_THAT(memory_verdict(accumulating, mixed).line,
              Contains("the bf16 weights alone take 24.24 GiB: no placement trains this model under "
                       "24.00 GiB with every weight on the device: stream some layers' "
-                      "(offload.layers, with one micro-batch a step"));
+                      "(offload.layers, with precision \"bf16\" or \"fp32\")"));
   // over the weights but under them with what a card holds beyond the plan: both named
   accumulating.memory_limit = 25 * GiB;
-  CHECK_THAT(memory_verdict(accumulating, storage).line,
+  CHECK_THAT(memory_verdict(accumulating, mixed).line,
              Contains("the bf16 weights take 24.24 GiB and a card holds 1.26 GiB beyond the plan: "
                       "no placement trains this model under 25.00 GiB with every weight on the "
                       "device"));

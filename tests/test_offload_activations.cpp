@@ -261,15 +261,16 @@ TEST_CASE("offload auto picks the placement that fits with the least traffic", "
                    .layers = kLayers};
   CHECK(c.cfg.offload == least.offload);
   CHECK(plan_memory(c.cfg, storage).total == plan_memory(least, storage).total);
-  // and with two micro-batches a step no layer streams (each is updated in the backward that
-  // brought it): the least is both moves, with why
-  cfg.total_batch_size = 2 * cfg.micro_batch_size;
-  cfg.fused_update = Switch::Auto;
-  c = choose_offload(cfg, storage);
+  // and in bf16-mixed no layer streams (its fp32 master copy does not): the least is both
+  // moves, with why
+  cfg.precision = PrecisionChoice::Bf16Mixed;
+  const Storage mixed = storage_for(cfg.precision, false);
+  c = choose_offload(cfg, mixed);
   CHECK(c.cfg.offload.layers == 0);
-  CHECK(plan_memory(c.cfg, storage).total ==
-        plan_of(true, ActivationOffload::Host).total);  // plan_of takes cfg as it is now
-  CHECK_THAT(c.why, Catch::Contains("(no layer streams: that needs one micro-batch a step"));
+  RunConfig both_moves = cfg;
+  both_moves.offload = {.optimizer_states = true, .activations = ActivationOffload::Host};
+  CHECK(plan_memory(c.cfg, mixed).total == plan_memory(both_moves, mixed).total);
+  CHECK_THAT(c.why, Catch::Contains("(no layer streams: bf16-mixed's fp32 master copy does not"));
 }
 
 TEST_CASE("offload auto streams the fewest layers that fit and so does offload.layers auto "

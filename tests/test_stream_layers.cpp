@@ -194,6 +194,58 @@ TEST_CASE("streamed layers train to the resident run's bits", "[stream][offload]
     }
 }
 
+TEST_CASE("streamed layers with deferred updates keep the resident bits and fetch what the plan "
+          "says", "[stream][offload][train]") {
+  // Two micro-batches a step (and one with fused_update "off"): each micro-batch's passes
+  // fetch the layers, unchanged; after the last, an update pass acquires each streamed layer,
+  // updates its matrices in the slot and writes it back.
+  for (const std::string optimizer : {"adamw", "grass", "galore", "flora"})
+    for (const int micro_batches : {1, 2}) {
+      RunConfig cfg = stream_run(optimizer, "bf16");
+      cfg.fused_update = Switch::Off;
+      cfg.total_batch_size = micro_batches * cfg.micro_batch_size;
+      const StreamTrained resident = train_streamed(cfg, 5);
+      const ParameterSet names = tensors_of(cfg);
+      const Storage storage = storage_for(cfg.precision, false);
+      for (const int layers : {1, 4}) {
+        cfg.offload.layers = layers;
+        cfg.offload.layer_slots = 2;
+        INFO(optimizer << ", " << micro_batches << " micro-batches, " << layers
+                       << " layers streamed through 2 slots");
+        const LazyCopies lazy(true);
+        const StreamTrained streamed = train_streamed(cfg, 5);
+        check_same(streamed, resident, names);
+        // a step's copies, once the first has run: the plan's
+        const MemoryPlan plan = plan_memory(cfg, storage);
+        int64_t layer_bytes = 0;  // one streamed layer's matrices
+        for (const ParamTensor& t : names)
+          if (t.layer == 0 && !t.is_norm) layer_bytes += t.numel * storage.weight_bytes;
+        // the slots' policy: every pass past the first two layers fetches, and a step's first
+        // forward fetches the two the update pass left in them as well (4 layers); one layer
+        // stays in its slot
+        const int64_t fetches = layers == 1 ? 0 : (2 * micro_batches + 1) * (layers - 2) + 2;
+        if (optimizer != "grass") {
+          CHECK(plan.layer_fetch_bytes_per_step == fetches * layer_bytes);
+          CHECK(plan.layer_write_back_bytes_per_step == layers * layer_bytes);
+          for (size_t step = 1; step < 5; step++) {
+            CHECK(streamed.fetched[step] == plan.layer_fetch_bytes_per_step);
+            CHECK(streamed.written_back[step] == plan.layer_write_back_bytes_per_step);
+          }
+        } else {  // steps 1 and 3 between refreshes write the slices back packed, and step 3
+                  // fetches what step 2's update pass packed (a refresh step's backward writes a
+                  // layer whose σ it moved back whole: its update pass fetches no slices)
+          CHECK(streamed.written_back[3] == plan.layer_write_back_bytes_per_step);
+          CHECK(streamed.fetched[3] == plan.layer_fetch_bytes_per_step);
+          if (fetches > 0) CHECK(streamed.fetched[4] < plan.layer_fetch_bytes_per_step);
+          CHECK(plan.layer_fetch_bytes_per_step >= fetches * layer_bytes);
+        }
+        // the first forward fetched its first layer on demand, and each step's first forward
+        // its own: the update pass leaves the last layers in the slots
+        for (size_t step = 1; step < 5; step++) CHECK(streamed.unprefetched[step] == (layers > 2 ? 1 : 0));
+      }
+    }
+}
+
 TEST_CASE("streamed GRASS layers go back as their packed slices: every selection rule, staggered "
           "refreshes, the resident run's bits", "[stream][offload][train]") {
   // Repeated draws (multinomial, uniform) merge into fewer slices; refresh_stagger refreshes one target
@@ -383,10 +435,11 @@ TEST_CASE("offload.layers: one line for a run it cannot serve", "[stream][config
              Catch::Contains("offload.layers") && Catch::Contains("4"));
   CHECK_THAT(error_of(run(R"("offload": {"layers": 2, "layer_slots": 1})")),
              Catch::Contains("offload.layer_slots"));
-  CHECK_THAT(error_of(run(R"("fused_update": "off", "offload": {"layers": 2})")),
-             Catch::Contains("offload.layers") && Catch::Contains("fused_update"));
-  CHECK_THAT(error_of(run(R"("micro_batch_size": 2, "total_batch_size": 4, "offload": {"layers": 2})")),
-             Catch::Contains("offload.layers") && Catch::Contains("accumulates 2"));
+  // deferred updates stream too (an update pass of their own)
+  CHECK(error_of(run(R"("precision": "bf16", "fused_update": "off", "offload": {"layers": 2})")) ==
+        "no error");
+  CHECK(error_of(run(R"("precision": "bf16", "micro_batch_size": 2, "total_batch_size": 4,
+                        "offload": {"layers": 2})")) == "no error");
   CHECK_THAT(error_of(run(R"("precision": "bf16-mixed", "offload": {"layers": 2})")),
              Catch::Contains("offload.layers") && Catch::Contains("bf16-mixed"));
   CHECK(error_of(run(R"("precision": "bf16", "offload": {"layers": 2})")) == "no error");
@@ -397,12 +450,17 @@ TEST_CASE("offload.layers: one line for a run it cannot serve", "[stream][config
   const ResolvedRun cpu = resolve(cfg, false);
   CHECK(cpu.memory.fused_update);
   CHECK(cpu.memory.streamed_layers == std::vector<int>{1, 3});
+  // two micro-batches a step: deferred updates, the layers streamed all the same
+  cfg.total_batch_size = 2 * cfg.micro_batch_size;
+  const ResolvedRun deferred = resolve(cfg, false);
+  CHECK_FALSE(deferred.memory.fused_update);
+  CHECK(deferred.memory.streamed_layers == std::vector<int>{1, 3});
   // "auto": the planner chooses (memory_plan.h); the same refusals, and the key names what else
   // it takes
   CHECK_THAT(error_of(run(R"("offload": {"layers": "some"})")),
              Catch::Contains("offload.layers") && Catch::Contains("or \"auto\", got string \"some\""));
-  CHECK_THAT(error_of(run(R"("micro_batch_size": 2, "total_batch_size": 4, "offload": {"layers": "auto"})")),
-             Catch::Contains("offload.layers") && Catch::Contains("accumulates 2"));
+  CHECK_THAT(error_of(run(R"("precision": "bf16-mixed", "offload": {"layers": "auto"})")),
+             Catch::Contains("offload.layers") && Catch::Contains("bf16-mixed"));
   cfg = parse_run_config(nlohmann::json::parse(run(R"("offload": {"layers": "auto"})")), "run.json");
   CHECK(cfg.offload.layers_auto);
   CHECK(cfg.offload.layers == 0);

@@ -536,14 +536,6 @@ void read_offload(const ObjectReader& o, RunConfig& c) {
   }
   c.offload.layer_slots = int(o.integer("layer_slots", 2, 8).value_or(c.offload.layer_slots));
   if (c.offload.layers == 0 && !c.offload.layers_auto) return;
-  // each streamed layer is updated while it is on the device, by the backward that brought it
-  if (c.fused_update == Switch::Off)
-    o.at("layers").fail("streams layers through the device and updates each while it is there: "
-                        "it needs fused_update \"on\" or \"auto\", not \"off\"");
-  if (c.micro_batches_per_rank() > 1)
-    o.at("layers").fail("needs one micro-batch a step (fused updates); this run accumulates " +
-                        std::to_string(c.micro_batches_per_rank()) +
-                        ": set total_batch_size to micro_batch_size times the ranks");
   if (c.precision == PrecisionChoice::Bf16Mixed)
     o.at("layers").fail("does not stream bf16-mixed's fp32 master copy yet: use precision "
                         "\"bf16\" (pure bf16, the 13B mode) or \"fp32\"");

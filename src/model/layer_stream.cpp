@@ -123,45 +123,76 @@ void LayerStream::fetch(int slot, int layer) {
   s.ready = backend_.mark_copies(Backend::Copy::ToDevice);
 }
 
+std::vector<LayerStream::SlotFetch> LayerStream::plan_acquire(std::vector<int>& occupants, int l,
+                                                              Direction direction) const {
+  // the window: l, then the layers the pass reads next, as many as there are slots
+  std::vector<int> window;
+  const int step = direction == Direction::Forward ? 1 : -1;
+  for (int q = position(l); q >= 0 && q < int(layers_.size()) && window.size() < occupants.size();
+       q += step)
+    window.push_back(layers_[size_t(q)]);
+  std::vector<SlotFetch> fetches;
+  for (const int layer : window) {
+    if (std::find(occupants.begin(), occupants.end(), layer) != occupants.end()) continue;
+    // a free slot: one whose occupant the window does not need
+    const auto free = std::find_if(occupants.begin(), occupants.end(), [&](int occupant) {
+      return std::find(window.begin(), window.end(), occupant) == window.end();
+    });
+    GRASS_CHECK(free != occupants.end(), "a layer stream with no free slot");
+    *free = layer;
+    fetches.push_back({int(free - occupants.begin()), layer});
+  }
+  return fetches;
+}
+
 void LayerStream::acquire(int l, Direction direction) {
   const int p = position(l);
   GRASS_CHECK(p >= 0, "layer " + std::to_string(l) + " is not streamed");
   GRASS_CHECK(held_ < 0, "two streamed layers held at once");
-  // the window: l, then the layers the pass reads next, as many as there are slots
-  std::vector<int> window;
-  const int step = direction == Direction::Forward ? 1 : -1;
-  for (int q = p; q >= 0 && q < int(layers_.size()) && window.size() < slots_.size(); q += step)
-    window.push_back(layers_[size_t(q)]);
-  // a free slot: one whose occupant the window does not need
-  const auto free_slot = [&] {
-    for (size_t i = 0; i < slots_.size(); i++)
-      if (std::find(window.begin(), window.end(), slots_[i].layer) == window.end()) return int(i);
-    throw InternalError("a layer stream with no free slot");
-  };
-  int slot = slot_of(l);
-  if (slot < 0) {
+  std::vector<int> occupants;
+  for (const Slot& s : slots_) occupants.push_back(s.layer);
+  const std::vector<SlotFetch> fetches = plan_acquire(occupants, l, direction);
+  size_t next = 0;  // l's own fetch first, when it is in no slot
+  if (!fetches.empty() && fetches[0].layer == l) {
     unprefetched_++;
-    slot = free_slot();
-    fetch(slot, l);
+    fetch(fetches[next++].slot, l);
   }
   held_ = l;
-  Slot& s = slots_[size_t(slot)];
+  Slot& s = slots_[size_t(slot_of(l))];
   if (s.base) backend_.wait_copies(s.ready);
   if (s.unpack) {  // the packed slices over the base, before the compute reads the layer
     for (const Span& span : spans_[size_t(p)])
       if (span.base == Base::Packed) unpack(s, span);
     s.unpack = false;
   }
-  for (size_t i = 1; i < window.size(); i++)
-    if (slot_of(window[i]) < 0) fetch(free_slot(), window[i]);
+  for (; next < fetches.size(); next++) fetch(fetches[next].slot, fetches[next].layer);
 }
 
 void LayerStream::release(int l, bool updated) {
   GRASS_CHECK(held_ == l, "a release of layer " + std::to_string(l) + ", which is not held");
   held_ = -1;
-  if (!updated) return;
   const Slot& s = slots_[size_t(slot_of(l))];
   const int p = position(l);
+  if (!updated) {
+    // Unchanged, but a refresh may have moved σ while the layer was held (a deferred step's
+    // backward selects): a host block packed at the old σ could not be unpacked again, so the
+    // tensor goes back whole, once; one whole on the host is whole at the new σ too.
+    for (Span& span : spans_[size_t(p)]) {
+      if (!span.packs || span.base == Base::Whole) continue;
+      const SliceSet now = source_->changed_slices(span.tensor);
+      if (now.generation == span.generation) continue;
+      if (span.base == Base::Packed) {
+        if (s.base)
+          backend_.copy_async(host_[size_t(p)] + span.at, s.base + span.at, size_t(span.bytes),
+                              Backend::Copy::ToHost);
+        written_back_ += span.bytes;
+        host_pending_ = true;
+      }
+      span.base = Base::WholeAt;
+      span.generation = now.generation;
+    }
+    return;
+  }
   for (Span& span : spans_[size_t(p)]) {
     const SliceSet now = span.packs ? source_->changed_slices(span.tensor) : SliceSet{};
     if (span.packs && span.base != Base::Whole && now.generation == span.generation) {
@@ -250,20 +281,38 @@ void* LayerStream::stage(const ParamTensor& t) {
   return s.base + t.place_offset * weight_bytes_;
 }
 
-int64_t LayerStream::fetch_bytes_per_step() const {
-  int64_t fetched = 0;
-  for (size_t p = 0; p + slots_.size() < layers_.size(); p++)  // forward: all but the first slots
-    for (const Span& span : spans_[p + slots_.size()])
-      fetched += span.bytes + (span.packs ? span.max_slices * slice_bytes(span) : 0);
-  return 2 * fetched;  // the backward's, all but the last slots, are as many of the same size
+LayerStream::StepTraffic LayerStream::step_traffic(int micro_batches, bool fused) const {
+  GRASS_CHECK(micro_batches == 1 || !fused, "fused updates take one micro-batch a step");
+  const auto fetched_bytes = [&](int layer) {
+    int64_t bytes = 0;
+    for (const Span& span : spans_[size_t(position(layer))])
+      bytes += span.bytes + (span.packs ? span.max_slices * slice_bytes(span) : 0);
+    return bytes;
+  };
+  // the passes of two steps from empty slots, the acquires' own policy: the second's fetches
+  std::vector<int> occupants(slots_.size(), -1);
+  StepTraffic traffic;
+  for (int step = 0; step < 2; step++) {
+    traffic = {};
+    const auto pass = [&](Direction direction, int64_t& bytes) {
+      for (size_t i = 0; i < layers_.size(); i++) {
+        const int layer = direction == Direction::Forward ? layers_[i] : layers_[layers_.size() - 1 - i];
+        for (const SlotFetch& f : plan_acquire(occupants, layer, direction))
+          bytes += fetched_bytes(f.layer);
+      }
+    };
+    for (int m = 0; m < micro_batches; m++) {
+      pass(Direction::Forward, traffic.forward_fetched);
+      pass(Direction::Backward, traffic.backward_fetched);
+    }
+    if (!fused) pass(Direction::Forward, traffic.update_fetched);  // the deferred updates' pass
+  }
+  for (const std::vector<Span>& spans : spans_)
+    for (const Span& span : spans)
+      traffic.written_back += span.packs ? span.max_slices * slice_bytes(span) : span.bytes;
+  return traffic;
 }
 
-int64_t LayerStream::write_back_bytes_per_step() const {
-  int64_t bytes = 0;
-  for (const std::vector<Span>& spans : spans_)
-    for (const Span& span : spans) bytes += span.packs ? span.max_slices * slice_bytes(span) : span.bytes;
-  return bytes;
-}
 
 bool LayerStream::holds(const void* buffer) const {
   return std::find(host_.begin(), host_.end(), buffer) != host_.end() ||

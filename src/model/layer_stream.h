@@ -106,10 +106,16 @@ class LayerStream {
   bool holds(const void* buffer) const;
 
   // What crosses the link each way in a training step between refreshes, once the first has
-  // run: 2·(k − slots) layer fetches (the slots' contents are reused at both turnarounds) and k
-  // write-backs, a packed tensor's its max_slices slices.
-  int64_t fetch_bytes_per_step() const;
-  int64_t write_back_bytes_per_step() const;
+  // run, by the acquires' own slot policy: with fused updates (one micro-batch) 2·(k − slots)
+  // layer fetches (the slots' contents are reused at both turnarounds); with deferred updates
+  // each micro-batch's two passes, then a pass that updates every streamed layer (a forward's
+  // order; the next step's forward finds the last ones in the slots, not its first). k
+  // write-backs either way, a packed tensor's its max_slices slices.
+  struct StepTraffic {
+    int64_t forward_fetched = 0, backward_fetched = 0, update_fetched = 0, written_back = 0;
+    int64_t fetched() const { return forward_fetched + backward_fetched + update_fetched; }
+  };
+  StepTraffic step_traffic(int micro_batches, bool fused) const;
 
   // Bytes queued each way since construction, and acquires that found their layer neither in a
   // slot nor on its way (the first pass's first layers, or a pass in an unexpected order).
@@ -145,6 +151,13 @@ class LayerStream {
     return int64_t(span.rows ? span.in : span.out) * weight_bytes_;
   }
   int position(int layer) const;  // in layers_, or -1
+  // The fetches acquiring layer l in `direction` makes into slots holding `occupants` (updated):
+  // l's own first when no slot holds it, then the next layers of the pass's window, each into a
+  // slot whose occupant the window does not need.
+  struct SlotFetch {
+    int slot, layer;
+  };
+  std::vector<SlotFetch> plan_acquire(std::vector<int>& occupants, int l, Direction direction) const;
   int slot_of(int layer) const;   // or -1
   Span& span_of(const ParamTensor& t);
   const Span& span_of(const ParamTensor& t) const;

@@ -177,11 +177,7 @@ void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
                 "gate_proj and up_proj must be adjacent in the weights");
   }
   ts.set_projected(projected);
-  if (!memory.streamed_layers.empty()) {
-    GRASS_CHECK(memory.forward_only || memory.fused_update,
-                "streamed layers need fused updates: each layer is updated while on the device");
-    ts.stream_layers(memory.streamed_layers);
-  }
+  if (!memory.streamed_layers.empty()) ts.stream_layers(memory.streamed_layers);
   const int64_t num_stored = ts.num_stored(), num_dense_grads = ts.num_dense_grads();
 
   // Element sizes are the backend's: fp32 on the CPU, bf16 activations and weights on the GPU.
@@ -905,7 +901,8 @@ void LlamaModel::backward_from_head(int lm_head) {
     be.rmsnorm_backward(ws_.dres, begin_gradient(layer_tensor_index(l, LayerTensor::AttnNorm)), ws_.dnorm,
                         a.x_in, w.attn_norm, a.rstd1, N, C);
     end_gradient(layer_tensor_index(l, LayerTensor::AttnNorm));
-    if (streamed) stream->release(l, true);  // fused: every update of its matrices is queued
+    // fused: every update of its matrices is queued, and it goes back; deferred: it is unchanged
+    if (streamed) stream->release(l, memory_.fused_update);
   }
   be.embedding_backward(begin_gradient(embed), ws_.dres, inputs_, host_inputs_.data(), N, C);
   end_gradient(embed);

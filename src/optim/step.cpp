@@ -205,8 +205,20 @@ double DeferredStep::finish() {
   backend.sum_squares(&clip_->pending, model_.grads_buffer(), model_.num_dense_grads());
   backend.clip(clip_, max_norm_);
   const TraceRange range("optimizer");
-  for (size_t i = 0; i < projected_.size(); i++)
-    update(int(i), projected_[i] ? projected_[i] : model_.grad(model_.tensors()[i]));
+  // a streamed layer is on the device for its matrices' updates, then goes back (resident
+  // tensors between them, its norm gains, update as they are)
+  LayerStream* stream = model_.weight_store().stream();
+  int held = -1;
+  for (size_t i = 0; i < projected_.size(); i++) {
+    const ParamTensor& t = model_.tensors()[i];
+    if (t.place == Place::Streamed && t.layer != held) {
+      if (held >= 0) stream->release(held, true);
+      stream->acquire(t.layer, LayerStream::Direction::Forward);
+      held = t.layer;
+    }
+    update(int(i), projected_[i] ? projected_[i] : model_.grad(t));
+  }
+  if (held >= 0) stream->release(held, true);
   return read_norm(int(model_.tensors().size()));
 }
 

@@ -47,8 +47,11 @@ MemoryPlan plan_memory(const RunConfig& cfg, const Storage& storage, int eval_ba
       plan.disk_bytes_per_step = plan.activation_bytes_per_step;
   }
   if (const LayerStream* stream = s.model->weight_store().stream()) {  // offload.layers
-    plan.layer_fetch_bytes_per_step = stream->fetch_bytes_per_step();
-    plan.layer_write_back_bytes_per_step = stream->write_back_bytes_per_step();
+    const LayerStream::StepTraffic traffic =
+        stream->step_traffic(cfg.micro_batches_per_rank(), s.model->memory_options().fused_update);
+    plan.layer_fetch_bytes_per_step = traffic.fetched();
+    plan.layer_forward_fetch_bytes_per_step = traffic.forward_fetched;
+    plan.layer_write_back_bytes_per_step = traffic.written_back;
     plan.h2d_bytes_per_step += plan.layer_fetch_bytes_per_step;
     plan.d2h_bytes_per_step += plan.layer_write_back_bytes_per_step;
   }
@@ -238,11 +241,8 @@ FitAdvice fit_advice(const RunConfig& cfg, const Storage& storage) {
   return a;
 }
 
-// Whether offload "auto" may stream layers: each is updated in the backward that brought it
-// (fused updates, one micro-batch a step), and bf16-mixed's master copy does not stream.
-bool may_stream_layers(const RunConfig& cfg, const Storage& storage) {
-  return cfg.fused_update != Switch::Off && cfg.micro_batches_per_rank() == 1 && !storage.master;
-}
+// Whether offload "auto" may stream layers: bf16-mixed's master copy does not stream.
+bool may_stream_layers(const Storage& storage) { return !storage.master; }
 
 // choose_offload with `device_budget` for the plan on the device (the memory_limit less what a
 // card holds beyond the plan).
@@ -276,7 +276,7 @@ OffloadChoice choose_placement(const RunConfig& cfg, const Storage& storage, con
   };
   const int L = cfg.model.num_hidden_layers;
   const bool layers_free = cfg.offload.automatic || cfg.offload.layers_auto;
-  const bool may_stream = layers_free && may_stream_layers(cfg, storage);
+  const bool may_stream = layers_free && may_stream_layers(storage);
   // per placement of states and inputs, the fewest streamed layers that fit (each streamed
   // layer adds its fetches: fewer is less traffic), and the most, the least on the device
   std::vector<Candidate> fitting, least;
@@ -352,8 +352,8 @@ OffloadChoice choose_placement(const RunConfig& cfg, const Storage& storage, con
     if (c.plan.total < best->plan.total) best = &c;
   const std::string no_stream =
       layers_free && !may_stream
-          ? " (no layer streams: that needs one micro-batch a step, fused updates and precision "
-            "\"bf16\" or \"fp32\")"
+          ? " (no layer streams: bf16-mixed's fp32 master copy does not stream yet; precision "
+            "\"bf16\" or \"fp32\" streams)"
           : "";
   return {best->cfg, what + ": no placement fits " + limits + "; the least on the device is " +
                          placement(best->cfg.offload) + ": " + format_bytes(best->plan.total) +
@@ -478,16 +478,18 @@ struct PassLoad {
   }
 };
 // The forward sends each layer input to the host (then to disk with the disk tier, a task on the
-// same queue) and fetches the streamed layers past the slots; the backward fetches as many
-// layers, the inputs (read from disk first) and the states, and writes back the states and
-// the layers' updates. The forward's compute is a third of the model's FLOPs (2 of 6 per weight
+// same queue) and fetches its streamed layers; the backward fetches its layers (and, with
+// deferred updates, the update pass's: counted with it), the inputs (read from disk first) and
+// the states, and writes back the states and the layers' updates. The forward's compute is a third of the model's FLOPs (2 of 6 per weight
 // and token); the backward takes the rest of what the MFU convention counts, and a checkpoint's
 // recomputed forward.
 std::array<PassLoad, 2> pass_loads(const MemoryPlan& plan, const LinkModel& link, double tokens) {
   const double bw = link.link_gbps * 1e9;
   const double inputs = double(plan.activation_bytes_per_step) / bw +
                         double(plan.disk_bytes_per_step) / (link.disk_gbps * 1e9);
-  const double layers_in = double(plan.layer_fetch_bytes_per_step) / bw;
+  const double layers_in_forward = double(plan.layer_forward_fetch_bytes_per_step) / bw;
+  const double layers_in_backward =
+      double(plan.layer_fetch_bytes_per_step - plan.layer_forward_fetch_bytes_per_step) / bw;
   const double states_in = double(plan.h2d_bytes_per_step - plan.activation_bytes_per_step -
                                   plan.layer_fetch_bytes_per_step) / bw;
   const double states_out = double(plan.d2h_bytes_per_step - plan.activation_bytes_per_step -
@@ -498,10 +500,10 @@ std::array<PassLoad, 2> pass_loads(const MemoryPlan& plan, const LinkModel& link
   const double total =
       rate > 0 ? (plan.flops_per_token + plan.recompute_flops_per_token) * tokens / rate : 0;
   PassLoad f, b;
-  f.to_device = {layers_in / 2, 0};
+  f.to_device = {layers_in_forward, 0};
   f.to_host = {0, inputs};
   f.compute_s = forward;
-  b.to_device = {layers_in / 2 + states_in, inputs};
+  b.to_device = {layers_in_backward + states_in, inputs};
   b.to_host = {states_out + layers_out, 0};
   b.compute_s = total - forward;
   return {f, b};
@@ -749,8 +751,7 @@ MemoryVerdict memory_verdict(const RunConfig& given, const Storage& storage) {
     const std::string dtype = storage.weight_bytes == 2 ? "bf16" : "fp32";
     const std::string no_placement = ": no placement trains this model under " + limit_name +
                                      " with every weight on the device: stream some layers' "
-                                     "(offload.layers, with one micro-batch a step, fused updates "
-                                     "and precision \"bf16\" or \"fp32\")";
+                                     "(offload.layers, with precision \"bf16\" or \"fp32\")";
     if (beyond >= limit)
       return out + "a card holds " + format_bytes(beyond) +
              " beyond any plan (the CUDA context and libraries, the reservation's free memory): "

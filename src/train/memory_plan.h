@@ -23,10 +23,11 @@ struct MemoryPlan {
   // less: moments it resets are not fetched).
   int64_t h2d_bytes_per_step = 0, d2h_bytes_per_step = 0;
   // Of those, offload.activations' (the layers' inputs: they grow with the tokens of a step), and
-  // offload.layers' (the streamed layers fetched in the two passes, half in each, and written back
-  // in the backward)
+  // offload.layers' (the streamed layers fetched, of which in the forwards, and written back:
+  // LayerStream::step_traffic)
   int64_t activation_bytes_per_step = 0;
-  int64_t layer_fetch_bytes_per_step = 0, layer_write_back_bytes_per_step = 0;
+  int64_t layer_fetch_bytes_per_step = 0, layer_forward_fetch_bytes_per_step = 0;
+  int64_t layer_write_back_bytes_per_step = 0;
   // offload.activations disk: the file ring's size, and what it writes each step (and reads back)
   int64_t disk_bytes = 0, disk_bytes_per_step = 0;
   // What each rank of a data-parallel run sums with the others (docs/distributed.md): every step,

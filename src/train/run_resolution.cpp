@@ -78,9 +78,10 @@ ModelMemoryOptions model_memory_options(const RunConfig& cfg, const Storage& sto
   options.checkpointing = cfg.activation_checkpointing;
   options.sampled = cfg.activations;
   options.fused_update = cfg.fused_update == Switch::On ||
-                         (cfg.fused_update == Switch::Auto &&
-                          ((storage.pure_bf16() && cfg.micro_batches_per_rank() == 1) ||
-                           cfg.offload.layers > 0));  // the config checked the rest
+                         (cfg.fused_update == Switch::Auto && cfg.micro_batches_per_rank() == 1 &&
+                          // streamed layers: updated in the backward that brought them, not
+                          // fetched again for a pass of their own
+                          (storage.pure_bf16() || cfg.offload.layers > 0 || cfg.offload.layers_auto));
   options.streamed_layers = streamed_layers_for(cfg.model.num_hidden_layers, cfg.offload.layers);
   options.layer_slots = cfg.offload.layer_slots;
   options.pad_ffn = cfg.pad_ffn == Switch::On || (cfg.pad_ffn == Switch::Auto && storage.cuda);

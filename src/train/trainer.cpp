@@ -361,13 +361,19 @@ void Run::print_memory_lines() const {
   if (const LayerStream* stream = state_.model->weight_store().stream()) {
     std::string layers;
     for (const int l : stream->layers()) layers += (layers.empty() ? "" : ", ") + std::to_string(l);
+    const LayerStream::StepTraffic traffic =
+        stream->step_traffic(cfg.micro_batches_per_rank(), memory.fused_update);
     std::printf("  offload       layers %s: their matrices, %s in %s, through %d device slot%s: "
-                "%s fetched and %s written back a step\n",
+                "%s fetched and %s written back a step%s\n",
                 layers.c_str(),
                 format_bytes(arena_->bytes(MemPlace::Host, MemCategory::Weights)).c_str(),
                 backend_->host_tier().memory_name(), stream->slots(), stream->slots() == 1 ? "" : "s",
-                format_bytes(stream->fetch_bytes_per_step()).c_str(),
-                format_bytes(stream->write_back_bytes_per_step()).c_str());
+                format_bytes(traffic.fetched()).c_str(), format_bytes(traffic.written_back).c_str(),
+                memory.fused_update
+                    ? ""
+                    : (" (each of the " + std::to_string(cfg.micro_batches_per_rank()) +
+                       " micro-batches fetches them for its passes, then the updates' pass)")
+                          .c_str());
   }
   if (cfg.offload.any() || !offload_why_.empty()) {
     const int engines = backend_->copy_engines();
