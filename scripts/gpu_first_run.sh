@@ -45,6 +45,12 @@
 #   T10    one 8-bit Adam step against bitsandbytes' CUDA kernel (tools/peers/bitsandbytes_check.py
 #          with build-gpu/quant8_codes; bitsandbytes from build-deps/python, which
 #          scripts/gpu_deps.sh copies out of tools/peers' torch2 environment)
+#   T12    weight streaming (issue 47, ../shared/WEIGHT_STREAMING.md §6; a call of its own:
+#          --only build,T12): the pinned link both ways, alone and at once (PyTorch,
+#          tools/gpu/link_probe.py), then 13B GRASS at 16 x 256 tokens resident and with
+#          `--memory-limit 24GiB --set offload=auto` (layers streamed, states and inputs in pinned
+#          memory), alternating, 4 steps each: the losses (equal) and tok/s, streamed over resident
+#          (target >= 0.8x)
 #   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv,
 #          then its attention rows with --attention mma at 1B and 13B, B 16 and 64:
 #          logs/kernel_bench_mma_b16.csv, _b64.csv) when that target exists; last, being optional
@@ -60,7 +66,7 @@
 #                    runs the Python probes' --dry-run and profile_shares' self-test, builds the
 #                    sync counter, makes the shard, runs `grass mem` for the 13B plan, and prints
 #                    each GPU step's commands instead of running them
-#     --only/--skip  comma-separated step names from: T0,T1,T4,build,T3,T5,T11,T2,T9,T10,T6,T7,T8,bench
+#     --only/--skip  comma-separated step names from: T0,T1,T4,build,T3,T5,T11,T2,T9,T10,T6,T7,T8,T12,bench
 #     --budget       seconds for the whole run (default 560: the device tool allows 600 a call)
 #     --skip-build   use the binaries already in build-gpu/
 # Environment: OUT (where results go), CUDA_ARCH (default 90), CMAKE_ARGS (more -D options),
@@ -74,9 +80,9 @@ export PATH="/usr/local/cuda/bin:$PATH"
 
 # In the order they run (docs/gpu-status.md): the GPU tests and the headline first, so a lease cut
 # short still brings them back; T1 and T4 (PyTorch probes) run beside the build.
-ALL_STEPS=(T0 T1 T4 build T3 T5 T11 T2 T9 T10 T6 T7 T8 bench)
+ALL_STEPS=(T0 T1 T4 build T3 T5 T11 T2 T9 T10 T6 T7 T8 T12 bench)
 dry=0 skip_build=0 budget=560 only="" skip=""
-usage() { sed -n '2,45p' "$0"; }
+usage() { sed -n '2,51p' "$0"; }
 while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) dry=1 ;;
@@ -847,6 +853,68 @@ step_t7() {
   record T7 "$(status_of $rc)" "$figure"
 }
 
+# ---- T12 -----------------------------------------------------------------------------------------
+# Weight streaming (issue 47): the link, then 13B at 16 x 256 resident against streamed.
+step_t12() {
+  local plan_log=$logs/t12_plan.log link_log=$logs/t12_link.log
+  begin T12 420 200 || return  # two 13B runs: an H200 needed 87 s for one at 1 x 256 with init
+  need_build T12 || return
+  ensure_shard || { record T12 "fail (no shard)" "log: logs/shard.log"; return; }
+  local figure="" link rc
+  run_cmd "$(cap 60)" "$link_log" "$PY" tools/gpu/link_probe.py --json "$logs/t12_link.json"
+  rc=$?
+  link=$(sed -n 's/^link: //p' "$link_log" | tail -1)
+  [ $dry = 0 ] && figure="link: ${link:-$(grep -h 'link_probe: skipped' "$link_log" | tail -1 | sed 's/link_probe: //' | grep . || echo "$(status_of $rc)")}; "
+  if [ -f "$logs/t12_link.json" ]; then
+    local way
+    for way in h2d_gbps d2h_gbps both_gbps_each_way; do
+      figure_row T12 link-pinned "$way" "$(sed -n "s/.*\"$way\": \([0-9.]*\).*/\1/p" "$logs/t12_link.json" | tail -1)" GB/s
+    done
+  fi
+  local run_cfg=configs/runs/llama_13b_grass.json
+  local sets=(--set "data.train=$shard" --set device=cuda --set micro_batch_size=16
+              --set total_batch_size=16 --set steps=4 --set log_every=1)
+  local streamed=(--memory-limit 24GiB --set offload=auto)
+  "$BUILD"/grass mem "$run_cfg" --device cuda "${sets[@]}" "${streamed[@]}" >"$plan_log" 2>&1
+  local choice
+  choice=$(grep -m1 '^offload auto: ' "$plan_log" | sed 's/^offload auto: //; s/, the fastest placement.*: \([0-9.]* GiB\) on the device.*/: \1 on the device/')
+  local run log ok=1
+  for run in resident streamed; do
+    log=$logs/t12_$run.log
+    if [ $dry = 0 ] && [ "$(cap 180)" -lt 120 ]; then figure+="$run skipped (budget); "; ok=0; continue; fi
+    rm -rf "$work/t12_$run"
+    if [ $run = resident ]; then
+      run_cmd "$(cap 180)" "$log" "$BUILD"/grass train "$run_cfg" "${sets[@]}" --set "out_dir=$work/t12_$run"
+    else
+      run_cmd "$(cap 180)" "$log" "$BUILD"/grass train "$run_cfg" "${sets[@]}" "${streamed[@]}" \
+        --set "out_dir=$work/t12_$run"
+    fi
+    rc=$?
+    [ $dry = 1 ] && continue
+    if [ $rc = 0 ] && [ -n "$(done_field "$log")" ]; then
+      run_figures T12 "13b-16x256-$run" "$log"
+    else
+      ok=0; figure+="$run $(status_of $rc); "
+    fi
+  done
+  [ $dry = 1 ] && { record T12 dry-run "the link probe and 13B at 16x256 resident against ${choice:-streamed}, printed"; return; }
+  local r s same=n/a
+  r=$(done_field "$logs/t12_resident.log")
+  s=$(done_field "$logs/t12_streamed.log")
+  if [ -s "$work/t12_resident/metrics.jsonl" ] && [ -s "$work/t12_streamed/metrics.jsonl" ]; then
+    # the step rows' losses, to the last printed digit
+    if cmp -s <(grep -o '"loss":[^,]*' "$work/t12_resident/metrics.jsonl") \
+              <(grep -o '"loss":[^,]*' "$work/t12_streamed/metrics.jsonl"); then same=yes; else same=NO; ok=0; fi
+  fi
+  if [ -n "$r" ] && [ -n "$s" ]; then
+    local ratio
+    ratio=$(awk -v s="$s" -v r="$r" 'BEGIN { printf "%.3f", s / r }')
+    figure+="13B GRASS 16x256: resident $r tok/s, streamed (${choice:-offload auto}) $s tok/s: ${ratio}x (target >= 0.8x); losses equal: $same"
+    figure_row T12 streamed-over-resident tokens_per_s_ratio "$ratio" x
+  fi
+  record T12 "$([ $ok = 1 ] && [ "$same" = yes ] && echo pass || echo fail)" "${figure%; }"
+}
+
 # ---- summary -------------------------------------------------------------------------------------
 write_summary() {
   local s f row="" overall
@@ -902,6 +970,7 @@ step_t10
 step_t6
 step_t7
 step_t8
+step_t12  # weight streaming: a call of its own (--only build,T12); in the first, out of budget
 step_bench  # last: the kernel lab is optional, T6/T7 run nowhere else
 echo
 write_summary
