@@ -37,14 +37,18 @@ out_lacks() { grep -qF -- "$1" "$tmp/out" && { fail "output should not have \"$1
 # workspace, 14.0 MiB; 28.39 GiB with the engine's kernels)
 big=configs/runs/llama_13b_grass.json
 
-# the issue's command: 13B under 24 GiB cannot fit, and the weights are why
+# the issue's command: 13B under 24 GiB does not fit resident; streamed layers (offload "auto")
+# would fit it
 mem 3 "$big" --memory-limit 24GiB
 first_starts "does not fit memory_limit 24.00 GiB: LLaMA 13.016B, grass r=256, pure bf16, 1 x 256 tokens"
 first_has "needs 29.67 GiB (5.67 GiB over)"
-first_has "the bf16 weights alone take 24.24 GiB: no placement trains this model under 24.00 GiB with every weight on the device: stream some layers' (offload.layers)"
+first_has 'not even micro_batch_size 1 fits; offload "auto" fits it with optimizer states in the host tier, 7 layers'"'"' weights streamed from the host tier: 22.58 GiB on the device'
 out_has "  29.67 GiB = 28.41 GiB planned + 1.01 GiB the CUDA context and libraries take outside the plan (measured on an H200) + 256.0 MiB the reservation leaves free beside it"
 out_lacks "data-parallel"
 [ -s "$tmp/err" ] && fail "a run that does not fit is an answer, not an error: $(cat "$tmp/err")" || pass
+# in bf16-mixed no layer streams: the weights are the floor
+mem 3 "$big" --memory-limit 24GiB --set precision=bf16-mixed
+first_has "the bf16 weights alone take 24.24 GiB: no placement trains this model under 24.00 GiB with every weight on the device: stream some layers' (offload.layers, with precision \"bf16\" or \"fp32\")"
 
 # one that fits: the largest micro-batch, counted with the allowance
 mem 0 "$big" --memory-limit 40GiB
@@ -74,7 +78,7 @@ assert j["fits"] is False and v["fits"] is False and v["exit_code"] == 3, v
 assert v["cuda_outside_plan_bytes"] == int(1.01 * 2**30), v
 assert v["needed_bytes"] == j["total"] + v["cuda_outside_plan_bytes"] + v["reservation_headroom_bytes"]
 assert v["exit_codes"]["3"].startswith("does not fit"), v["exit_codes"]
-assert "weights alone take 24.24 GiB" in v["line"], v["line"]
+assert 'offload "auto" fits it with' in v["line"], v["line"]
 PY
 
 # no limit: the card sizes it fits, exit 0; no data-parallel rows for a one-GPU question
