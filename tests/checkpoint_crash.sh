@@ -43,10 +43,10 @@ ck="$tmp/crash/checkpoints"
 final="step_00000100"
 # OFFLOAD=1: the killed runs keep their optimizer states in the host tier, under per-layer
 # checkpointing of a four-layer model layer 0's input in a file ring on disk, and layers 1 and 3's
-# weights in the host tier (offload.layers: one micro-batch of 16 a step, fused updates, for both
-# runs); the uninterrupted run keeps everything on the device (offload is a layout of memory, not
-# of state), and no ring file may outlive a killed run. The faults after the kills are left to the
-# plain run.
+# weights in the host tier (offload.layers: two micro-batches of 8 a step, so each micro-batch
+# fetches the layers and an update pass writes them back, for both runs); the uninterrupted run
+# keeps everything on the device (offload is a layout of memory, not of state), and no ring file
+# may outlive a killed run. The faults after the kills are left to the plain run.
 crash_args=()
 ring="$tmp/ring"
 if [ "${OFFLOAD:-0}" = 1 ]; then
@@ -55,7 +55,7 @@ import json, sys
 run = json.load(open(sys.argv[1]))
 model = json.load(open(run["model"]))
 model["num_hidden_layers"] = 4
-run.update(model=model, activation_checkpointing="layer", micro_batch_size=16, fused_update="on")
+run.update(model=model, activation_checkpointing="layer", micro_batch_size=8, total_batch_size=16)
 json.dump(run, open(sys.argv[1], "w"))
 PY
   crash_args=(--set "offload={\"optimizer_states\": true, \"activations\": \"disk\", \"disk_dir\": \"$ring\", \"layers\": 2}")
