@@ -470,6 +470,7 @@ struct QueueLoad {
 };
 struct PassLoad {
   QueueLoad to_device, to_host;
+  int64_t to_device_bytes = 0, to_host_bytes = 0;  // over the link
   double compute_s = 0;
   // both queues at once (two), or in turn (one)
   double copy_s(const LinkModel& link, double scale = 1) const {
@@ -480,9 +481,9 @@ struct PassLoad {
 // The forward sends each layer input to the host (then to disk with the disk tier, a task on the
 // same queue) and fetches its streamed layers; the backward fetches its layers (and, with
 // deferred updates, the update pass's: counted with it), the inputs (read from disk first) and
-// the states, and writes back the states and the layers' updates. The forward's compute is a third of the model's FLOPs (2 of 6 per weight
-// and token); the backward takes the rest of what the MFU convention counts, and a checkpoint's
-// recomputed forward.
+// the states, and writes back the states and the layers' updates. The forward's compute is a
+// third of the model's FLOPs (2 of 6 per weight and token); the backward takes the rest of what
+// the MFU convention counts, and a checkpoint's recomputed forward.
 std::array<PassLoad, 2> pass_loads(const MemoryPlan& plan, const LinkModel& link, double tokens) {
   const double bw = link.link_gbps * 1e9;
   const double inputs = double(plan.activation_bytes_per_step) / bw +
@@ -502,9 +503,13 @@ std::array<PassLoad, 2> pass_loads(const MemoryPlan& plan, const LinkModel& link
   PassLoad f, b;
   f.to_device = {layers_in_forward, 0};
   f.to_host = {0, inputs};
+  f.to_device_bytes = plan.layer_forward_fetch_bytes_per_step;
+  f.to_host_bytes = plan.activation_bytes_per_step;
   f.compute_s = forward;
   b.to_device = {layers_in_backward + states_in, inputs};
   b.to_host = {states_out + layers_out, 0};
+  b.to_device_bytes = plan.h2d_bytes_per_step - f.to_device_bytes;
+  b.to_host_bytes = plan.d2h_bytes_per_step - f.to_host_bytes;
   b.compute_s = total - forward;
   return {f, b};
 }
@@ -625,13 +630,12 @@ std::string describe_offload(const RunConfig& cfg, const MemoryPlan& plan, const
   }
   // pass by pass: copies overlap only their own pass's compute
   const std::array<PassLoad, 2> passes = pass_loads(plan, link, 0);
-  const double bw = link.link_gbps * 1e9;
   for (size_t p = 0; p < passes.size(); p++) {
-    const double up = passes[p].to_device.at(1) * bw, down = passes[p].to_host.at(1) * bw;
     std::snprintf(line, sizeof line,
                   "         %-9s %s to the device, %s back: %.3g s of copies, %.3g s of compute\n",
-                  p == 0 ? "forward" : "backward", format_bytes(int64_t(up)).c_str(),
-                  format_bytes(int64_t(down)).c_str(), b.pass_copy_s[p], b.pass_compute_s[p]);
+                  p == 0 ? "forward" : "backward", format_bytes(passes[p].to_device_bytes).c_str(),
+                  format_bytes(passes[p].to_host_bytes).c_str(), b.pass_copy_s[p],
+                  b.pass_compute_s[p]);
     out += line;
   }
   const double tokens = double(cfg.micro_batches_per_rank()) * cfg.micro_batch_size * cfg.seq_len;
