@@ -147,6 +147,11 @@ TEST_CASE("offloaded layer inputs: plan = arena, the ring on the device, the res
           const double fixed_s = (queues == 1 ? 2 : 1) * states_s;
           CHECK(b["copy_s"].get<double>() == Approx(2 * inputs_s + fixed_s).epsilon(1e-12));
           CHECK(b["forward"]["copy_s"].get<double>() == Approx(inputs_s).epsilon(1e-12));
+          // the bytes over the link each way, pass by pass (the disk's time is not bytes)
+          CHECK(b["forward"]["to_host_bytes"] == moved);
+          CHECK(b["forward"]["to_device_bytes"] == 0);
+          CHECK(b["backward"]["to_device_bytes"] == plan.h2d_bytes_per_step);
+          CHECK(b["backward"]["to_host_bytes"] == plan.d2h_bytes_per_step - moved);
           CHECK(b["backward"]["copy_s"].get<double>() ==
                 Approx(inputs_s + fixed_s).epsilon(1e-12));
           // the smallest step whose backward covers its copies, the inputs' growing with it (the

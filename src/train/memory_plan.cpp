@@ -986,14 +986,19 @@ std::string memory_plan_json(const RunConfig& given, const Storage& storage,
   out["copy_queues"] = link.copy_queues;
   if (link.tflops > 0 && plan.flops_per_token > 0) {
     const StepBound b = step_bound(cfg, plan, link);
+    const std::array<PassLoad, 2> passes = pass_loads(plan, link, 0);
     out["tflops"] = link.tflops;
     out["step_bound"] = {{"compute_s", b.compute_s},
                          {"copy_s", b.copy_s},
                          {"step_s", b.step_s},
                          {"forward", {{"compute_s", b.pass_compute_s[0]},
-                                      {"copy_s", b.pass_copy_s[0]}}},
+                                      {"copy_s", b.pass_copy_s[0]},
+                                      {"to_device_bytes", passes[0].to_device_bytes},
+                                      {"to_host_bytes", passes[0].to_host_bytes}}},
                          {"backward", {{"compute_s", b.pass_compute_s[1]},
-                                       {"copy_s", b.pass_copy_s[1]}}},
+                                       {"copy_s", b.pass_copy_s[1]},
+                                       {"to_device_bytes", passes[1].to_device_bytes},
+                                       {"to_host_bytes", passes[1].to_host_bytes}}},
                          {"link_bound", b.link_bound()},
                          {"hiding_tokens", b.hiding_tokens}};
   }
