@@ -643,7 +643,7 @@ std::string describe_offload(const RunConfig& cfg, const MemoryPlan& plan, const
                 b.step_s, tokens / b.step_s);
   out += line;
   if (plan.disk_bytes_per_step > 0) {  // SSD endurance: rated in terabytes written
-    const double per_day = double(plan.disk_bytes_per_step) * 86400 / std::max(b.copy_s, b.compute_s);
+    const double per_day = double(plan.disk_bytes_per_step) * 86400 / b.step_s;
     std::snprintf(line, sizeof line,
                   "warning  the disk tier writes %.3g TB a day at that step time: an SSD rated for "
                   "600 TB written would last %.3g days; keep layer inputs in the host tier where "
