@@ -281,9 +281,12 @@ TEST_CASE("a GPU run's head takes 4096-row chunks where its plan has room, else 
   CHECK_THAT(format_memory_plans(cfg, gpu), Contains("head logits 4096 rows at a time (128.0 MiB)\n"));
   CHECK(nlohmann::json::parse(memory_plan_json(cfg, gpu))["head_rows"] == 4096);
 
-  // A limit the larger chunk's plan is 1 byte over: the default chunk, 64 MiB less, which fits.
+  // A card the larger chunk's plan is 1 byte over (memory_limit less what a card holds beyond
+  // the plan): the default chunk, 64 MiB less, which fits.
   cfg.source = "run.json";
-  cfg.memory_limit = large.total - 1;
+  const int64_t beyond = beyond_plan_bytes(gpu);
+  CHECK(beyond > 0);
+  cfg.memory_limit = large.total + beyond - 1;
   const MemoryPlan small = plan_memory(cfg, gpu);
   CHECK(model_memory_options(cfg, gpu).head_chunk_rows == 0);
   CHECK(large.total - small.total == 64 * MiB);
@@ -291,9 +294,15 @@ TEST_CASE("a GPU run's head takes 4096-row chunks where its plan has room, else 
         64 * MiB);
   CHECK_NOTHROW(check_memory_limit(cfg, gpu, small));
   CHECK_THAT(format_memory_plans(cfg, gpu),
-             Contains("head logits 2048 rows at a time (64.0 MiB); 4096 would not fit memory_limit"));
-  // exactly the larger plan: the larger chunk
+             Contains("head logits 2048 rows at a time (64.0 MiB); 4096 would not fit "
+                      "memory_limit less the " + format_bytes(beyond) +
+                      " a card holds beyond the plan"));
+  // A limit under the larger plan's card but over its plan (what grass train's cap alone would
+  // take): still the default chunk, so grass mem's verdict and offload "auto" keep the card's room.
   cfg.memory_limit = large.total;
+  CHECK(model_memory_options(cfg, gpu).head_chunk_rows == 0);
+  // exactly the larger plan's card: the larger chunk
+  cfg.memory_limit = large.total + beyond;
   CHECK(model_memory_options(cfg, gpu).head_chunk_rows == 4096);
   CHECK(plan_memory(cfg, gpu).total == large.total);
   // the largest micro-batch under a limit counts the chunk each micro-batch would take

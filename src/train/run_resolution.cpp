@@ -171,7 +171,11 @@ int64_t planned_head_chunk_rows(const RunConfig& cfg, const Storage& storage) {
     return large;
   RunConfig unlimited = cfg;  // planned with the larger chunk
   unlimited.memory_limit = 0;
-  return plan_memory(unlimited, storage).total <= cfg.memory_limit ? large : 0;
+  // Only where a card of memory_limit would hold it: the chooser of offload "auto" and grass mem's
+  // verdict plan against that room, so the chunk never takes what they kept for the card.
+  return plan_memory(unlimited, storage).total <= cfg.memory_limit - beyond_plan_bytes(storage)
+             ? large
+             : 0;
 }
 
 std::string describe_head(const RunConfig& cfg, const Storage& storage,
@@ -184,7 +188,8 @@ std::string describe_head(const RunConfig& cfg, const Storage& storage,
   std::string out = "logits " + std::to_string(rows) + " rows at a time (" + logits + ")";
   const int64_t large = head_rows(storage, N, V, large_head_chunk_rows(V));
   if (large > rows)  // the run took the smaller chunk: memory_limit has no room for the larger
-    out += "; " + std::to_string(large) + " would not fit memory_limit";
+    out += "; " + std::to_string(large) + " would not fit memory_limit less the " +
+           format_bytes(beyond_plan_bytes(storage)) + " a card holds beyond the plan";
   return out;
 }
 

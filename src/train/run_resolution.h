@@ -71,7 +71,8 @@ std::string cudnn_version_name(int64_t version);
 std::string describe_attention(AttentionChoice asked, const AttentionInUse& in_use);
 
 // The GPU head's chunk for a run (ModelMemoryOptions::head_chunk_rows): large_head_chunk_rows
-// (kernels/backend.h) where the run's plan with it fits memory_limit, and always without one;
+// (kernels/backend.h) where the run's plan with it fits memory_limit less what a card holds
+// beyond the plan (beyond_plan_bytes), and always without a memory_limit;
 // else 0, the default 64 MiB of logits. The plan is the training model's, before an evaluation
 // model takes what it leaves. 0 on the CPU, which computes the head in one chunk.
 int64_t planned_head_chunk_rows(const RunConfig& cfg, const Storage& storage);
