@@ -1,9 +1,16 @@
 #include "kernels/cuda/copy_stream.cuh"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "src/core/error.h"
 
 namespace grass::cuda {
 
@@ -37,7 +44,16 @@ void CopyStreams::copy(int queue, void* dst, const void* src, size_t bytes, cuda
   GRASS_CUDA_CHECK(cudaStreamWaitEvent(l.stream, compute_done_, 0));
   const Timed t{timing_event(), timing_event(), bytes};
   GRASS_CUDA_CHECK(cudaEventRecord(t.start, l.stream));
-  GRASS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, l.stream));
+  // one copy per pinned region the host side crosses (a buffer over a chunk has several)
+  const char* host = static_cast<const char*>(kind == cudaMemcpyDeviceToHost ? dst : src);
+  for (size_t at = 0; at < bytes;) {
+    const size_t piece = host_tier_.contains(host + at)
+                             ? std::min(bytes - at, host_tier_.region_left(host + at))
+                             : bytes - at;
+    GRASS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + at,
+                                     static_cast<const char*>(src) + at, piece, kind, l.stream));
+    at += piece;
+  }
   GRASS_CUDA_CHECK(cudaEventRecord(t.end, l.stream));
   timed_.push_back(t);
   l.queued++;
@@ -118,21 +134,73 @@ void CopyStreams::synchronize() {
     if (l.queued > 0) GRASS_CUDA_CHECK(cudaStreamSynchronize(l.stream));
 }
 
-void* CopyStreams::PinnedHost::allocate_zeroed(size_t bytes) {
-  void* p = nullptr;
-  if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
-    cudaGetLastError();  // answered: the arena names the buffer
-    return nullptr;
+CopyStreams::PinnedHost::PinnedHost(CopyStreams& copies)
+    : copies_(copies), chunk_(kChunkBytes) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  if (const char* text = std::getenv("GRASS_PINNED_CHUNK")) {
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(text, &end, 10);
+    if (end == text || *end || value == 0 || value % page)
+      throw UserError(std::string("GRASS_PINNED_CHUNK: \"") + text +
+                      "\" is not a positive multiple of the page size (" + std::to_string(page) +
+                      " bytes)");
+    chunk_ = size_t(value);
   }
-  std::memset(p, 0, bytes);
-  buffers_[static_cast<const char*>(p)] = bytes;
+}
+
+void* CopyStreams::PinnedHost::allocate_zeroed(size_t bytes) {
+  if (bytes <= chunk_) {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();  // answered: the arena names the buffer
+      return nullptr;
+    }
+    std::memset(p, 0, bytes);
+    const char* start = static_cast<const char*>(p);
+    buffers_[start] = {bytes, 0};
+    regions_[start] = bytes;
+    return p;
+  }
+  // Zeroed pages from the kernel, pinned a chunk at a time (chunk_ is a multiple of the page).
+  const size_t page = size_t(sysconf(_SC_PAGESIZE)), mapped = (bytes + page - 1) / page * page;
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  char* start = static_cast<char*>(p);
+  for (size_t at = 0; at < mapped; at += chunk_) {
+    const size_t n = std::min(chunk_, mapped - at);
+    if (cudaHostRegister(start + at, n, cudaHostRegisterDefault) != cudaSuccess) {
+      cudaGetLastError();  // answered: the arena names the buffer
+      unregister(start, at);
+      munmap(p, mapped);
+      return nullptr;
+    }
+    regions_[start + at] = n;
+  }
+  buffers_[start] = {bytes, mapped};
   return p;
+}
+
+void CopyStreams::PinnedHost::unregister(const char* start, size_t mapped) {
+  for (size_t at = 0; at < mapped; at += chunk_) {
+    GRASS_CUDA_CHECK(cudaHostUnregister(const_cast<char*>(start + at)));
+    regions_.erase(start + at);
+  }
 }
 
 void CopyStreams::PinnedHost::deallocate(void* ptr) {
   copies_.synchronize();  // no copy may still touch it
-  buffers_.erase(static_cast<const char*>(ptr));
-  GRASS_CUDA_CHECK(cudaFreeHost(ptr));
+  const char* start = static_cast<const char*>(ptr);
+  const auto it = buffers_.find(start);
+  GRASS_CHECK(it != buffers_.end(), "a host-tier free of a pointer it does not hold");
+  const Buffer buffer = it->second;
+  buffers_.erase(it);
+  if (buffer.mapped == 0) {
+    regions_.erase(start);
+    GRASS_CUDA_CHECK(cudaFreeHost(ptr));
+    return;
+  }
+  unregister(start, buffer.mapped);
+  munmap(ptr, buffer.mapped);
 }
 
 bool CopyStreams::PinnedHost::contains(const void* p) const {
@@ -140,7 +208,16 @@ bool CopyStreams::PinnedHost::contains(const void* p) const {
   auto it = buffers_.upper_bound(c);
   if (it == buffers_.begin()) return false;
   --it;
-  return c < it->first + it->second;
+  return c < it->first + it->second.bytes;
+}
+
+size_t CopyStreams::PinnedHost::region_left(const void* p) const {
+  const char* c = static_cast<const char*>(p);
+  auto it = regions_.upper_bound(c);
+  GRASS_CHECK(it != regions_.begin(), "a pointer in no pinned region of the host tier");
+  --it;
+  GRASS_CHECK(c < it->first + it->second, "a pointer in no pinned region of the host tier");
+  return size_t(it->first + it->second - c);
 }
 
 bool CopyStreams::in_host_tier(const void* p) const { return host_tier_.contains(p); }

@@ -49,17 +49,32 @@ class CopyStreams {
   bool in_host_tier(const void* p) const;
 
  private:
+  // The host tier: pinned in chunks of at most kChunkBytes (GRASS_PINNED_CHUNK overrides
+  // it: a positive multiple of the page size). A buffer up to a chunk is one cudaHostAlloc; a
+  // larger one is pages from the kernel registered a chunk at a time, since one huge pinning call
+  // can fail or stall where chunks do not (../shared/WEIGHT_STREAMING.md §7.4). A copy is async
+  // only within one pinned region, so copy() splits a copy at the regions' ends.
   class PinnedHost final : public MemoryResource {
    public:
-    explicit PinnedHost(CopyStreams& copies) : copies_(copies) {}
+    static constexpr size_t kChunkBytes = size_t(4) << 30;
+    explicit PinnedHost(CopyStreams& copies);
     void* allocate_zeroed(size_t bytes) override;
     void deallocate(void* ptr) override;
     const char* memory_name() const override { return "pinned host memory"; }
     bool contains(const void* p) const;
+    // The bytes from p (in the host tier) to the end of its pinned region.
+    size_t region_left(const void* p) const;
 
    private:
+    struct Buffer {
+      size_t bytes;
+      size_t mapped;  // registered chunks: the pages mapped (bytes rounded up); 0: a cudaHostAlloc
+    };
+    void unregister(const char* start, size_t mapped);
     CopyStreams& copies_;
-    std::map<const char*, size_t> buffers_;  // start -> bytes
+    size_t chunk_;
+    std::map<const char*, Buffer> buffers_;  // start -> buffer
+    std::map<const char*, size_t> regions_;  // each pinned region: start -> bytes
   };
   static constexpr int kEvents = 16;
   struct Timed {

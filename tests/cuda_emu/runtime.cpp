@@ -228,6 +228,9 @@ bool read_by_pending_copy(const void* dst, size_t bytes) {
 }
 }  // namespace
 
+namespace {
+void check_pinned_span(const void* host, size_t bytes);  // below, with the pinned regions
+}  // namespace
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   cuda_emu::check_stream_device(stream, "cudaMemcpyAsync");
@@ -238,6 +241,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (src_device)
     if (cudaError_t e = check_device(src, bytes, "cudaMemcpy source")) return e;
   if (bytes == 0) return cudaSuccess;
+  if (!src_device) check_pinned_span(src, bytes);
+  if (!dst_device) check_pinned_span(dst, bytes);
   if (!cuda_emu::deferred_streams() || !stream) {
     cuda_emu::enqueue(stream, [=] { std::memmove(dst, src, bytes); });
     return cudaSuccess;
@@ -397,11 +402,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   cuda_emu::drain_stream(stream);
   return take_fault();
 }
-// CUDA_EMU_PINNED_LIMIT=<bytes>: cudaHostAlloc fails once the pinned bytes held would pass it,
-// as on a machine that cannot pin (or lock) that much memory.
+// CUDA_EMU_PINNED_LIMIT=<bytes>: cudaHostAlloc and cudaHostRegister fail once the pinned bytes
+// held would pass it, as on a machine that cannot pin (or lock) that much memory.
 namespace {
 std::mutex pinned_mutex;
-std::map<void*, size_t> pinned;  // held, by pointer
+std::map<const char*, size_t> pinned;  // the pinned regions held: start -> bytes
+std::map<const char*, bool> registered;  // which of them cudaHostRegister made
 size_t pinned_bytes = 0;
 size_t pinned_limit() {
   static const size_t limit = [] {
@@ -417,7 +423,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
   if (bytes > pinned_limit() - pinned_bytes) return cudaErrorMemoryAllocation;
   *ptr = std::malloc(std::max<size_t>(bytes, 1));
   if (!*ptr) return cudaErrorMemoryAllocation;
-  pinned[*ptr] = bytes;
+  pinned[static_cast<const char*>(*ptr)] = bytes;
   pinned_bytes += bytes;
   return cudaSuccess;
 }
@@ -425,7 +431,11 @@ cudaError_t cudaFreeHost(void* ptr) {
   cuda_emu::drain_all();  // as cudaFree: queued copies may still read it
   {
     const std::lock_guard<std::mutex> lock(pinned_mutex);
-    if (auto it = pinned.find(ptr); it != pinned.end()) {
+    if (auto it = pinned.find(static_cast<const char*>(ptr)); it != pinned.end()) {
+      if (registered.count(it->first)) {
+        std::fprintf(stderr, "cuda_emu: cudaFreeHost of registered memory (cudaHostUnregister it)\n");
+        std::abort();
+      }
       pinned_bytes -= it->second;
       pinned.erase(it);
     }
@@ -433,6 +443,62 @@ cudaError_t cudaFreeHost(void* ptr) {
   std::free(ptr);
   return cudaSuccess;
 }
+cudaError_t cudaHostRegister(void* ptr, size_t bytes, unsigned) {
+  const std::lock_guard<std::mutex> lock(pinned_mutex);
+  const char* start = static_cast<const char*>(ptr);
+  auto next = pinned.lower_bound(start);  // no overlap with a region held: CUDA refuses it
+  const bool overlaps = (next != pinned.end() && next->first < start + bytes) ||
+                        (next != pinned.begin() && std::prev(next)->first + std::prev(next)->second > start);
+  if (bytes == 0 || overlaps) return set_error(cudaErrorInvalidValue), cudaErrorInvalidValue;
+  if (bytes > pinned_limit() - pinned_bytes)
+    return set_error(cudaErrorMemoryAllocation), cudaErrorMemoryAllocation;
+  pinned[start] = bytes;
+  registered[start] = true;
+  pinned_bytes += bytes;
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* ptr) {
+  cuda_emu::drain_all();  // queued copies may still read it
+  const std::lock_guard<std::mutex> lock(pinned_mutex);
+  const char* start = static_cast<const char*>(ptr);
+  const auto it = pinned.find(start);
+  if (it == pinned.end() || !registered.count(start))
+    return set_error(cudaErrorInvalidValue), cudaErrorInvalidValue;
+  pinned_bytes -= it->second;
+  pinned.erase(it);
+  registered.erase(start);
+  return cudaSuccess;
+}
+namespace {
+// The pinned region holding [p, p + bytes) from p on: its bytes from p, or 0 when p is in none.
+size_t pinned_from(const void* p) {
+  const char* c = static_cast<const char*>(p);
+  const std::lock_guard<std::mutex> lock(pinned_mutex);
+  auto it = pinned.upper_bound(c);
+  if (it == pinned.begin()) return 0;
+  --it;
+  return c < it->first + it->second ? size_t(it->first + it->second - c) : 0;
+}
+// An async copy is async only within one pinned region: one whose host side starts in a region
+// and runs past its end is a bug of the caller (the CUDA backend splits its copies at the ends).
+void check_pinned_span(const void* host, size_t bytes) {
+  const size_t left = pinned_from(host);
+  if (left == 0 || bytes <= left) return;
+  std::fprintf(stderr, "cuda_emu: a cudaMemcpyAsync of %zu bytes runs %zu bytes past the end of "
+                       "the pinned region its host side starts in\n", bytes, bytes - left);
+  std::abort();
+}
+}  // namespace
+namespace cuda_emu {
+size_t pinned_region_bytes(const void* p) {
+  const char* c = static_cast<const char*>(p);
+  const std::lock_guard<std::mutex> lock(pinned_mutex);
+  auto it = pinned.upper_bound(c);
+  if (it == pinned.begin()) return 0;
+  --it;
+  return c < it->first + it->second ? it->second : 0;
+}
+}  // namespace cuda_emu
 // Stricter than CUDA, an event is destroyed only by the thread that made it: one dropped on a
 // helper thread (a watchdog's last reference) is destroyed at a moment the owner does not know,
 // while it may still record or wait on it.

@@ -28,5 +28,8 @@ std::string last_kernel_fault();
 // cp.async's late copies (cuda_runtime.h) on or off for the kernels run from now on, whatever
 // CUDA_EMU_CP_ASYNC says; returns the mode before.
 bool set_cp_async_late(bool late);
+// The bytes of the pinned region (a cudaHostAlloc's, or a cudaHostRegister's) that holds p; 0
+// when none does.
+size_t pinned_region_bytes(const void* p);
 
 }  // namespace cuda_emu

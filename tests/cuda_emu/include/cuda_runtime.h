@@ -127,6 +127,11 @@ constexpr unsigned cudaEventDefault = 0;
 constexpr unsigned cudaEventDisableTiming = 2;
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags);
 cudaError_t cudaFreeHost(void* ptr);
+// Pins (and unpins) host memory the caller allocated: a pinned region of its own, like a
+// cudaHostAlloc's. An async copy whose host side starts in a pinned region must end in it.
+constexpr unsigned cudaHostRegisterDefault = 0;
+cudaError_t cudaHostRegister(void* ptr, size_t bytes, unsigned flags);
+cudaError_t cudaHostUnregister(void* ptr);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
