@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -470,19 +471,21 @@ cudaError_t cudaHostUnregister(void* ptr) {
   return cudaSuccess;
 }
 namespace {
-// The pinned region holding [p, p + bytes) from p on: its bytes from p, or 0 when p is in none.
-size_t pinned_from(const void* p) {
+// The pinned region holding p: its start and bytes, or {nullptr, 0} when none does.
+std::pair<const char*, size_t> pinned_region(const void* p) {
   const char* c = static_cast<const char*>(p);
   const std::lock_guard<std::mutex> lock(pinned_mutex);
   auto it = pinned.upper_bound(c);
-  if (it == pinned.begin()) return 0;
+  if (it == pinned.begin()) return {nullptr, 0};
   --it;
-  return c < it->first + it->second ? size_t(it->first + it->second - c) : 0;
+  if (c >= it->first + it->second) return {nullptr, 0};
+  return {it->first, it->second};
 }
 // An async copy is async only within one pinned region: one whose host side starts in a region
 // and runs past its end is a bug of the caller (the CUDA backend splits its copies at the ends).
 void check_pinned_span(const void* host, size_t bytes) {
-  const size_t left = pinned_from(host);
+  const auto [start, n] = pinned_region(host);
+  const size_t left = start ? size_t(start + n - static_cast<const char*>(host)) : 0;
   if (left == 0 || bytes <= left) return;
   std::fprintf(stderr, "cuda_emu: a cudaMemcpyAsync of %zu bytes runs %zu bytes past the end of "
                        "the pinned region its host side starts in\n", bytes, bytes - left);
@@ -490,14 +493,7 @@ void check_pinned_span(const void* host, size_t bytes) {
 }
 }  // namespace
 namespace cuda_emu {
-size_t pinned_region_bytes(const void* p) {
-  const char* c = static_cast<const char*>(p);
-  const std::lock_guard<std::mutex> lock(pinned_mutex);
-  auto it = pinned.upper_bound(c);
-  if (it == pinned.begin()) return 0;
-  --it;
-  return c < it->first + it->second ? it->second : 0;
-}
+size_t pinned_region_bytes(const void* p) { return pinned_region(p).second; }
 }  // namespace cuda_emu
 // Stricter than CUDA, an event is destroyed only by the thread that made it: one dropped on a
 // helper thread (a watchdog's last reference) is destroyed at a moment the owner does not know,
