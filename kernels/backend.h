@@ -370,6 +370,18 @@ class Backend : public MemoryResource {
   // device with no wait. workspace: draw_rows_workspace_bytes(storage(), N) bytes.
   virtual void draw_rows(int32_t* rows, float* scale, const float* norms, int64_t N, int k,
                          bool winners, uint64_t stream, void* workspace) = 0;
+  // Side work (the sampled activations' draws, issue 46): the ops queued between
+  // begin_side_work() and end_side_work() run after everything queued before, beside what is
+  // queued after (on the GPU a second stream, so latency-bound draws hide behind the GEMMs), in
+  // order with earlier side work; join_side_work(mark): what is queued from then on runs after
+  // the side work up to the mark end_side_work returned. Anything side work reads must not be
+  // written again, nor anything it writes read, before the join. The CPU runs it in place.
+  struct SideMark {
+    int64_t n = 0;  // 0: none (joining it waits for nothing)
+  };
+  virtual void begin_side_work() {}
+  virtual SideMark end_side_work() { return {}; }
+  virtual void join_side_work(SideMark mark) { (void)mark; }
   // The head: logits = nf·wᵀ and *loss (one fp64 of backend memory, overwritten) = the summed
   // cross-entropy over the valid targets (target < 0 is ignored), in a fixed order: the host
   // reads it when it needs it. logits: head_rows(storage(), N, V, chunk) x V act elements, chunk

@@ -5,8 +5,12 @@
 // reads its loss and gradient norm once at its end; the tokens it sends go through pinned staging
 // (staging.cuh). host_waits() counts every wait.
 #include <algorithm>
+#include <array>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -41,6 +45,16 @@ constexpr size_t kAlign = 256;  // what cudaMalloc guarantees; vector loads and 
 // 20 bytes a token (2.6 MB at 131,072 tokens), so the ring holds several micro-batches ahead.
 constexpr size_t kStagingBytes = size_t(32) << 20;
 
+// GRASS_SIDE_STREAM=0 runs side work (Backend::begin_side_work) on the compute stream, as
+// before it had a stream of its own: for A/B timing, and for the tests that hold the side stream
+// to it bit for bit.
+bool side_stream_wanted() {
+  const char* text = std::getenv("GRASS_SIDE_STREAM");
+  if (!text || std::string(text) == "1") return true;
+  if (std::string(text) == "0") return false;
+  throw UserError(std::string("GRASS_SIDE_STREAM: \"") + text + "\" is neither 0 nor 1");
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const Storage& storage, std::string gpu, int device, AttentionKernel attention,
@@ -70,9 +84,21 @@ class CudaBackend final : public Backend {
                       "or use \"grass\"");
 #endif
     }
+    if (side_stream_wanted()) {
+      GRASS_CUDA_CHECK(cudaStreamCreate(&side_));
+      GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming));
+      for (cudaEvent_t& e : side_marks_)
+        GRASS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
     local_pool_taken_ = cuda::take_local_memory_pool();
   }
   ~CudaBackend() override {
+    if (side_) {
+      cudaStreamSynchronize(side_);
+      for (cudaEvent_t e : side_marks_) cudaEventDestroy(e);
+      cudaEventDestroy(side_fork_);
+      cudaStreamDestroy(side_);
+    }
     cuda::destroy_solver_handle(solver_);
     if (pool_) cudaFree(pool_);
     cublasDestroy(ctx_.blas);
@@ -102,6 +128,32 @@ class CudaBackend final : public Backend {
             local_pool_taken_};
   }
   void synchronize() override { sync(); }
+  // Side work on side_, forked from the compute stream by an event; ctx_.stream names it while
+  // the side ops are queued. Marks share a ring of events: joining a mark whose event was
+  // recorded again since waits for a later mark, which is only stricter.
+  void begin_side_work() override {
+    if (!side_) return;
+    GRASS_CHECK(!main_, "side work begun twice");
+    GRASS_CUDA_CHECK(cudaEventRecord(side_fork_, ctx_.stream));
+    GRASS_CUDA_CHECK(cudaStreamWaitEvent(side_, side_fork_, 0));
+    main_ = ctx_.stream;
+    ctx_.stream = side_;
+  }
+  SideMark end_side_work() override {
+    if (!side_) return {};
+    GRASS_CHECK(main_, "side work ended that was not begun");
+    ctx_.stream = std::exchange(main_, nullptr);
+    side_mark_count_++;
+    GRASS_CUDA_CHECK(cudaEventRecord(side_marks_[size_t(side_mark_count_ % kSideMarks)], side_));
+    return {side_mark_count_};
+  }
+  void join_side_work(SideMark mark) override {
+    if (!side_ || mark.n <= side_joined_) return;
+    GRASS_CHECK(!main_ && mark.n <= side_mark_count_, "a join of side work not ended");
+    GRASS_CUDA_CHECK(
+        cudaStreamWaitEvent(ctx_.stream, side_marks_[size_t(mark.n % kSideMarks)], 0));
+    side_joined_ = mark.n;
+  }
   std::unique_ptr<Communicator> communicator_for(Communicator& ranks) override {
     return cuda::make_nccl_communicator(ranks, ctx_.stream);
   }
@@ -607,6 +659,7 @@ class CudaBackend final : public Backend {
     cuda::linear_backward_dw(ctx_, dw, grad_type(), b(logits), b(at(nf, r0 * C)), rows, C, V);
   }
   void sync() {
+    if (!main_) join_side_work({side_mark_count_});  // a host wait waits for side work too
     copies_->order_compute_after_copies();
     GRASS_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
     host_waits_++;
@@ -626,6 +679,13 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CopyStreams> copies_;  // the copy queues and the host tier
   int copy_engines_ = 0;                        // cudaDevAttrAsyncEngineCount
   int64_t host_waits_ = 0;
+  // Side work (begin_side_work): its stream (null: none, GRASS_SIDE_STREAM=0), the compute
+  // stream while side ops are queued (else null), the fork event and the marks' ring.
+  static constexpr int kSideMarks = 16;
+  cudaStream_t side_ = nullptr, main_ = nullptr;
+  cudaEvent_t side_fork_ = nullptr;
+  std::array<cudaEvent_t, kSideMarks> side_marks_{};
+  int64_t side_mark_count_ = 0, side_joined_ = 0;
   BackendScratch scratch_bytes_;       // the sizes of scratch_'s buffers
   int64_t slice_norms_capacity_ = 0;  // doubles at scratch_.slice_norms
   int64_t head_chunk_ = 0;            // rows of logits the head computes at a time (head_chunk())

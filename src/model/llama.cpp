@@ -664,6 +664,8 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   be.attention_forward(a.att, a.saved, qkv_rows(a), B, T, NH, NKV, HD, theta);  // RoPE inside
   be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
   // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
+  // (the previous layer's draw from the shared n2 done first: it runs beside the compute)
+  if (sampled_pass_) sampled_->before_write(SampledInputs::N2);
   be.residual_rmsnorm_forward(a.h, a.n2, a.rstd2, a.x_in, ws_.proj, w.mlp_norm, N, C, eps);
   if (x_in_ring_ && to_output)  // the forward's last read of x_in
     x_in_ring_->after_forward(l, N * C * storage().act_bytes);
@@ -672,6 +674,7 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   if (keep) sampled_->keep(l, SampledInputs::N2, a.n2, N);
   if (keep_cols && columns_inputs_[SampledInputs::N2])
     keep_columns(l, SampledInputs::N2, a.n2, N, C);
+  if (sampled_pass_) sampled_->before_write(SampledInputs::Act);
   be.swiglu_forward(a.act, a.gu, N, F);
   if (keep) sampled_->keep(l, SampledInputs::Act, a.act, N);
   if (keep_cols && columns_inputs_[SampledInputs::Act])
@@ -681,6 +684,7 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   // x_next and its norm: the next layer's n1, or after the last layer the final norm
   if (x_in_ring_ && l + 1 < cfg_.num_hidden_layers) x_in_ring_->before_write(l + 1);
   const StreamNorm next = stream_norm(l + 1);
+  if (sampled_pass_) sampled_->before_write(SampledInputs::N1);  // next.out: the shared n1
   be.residual_rmsnorm_forward(next.x, next.out, next.rstd, a.h, ws_.proj, next.w, N, C, eps);
 }
 

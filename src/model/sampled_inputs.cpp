@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/core/error.h"
@@ -66,21 +67,34 @@ void SampledInputs::keep(int layer, Input input, const void* x, int64_t n) {
   const int D = width_[input];
   const uint64_t stream = derive_seed(pass_stream_, uint64_t(layer) * kInputs + uint64_t(input));
   Kept& kept = kept_[size_t(layer)][size_t(input)];
+  std::vector<int32_t> rows;  // bernoulli's draw, made on the host
+  std::vector<float> scale;
   if (cfg_.sample == ActivationSample::Bernoulli) {  // no weights: the host draws, nothing to wait for
     const std::vector<double> weight(size_t(n), 1.0);
-    const RowSample s = sample_rows(RowSampler::Bernoulli, weight, int(rows_to_keep(n)), stream);
+    RowSample s = sample_rows(RowSampler::Bernoulli, weight, int(rows_to_keep(n)), stream);
     kept.k = int64_t(s.rows.size());
     GRASS_CHECK(kept.k <= capacity_, "a Bernoulli draw kept more rows than planned (8 deviations)");
     if (kept.k == 0) return;
-    be.upload_async(kept.rows, s.rows.data(), size_t(kept.k) * sizeof(int32_t));
-    be.upload_async(scale_, s.scale.data(), size_t(kept.k) * sizeof(float));
+    rows = std::move(s.rows);
+    scale = std::move(s.scale);
   } else {  // crs and wta-crs keep k rows whatever the weights: the backend draws them in place
     kept.k = rows_to_keep(n);
+  }
+  // Beside the compute: scale_, norms_ and the draw's workspace are side work's alone, and in
+  // order on its queue; x, kept.rows and kept.x wait for the joins (before_write).
+  be.begin_side_work();
+  if (!rows.empty()) {
+    be.upload_async(kept.rows, rows.data(), rows.size() * sizeof(int32_t));
+    be.upload_async(scale_, scale.data(), scale.size() * sizeof(float));
+  } else {
     be.row_norms(norms_, x, n, D);
     be.draw_rows(kept.rows, scale_, norms_, n, int(kept.k), cfg_.sample == ActivationSample::WtaCrs,
                  stream, draw_workspace_);
   }
   be.gather_rows(kept.x, x, kept.rows, scale_, kept.k, D);
+  drawn_[size_t(input)] = be.end_side_work();
 }
+
+void SampledInputs::before_write(Input input) { backend_->join_side_work(drawn_[size_t(input)]); }
 
 }  // namespace grass

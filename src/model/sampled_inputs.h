@@ -18,7 +18,9 @@
 // stream (seed, step, rank, micro-batch, layer, input), so runs and resumes repeat exactly. crs
 // and wta-crs draw where the rows are (Backend::draw_rows: the norms, the order, the winners and
 // the draws on the GPU's stream, no host wait; the CPU's are the same bits); bernoulli, which
-// reads no weights, draws on the host and uploads.
+// reads no weights, draws on the host and uploads. Each keep is side work
+// (Backend::begin_side_work): on the GPU it runs beside the layer's GEMMs, and the model joins it
+// (before_write) before it writes the input's shared buffer again.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -52,8 +54,12 @@ class SampledInputs {
   void begin_step(uint64_t seed, int64_t step, int rank, bool exact);
   // A training forward begins: whether it draws (the next micro-batch's stream when it does).
   bool begin_pass();
-  // Draws the rows of input x [n, D] of `layer` and keeps them (scaled).
+  // Draws the rows of input x [n, D] of `layer` and keeps them (scaled), as side work.
   void keep(int layer, Input input, const void* x, int64_t n);
+  // The shared buffer of `input` is written next: the side work that reads it (its last keep)
+  // comes first. Every keep is joined by the time its kept rows are read (the last layer's
+  // writes come after every kept layer's).
+  void before_write(Input input);
   const Kept& kept(int layer, Input input) const { return kept_[size_t(layer)][input]; }
   void* dy_rows() const { return dy_rows_; }  // [capacity, widest_dy] act-typed workspace
 
@@ -63,6 +69,7 @@ class SampledInputs {
   int width_[kInputs];
   int64_t capacity_;
   std::vector<std::array<Kept, kInputs>> kept_;  // [layers]
+  std::array<Backend::SideMark, kInputs> drawn_{};  // each input's last keep
   float* scale_ = nullptr;   // [capacity] workspace: a draw's scales on their way to gather_rows
   float* norms_ = nullptr;   // [max_rows] workspace: the sampling weights
   void* draw_workspace_ = nullptr;  // Backend::draw_rows's (none on the CPU)

@@ -866,6 +866,50 @@ TEST_CASE("model: the plan equals the GPU arena at either head chunk, and a tigh
   }
 }
 
+TEST_CASE("model: sampled activations drawn on a side stream give the in-line draws' bits",
+          "[gpu][sampled]") {
+  // Each keep's draw and gather run beside the layer's compute (Backend::begin_side_work); the
+  // model joins them before it writes the shared n1, n2 or act again. Under the emulator's
+  // deferred streams a missing join lets a draw read the next layer's input: its rows, and so
+  // the weight gradients, then differ from the same draws on the compute stream
+  // (GRASS_SIDE_STREAM=0). 3 layers: 2 draw (the last layer's inputs stay whole).
+  constexpr int B = 2, T = 64;
+  for (const char* sample : {"bernoulli", "crs", "wta-crs"}) {
+    INFO(sample);
+    RunConfig cfg = run_config(model_config(kHd32, kVocab, 0.04), B, T, "adamw", 1e-3);
+    cfg.model.num_hidden_layers = 3;
+    cfg.activations.sample = test::named<ActivationSample>(sample);
+    cfg.activations.keep = 0.5;
+    const Batch batch = random_batch(int64_t(B) * T, kVocab, 29);
+    std::vector<std::vector<float>> grads[3];  // in line, beside, exact
+    std::vector<std::string> names;
+    double loss[3] = {};
+    for (int run = 0; run < 3; run++) {
+      ::setenv("GRASS_SIDE_STREAM", run == 0 ? "0" : "1", 1);
+      Run gpu(cfg, "bf16-mixed", true);
+      ::unsetenv("GRASS_SIDE_STREAM");
+      LlamaModel& m = gpu.model();
+      m.zero_grads();
+      m.begin_sampled_step(7, 1, 0, /*exact=*/run == 2);
+      m.forward_backward(batch.inputs.data(), batch.targets.data(), B, 1.0);
+      loss[run] = m.take_losses().at(0);
+      for (const ParamTensor& t : m.tensors()) {
+        grads[run].push_back(gpu.grad(t));
+        if (run == 0) names.push_back(t.name);
+      }
+    }
+    CHECK(loss[1] == loss[0]);  // the forward is exact either way
+    CHECK(loss[2] == loss[0]);
+    int sampled = 0;
+    for (size_t i = 0; i < names.size(); i++) {
+      INFO(names[i]);
+      CHECK(same_bits(grads[1][i], grads[0][i]));
+      sampled += !same_bits(grads[2][i], grads[0][i]);  // what the draws estimate
+    }
+    CHECK(sampled == 2 * 6);  // q, k, v, gate, up and down of each layer that draws; dx is exact
+  }
+}
+
 TEST_CASE("model: a GPU training step waits for the device a fixed number of times", "[gpu][waits]") {
   // The host reads the step's norm and its losses, once each, whatever the number of tensors and
   // micro-batches: tokens go through pinned staging and the clipping coefficient stays on the

@@ -10,8 +10,10 @@
 #
 #   plain        AdamW, activation_checkpointing "none"  (the reference for the next three)
 #   elementwise  activation_checkpointing "elementwise"  (n1, n2 and SwiGLU recomputed)
-#   wta-crs      activations {"sample": "wta-crs", "keep": 0.5}: 3 host waits a layer a
-#                micro-batch for the row norms (issue 28)
+#   wta-crs      activations {"sample": "wta-crs", "keep": 0.5}: drawn on the device with no
+#                host wait, beside the compute on a side stream (issue 46 item 2)
+#   wta-crs-inline the same with GRASS_SIDE_STREAM=0: the draws on the compute stream (the side
+#                stream's A/B in one build)
 #   q8           optimizer.state_dtype "q8" (8-bit moments; issue 27's kernels)
 #   galore       GaLore r=512, a device refresh (cuSOLVER) at steps 0, 2 and 4
 #   grass-whole  GRASS r=512 (its refresh at step 0), inputs kept whole
@@ -58,6 +60,7 @@ runs=(
   "plain|"
   "elementwise|--set activation_checkpointing=elementwise"
   "wta-crs|--set activations.sample=wta-crs --set activations.keep=0.5"
+  "wta-crs-inline|GRASS_SIDE_STREAM=0 --set activations.sample=wta-crs --set activations.keep=0.5"
   "q8|--set optimizer.state_dtype=q8"
   "galore|--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=2 --set steps=5"
   "grass-whole|--set optimizer.name=grass --set optimizer.rank=512 --set activations.selected_columns=off"
@@ -76,10 +79,16 @@ for r in "${runs[@]}"; do
   elif [[ $default_off == *",$name,"* ]]; then continue; fi
   [ "$round" -gt 1 ] && name=$name#$round
   read -ra extra <<<"${r#*|}"
+  envs=()  # a run's leading NAME=VALUE words: its environment
+  while [ ${#extra[@]} -gt 0 ] && [[ ${extra[0]} =~ ^[A-Z_]+= ]]; do
+    envs+=("${extra[0]}")
+    extra=("${extra[@]:1}")
+  done
   left=$((deadline - SECONDS))
   [ "$left" -lt 20 ] && { echo "$name: skipped (budget)" | tee -a "$log"; continue; }
   rm -rf "${work:?}/$name"
-  timeout -k 5 "$left" "$BUILD"/grass train "${base[@]}" "${extra[@]}" --set "out_dir=$work/$name" \
+  timeout -k 5 "$left" env "${envs[@]}" "$BUILD"/grass train "${base[@]}" "${extra[@]}" \
+    --set "out_dir=$work/$name" \
     >"$work/$name.out" 2>&1
   rc=$?
   if [ $rc != 0 ]; then
