@@ -51,6 +51,12 @@
 #          `--memory-limit 24GiB --set offload=auto` (layers streamed, states and inputs in pinned
 #          memory), alternating, 4 steps each: the losses (equal) and tok/s, streamed over resident
 #          (target >= 0.8x)
+#   T13    issue 46's features at the step they were measured at (1B bf16-mixed, 16 x 256 tokens,
+#          the engine's attention; a call of its own with T12: --only build,T12,T13): AdamW plain,
+#          with 8-bit states, with wta-crs sampled activations drawn beside the compute and on the
+#          compute stream (GRASS_SIDE_STREAM=0), and GaLore r=512 refreshing every 3 steps with its
+#          phase timers (GRASS_GALORE_TIMERS=1): each run's median tok/s, the ratios against plain
+#          (targets: q8 and wta-crs >= 0.95x) and GaLore's last refresh step (target <= 1 s)
 #   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv,
 #          then its attention rows with --attention mma at 1B and 13B, B 16 and 64:
 #          logs/kernel_bench_mma_b16.csv, _b64.csv) when that target exists; last, being optional
@@ -66,7 +72,8 @@
 #                    runs the Python probes' --dry-run and profile_shares' self-test, builds the
 #                    sync counter, makes the shard, runs `grass mem` for the 13B plan, and prints
 #                    each GPU step's commands instead of running them
-#     --only/--skip  comma-separated step names from: T0,T1,T4,build,T3,T5,T11,T2,T9,T10,T6,T7,T8,T12,bench
+#     --only/--skip  comma-separated step names from: T0,T1,T4,build,T3,T5,T11,T2,T9,T10,T6,T7,T8,T12,T13,
+#                    bench
 #     --budget       seconds for the whole run (default 560: the device tool allows 600 a call)
 #     --skip-build   use the binaries already in build-gpu/
 # Environment: OUT (where results go), CUDA_ARCH (default 90), CMAKE_ARGS (more -D options),
@@ -80,9 +87,9 @@ export PATH="/usr/local/cuda/bin:$PATH"
 
 # In the order they run (docs/gpu-status.md): the GPU tests and the headline first, so a lease cut
 # short still brings them back; T1 and T4 (PyTorch probes) run beside the build.
-ALL_STEPS=(T0 T1 T4 build T3 T5 T11 T2 T9 T10 T6 T7 T8 T12 bench)
+ALL_STEPS=(T0 T1 T4 build T3 T5 T11 T2 T9 T10 T6 T7 T8 T12 T13 bench)
 dry=0 skip_build=0 budget=560 only="" skip=""
-usage() { sed -n '2,51p' "$0"; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; }  # the header above
 while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) dry=1 ;;
@@ -915,6 +922,72 @@ step_t12() {
   record T12 "$([ $ok = 1 ] && [ "$same" = yes ] && echo pass || echo fail)" "${figure%; }"
 }
 
+# ---- T13 -----------------------------------------------------------------------------------------
+# Issue 46 (../shared/GPU_PERF.md §2.4-2.6): what 8-bit states, sampled activations and GaLore's
+# refresh cost at the step the H100 measured them at (plain 88-90 ms; q8 +40%, wta-crs +50%, a
+# GaLore refresh 4.1-4.4 s). wta-crs runs twice: its draws beside the compute (the default) and
+# on the compute stream (GRASS_SIDE_STREAM=0), the side stream's A/B in one build.
+step_t13() {
+  begin T13 240 90 || return
+  need_build T13 || return
+  ensure_shard || { record T13 "fail (no shard)" "log: logs/shard.log"; return; }
+  local base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json
+              --set "data.train=$shard" --set device=cuda --set precision=bf16-mixed
+              --set micro_batch_size=16 --set total_batch_size=16 --set seq_len=256
+              --set log_every=1 --set steps=6 --set activation_checkpointing=none
+              --set attention=grass)
+  local sample=(--set activations.sample=wta-crs --set activations.keep=0.5)
+  local -A extra=([plain]="" [q8]="--set optimizer.state_dtype=q8" [wta-crs]="${sample[*]}"
+                  [wta-crs-inline]="${sample[*]}"
+                  [galore]="--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=3")
+  local -A envs=([wta-crs-inline]=GRASS_SIDE_STREAM=0 [galore]=GRASS_GALORE_TIMERS=1)
+  local run log rc figure="" ok=1
+  for run in plain q8 wta-crs wta-crs-inline galore; do
+    log=$logs/t13_$run.log
+    if [ $dry = 0 ] && [ "$(cap 60)" -lt 30 ]; then figure+="$run skipped (budget); "; ok=0; continue; fi
+    rm -rf "$work/t13_$run"
+    # shellcheck disable=SC2086
+    run_cmd "$(cap 60)" "$log" env ${envs[$run]:-} "$BUILD"/grass train "${base[@]}" ${extra[$run]} \
+      --set "out_dir=$work/t13_$run"
+    rc=$?
+    [ $dry = 1 ] && continue
+    if [ $rc = 0 ] && [ -n "$(done_field "$log")" ]; then
+      run_figures T13 "$run" "$log"
+    else
+      ok=0; figure+="$run $(status_of $rc); "
+    fi
+  done
+  [ $dry = 1 ] && { record T13 dry-run "plain, q8, wta-crs (side stream and inline) and GaLore r=512 at 1B 16x256, printed"; return; }
+  local -A tps
+  for run in plain q8 wta-crs wta-crs-inline; do tps[$run]=$(done_field "$logs/t13_$run.log"); done
+  t13_ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+  local q w side
+  q=$(t13_ratio "${tps[q8]}" "${tps[plain]}")
+  w=$(t13_ratio "${tps[wta-crs]}" "${tps[plain]}")
+  side=$(t13_ratio "${tps[wta-crs]}" "${tps[wta-crs-inline]}")
+  figure_row T13 q8-over-plain tokens_per_s_ratio "$q" x
+  figure_row T13 wta-crs-over-plain tokens_per_s_ratio "$w" x
+  figure_row T13 side-stream-over-inline tokens_per_s_ratio "$side" x
+  figure+="1B 16x256: plain ${tps[plain]:-?} tok/s; q8 ${tps[q8]:-?} (${q:-?}x, target >= 0.95x); "
+  figure+="wta-crs ${tps[wta-crs]:-?} (${w:-?}x, target >= 0.95x; on the compute stream ${tps[wta-crs-inline]:-?}: side stream ${side:-?}x)"
+  # GaLore: its last refresh step's time (metrics.jsonl) and range finder (the phase timers)
+  local at ms finder
+  at=$(sed -n 's/^galore refresh at step \([0-9]*\):.*/\1/p' "$logs/t13_galore.log" | tail -1)
+  finder=$(sed -n 's/^galore refresh at step [0-9]*: .*, \([0-9.]*\) ms in the range finder/\1/p' "$logs/t13_galore.log" | tail -1)
+  if [ -n "$at" ] && [ -s "$work/t13_galore/metrics.jsonl" ]; then
+    ms=$(python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("step") == int(sys.argv[2]) and "step_ms" in m: print("%.1f" % m["step_ms"])' \
+      "$work/t13_galore/metrics.jsonl" "$at" | tail -1)
+  fi
+  figure_row T13 galore-refresh step_ms "${ms:-}" ms
+  figure_row T13 galore-refresh range_finder_ms "$finder" ms
+  figure+="; GaLore r=512: refresh step $at ${ms:-?} ms (target <= 1000 ms), range finder ${finder:-?} ms"
+  [ -n "$q" ] && [ -n "$w" ] && [ -n "$side" ] && [ -n "${ms:-}" ] || ok=0
+  record T13 "$([ $ok = 1 ] && echo pass || echo fail)" "${figure%; }"
+}
+
 # ---- summary -------------------------------------------------------------------------------------
 write_summary() {
   local s f row="" overall
@@ -970,7 +1043,8 @@ step_t10
 step_t6
 step_t7
 step_t8
-step_t12  # weight streaming: a call of its own (--only build,T12); in the first, out of budget
+step_t12  # weight streaming: a call of its own (--only build,T12,T13); in the first, out of budget
+step_t13  # issue 46's features: with T12
 step_bench  # last: the kernel lab is optional, T6/T7 run nowhere else
 echo
 write_summary

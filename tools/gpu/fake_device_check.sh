@@ -13,7 +13,8 @@
 #                       --device cpu; T4 reports "skipped (no torch/CUDA)"
 #   tools/gpu/fake_device_check.sh [BUILD_DIR]   (default build: it needs tests/cuda_emu/grass_emu,
 #                                                 tests/grass_gpu_emu_tests, make_synthetic_shard)
-# Then a second call, --only T12 (weight streaming), as a lease would make it.
+# Then a second call, --only T12,T13 (weight streaming; issue 46's features), as a lease would
+# make it.
 # Takes 3-5 minutes on 2 cores. Exit status 0 when the run's summary says what it should.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -127,6 +128,7 @@ expect "T11 times GRASS against AdamW in rounds" '^\| T11 \| pass \| 1B, 512x256
 expect "T10 skips without bitsandbytes and a GPU" '^\| T10 \| (skipped|pass)'
 expect "bench says not built" '^\| bench \| not built'
 expect "T12 waits for a call of its own when the first has no time left" '^\| T12 \| (skipped \(budget\)|pass) '
+expect "T13 waits for a call of its own when the first has no time left" '^\| T13 \| (skipped \(budget\)|pass) '
 expect "a history row" '^\| [0-9-]+ \| [^|]+ \| FAKE H100 .* \| \*\*gpu_first_run passed\.\*\*'
 # figures.csv: a header, then one row per figure (T5's three runs, T11's four and their ratio,
 # T7's three runs)
@@ -143,11 +145,12 @@ else
 fi
 if [ -s "$fake/out/first_run_logs.tar.gz" ]; then echo "ok: logs packed"; else echo "FAIL: no logs tarball"; fails=$((fails + 1)); fi
 if [ $rc = 0 ]; then echo "ok: exit 0"; else echo "FAIL: exit $rc"; fails=$((fails + 1)); fi
-# the weight-streaming call of its own (T12): the link probe (skipped without CUDA), then the two
-# 13B runs (the shrunk model: offload auto has nothing to move) with equal losses and a ratio
+# the call of its own (T12, T13): the link probe (skipped without CUDA), then the two 13B runs
+# (the shrunk model: offload auto has nothing to move) with equal losses and a ratio; then the
+# five 1B runs of issue 46 (shrunk), their ratios and GaLore's refresh step
 rm -f "$fake/out/figures.csv"
 PATH="$fake/bin:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
-  OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build --only T12 --budget 400 >"$fake/run_t12.log" 2>&1
+  OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build --only T12,T13 --budget 600 >"$fake/run_t12.log" 2>&1
 rc=$?
 cat "$fake/run_t12.log"
 expect "T12 runs 13B resident against streamed, losses equal" '^\| T12 \| pass \| link: (skipped \(no (torch|CUDA)\)|[0-9]+ MiB H2D).*13B GRASS 16x256: resident [0-9.]+ tok/s, streamed \(.*\) [0-9.]+ tok/s: [0-9.]+x \(target >= 0\.8x\); losses equal: yes'
@@ -157,6 +160,14 @@ if [ "$(csv_rows '^T12,13b-16x256-[a-z]*,tokens_per_s,')" = 2 ] &&
 else
   echo "FAIL: T12's figures.csv rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
 fi
-if [ $rc = 0 ]; then echo "ok: T12 exit 0"; else echo "FAIL: T12 exit $rc"; fails=$((fails + 1)); fi
+expect "T13 times q8, wta-crs (side stream and inline) and GaLore's refresh" '^\| T13 \| pass \| 1B 16x256: plain [0-9.]+ tok/s; q8 [0-9.]+ \([0-9.]+x, target >= 0\.95x\); wta-crs [0-9.]+ \([0-9.]+x, target >= 0\.95x; on the compute stream [0-9.]+: side stream [0-9.]+x\); GaLore r=512: refresh step [0-9]+ [0-9.]+ ms \(target <= 1000 ms\), range finder [0-9.]+ ms'
+if [ "$(csv_rows '^T13,[a-z0-9-]*,tokens_per_s,')" = 5 ] &&
+   [ "$(csv_rows '^T13,[a-z0-9-]*-over-[a-z]*,tokens_per_s_ratio,[0-9.]*,x$')" = 3 ] &&
+   [ "$(csv_rows '^T13,galore-refresh,[a-z_]*,[0-9.]*,ms$')" = 2 ]; then
+  echo "ok: T13's figures.csv rows"
+else
+  echo "FAIL: T13's figures.csv rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
+fi
+if [ $rc = 0 ]; then echo "ok: T12 and T13 exit 0"; else echo "FAIL: T12 and T13 exit $rc"; fails=$((fails + 1)); fi
 echo "fake_device_check: $fails failure(s)"
 [ $fails = 0 ]
