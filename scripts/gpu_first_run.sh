@@ -177,6 +177,34 @@ run_figures() {
   m=$(mfu_field "$3")
   figure_row "$1" "$2" mfu "${m%\%}" %
 }
+# one_b MICRO SEQUENCES: the 1B run the timed steps share (bench_60m's data and schedule with
+# LLaMA-1B in bf16-mixed, 256-token sequences, a line a step) at MICRO x 256 tokens a micro-batch
+# and SEQUENCES x 256 a step, in ONE_B.
+one_b() {
+  ONE_B=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json --set "data.train=$shard"
+         --set device=cuda --set precision=bf16-mixed --set "micro_batch_size=$1"
+         --set "total_batch_size=$2" --set seq_len=256 --set log_every=1)
+}
+# training_run STEP RUN LABEL LOG WANT MIN CMD...: a `grass train` of a timed step under
+# `cap WANT`, its median tok/s and MFU into figures.csv as RUN. Returns 0 when it printed its median
+# (and in a dry run), 1 when it failed, 2 when under MIN seconds were left; RUN_NOTE then says so
+# for the step's figure ("LABEL fail (exit 1); ").
+RUN_NOTE=""
+training_run() {
+  local step=$1 run=$2 label=$3 log=$4 want=$5 min=$6 rc
+  shift 6
+  RUN_NOTE=""
+  if [ $dry = 0 ] && [ "$(cap "$want")" -lt "$min" ]; then RUN_NOTE="$label skipped (budget); "; return 2; fi
+  run_cmd "$(cap "$want")" "$log" "$@"
+  rc=$?
+  [ $dry = 1 ] && return 0
+  if [ $rc = 0 ] && [ -n "$(done_field "$log")" ]; then
+    run_figures "$step" "$run" "$log"
+    return 0
+  fi
+  RUN_NOTE="$label $(status_of $rc); "
+  return 1
+}
 status_of() {  # status_of RC [what-skip-means]: pass / fail / timeout
   case $1 in
     0) echo pass ;;
@@ -600,10 +628,8 @@ step_t5() {
   ensure_shard || { record T5 "fail (no shard)" "log: logs/shard.log"; return; }
   local shim=$BUILD/libsync_count.so
   gcc -shared -fPIC -O2 -o "$shim" tools/gpu/sync_count.c -ldl >>"$logs/t5_syncs.log" 2>&1 || shim=""
-  local base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json
-              --set "data.train=$shard" --set device=cuda --set precision=bf16-mixed
-              --set optimizer.name=adamw --set micro_batch_size=64 --set total_batch_size=512
-              --set seq_len=256 --set log_every=1 --set attention=grass)
+  one_b 64 512
+  local base=("${ONE_B[@]}" --set optimizer.name=adamw --set attention=grass)
   local counts=$logs/t5_sync_counts.txt n figure="" c smi=""
   rm -f "$counts"
   for n in 2 4; do  # two runs that differ only in steps: syncs per step = difference / 2
@@ -741,28 +767,21 @@ step_t11() {
   begin T11 200 60 || return
   need_build T11 || return
   ensure_shard || { record T11 "fail (no shard)" "log: logs/shard.log"; return; }
-  local base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json
-              --set "data.train=$shard" --set device=cuda --set precision=bf16-mixed
-              --set micro_batch_size=64 --set total_batch_size=512 --set seq_len=256
-              --set log_every=1 --set steps=4)
+  one_b 64 512
+  local base=("${ONE_B[@]}" --set steps=4)
   local -A extra=([adamw]="--set optimizer.name=adamw"
                   [grass]="--set optimizer.name=grass --set optimizer.rank=512")
-  local round opt log rc figure="" failed=0 ran=0
+  local round opt rc figure="" failed=0 ran=0
   for round in 1 2; do
     for opt in adamw grass; do
-      log=$logs/t11_${opt}_$round.log
-      if [ $dry = 0 ] && [ "$(cap 60)" -lt 45 ]; then figure+="$opt round $round skipped (budget); "; continue; fi
       rm -rf "$work/t11_$opt"
       # shellcheck disable=SC2086
-      run_cmd "$(cap 60)" "$log" "$BUILD"/grass train "${base[@]}" ${extra[$opt]} --set "out_dir=$work/t11_$opt"
+      training_run T11 "$opt-round$round" "$opt round $round" "$logs/t11_${opt}_$round.log" 60 45 \
+        "$BUILD"/grass train "${base[@]}" ${extra[$opt]} --set "out_dir=$work/t11_$opt"
       rc=$?
-      [ $dry = 1 ] && continue
-      if [ $rc = 0 ] && [ -n "$(done_field "$log")" ]; then
-        ran=$((ran + 1))
-        run_figures T11 "$opt-round$round" "$log"
-      else
-        failed=1; figure+="$opt round $round $(status_of $rc); "
-      fi
+      figure+=$RUN_NOTE
+      [ $rc = 0 ] && [ $dry = 0 ] && ran=$((ran + 1))
+      [ $rc = 1 ] && failed=1
     done
   done
   [ $dry = 1 ] && { record T11 dry-run "AdamW and GRASS r=512 at 1B, two alternating rounds, printed"; return; }
@@ -885,24 +904,14 @@ step_t12() {
   "$BUILD"/grass mem "$run_cfg" --device cuda "${sets[@]}" "${streamed[@]}" >"$plan_log" 2>&1
   local choice
   choice=$(grep -m1 '^offload auto: ' "$plan_log" | sed 's/^offload auto: //; s/, the fastest placement.*: \([0-9.]* GiB\) on the device.*/: \1 on the device/')
-  local run log ok=1
+  local run ok=1
   for run in resident streamed; do
-    log=$logs/t12_$run.log
-    if [ $dry = 0 ] && [ "$(cap 180)" -lt 120 ]; then figure+="$run skipped (budget); "; ok=0; continue; fi
     rm -rf "$work/t12_$run"
-    if [ $run = resident ]; then
-      run_cmd "$(cap 180)" "$log" "$BUILD"/grass train "$run_cfg" "${sets[@]}" --set "out_dir=$work/t12_$run"
-    else
-      run_cmd "$(cap 180)" "$log" "$BUILD"/grass train "$run_cfg" "${sets[@]}" "${streamed[@]}" \
-        --set "out_dir=$work/t12_$run"
-    fi
-    rc=$?
-    [ $dry = 1 ] && continue
-    if [ $rc = 0 ] && [ -n "$(done_field "$log")" ]; then
-      run_figures T12 "13b-16x256-$run" "$log"
-    else
-      ok=0; figure+="$run $(status_of $rc); "
-    fi
+    local placed=()
+    [ $run = streamed ] && placed=("${streamed[@]}")
+    training_run T12 "13b-16x256-$run" "$run" "$logs/t12_$run.log" 180 120 \
+      "$BUILD"/grass train "$run_cfg" "${sets[@]}" "${placed[@]}" --set "out_dir=$work/t12_$run" || ok=0
+    figure+=$RUN_NOTE
   done
   [ $dry = 1 ] && { record T12 dry-run "the link probe and 13B at 16x256 resident against ${choice:-streamed}, printed"; return; }
   local r s same=n/a
@@ -931,31 +940,20 @@ step_t13() {
   begin T13 240 90 || return
   need_build T13 || return
   ensure_shard || { record T13 "fail (no shard)" "log: logs/shard.log"; return; }
-  local base=(configs/runs/bench_60m.json --set model=configs/models/llama_1b.json
-              --set "data.train=$shard" --set device=cuda --set precision=bf16-mixed
-              --set micro_batch_size=16 --set total_batch_size=16 --set seq_len=256
-              --set log_every=1 --set steps=6 --set activation_checkpointing=none
-              --set attention=grass)
+  one_b 16 16
+  local base=("${ONE_B[@]}" --set steps=6 --set activation_checkpointing=none --set attention=grass)
   local sample=(--set activations.sample=wta-crs --set activations.keep=0.5)
   local -A extra=([plain]="" [q8]="--set optimizer.state_dtype=q8" [wta-crs]="${sample[*]}"
                   [wta-crs-inline]="${sample[*]}"
                   [galore]="--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=3")
   local -A envs=([wta-crs-inline]=GRASS_SIDE_STREAM=0 [galore]=GRASS_GALORE_TIMERS=1)
-  local run log rc figure="" ok=1
+  local run figure="" ok=1
   for run in plain q8 wta-crs wta-crs-inline galore; do
-    log=$logs/t13_$run.log
-    if [ $dry = 0 ] && [ "$(cap 60)" -lt 30 ]; then figure+="$run skipped (budget); "; ok=0; continue; fi
     rm -rf "$work/t13_$run"
     # shellcheck disable=SC2086
-    run_cmd "$(cap 60)" "$log" env ${envs[$run]:-} "$BUILD"/grass train "${base[@]}" ${extra[$run]} \
-      --set "out_dir=$work/t13_$run"
-    rc=$?
-    [ $dry = 1 ] && continue
-    if [ $rc = 0 ] && [ -n "$(done_field "$log")" ]; then
-      run_figures T13 "$run" "$log"
-    else
-      ok=0; figure+="$run $(status_of $rc); "
-    fi
+    training_run T13 "$run" "$run" "$logs/t13_$run.log" 60 30 \
+      env ${envs[$run]:-} "$BUILD"/grass train "${base[@]}" ${extra[$run]} --set "out_dir=$work/t13_$run" || ok=0
+    figure+=$RUN_NOTE
   done
   [ $dry = 1 ] && { record T13 dry-run "plain, q8, wta-crs (side stream and inline) and GaLore r=512 at 1B 16x256, printed"; return; }
   local -A tps
