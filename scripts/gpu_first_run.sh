@@ -59,7 +59,8 @@
 #          (targets: q8 and wta-crs >= 0.95x) and GaLore's last refresh step (target <= 1 s)
 #   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv,
 #          then its attention rows with --attention mma at 1B and 13B, B 16 and 64:
-#          logs/kernel_bench_mma_b16.csv, _b64.csv) when that target exists; last, being optional
+#          logs/kernel_bench_mma_b16.csv, _b64.csv, and at 1B B 64 with the backward's path B
+#          forced, GRASS_MMA_BACKWARD=b: _pathb_b64.csv) when that target exists; last, being optional
 # It ends with a markdown table (also $OUT/summary.md, rewritten after every step) to paste
 # into docs/gpu-status.md; every measured figure is also a row of $OUT/figures.csv (step, run,
 # figure, value, unit). Logs: build-gpu/first_run/logs/, packed after every step into
@@ -560,6 +561,11 @@ step_bench() {
     run_cmd "$(cap $((lim / 6)))" "$logs/kernel_bench_mma_b$b.log" "$BUILD"/kernel_bench --model 1b,13b \
       --ops attention --attention mma --batch $b --csv "$logs/kernel_bench_mma_b$b.csv"
   done
+  # the mma backward's path B (a dK/dV kernel per key block, a dQ kernel per query block), which
+  # the 13B rows above run (HD 128), at 1B B 64 against path A there
+  run_cmd "$(cap $((lim / 8)))" "$logs/kernel_bench_mma_pathb_b64.log" env GRASS_MMA_BACKWARD=b \
+    "$BUILD"/kernel_bench --model 1b --ops attention --attention mma --batch 64 \
+    --csv "$logs/kernel_bench_mma_pathb_b64.csv"
   [ $dry = 1 ] && { record bench dry-run "$([ -x "$BUILD"/kernel_bench ] && echo "built" || echo "not built here (CPU-side targets only)")"; return; }
   local rows=0
   [ -f "$out/kernel_bench.csv" ] && rows=$(($(wc -l <"$out/kernel_bench.csv") - 1))

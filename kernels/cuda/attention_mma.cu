@@ -2,8 +2,8 @@
 // kernels. The same contracts as attention_forward and attention_backward without RoPE
 // (cuda_ops.h): q and k come rotated (the backend rotates them in place with rope_forward first,
 // as for cuDNN, and dq, dk back afterwards), out[B,T,NH,HD] and lse[B,NH,T] (natural log) as the
-// old forward writes them, so either backward takes either forward's. The backward (path A) is
-// further down.
+// old forward writes them, so either backward takes either forward's. The backward's two paths
+// (A: one CTA per kv head; B: seqk- and seqq-parallel kernels) are further down.
 //
 // Forward: one CTA of 4 warps per (query block of 64 rows, head, batch), the longest rows first. Warp w owns
 // query rows 16w .. 16w+15 of the block and keeps everything of them in registers
@@ -266,7 +266,7 @@ void launch_forward(const Context& ctx, bf16* out, float* lse, QkvRows<const bf1
 // dQ of the group's whole heads lives in shared memory as fp32, each element summed over j in
 // ascending order, one warp at a time: deterministic, with no atomics and no second kernel.
 // lse·log2(e) and D = rowsum(dO ⊙ O) of every query are formed in the prologue (no scratch).
-// Shapes it does not take go to the old backward (attention_backward_mma_takes).
+// Shapes it does not take go to path B (attention_backward_mma_path_a_takes).
 constexpr int kBwdMaxT = 256;
 constexpr int kBwdMaxSmem = 160 * 1024;  // under sm_80's 163 KiB a block
 
@@ -512,6 +512,341 @@ void launch_backward(const Context& ctx, QkvRows<bf16*> dqkv, const bf16* dout, 
   GRASS_LAUNCH_CHECK();
 }
 
+// ---- backward, path B -------------------------------------------------------------------------
+// The shapes path A does not take: HD 128 (7B, 13B, 70B), T over 256, a group whose dQ overflows
+// shared memory. Three kernels, every sum in a fixed order, no atomics:
+//   1. D = rowsum(dO ⊙ O) [B,NH,T] fp32 into the scratch the old backward uses (one warp a row).
+//   2. dK, dV, seqk-parallel: one CTA of 4 warps per (key block j of 64, kv head, batch), the key
+//      blocks with the most queries first. Warp w owns keys 16w .. 16w+15 of the block with their
+//      dK_j, dV_j in registers; every query head of the group and query block i ≥ j streams through
+//      a two-stage cp.async ring with its rows' lse·log2(e) and D. Per (i, j), 4 MMAs: Sᵀ = K·Qᵀ,
+//      dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q (Pᵀ and dSᵀ straight from the accumulators), as path A.
+//      At HD 128 the 64 queries of an item go as two halves of 32, so Sᵀ and dPᵀ fit in registers
+//      beside dK and dV.
+//   3. dQ, seqq-parallel: one CTA of 4 warps per (query block i, head, batch), the longest rows
+//      first. Warp w owns queries 16w .. 16w+15 with dQ in registers; key blocks j = 0 .. i stream
+//      through a two-stage ring in ascending order. Per (i, j), 3 MMAs: S = Q·Kᵀ, dP = dO·Vᵀ,
+//      dQ += dS·K_j with dS straight from the accumulators (a C tile pair is one A fragment).
+// S and dP are formed twice, 7 MMAs a tile pair where path A needs 5. The design's alternatives
+// keep the 5 and pay elsewhere: fp32 dQ partials per (i, j), summed in key order, take scratch of
+// B·NH·(T/64)(T/64 + 1)/2 tiles of 64 x HD (200 MiB at 13B, 16 x 256; 10 GiB at T 2048), and dQ
+// adds ordered between CTAs spin on flags that only the CTAs' co-residence keeps from deadlock.
+// Both kernels evaluate P and dS by the same expressions from the same fp32 sums over the head dim.
+constexpr int kStatFloats = 2 * kBr;  // a stage's lse·log2(e) and D of its 64 query rows
+
+// D[b, h, t] = Σ_c dout·out, the row (b, t, h) to a warp, as path A's prologue sums it.
+__global__ void __launch_bounds__(kThreads)
+    attention_row_dot_mma_kernel(float* d, const bf16* dout, const bf16* out, int64_t rows, int T,
+                                 int NH, int HD) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  if (row >= rows) return;  // the whole warp leaves together
+  float sum = 0.0f;
+  for (int c = 2 * lane; c < HD; c += 64) {
+    const float2 x = __bfloat1622float2(
+        *reinterpret_cast<const __nv_bfloat162*>(dout + row * HD + c));
+    const float2 y =
+        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out + row * HD + c));
+    sum += x.x * y.x + x.y * y.y;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const int64_t bt = row / NH;  // row = (b·T + t)·NH + h
+  const int h = int(row % NH), t = int(bt % T);
+  if (lane == 0) d[(bt / T * NH + h) * T + t] = sum;
+}
+
+template <int HD>
+constexpr int dkdv_smem_bytes() {  // K, V, two stages of Q and dO, two stages' lse·log2(e) and D
+  return 6 * kBr * kRowElements<HD> * int(sizeof(bf16)) + 2 * kStatFloats * int(sizeof(float));
+}
+template <int HD>
+constexpr int dq_smem_bytes() {  // Q, dO, two stages of K and V
+  return 6 * kBr * kRowElements<HD> * int(sizeof(bf16));
+}
+static_assert(dkdv_smem_bytes<128>() <= 163 * 1024 && dq_smem_bytes<128>() <= 163 * 1024,
+              "attention (mma): path B's shared memory over sm_80's");
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    attention_dkdv_mma_kernel(QkvRows<bf16*> dqkv, const bf16* dout, const float* lse,
+                              const float* d, QkvRows<const bf16*> qkv, int T, int NH, int NKV,
+                              float scale, float scale_log2) {
+  constexpr int kLd = kRowElements<HD>;
+  constexpr int kKSteps = HD / 16;        // k steps of Sᵀ and dPᵀ
+  constexpr int kTiles = HD / 8;          // m16n8 tiles of dK, dV
+  constexpr int kQ = HD > 64 ? 32 : kBr;  // queries a pass: Sᵀ, dPᵀ are kQ/8 tiles each
+  const int j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = NH / NKV;
+  const int blocks = (T + kBc - 1) / kBc, k0 = j * kBc;
+  const int later = blocks - j, items = group * later;  // (query head, query block ≥ j) pairs
+  const int64_t row0 = int64_t(b) * T, o_stride = int64_t(NH) * HD;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* k_s = reinterpret_cast<bf16*>(smem);
+  bf16* v_s = k_s + kBc * kLd;
+  bf16* stages = v_s + kBc * kLd;  // stage s: Q at 2s, dO at 2s + 1
+  float* stats = reinterpret_cast<float*>(stages + 4 * kBr * kLd);  // stage s: lse2 at 2s, D at 2s+1
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+  load_tile<HD>(k_s, qkv.k + (row0 + k0) * qkv.ldk + kvh * HD, qkv.ldk, T - k0);
+  load_tile<HD>(v_s, qkv.v + (row0 + k0) * qkv.ldv + kvh * HD, qkv.ldv, T - k0);
+  // item n: query head kvh·group + n / later, query block j + n % later. Its rows' lse·log2(e) and
+  // D by plain stores (rows past T: +inf, so P = 0, and 0), seen after the loop's next barrier.
+  const auto load_item = [&](int n, int stage) {
+    const int h = kvh * group + n / later, q0 = (j + n % later) * kBr;
+    load_tile<HD>(stages + 2 * stage * kBr * kLd, qkv.q + (row0 + q0) * qkv.ldq + h * HD, qkv.ldq,
+                  T - q0);
+    load_tile<HD>(stages + (2 * stage + 1) * kBr * kLd, dout + (row0 + q0) * o_stride + h * HD,
+                  o_stride, T - q0);
+    for (int r = threadIdx.x; r < kBr; r += kThreads) {
+      const int64_t at = (int64_t(b) * NH + h) * T + q0 + r;
+      const bool inside = q0 + r < T;
+      stats[stage * kStatFloats + r] = inside ? lse[at] * float(kLog2e) : INFINITY;
+      stats[stage * kStatFloats + kBr + r] = inside ? d[at] : 0.0f;
+    }
+  };
+  load_item(0, 0);
+  cp_async_commit();
+  float dk[kTiles][4], dv[kTiles][4];
+#pragma unroll
+  for (int n = 0; n < kTiles; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
+
+  for (int n = 0; n < items; n++) {
+    const int q0 = (j + n % later) * kBr;
+    cp_async_wait<0>();
+    __syncthreads();  // item n has landed for every thread; item n-1's stage is free
+    if (n + 1 < items) load_item(n + 1, (n + 1) % 2);
+    cp_async_commit();
+    const bf16* q_s = stages + 2 * (n % 2) * kBr * kLd;
+    const bf16* do_s = q_s + kBr * kLd;
+    const float* lse2_s = stats + (n % 2) * kStatFloats;
+    const float* d_s = lse2_s + kBr;
+
+    for (int qp = 0; qp < kBr; qp += kQ) {  // a pass over queries qp .. qp + kQ - 1 of the item
+      // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: 16 keys x kQ queries; K and V as A fragments from shared memory,
+      // Q and dO stored [query][hd] are B as [n][k]
+      float st[kQ / 8][4], dpt[kQ / 8][4];
+#pragma unroll
+      for (int c = 0; c < kQ / 8; c++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) st[c][e] = dpt[c][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; kk++) {
+        uint32_t kf[4], vf[4];
+        const int a_at = (16 * warp + lane % 16) * kLd + 16 * kk + 8 * (lane / 16);
+        ldmatrix_x4(kf, k_s + a_at);
+        ldmatrix_x4(vf, v_s + a_at);
+#pragma unroll
+        for (int n0 = 0; n0 < kQ; n0 += 16) {
+          const int at =
+              (qp + n0 + lane % 8 + 8 * (lane / 16)) * kLd + 16 * kk + 8 * (lane / 8 % 2);
+          uint32_t qb[4], ob[4];
+          ldmatrix_x4(qb, q_s + at);
+          ldmatrix_x4(ob, do_s + at);
+          mma_m16n8k16_bf16(st[n0 / 8], kf, qb);
+          mma_m16n8k16_bf16(st[n0 / 8 + 1], kf, qb + 2);
+          mma_m16n8k16_bf16(dpt[n0 / 8], vf, ob);
+          mma_m16n8k16_bf16(dpt[n0 / 8 + 1], vf, ob + 2);
+        }
+      }
+      // Pᵀ over Sᵀ, dSᵀ over dPᵀ: element e of tile c is key k0 + 16w + g + 8(e/2), query
+      // q0 + qp + 8c + 2t + e%2; a key after its query is masked
+#pragma unroll
+      for (int c = 0; c < kQ / 8; c++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int row = qp + 8 * c + 2 * t + e % 2;
+          const bool visible = k0 + 16 * warp + g + 8 * (e / 2) <= q0 + row;
+          const float p = visible ? exp2f(fmaf(st[c][e], scale_log2, -lse2_s[row])) : 0.0f;
+          st[c][e] = p;
+          dpt[c][e] = p * (dpt[c][e] - d_s[row]) * scale;
+        }
+      // dV += Pᵀ·dO, dK += dSᵀ·Q, 16 queries a step (tiles 2kk, 2kk + 1 are one A fragment);
+      // dO and Q stored [query][hd] are B as [k][n]: ldmatrix.trans
+#pragma unroll
+      for (int kk = 0; kk < kQ / 16; kk++) {
+        const uint32_t pa[4] = {pack_bf16x2(st[2 * kk][0], st[2 * kk][1]),
+                                pack_bf16x2(st[2 * kk][2], st[2 * kk][3]),
+                                pack_bf16x2(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                pack_bf16x2(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+        const uint32_t sa[4] = {pack_bf16x2(dpt[2 * kk][0], dpt[2 * kk][1]),
+                                pack_bf16x2(dpt[2 * kk][2], dpt[2 * kk][3]),
+                                pack_bf16x2(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                                pack_bf16x2(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+        for (int n0 = 0; n0 < HD; n0 += 16) {
+          const int at = (qp + 16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * kLd + n0 + 8 * (lane / 16);
+          uint32_t ob[4], qb[4];
+          ldmatrix_x4_trans(ob, do_s + at);
+          ldmatrix_x4_trans(qb, q_s + at);
+          mma_m16n8k16_bf16(dv[n0 / 8], pa, ob);
+          mma_m16n8k16_bf16(dv[n0 / 8 + 1], pa, ob + 2);
+          mma_m16n8k16_bf16(dk[n0 / 8], sa, qb);
+          mma_m16n8k16_bf16(dk[n0 / 8 + 1], sa, qb + 2);
+        }
+      }
+    }
+  }
+  // dK_j, dV_j: this warp's keys, straight from the accumulators
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int key = k0 + 16 * warp + g + 8 * r;
+    if (key >= T) continue;
+#pragma unroll
+    for (int c = 0; c < kTiles; c++) {
+      *reinterpret_cast<uint32_t*>(dqkv.k + (row0 + key) * dqkv.ldk + kvh * HD + 8 * c + 2 * t) =
+          pack_bf16x2(dk[c][2 * r], dk[c][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dqkv.v + (row0 + key) * dqkv.ldv + kvh * HD + 8 * c + 2 * t) =
+          pack_bf16x2(dv[c][2 * r], dv[c][2 * r + 1]);
+    }
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads)
+    attention_dq_mma_kernel(QkvRows<bf16*> dqkv, const bf16* dout, const float* lse,
+                            const float* d, QkvRows<const bf16*> qkv, int T, int NH, int NKV,
+                            float scale, float scale_log2) {
+  constexpr int kLd = kRowElements<HD>;
+  constexpr int kKSteps = HD / 16;  // k steps of S and dP
+  constexpr int kTiles = HD / 8;    // m16n8 tiles of dQ
+  constexpr int kSTiles = kBc / 8;  // m16n8 tiles of S and dP
+  const int i = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV), q0 = i * kBr;
+  const int64_t row0 = int64_t(b) * T, o_stride = int64_t(NH) * HD;
+  const bf16* kg = qkv.k + row0 * qkv.ldk + kvh * HD;  // [T,HD] at pitch ldk
+  const bf16* vg = qkv.v + row0 * qkv.ldv + kvh * HD;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem);
+  bf16* do_s = q_s + kBr * kLd;
+  bf16* k_s = do_s + kBr * kLd;     // 2 stages of [64][kLd]
+  bf16* v_s = k_s + 2 * kBc * kLd;  // 2 stages of [64][kLd]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+  load_tile<HD>(q_s, qkv.q + (row0 + q0) * qkv.ldq + h * HD, qkv.ldq, T - q0);
+  load_tile<HD>(do_s, dout + (row0 + q0) * o_stride + h * HD, o_stride, T - q0);
+  load_tile<HD>(k_s, kg, qkv.ldk, T);
+  load_tile<HD>(v_s, vg, qkv.ldv, T);
+  cp_async_commit();
+  // The lane's two query rows (g and g + 8 of the warp's 16): lse·log2(e) and D; past T, +inf and 0
+  const int row_in_block = 16 * warp + g;
+  float lse2[2], dd[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int query = q0 + row_in_block + 8 * r;
+    const int64_t at = (int64_t(b) * NH + h) * T + query;
+    lse2[r] = query < T ? lse[at] * float(kLog2e) : INFINITY;
+    dd[r] = query < T ? d[at] : 0.0f;
+  }
+  float dq[kTiles][4];
+#pragma unroll
+  for (int n = 0; n < kTiles; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dq[n][e] = 0.0f;
+
+  for (int j = 0; j <= i; j++) {
+    const int k0 = j * kBc;
+    cp_async_wait<0>();
+    __syncthreads();  // block j has landed for every thread; block j-1's stage is free
+    if (j < i) {
+      const int stage = (j + 1) % 2;
+      load_tile<HD>(k_s + stage * kBc * kLd, kg + (k0 + kBc) * qkv.ldk, qkv.ldk, T - k0 - kBc);
+      load_tile<HD>(v_s + stage * kBc * kLd, vg + (k0 + kBc) * qkv.ldv, qkv.ldv, T - k0 - kBc);
+    }
+    cp_async_commit();
+    const bf16* ks = k_s + (j % 2) * kBc * kLd;
+    const bf16* vs = v_s + (j % 2) * kBc * kLd;
+
+    // S = Q·Kᵀ, dP = dO·Vᵀ: 16 queries x 64 keys; Q and dO as A fragments, K and V stored
+    // [key][hd] are B as [n][k]
+    float s[kSTiles][4], dp[kSTiles][4];
+#pragma unroll
+    for (int c = 0; c < kSTiles; c++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[c][e] = dp[c][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; kk++) {
+      uint32_t qa[4], oa[4];
+      const int a_at = (16 * warp + lane % 16) * kLd + 16 * kk + 8 * (lane / 16);
+      ldmatrix_x4(qa, q_s + a_at);
+      ldmatrix_x4(oa, do_s + a_at);
+#pragma unroll
+      for (int n0 = 0; n0 < kBc; n0 += 16) {
+        const int at = (n0 + lane % 8 + 8 * (lane / 16)) * kLd + 16 * kk + 8 * (lane / 8 % 2);
+        uint32_t kb[4], vb[4];
+        ldmatrix_x4(kb, ks + at);
+        ldmatrix_x4(vb, vs + at);
+        mma_m16n8k16_bf16(s[n0 / 8], qa, kb);
+        mma_m16n8k16_bf16(s[n0 / 8 + 1], qa, kb + 2);
+        mma_m16n8k16_bf16(dp[n0 / 8], oa, vb);
+        mma_m16n8k16_bf16(dp[n0 / 8 + 1], oa, vb + 2);
+      }
+    }
+    // P over S, dS over dP: element e of tile c is query q0 + 16w + g + 8(e/2), key
+    // k0 + 8c + 2t + e%2; a key after its query is masked
+#pragma unroll
+    for (int c = 0; c < kSTiles; c++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const bool visible = k0 + 8 * c + 2 * t + e % 2 <= q0 + row_in_block + 8 * (e / 2);
+        const float p = visible ? exp2f(fmaf(s[c][e], scale_log2, -lse2[e / 2])) : 0.0f;
+        s[c][e] = p * (dp[c][e] - dd[e / 2]) * scale;
+      }
+    // dQ += dS·K_j, 16 keys a step (dS tiles 2kk, 2kk + 1 are one A fragment); K stored
+    // [key][hd] is B as [k][n]: ldmatrix.trans
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; kk++) {
+      const uint32_t da[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]),
+                              pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int n0 = 0; n0 < HD; n0 += 16) {
+        uint32_t kb[4];
+        ldmatrix_x4_trans(kb, ks + (16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * kLd + n0 +
+                                  8 * (lane / 16));
+        mma_m16n8k16_bf16(dq[n0 / 8], da, kb);
+        mma_m16n8k16_bf16(dq[n0 / 8 + 1], da, kb + 2);
+      }
+    }
+  }
+  // dQ: this warp's queries, straight from the accumulators
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int query = q0 + row_in_block + 8 * r;
+    if (query >= T) continue;
+#pragma unroll
+    for (int c = 0; c < kTiles; c++)
+      *reinterpret_cast<uint32_t*>(dqkv.q + (row0 + query) * dqkv.ldq + h * HD + 8 * c + 2 * t) =
+          pack_bf16x2(dq[c][2 * r], dq[c][2 * r + 1]);
+  }
+}
+
+template <int HD>
+void launch_backward_b(const Context& ctx, QkvRows<bf16*> dqkv, float* d, const bf16* dout,
+                       const bf16* out, const float* lse, QkvRows<const bf16*> qkv, int B, int T,
+                       int NH, int NKV) {
+  const int64_t rows = int64_t(B) * T * NH;
+  attention_row_dot_mma_kernel<<<unsigned(ceil_div(rows, int64_t(kThreads / 32))), kThreads, 0,
+                                 ctx.stream>>>(d, dout, out, rows, T, NH, HD);
+  GRASS_LAUNCH_CHECK();
+  const float scale = float(1.0 / std::sqrt(double(HD)));
+  const float scale_log2 = float(kLog2e / std::sqrt(double(HD)));
+  const unsigned blocks = unsigned(ceil_div(T, kBr));
+  constexpr int kDkdvBytes = dkdv_smem_bytes<HD>(), kDqBytes = dq_smem_bytes<HD>();
+  allow_smem(attention_dkdv_mma_kernel<HD>, kDkdvBytes);
+  attention_dkdv_mma_kernel<HD><<<dim3(blocks, unsigned(NKV), unsigned(B)), kThreads, kDkdvBytes,
+                                  ctx.stream>>>(dqkv, dout, lse, d, qkv, T, NH, NKV, scale,
+                                                scale_log2);
+  GRASS_LAUNCH_CHECK();
+  allow_smem(attention_dq_mma_kernel<HD>, kDqBytes);
+  attention_dq_mma_kernel<HD><<<dim3(blocks, unsigned(NH), unsigned(B)), kThreads, kDqBytes,
+                                ctx.stream>>>(dqkv, dout, lse, d, qkv, T, NH, NKV, scale,
+                                              scale_log2);
+  GRASS_LAUNCH_CHECK();
+}
+
 // cp.async and the 16-byte loads and stores: every row 16-byte aligned
 template <typename P>
 bool rows_aligned(QkvRows<P> r) {
@@ -548,15 +883,16 @@ void attention_forward_mma(const Context& ctx, bf16* out, float* lse, QkvRows<co
   }
 }
 
-bool attention_backward_mma_takes(int T, int NH, int NKV, int HD) {
+bool attention_backward_mma_path_a_takes(int T, int NH, int NKV, int HD) {
   return (HD == 16 || HD == 32 || HD == 64) && T <= kBwdMaxT && NKV >= 1 && NH % NKV == 0 &&
          bwd_layout(T, NH / NKV, HD).bytes <= kBwdMaxSmem;
 }
 
 void attention_backward_mma(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch,
                             const bf16* dout, const bf16* out, const float* lse,
-                            QkvRows<const bf16*> qkv, int B, int T, int NH, int NKV, int HD) {
-  if (!attention_backward_mma_takes(T, NH, NKV, HD)) {
+                            QkvRows<const bf16*> qkv, int B, int T, int NH, int NKV, int HD,
+                            MmaBackwardPath path) {
+  if (!attention_mma_takes(HD)) {
     attention_backward(ctx, dqkv, scratch, dout, out, lse, qkv, B, T, NH, NKV, HD);
     return;
   }
@@ -564,6 +900,19 @@ void attention_backward_mma(const Context& ctx, QkvRows<bf16*> dqkv, float* scra
   GRASS_CHECK(aligned16(dout) && aligned16(out) && rows_aligned(qkv) && rows_aligned(dqkv),
               "attention (mma): q, k, v, their gradients, out or dout not 16-byte aligned, or a "
               "row pitch not a multiple of 8 elements");
+  const bool a_takes = attention_backward_mma_path_a_takes(T, NH, NKV, HD);
+  GRASS_CHECK(path != MmaBackwardPath::A || a_takes,
+              "attention (mma): path A does not take HD=" + std::to_string(HD) +
+                  " T=" + std::to_string(T) + " with groups of " + std::to_string(NH / NKV));
+  if (path == MmaBackwardPath::B || !a_takes) {
+    switch (HD) {
+      case 16: launch_backward_b<16>(ctx, dqkv, scratch, dout, out, lse, qkv, B, T, NH, NKV); break;
+      case 32: launch_backward_b<32>(ctx, dqkv, scratch, dout, out, lse, qkv, B, T, NH, NKV); break;
+      case 64: launch_backward_b<64>(ctx, dqkv, scratch, dout, out, lse, qkv, B, T, NH, NKV); break;
+      default: launch_backward_b<128>(ctx, dqkv, scratch, dout, out, lse, qkv, B, T, NH, NKV); break;
+    }
+    return;
+  }
   switch (HD) {
     case 16: launch_backward<16>(ctx, dqkv, dout, out, lse, qkv, B, T, NH, NKV); break;
     case 32: launch_backward<32>(ctx, dqkv, dout, out, lse, qkv, B, T, NH, NKV); break;

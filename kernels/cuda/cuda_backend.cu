@@ -55,6 +55,17 @@ bool side_stream_wanted() {
   throw UserError(std::string("GRASS_SIDE_STREAM: \"") + text + "\" is neither 0 nor 1");
 }
 
+// GRASS_MMA_BACKWARD=a|b forces a path of `attention: "mma"`'s backward (attention_mma.cu) for
+// A/B timing; unset, each shape takes path A where it can. Path A on a shape it does not take
+// stops the run at its first backward, with one line.
+cuda::MmaBackwardPath mma_backward_path() {
+  const char* text = std::getenv("GRASS_MMA_BACKWARD");
+  if (!text) return cuda::MmaBackwardPath::Auto;
+  if (std::string(text) == "a") return cuda::MmaBackwardPath::A;
+  if (std::string(text) == "b") return cuda::MmaBackwardPath::B;
+  throw UserError(std::string("GRASS_MMA_BACKWARD: \"") + text + "\" is neither a nor b");
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const Storage& storage, std::string gpu, int device, AttentionKernel attention,
@@ -63,7 +74,8 @@ class CudaBackend final : public Backend {
         gpu_(std::move(gpu)),
         staging_(kStagingBytes),
         attention_(fall_back_to_grass ? AttentionKernel::Grass : attention),
-        try_cudnn_(fall_back_to_grass && attention == AttentionKernel::Cudnn) {
+        try_cudnn_(fall_back_to_grass && attention == AttentionKernel::Cudnn),
+        mma_backward_(mma_backward_path()) {
     GRASS_CHECK(storage.cuda && storage.bf16_weights(),
                 "the CUDA backend needs a bf16 CUDA storage plan");
     GRASS_CUDA_CHECK(cudaSetDevice(device));
@@ -422,9 +434,14 @@ class CudaBackend final : public Backend {
                           double theta) override {
     const QkvRows<bf16*> grads{b(d.q), b(d.k), b(d.v), d.ldq, d.ldk, d.ldv};
     if (attention_ == AttentionKernel::Mma) {
+      if (mma_backward_ == cuda::MmaBackwardPath::A &&
+          !cuda::attention_backward_mma_path_a_takes(T, NH, NKV, HD))
+        throw UserError("GRASS_MMA_BACKWARD=a: path A of the mma backward does not take HD " +
+                        std::to_string(HD) + ", T " + std::to_string(T) + ", " +
+                        std::to_string(NH / NKV) + " query heads a kv head (unset it, or b)");
       cuda::attention_backward_mma(ctx_, grads, static_cast<float*>(scratch_.attention), b(dout),
                                    b(out), static_cast<const float*>(saved), bf16_rows(qkv), B, T,
-                                   NH, NKV, HD);
+                                   NH, NKV, HD, mma_backward_);
       cuda::rope_backward(ctx_, grads.q, B, T, NH, HD, float(theta), grads.ldq);
       cuda::rope_backward(ctx_, grads.k, B, T, NKV, HD, float(theta), grads.ldk);
       poison(scratch_.attention, attention_bytes_);
@@ -700,6 +717,7 @@ class CudaBackend final : public Backend {
   // only a training run calls (a forward-only model, grass eval's or sample's, keeps the
   // engine's), and why they were not taken.
   bool try_cudnn_;
+  cuda::MmaBackwardPath mma_backward_;  // GRASS_MMA_BACKWARD (mma_backward_path())
   std::string why_not_cudnn_;
   void take_cudnn_if_it_builds(int B, int T, int NH, int NKV, int HD, bool grads_packed) {
 #ifdef GRASS_HAVE_CUDNN

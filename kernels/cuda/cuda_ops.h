@@ -162,19 +162,22 @@ void attention_backward(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch,
 
 // ---- the `attention: "mma"` kernels (kernels/cuda/attention_mma.cu) ---------------------------
 // attention_forward's and attention_backward's contracts without RoPE (q and k already rotated, as
-// for cuDNN), on sm_80's mma.sync, ldmatrix and cp.async, FA2-style. The forward takes the head
-// dims attention_mma_takes(HD) (16, 32, 64, 128); the backward, path A (one CTA per kv head and
-// batch, dQ summed in shared memory), the shapes attention_backward_mma_takes (HD 16, 32, 64,
-// T ≤ 256, the group's dQ within shared memory). For any other shape each runs the old kernels,
-// whose out and lse are the same contract, so either backward takes either forward's.
+// for cuDNN), on sm_80's mma.sync, ldmatrix and cp.async, FA2-style, for the head dims
+// attention_mma_takes(HD) (16, 32, 64, 128); any other HD runs the old kernels, whose out and lse
+// are the same contract, so either backward takes either forward's. The backward has two paths:
+// A, one CTA per kv head and batch with dQ summed in shared memory (HD ≤ 64, T ≤ 256, the group's
+// dQ within shared memory: attention_backward_mma_path_a_takes), and B, a dK/dV kernel per key
+// block and a dQ kernel per query block (any T, HD 128). Auto takes A where it can.
 bool attention_mma_takes(int HD);
 void attention_forward_mma(const Context& ctx, bf16* out, float* lse, QkvRows<const bf16*> qkv,
                            int B, int T, int NH, int NKV, int HD);
-// scratch: attention_scratch_floats(...), used only by the old backward it falls back to
-bool attention_backward_mma_takes(int T, int NH, int NKV, int HD);
+enum class MmaBackwardPath { Auto, A, B };
+bool attention_backward_mma_path_a_takes(int T, int NH, int NKV, int HD);
+// scratch: attention_scratch_floats(...), D = rowsum(dout ⊙ out) for path B and the old backward
 void attention_backward_mma(const Context& ctx, QkvRows<bf16*> dqkv, float* scratch,
                             const bf16* dout, const bf16* out, const float* lse,
-                            QkvRows<const bf16*> qkv, int B, int T, int NH, int NKV, int HD);
+                            QkvRows<const bf16*> qkv, int B, int T, int NH, int NKV, int HD,
+                            MmaBackwardPath path = MmaBackwardPath::Auto);
 
 // ---- cuDNN's fused flash attention (kernels/cudnn/attention_cudnn.cpp) -----------------------
 // The `attention: "cudnn"` option: the same contract as attention_forward/backward without RoPE

@@ -17,6 +17,11 @@
 #include "src/core/error.h"
 #include "tests/gpu/gpu_test_util.h"
 
+#if __has_include(<cuda_emu.h>)
+#include <cuda_emu.h>
+#define GRASS_TEST_CUDA_EMU 1
+#endif
+
 namespace {
 
 using grass::gputest::bf16_rounded;
@@ -162,13 +167,14 @@ struct DeviceAttention {
                                     s.NKV, s.HD, rope);
     dqkv_host = dqkv.download();
   }
-  // The `attention: "mma"` backward (path A, or the old kernels where it hands over)
-  void backward_mma(const grass::cuda::Context& ctx) {
+  // The `attention: "mma"` backward (path A or B, or the old kernels where it hands over)
+  void backward_mma(const grass::cuda::Context& ctx,
+                    grass::cuda::MmaBackwardPath path = grass::cuda::MmaBackwardPath::Auto) {
     dqkv.poison();
     scratch.poison();
     grass::cuda::attention_backward_mma(ctx, layout(dqkv.ptr, grads_packed), scratch.ptr, dout.ptr,
                                         out.ptr, lse.ptr, grass::read_only(rows()), s.B, s.T, s.NH,
-                                        s.NKV, s.HD);
+                                        s.NKV, s.HD, path);
     dqkv_host = dqkv.download();
   }
   // the last backward's gradients, each [B·T, H·HD]
@@ -338,31 +344,50 @@ TEST_CASE("cuda attention mma forward matches the CPU reference and feeds the ol
   }
 }
 
-// The backward of `attention: "mma"`, path A (one CTA per kv head and batch, dQ summed in shared
-// memory; kernels/cuda/attention_mma.cu), on the mma forward's out and lse: T off the 64-row tiles
-// (a diagonal block with rows past T, and key blocks before it), one token, GQA groups of 1 and 2
-// (the group's dQ in shared memory), HD 16, 32 and 64; and HD 128, which it hands to the old
-// backward. dq, dk, dv match the CPU reference and repeat bit for bit.
-TEST_CASE("cuda attention mma backward matches the CPU reference and repeats bit for bit",
+// The backward of `attention: "mma"` (kernels/cuda/attention_mma.cu) on the mma forward's out and
+// lse, by both paths: A (one CTA per kv head and batch, dQ summed in shared memory) and B (a dK/dV
+// kernel per key block, a dQ kernel per query block). Both run on the shapes A takes: T off the
+// 64-row tiles (a diagonal block with rows past T, and key blocks before it), one token, GQA
+// groups of 1 and 2, HD 16, 32 and 64. B alone, as "auto" runs it, on HD 128 (groups of 1 and 4,
+// three key blocks) and on T over 256 (five blocks). dq, dk, dv match the CPU reference, repeat
+// bit for bit, and "auto" gives the bits of the path it should take. On the emulator, whose
+// mma.sync sums an element's products in a stated order (the same for Sᵀ = K·Qᵀ as for S = Q·Kᵀ),
+// B gives A's bits: both form the same products and sum them in the same order. A GPU's order
+// within an mma is not specified, so there the paths are held to the reference only.
+TEST_CASE("cuda attention mma backward by both paths matches the CPU reference and repeats bit for bit",
           "[gpu][attention]") {
-  const Shape shapes[] = {{1, 80, 2, 1, 64}, {2, 37, 2, 2, 32}, {1, 65, 2, 2, 16},
-                          {2, 1, 2, 1, 64},  {1, 40, 1, 1, 128}};
+  using grass::cuda::MmaBackwardPath;
+  const Shape shapes[] = {{1, 80, 2, 1, 64},  {2, 37, 2, 2, 32},  {1, 65, 2, 2, 16},
+                          {2, 1, 2, 1, 64},   {1, 40, 1, 1, 128}, {1, 130, 4, 1, 128},
+                          {1, 300, 2, 2, 16}, {2, 70, 4, 2, 32}};
   TestContext tc;
   for (const Shape& s : shapes) {
     const bool packed = s.NKV != s.NH;
-    INFO(describe(s) << (packed ? ", q, k, v and their gradients packed" : "")
-                     << (grass::cuda::attention_backward_mma_takes(s.T, s.NH, s.NKV, s.HD)
-                             ? ", path A"
-                             : ", the old backward"));
+    const bool a_takes = grass::cuda::attention_backward_mma_path_a_takes(s.T, s.NH, s.NKV, s.HD);
     const Reference r(s);
     DeviceAttention dev(s, r.q, r.k, r.v, r.dout, packed, packed);
     dev.forward_mma(tc.ctx);
-    dev.backward_mma(tc.ctx);
-    check_grad(to_f32(dev.dq()), r.dq, "dq");
-    check_grad(to_f32(dev.dk()), r.dk, "dk");
-    check_grad(to_f32(dev.dv()), r.dv, "dv");
-    const std::vector<bf16> first = dev.dqkv_host;
-    dev.backward_mma(tc.ctx);  // poisons its outputs again first
-    CHECK(std::memcmp(first.data(), dev.dqkv_host.data(), first.size() * sizeof(bf16)) == 0);
+    std::vector<bf16> path_a;
+    for (const MmaBackwardPath path : {MmaBackwardPath::A, MmaBackwardPath::B}) {
+      if (path == MmaBackwardPath::A && !a_takes) continue;
+      INFO(describe(s) << (packed ? ", q, k, v and their gradients packed" : "")
+                       << (path == MmaBackwardPath::A ? ", path A" : ", path B"));
+      dev.backward_mma(tc.ctx, path);
+      check_grad(to_f32(dev.dq()), r.dq, "dq");
+      check_grad(to_f32(dev.dk()), r.dk, "dk");
+      check_grad(to_f32(dev.dv()), r.dv, "dv");
+      const std::vector<bf16> first = dev.dqkv_host;
+      dev.backward_mma(tc.ctx, path);  // poisons its outputs and the scratch again first
+      CHECK(std::memcmp(first.data(), dev.dqkv_host.data(), first.size() * sizeof(bf16)) == 0);
+#ifdef GRASS_TEST_CUDA_EMU
+      if (path == MmaBackwardPath::A) path_a = first;
+      if (path == MmaBackwardPath::B && a_takes)
+        CHECK(std::memcmp(path_a.data(), first.data(), first.size() * sizeof(bf16)) == 0);
+#endif
+      if (path == (a_takes ? MmaBackwardPath::A : MmaBackwardPath::B)) {
+        dev.backward_mma(tc.ctx, MmaBackwardPath::Auto);
+        CHECK(std::memcmp(first.data(), dev.dqkv_host.data(), first.size() * sizeof(bf16)) == 0);
+      }
+    }
   }
 }

@@ -1,6 +1,6 @@
 // `attention: "mma"` through the CUDA backend, as the model calls it: q and k rotated in place by
-// RoPE, the FA2-style forward (kernels/cuda/attention_mma.cu), the engine's backward without a
-// RoPE table, dq and dk rotated back. Against the engine's kernels (RoPE in their loads), which
+// RoPE, the FA2-style forward and backward (kernels/cuda/attention_mma.cu: path A at HD 64 and 32,
+// path B at HD 128), dq and dk rotated back. Against the engine's kernels (RoPE in their loads), which
 // test_gpu_attention.cpp holds to the CPU: the outputs, the saved logsumexp and the gradients agree
 // within bf16's tolerance, and a second run gives the same bits.
 #include <cstring>
@@ -54,7 +54,7 @@ TEST_CASE("cuda attention mma through the backend matches the engine's kernels, 
           "[gpu][attention]") {
   using grass::gputest::rel_error;
   using grass::gputest::to_f32;
-  const Shape shapes[] = {{1, 70, 2, 1, 64}, {2, 33, 2, 2, 32}};
+  const Shape shapes[] = {{1, 70, 2, 1, 64}, {2, 33, 2, 2, 32}, {1, 80, 2, 1, 128}};
   for (const Shape& s : shapes) {
     INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV << " HD=" << s.HD);
     const size_t nq = size_t(s.B) * s.T * s.NH * s.HD;
