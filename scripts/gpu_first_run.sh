@@ -25,7 +25,9 @@
 #          power sampled; host syncs per step (an LD_PRELOAD counter, tools/gpu/sync_count.c),
 #          cublasGemmEx fallbacks, then a profile
 #          (nsys if it works, else ncu over one step) read by tools/gpu/profile_shares.py:
-#          GEMM / attention / other shares, the top 15 kernels, MFU without the optimizer
+#          GEMM / attention / other shares, the top 15 kernels, MFU without the optimizer, and
+#          (nsys) the GPU's idle time in the last step: the "step" NVTX range against the union
+#          of its kernels and copies (whether CUDA graphs could pay)
 #   T6     large shapes: tests/gpu/test_gpu_large_shapes.cpp (hidden tag [large])
 #   T7     13B GRASS headroom: configs/runs/llama_13b_grass.json for a few steps under
 #          --memory-limit 40GiB; the step lines' memory beside `grass mem`'s plan (then, if time
@@ -625,8 +627,9 @@ step_t8() {
 # step: 8 micro-batches), 4 steps, whose median covers the 3 after the warm-up; the same with
 # cuDNN's attention; SM clock and power sampled beside it. Host syncs per step from a 2-step run
 # against the 4-step one (an LD_PRELOAD counter); then a 2-step profile (nsys, else ncu over one
-# step) read by tools/gpu/profile_shares.py: GEMM / attention / other, the top 15 kernels, and
-# the optimizer's share, which gives the MFU without the optimizer.
+# step) read by tools/gpu/profile_shares.py: GEMM / attention / other, the top 15 kernels, the
+# optimizer's share, which gives the MFU without the optimizer, and from nsys' trace the GPU's
+# idle time in each step.
 step_t5() {
   local rc
   begin T5 270 60 || return
@@ -721,8 +724,12 @@ step_t5() {
     if [ $dry = 1 ] || [ -f "$work/t5_profile.nsys-rep" ]; then
       run_cmd 60 "$logs/t5_nsys_kern.csv" "$nsys_bin" stats -q --report cuda_gpu_kern_sum --format csv --output - "$work/t5_profile.nsys-rep"
       run_cmd 60 "$logs/t5_nsys_api.csv" "$nsys_bin" stats -q --report cuda_api_sum --format csv --output - "$work/t5_profile.nsys-rep"
+      # every GPU activity and the NVTX ranges: the GPU's idle time in each step (issue 45 item 5)
+      run_cmd 60 "$logs/t5_nsys_trace.csv" "$nsys_bin" stats -q --report cuda_gpu_trace --format csv --output - "$work/t5_profile.nsys-rep"
+      run_cmd 60 "$logs/t5_nsys_nvtx.csv" "$nsys_bin" stats -q --report nvtx_pushpop_trace --format csv --output - "$work/t5_profile.nsys-rep"
       run_cmd 30 "$plog" "$PY" tools/gpu/profile_shares.py --nsys-kern "$logs/t5_nsys_kern.csv" \
-        --nsys-api "$logs/t5_nsys_api.csv" --steps $prof_steps --layers 24
+        --nsys-api "$logs/t5_nsys_api.csv" --steps $prof_steps --layers 24 \
+        --nsys-trace "$logs/t5_nsys_trace.csv" --nsys-nvtx "$logs/t5_nsys_nvtx.csv"
       prof_rc=$?
       [ $prof_rc = 0 ] && figure+="nsys: "
     else
@@ -748,9 +755,14 @@ step_t5() {
     return
   fi
   if [ $prof_rc = 0 ]; then
-    local summary opt
+    local summary opt idle
     summary=$(sed -n 's/^SUMMARY: //p' "$plog" | tail -1)
     figure+="$summary; top kernel: $(sed -n 's/^TOP  *//p' "$plog" | head -1 | cut -c1-90)"
+    idle=$(sed -n 's/^IDLE_SUMMARY: //p' "$plog" | tail -1)
+    if [ -n "$idle" ]; then  # nsys only: ncu serialises the kernels
+      figure+="; GPU idle in $idle"
+      figure_row T5 adamw gpu_idle_last_step "$(echo "$idle" | sed -n 's/.*idle [0-9.]* ms (\([0-9.]*\)%).*/\1/p')" "%"
+    fi
     opt=$(echo "$summary" | sed -n 's/.*optimizer \([0-9.]*\)%.*/\1/p')
     if [ -n "$mfu" ] && [ -n "$opt" ]; then  # the step's time less the optimizer kernels' share
       figure+="; MFU without the optimizer $(awk -v m="${mfu%\%}" -v o="$opt" 'BEGIN { printf "%.1f%%", m / (1 - o / 100) }')"

@@ -122,6 +122,24 @@ check "attention cudnn without cuDNN exits 2" test $? = 2
 check "and says the build has none" grep -q 'attention: "cudnn" but this grass was built without' "$tmp/cudnn.log"
 check "and writes nothing" test ! -e "$tmp/cudnn/metrics.jsonl"
 
+# attention "mma": its backward's path B forced (GRASS_MMA_BACKWARD, for A/B timing) trains to
+# path A's losses, bit for bit on the emulator; a value that is neither a nor b is one line, and
+# nothing is written
+for path in a b; do
+  GRASS_MMA_BACKWARD=$path "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/mma_$path" \
+    --set attention=mma --set steps=2 --set checkpoint_every=0 --set eval_every=0 \
+    >"$tmp/mma_$path.log" 2>&1
+  check "attention mma, backward path $path, exits 0" test $? = 0
+done
+check "paths A and B train to the same losses" \
+  sh -c "grep -o '\"loss\":[^,]*' '$tmp/mma_a/metrics.jsonl' >'$tmp/mma_a.losses' &&
+         grep -o '\"loss\":[^,]*' '$tmp/mma_b/metrics.jsonl' >'$tmp/mma_b.losses' &&
+         [ \"\$(grep -c . '$tmp/mma_a.losses')\" = 2 ] && cmp -s '$tmp/mma_a.losses' '$tmp/mma_b.losses'"
+GRASS_MMA_BACKWARD=c "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/mma_c" --set attention=mma \
+  >"$tmp/mma_c.log" 2>&1
+check "GRASS_MMA_BACKWARD=c: exit 2, one line naming it, nothing written" \
+  sh -c "[ $? = 2 ] && [ \"\$(grep -c . '$tmp/mma_c.log')\" = 1 ] && grep -q '^error: GRASS_MMA_BACKWARD: \"c\" is neither a nor b' '$tmp/mma_c.log' && [ ! -e '$tmp/mma_c' ]"
+
 for optimizer in galore flora; do
   for precision in bf16-mixed bf16; do
     run="$optimizer-$precision"

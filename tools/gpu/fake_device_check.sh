@@ -5,6 +5,9 @@
 #   nvidia-smi          a stub printing an H100 SXM's query line
 #   compute-sanitizer   a stub that runs the program it is given and reports no errors
 #   ncu                 a stub that runs the program and writes a CSV of three kernel times
+#   nsys                a stub (third call only) that runs the program, makes an empty report
+#                       and prints canned tables for `nsys stats`: three kernels' times, the
+#                       API calls, a trace of two steps' kernels and their NVTX "step" ranges
 #   grass               grass_emu (the CLI on the CUDA emulator) with the models shrunk: the 1B
 #                       and 13B runs train a 2-layer model of hidden 64 and vocab 32000
 #   grass_gpu_tests     grass_gpu_emu_tests (the plain run filtered to two short tests; the
@@ -14,8 +17,9 @@
 #   tools/gpu/fake_device_check.sh [BUILD_DIR]   (default build: it needs tests/cuda_emu/grass_emu,
 #                                                 tests/grass_gpu_emu_tests, make_synthetic_shard)
 # Then a second call, --only T12,T13 (weight streaming; issue 46's features), as a lease would
-# make it.
-# Takes 3-5 minutes on 2 cores. Exit status 0 when the run's summary says what it should.
+# make it, and a third, --only T5 with nsys on the path: the profile through nsys, with the GPU's
+# idle time in a step.
+# Takes 4-6 minutes on 2 cores. Exit status 0 when the run's summary says what it should.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 emu=$(cd "${1:-build}" && pwd) || exit 1
@@ -62,6 +66,46 @@ rc=$?
 } >"$log"
 exit $rc
 EOF
+mkdir -p "$fake/nsys_bin"
+cat >"$fake/nsys_bin/nsys" <<'EOF'
+#!/bin/bash
+case $1 in
+  profile)
+    shift
+    out=""
+    while [[ $# -gt 0 && $1 == -* ]]; do
+      case $1 in -o) out=$2; shift 2 ;; -t|--force-overwrite) shift 2 ;; *) shift ;; esac
+    done
+    "$@" >/dev/null
+    rc=$?
+    [ -n "$out" ] && : >"$out.nsys-rep"
+    exit $rc ;;
+  stats)
+    report=""
+    while [[ $# -gt 0 ]]; do case $1 in --report) report=$2; shift 2 ;; *) shift ;; esac; done
+    case $report in
+      cuda_gpu_kern_sum)
+        echo '"Time (%)","Total Time (ns)","Instances","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Name"'
+        echo '60.0,600000,2,1,1,1,1,0,"nvjet_tst_128x256_64x4_2x1_v_bz_TNT"'
+        echo '30.0,300000,2,1,1,1,1,0,"attention_forward_kernel"'
+        echo '10.0,100000,2,1,1,1,1,0,"rmsnorm_forward_kernel"' ;;
+      cuda_api_sum)
+        echo '"Time (%)","Total Time (ns)","Num Calls","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Name"'
+        echo '90.0,100,4,1,1,1,1,0,"cudaStreamSynchronize"' ;;
+      cuda_gpu_trace)  # step 2: 0.3 + 0.2 + 0.3 ms of kernels, a 0.1 ms gap, 0.1 ms before
+        echo '"Start (ns)","Duration (ns)","CorrId","Strm","Name"'
+        echo '1000000,500000,1,7,"nvjet_tst_128x256_64x4_2x1_v_bz_TNT"'
+        echo '1500000,400000,2,7,"attention_forward_kernel"'
+        echo '3100000,300000,3,7,"nvjet_tst_128x256_64x4_2x1_v_bz_TNT"'
+        echo '3400000,200000,4,7,"attention_forward_kernel"'
+        echo '3700000,300000,5,7,"rmsnorm_forward_kernel"' ;;
+      nvtx_pushpop_trace)
+        echo '"Start (ns)","End (ns)","Duration (ns)","Name","RangeId"'
+        echo '900000,2000000,1100000,"step",1'
+        echo '3000000,4000000,1000000,"step",2' ;;
+    esac ;;
+esac
+EOF
 # a 2-layer model with the real vocabulary, for the 1B and 13B runs
 cat >"$fake/model.json" <<'EOF'
 {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 64,
@@ -101,7 +145,7 @@ case "$*" in
   *) exec /usr/bin/python3 "$@" ;;
 esac
 EOF
-chmod +x "$fake"/bin/* "$fake/build/grass" "$fake/build/tests/grass_gpu_tests" "$fake/python"
+chmod +x "$fake"/bin/* "$fake/nsys_bin/nsys" "$fake/build/grass" "$fake/build/tests/grass_gpu_tests" "$fake/python"
 ln -s "$emu/make_synthetic_shard" "$fake/build/make_synthetic_shard"
 [ -x "$emu/quant8_codes" ] && ln -s "$emu/quant8_codes" "$fake/build/quant8_codes"  # T10's tool
 
@@ -169,5 +213,19 @@ else
   echo "FAIL: T13's figures.csv rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
 fi
 if [ $rc = 0 ]; then echo "ok: T12 and T13 exit 0"; else echo "FAIL: T12 and T13 exit $rc"; fails=$((fails + 1)); fi
+# the third call: T5 with nsys, whose tables give the shares and the last step's idle time (1 ms
+# of wall, 0.8 ms of kernels, one 0.1 ms gap between them)
+rm -f "$fake/out/figures.csv"
+PATH="$fake/nsys_bin:$fake/bin:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
+  OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build --only T5 --budget 400 >"$fake/run_t5.log" 2>&1
+rc=$?
+cat "$fake/run_t5.log"
+expect "T5 profiles with nsys and says how long the GPU idles" '^\| T5 \| pass \| .*nsys: GEMM 60\.0%, attention 30\.0%, other 10\.0%.*; GPU idle in the last step: wall 1\.00 ms, GPU busy 0\.80 ms, idle 0\.20 ms \(20\.0%\), 0\.10 ms of it between kernels \(gaps: 1\)'
+if [ "$(csv_rows '^T5,adamw,gpu_idle_last_step,20\.0,%$')" = 1 ]; then
+  echo "ok: T5's idle row in figures.csv"
+else
+  echo "FAIL: T5's idle row in figures.csv"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
+fi
+if [ $rc = 0 ]; then echo "ok: T5 with nsys exits 0"; else echo "FAIL: T5 with nsys exits $rc"; fails=$((fails + 1)); fi
 echo "fake_device_check: $fails failure(s)"
 [ $fails = 0 ]

@@ -5,7 +5,12 @@ Reads per-kernel times from either
   --nsys-kern CSV   `nsys stats --report cuda_gpu_kern_sum --format csv` (total time per kernel name)
   --ncu CSV         `ncu --csv --metrics gpu__time_duration.sum` (one row per kernel launch)
 and optionally `--nsys-api CSV` (`nsys stats --report cuda_api_sum --format csv`) for the host
-synchronisations. Kernels are classed by name:
+synchronisations. With `--nsys-trace CSV` (`nsys stats --report cuda_gpu_trace`: every kernel,
+copy and memset with its start and duration) and `--nsys-nvtx CSV` (`nsys stats --report
+nvtx_pushpop_trace`: the engine's NVTX ranges), it also says how long the GPU idles in each
+training step: the "step" range's wall time against the union of the GPU's activity within it
+(streams that overlap count once). Idle time is what launching each micro-batch as a CUDA graph
+could win back (issue 45 item 5). Kernels are classed by name:
   GEMM       cuBLAS/cuBLASLt/CUTLASS kernels: names with gemm, cublas, cutlass, nvjet (cuBLAS's
              Hopper kernels), xmma, splitK
   attention  names with attention (grass's kernels/cuda/attention.cu), sdpa, flash or fmha
@@ -16,11 +21,14 @@ and the GEMM kernels are listed with what their names say of the path (sm90/nvje
 kernels; sm80/ampere = the older ones; alignN from CUTLASS names).
 
     profile_shares.py (--nsys-kern CSV | --ncu CSV) [--nsys-api CSV] [--steps N] [--layers L]
+                      [--nsys-trace CSV --nsys-nvtx CSV]
+    profile_shares.py --nsys-trace CSV --nsys-nvtx CSV
     profile_shares.py --self-test
 
-Prints a table, the top 15 kernels (lines "TOP ..."), and a last line "SUMMARY: GEMM x%, attention
+Prints a table, the top 15 kernels (lines "TOP ..."), and a line "SUMMARY: GEMM x%, attention
 y%, other z% ..., optimizer w%" for the summary (the optimizer: AdamW, GRASS, low-rank, clip and
-norm kernels by name).
+norm kernels by name); with the trace, a line "IDLE ..." per step and a last line "IDLE_SUMMARY:
+the last step: wall ... ms, GPU busy ... ms, idle ... ms (p%) ...".
 """
 import argparse
 import csv
@@ -134,6 +142,90 @@ def syncs_from_nsys_api(text):
     return calls
 
 
+def column(row, prefix):
+    """(key, ns per unit) of the row's column whose name starts with prefix: "Start (ns)",
+    "Duration (us)" and the like (nsys stats --timeunit changes the unit)."""
+    key = next((k for k in row if k and k.strip().startswith(prefix)), None)
+    if key is None:
+        return None, 1
+    m = re.search(r"\((\w+)\)", key)
+    return key, UNIT_NS.get(m.group(1), 1) if m else 1
+
+
+def intervals_from_nsys_trace(text):
+    """[(start ns, end ns)] of every GPU activity (kernels, copies, memsets) in the trace."""
+    out = []
+    for row in csv_rows(text, ["Start", "Duration"]):
+        start_key, start_unit = column(row, "Start")
+        dur_key, dur_unit = column(row, "Duration")
+        try:
+            start = number(row[start_key]) * start_unit
+            end = start + number(row[dur_key]) * dur_unit
+        except (ValueError, TypeError):
+            continue
+        if end >= start:
+            out.append((start, end))
+    return out
+
+
+def ranges_from_nsys_nvtx(text, name="step"):
+    """[(start ns, end ns)] of the NVTX ranges called name (a domain prefix "d:name" too), in
+    order."""
+    out = []
+    for row in csv_rows(text, ["Start", "End", "Name"]):
+        label = (row.get("Name") or "").strip()
+        if label != name and not label.endswith(":" + name):
+            continue
+        start_key, start_unit = column(row, "Start")
+        end_key, end_unit = column(row, "End")
+        try:
+            out.append((number(row[start_key]) * start_unit, number(row[end_key]) * end_unit))
+        except (ValueError, TypeError):
+            continue
+    return sorted(out)
+
+
+def idle_in(window, activity, gap_ns=2000):
+    """(busy ns, gaps) of the GPU within window = (start, end): busy is the length of the union of
+    the activity clipped to it, gaps the idle stretches of at least gap_ns between its first and
+    last activity (so launch gaps, not the stretch before the first kernel, which the host
+    spends in the step's own set-up)."""
+    lo, hi = window
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in activity if b > lo and a < hi)
+    busy, gaps, cover_end = 0.0, [], None
+    for a, b in clipped:
+        if cover_end is None or a > cover_end:
+            if cover_end is not None and a - cover_end >= gap_ns:
+                gaps.append(a - cover_end)
+            busy += b - a
+            cover_end = b
+        elif b > cover_end:
+            busy += b - cover_end
+            cover_end = b
+    return busy, gaps
+
+
+def report_idle(steps, activity, out=sys.stdout):
+    if not steps:
+        print("IDLE_SUMMARY: no \"step\" NVTX ranges in the profile", file=out)
+        return 1
+    for i, window in enumerate(steps):
+        wall = window[1] - window[0]
+        busy, gaps = idle_in(window, activity)
+        idle = wall - busy
+        print("IDLE step %d: wall %.2f ms, GPU busy %.2f ms, idle %.2f ms (%.1f%%); gaps of 2 us or "
+              "more between kernels: %d, %.2f ms in all, the largest %.3f ms"
+              % (i + 1, wall / 1e6, busy / 1e6, idle / 1e6, 100 * idle / wall if wall else 0,
+                 len(gaps), sum(gaps) / 1e6, max(gaps, default=0) / 1e6), file=out)
+    wall = steps[-1][1] - steps[-1][0]
+    busy, gaps = idle_in(steps[-1], activity)
+    print("IDLE_SUMMARY: the last step: wall %.2f ms, GPU busy %.2f ms, idle %.2f ms (%.1f%%), "
+          "%.2f ms of it between kernels (gaps: %d)"
+          % (wall / 1e6, busy / 1e6, (wall - busy) / 1e6, 100 * (wall - busy) / wall if wall else 0,
+             sum(gaps) / 1e6, len(gaps)), file=out)
+    return 0
+
+
 def report(kernels, steps, layers, syncs=None, out=sys.stdout):
     total = sum(ns for ns, _ in kernels.values())
     if total <= 0:
@@ -206,7 +298,46 @@ SELF_TEST_NCU = """==PROF== Connected to process 1 (grass)
 """
 
 
+# Two steps (nanoseconds): in the first (0.5-5.0 ms), a 1 ms kernel, a 0.5 ms gap, two
+# overlapping kernels on two streams (2.5-3.5 and 3.0-4.0 ms: 1.5 ms of union), a 0.5 ms gap and a
+# copy running past the step's end; in the second, in microseconds, a kernel that starts before
+# it, and a 1 us gap (under 2 us).
+SELF_TEST_TRACE = """Processing [t5.sqlite] with [cuda_gpu_trace.py]...
+
+"Start (ns)","Duration (ns)","CorrId","GrdX","GrdY","GrdZ","BlkX","BlkY","BlkZ","Reg/Trd","StcSMem (MB)","DymSMem (MB)","Bytes (MB)","Throughput (MBps)","SrcMemKd","DstMemKd","Device","Ctx","GreenCtx","Strm","Name"
+1000000,1000000,1,1,1,1,1,1,1,1,0,0,,,,,"0","1",,"7","k1"
+2500000,1000000,2,1,1,1,1,1,1,1,0,0,,,,,"0","1",,"7","k2"
+3000000,1000000,3,1,1,1,1,1,1,1,0,0,,,,,"0","1",,"8","k3"
+4500000,1000000,4,,,,,,,,,,1.0,1.0,"Pinned","Device","0","1",,"9","[CUDA memcpy Host-to-Device]"
+"""
+SELF_TEST_TRACE_US = """"Start (us)","Duration (us)","CorrId","Name"
+9500,1000,5,"k4"
+10501,499,6,"k5"
+"""
+SELF_TEST_NVTX = """"Start (ns)","End (ns)","Duration (ns)","DurChild (ns)","DurNonChild (ns)","Name","PID","TID","Lvl","NumChild","RangeId","ParentId","RangeStack","NameTree"
+500000,5000000,4500000,0,0,"step",1,1,0,2,1,,":1",":step"
+600000,900000,300000,0,0,"forward",1,1,1,0,2,1,":1:2",":step:forward"
+10000000,11000000,1000000,0,0,"step",1,1,0,0,3,,":3",":step"
+"""
+
+
 def self_test():
+    out = io.StringIO()
+    activity = intervals_from_nsys_trace(SELF_TEST_TRACE) + \
+        intervals_from_nsys_trace(SELF_TEST_TRACE_US)
+    assert len(activity) == 6 and activity[-1] == (10501000, 11000000), activity
+    steps = ranges_from_nsys_nvtx(SELF_TEST_NVTX)
+    assert steps == [(500000, 5000000), (10000000, 11000000)], steps
+    busy, gaps = idle_in(steps[0], activity)
+    assert busy == 1000000 + 1500000 + 500000 and gaps == [500000, 500000], (busy, gaps)
+    busy, gaps = idle_in(steps[1], activity)
+    assert busy == 500000 + 499000 and gaps == [], (busy, gaps)
+    assert report_idle(steps, activity, out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == ("IDLE step 1: wall 4.50 ms, GPU busy 3.00 ms, idle 1.50 ms (33.3%); gaps of 2 "
+                        "us or more between kernels: 2, 1.00 ms in all, the largest 0.500 ms"), lines[0]
+    assert lines[-1] == ("IDLE_SUMMARY: the last step: wall 1.00 ms, GPU busy 1.00 ms, "
+                         "idle 0.00 ms (0.1%), 0.00 ms of it between kernels (gaps: 0)"), lines[-1]
     out = io.StringIO()
     k = kernels_from_nsys(SELF_TEST_NSYS)
     assert len(k) == 5 and k["nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTT"] == (6e6, 300), k
@@ -245,24 +376,39 @@ def main(argv):
     p.add_argument("--nsys-kern")
     p.add_argument("--nsys-api")
     p.add_argument("--ncu")
+    p.add_argument("--nsys-trace", help="nsys stats --report cuda_gpu_trace --format csv")
+    p.add_argument("--nsys-nvtx", help="nsys stats --report nvtx_pushpop_trace --format csv")
     p.add_argument("--steps", type=int, default=1, help="training steps the profile covers")
     p.add_argument("--layers", type=int, default=24, help="transformer layers (attention per layer)")
     p.add_argument("--self-test", action="store_true")
     a = p.parse_args(argv)
     if a.self_test:
         return self_test()
-    if bool(a.nsys_kern) == bool(a.ncu):
+    if bool(a.nsys_trace) != bool(a.nsys_nvtx):
+        p.error("--nsys-trace and --nsys-nvtx go together")
+    if a.nsys_kern and a.ncu:
         p.error("give one of --nsys-kern and --ncu")
+    if not (a.nsys_kern or a.ncu or a.nsys_trace):
+        p.error("give --nsys-kern or --ncu, or --nsys-trace with --nsys-nvtx")
     if a.steps <= 0:
         p.error("--steps must be positive")
-    with open(a.nsys_kern or a.ncu, errors="replace") as fh:
-        text = fh.read()
-    kernels = kernels_from_nsys(text) if a.nsys_kern else kernels_from_ncu(text)
-    syncs = None
-    if a.nsys_api:
-        with open(a.nsys_api, errors="replace") as fh:
-            syncs = syncs_from_nsys_api(fh.read())
-    return report(kernels, a.steps, a.layers, syncs)
+    rc = 0
+    if a.nsys_kern or a.ncu:
+        with open(a.nsys_kern or a.ncu, errors="replace") as fh:
+            text = fh.read()
+        kernels = kernels_from_nsys(text) if a.nsys_kern else kernels_from_ncu(text)
+        syncs = None
+        if a.nsys_api:
+            with open(a.nsys_api, errors="replace") as fh:
+                syncs = syncs_from_nsys_api(fh.read())
+        rc = report(kernels, a.steps, a.layers, syncs)
+    if a.nsys_trace:
+        with open(a.nsys_trace, errors="replace") as fh:
+            activity = intervals_from_nsys_trace(fh.read())
+        with open(a.nsys_nvtx, errors="replace") as fh:
+            steps = ranges_from_nsys_nvtx(fh.read())
+        rc = report_idle(steps, activity) or rc
+    return rc
 
 
 if __name__ == "__main__":
