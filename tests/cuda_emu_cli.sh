@@ -153,6 +153,15 @@ for optimizer in galore flora; do
 done
 # GaLore's svd "auto" is the randomized range finder on the device (cuSOLVER emulated by LAPACK)
 check "GaLore refreshes on the device" grep -q "randomized SVD every 3 steps.*on the GPU" "$tmp/galore-bf16.log"
+# and with refresh_stagger each target at its own step of the interval: a refresh (and its
+# cuSOLVER status read) at every step
+"$GRASS" train "$tmp/run.json" --set out_dir="$tmp/galore-staggered" \
+  --set optimizer='{"name": "galore", "rank": 8, "update_interval": 3, "lr": 3e-3, "refresh_stagger": true}' \
+  --set steps=6 --set total_batch_size=4 --set checkpoint_every=0 --set eval_every=0 \
+  >"$tmp/galore-staggered.log" 2>&1
+check "staggered GaLore exits 0" test $? = 0
+check "staggered GaLore trains 6 finite steps" test "$(grep -c '"loss":[0-9]' "$tmp/galore-staggered/metrics.jsonl")" = 6
+check "and says it staggers" grep -q "randomized SVD every 3 steps.*each target at its own step of the interval" "$tmp/galore-staggered.log"
 
 echo "cuda_emu_cli: $passes passed, $failures failed"
 [ "$failures" = 0 ] || for log in "$tmp"/*.log; do echo "--- $log"; cat "$log"; done

@@ -949,6 +949,20 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
         "run.json: optimizer.svd: unknown svd \"qr\" (supported: \"auto\", \"exact\", \"randomized\")");
   run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"svd", "exact"}};
   CHECK(run_error(run) == "run.json: optimizer.svd: only the galore optimizer uses this key");
+
+  // refresh_stagger: GRASS's and GaLore's, round trip; FLORA and AdamW refuse it
+  for (const char* name : {"grass", "galore"}) {
+    run["optimizer"] = {{"name", name}, {"rank", 8}, {"refresh_stagger", true}};
+    const grass::RunConfig staggered = grass::parse_run_config(run, "run.json");
+    CHECK(staggered.optimizer.projection.refresh_stagger);
+    CHECK(grass::parse_run_config(grass::to_json(staggered), "").optimizer == staggered.optimizer);
+  }
+  run["optimizer"] = {{"name", "flora"}, {"rank", 8}, {"refresh_stagger", true}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.refresh_stagger: only the grass and galore optimizers use this key");
+  run["optimizer"] = {{"name", "adamw"}, {"refresh_stagger", false}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.refresh_stagger: only the grass and galore optimizers use this key");
   run["optimizer"] = {{"name", "galore"}, {"rank", 8}};
 
   // eps: galore_torch's 1e-6 for GaLore, torch's 1e-8 for the rest; a given eps wins

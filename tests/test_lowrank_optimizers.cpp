@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,60 @@ TEST_CASE("GaLore: svd \"randomized\" refreshes P by the range finder, seeded pe
       ops::galore_basis_randomized(want.data(), grad.data(), t.out, t.in, r, t.rows, seed, 1, 4);
       const float* P = g->basis(t.tensor_index);
       CHECK(std::vector<float>(P, P + want.size()) == want);
+    }
+  }
+}
+
+// refresh_stagger: target k of n forms a new P at step 0 and then at the steps ≡ k·K/n (mod K),
+// so every step of the interval has a target refreshing; between its refreshes a target's P
+// stays as it was. Each P is the bits of the op (the exact SVD, or the range finder seeded by
+// the refresh's step: step / K would give a target's refreshes at step 0 and at its phase one
+// test matrix) on the dense gradient of that step: o and down projected, as in the randomized
+// test above, so the dense rig forms the same gradients bit for bit.
+TEST_CASE("GaLore: refresh_stagger spreads the targets' refreshes over the interval", "[lowrank]") {
+  const int B = 2, T = 8, r = 3, K = 4;
+  for (const GaloreSvd svd : {GaloreSvd::Exact, GaloreSvd::Randomized}) {
+    INFO((svd == GaloreSvd::Exact ? "exact SVD" : "randomized SVD"));
+    OptimizerConfig o = lowrank_config("galore", r, K);
+    o.projection.refresh_stagger = true;
+    o.projection.svd = svd;
+    o.projection.svd_power_iters = 1;
+    o.projection.svd_oversample = 4;
+    o.projection.targets = {ProjectionTarget::O, ProjectionTarget::Down};
+    Rig dense(small_config(), o, B, T, false), galore(small_config(), o, B, T, true);
+    const auto& g = static_cast<const GaLore&>(*galore.lowrank);
+    CHECK_THAT(g.describe(), Catch::Contains("each target at its own step of the interval"));
+    const auto& targets = galore.lowrank->targets();
+    const size_t n = targets.size();
+    REQUIRE(n == 4);  // 2 layers' o and down: phases 0, 1, 2, 3
+    std::vector<std::vector<float>> held(n);
+    for (int64_t step = 0; step < 9; step++) {
+      for (size_t i = 0; i < galore.model->tensors().size(); i++)  // dense at galore's weights
+        dense.model->write_tensor(galore.model->tensors()[i], galore.weights(int(i)).data());
+      dense.gradients(step, B);
+      galore.gradients(step, B);
+      for (size_t k = 0; k < n; k++) {
+        const auto& t = targets[k];
+        const int64_t phase = int64_t(k) * K / int64_t(n);
+        const bool refreshes = step == 0 || (step >= phase && (step - phase) % K == 0);
+        INFO("step " << step << ", target " << k << " (phase " << phase << ")"
+                     << (refreshes ? ", refreshing" : ""));
+        if (refreshes) {
+          const std::vector<float> grad = dense.dense_grad(t.tensor_index);
+          held[k].assign(size_t(t.side) * r, 0.0f);
+          if (svd == GaloreSvd::Exact) {
+            held[k] = basis_of(t, grad, r);
+          } else {
+            const uint64_t seed = derive_seed(derive_seed(9 ^ 0x6a10, uint64_t(step)),
+                                              uint64_t(t.tensor_index));
+            ops::galore_basis_randomized(held[k].data(), grad.data(), t.out, t.in, r, t.rows,
+                                         seed, 1, 4);
+          }
+        }
+        const float* P = g.basis(t.tensor_index);
+        CHECK(std::vector<float>(P, P + held[k].size()) == held[k]);
+      }
+      galore.step->finish();
     }
   }
 }

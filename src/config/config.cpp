@@ -215,8 +215,10 @@ const std::vector<std::string> kRunKeys = {
 };
 const std::vector<std::string> kProjectionKeys = {"rank", "update_interval", "scale", "targets",
                                                   "seed"};
-const std::vector<std::string> kGrassKeys = {"selection", "select_dim", "rho_in_update",
-                                             "refresh_stagger"};
+const std::vector<std::string> kGrassKeys = {"selection", "select_dim", "rho_in_update"};
+// GRASS's re-selections and GaLore's SVDs spread over the interval (FLORA's resampling is a
+// regeneration from the seed: nothing to spread)
+const std::vector<std::string> kStaggerKeys = {"refresh_stagger"};
 const std::vector<std::string> kFloraKeys = {"max_update_rms"};
 const std::vector<std::string> kGaloreKeys = {"svd", "svd_power_iters", "svd_oversample"};
 constexpr int64_t kFloraUpdateInterval = 1000;  // flora-opt's kappa
@@ -293,6 +295,9 @@ void read_projection(const ObjectReader& obj, OptimizerKind kind, ProjectionConf
   if (kind != OptimizerKind::Grass)
     for (const std::string& key : kGrassKeys)
       if (obj.find(key)) obj.at(key).fail("only the grass optimizer uses this key");
+  if (kind != OptimizerKind::Grass && kind != OptimizerKind::GaLore)
+    for (const std::string& key : kStaggerKeys)
+      if (obj.find(key)) obj.at(key).fail("only the grass and galore optimizers use this key");
   if (kind != OptimizerKind::Flora)
     for (const std::string& key : kFloraKeys)
       if (obj.find(key)) obj.at(key).fail("only the flora optimizer uses this key");
@@ -314,8 +319,9 @@ void read_projection(const ObjectReader& obj, OptimizerKind kind, ProjectionConf
     g.selection = read_enum(obj, "selection", "selection", g.selection);
     g.select_dim = read_enum(obj, "select_dim", "select_dim", g.select_dim);
     g.rho_in_update = obj.boolean("rho_in_update").value_or(g.rho_in_update);
-    g.refresh_stagger = obj.boolean("refresh_stagger").value_or(g.refresh_stagger);
   }
+  if (kind == OptimizerKind::Grass || kind == OptimizerKind::GaLore)
+    g.refresh_stagger = obj.boolean("refresh_stagger").value_or(g.refresh_stagger);
   if (kind == OptimizerKind::GaLore) {
     g.svd = read_enum(obj, "svd", "svd", g.svd);
     g.svd_power_iters = int(obj.integer("svd_power_iters", 0, 16).value_or(g.svd_power_iters));
@@ -418,6 +424,7 @@ void read_optimizer(const ObjectReader& obj, OptimizerConfig& o) {
                                    "state_blocking"};
   keys.insert(keys.end(), kProjectionKeys.begin(), kProjectionKeys.end());
   keys.insert(keys.end(), kGrassKeys.begin(), kGrassKeys.end());
+  keys.insert(keys.end(), kStaggerKeys.begin(), kStaggerKeys.end());
   keys.insert(keys.end(), kFloraKeys.begin(), kFloraKeys.end());
   keys.insert(keys.end(), kGaloreKeys.begin(), kGaloreKeys.end());
   obj.reject_unknown_keys(keys);
@@ -815,7 +822,8 @@ json to_json(const RunConfig& c) {
     if (o.kind == OptimizerKind::GaLore)
       optimizer.update({{"svd", name_of(g.svd)},
                         {"svd_power_iters", g.svd_power_iters},
-                        {"svd_oversample", g.svd_oversample}});
+                        {"svd_oversample", g.svd_oversample},
+                        {"refresh_stagger", g.refresh_stagger}});
   }
   if (o.proximal.enabled())
     optimizer["proximal"] = {{"lambda", o.proximal.lambda}, {"inner_steps", o.proximal.inner_steps}};

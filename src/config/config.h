@@ -50,8 +50,8 @@ struct ProjectionConfig {
   // Adam"); off, a slice drawn once moves at the learning rate top_r's do, and one drawn c times
   // (the rules with replacement) c times as far.
   bool rho_in_update = false;
-  // GRASS only: target k of n re-selects at the steps ≡ k·K/n (mod K) instead of all at once
-  // at multiples of K (every target selects at step 0).
+  // GRASS and GaLore: target k of n re-selects (GaLore: forms a new P) at the steps ≡ k·K/n
+  // (mod K) instead of all at once at multiples of K; every target does so at step 0.
   bool refresh_stagger = false;
   // FLORA only: the bound on the RMS of each target's update before lr·scale (flora-opt's
   // clip_threshold, Adafactor's update clipping); 0: unbounded. FLORA's default is 1.

@@ -174,7 +174,11 @@ GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens
                Communicator& comm)
     : LowRankOptimizer(cfg, model, max_tokens, arena, /*full_gradients=*/true, comm),
       needs_refresh_(targets_.size(), false),  // begin_step(0) refreshes; a resumed run has P
+      phase_(targets_.size(), 0),
       method_(galore_basis_method(cfg.projection, backend_.storage())) {
+  if (cfg.projection.refresh_stagger)  // spread over the K steps of an interval, as GRASS's
+    for (size_t k = 0; k < targets_.size(); k++)
+      phase_[k] = int64_t(k) * cfg.projection.update_interval / int64_t(targets_.size());
   int64_t workspace = 0;
   for (const Target& t : targets_) {
     P_.push_back(arena.alloc<float>(MemCategory::Optimizer,
@@ -190,18 +194,25 @@ GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens
 }
 
 std::string GaLore::describe() const {
-  if (!method_.randomized) return describe_projection(cfg_.projection, "exact SVD");
+  const std::string staggered =
+      cfg_.projection.refresh_stagger ? ", each target at its own step of the interval" : "";
+  if (!method_.randomized) return describe_projection(cfg_.projection, "exact SVD", staggered);
   return describe_projection(cfg_.projection, "randomized SVD",
                              " (" + std::to_string(method_.power_iters) + " power iterations, " +
                                  std::to_string(method_.oversample) + " extra columns, on the " +
-                                 (backend_.storage().cuda ? "GPU" : "CPU") + ")");
+                                 (backend_.storage().cuda ? "GPU" : "CPU") + ")" + staggered);
 }
 
 void GaLore::begin_step(int64_t step) {
   step_ = step;
-  if (step % cfg_.projection.update_interval != 0) return;
-  std::fill(needs_refresh_.begin(), needs_refresh_.end(), true);
-  if (refresh_status_) backend_.zero(refresh_status_, 4 * sizeof(int));
+  const int64_t K = cfg_.projection.update_interval;
+  bool any = false;
+  for (size_t k = 0; k < targets_.size(); k++)
+    if (step == 0 || (step >= phase_[k] && (step - phase_[k]) % K == 0)) {
+      needs_refresh_[k] = true;
+      any = true;
+    }
+  if (any && refresh_status_) backend_.zero(refresh_status_, 4 * sizeof(int));
 }
 
 bool GaLore::needs_exact_activations() const {
@@ -211,7 +222,11 @@ bool GaLore::needs_exact_activations() const {
 void GaLore::refresh_from(size_t k, const float* g) {
   const Target& t = targets_[k];
   GaloreBasisMethod how = method_;  // the test matrix: a stream per refresh and target
-  how.seed = derive_seed(derive_seed(cfg_.projection.seed ^ 0x6a10, uint64_t(step_ / cfg_.projection.update_interval)),
+  // staggered, the step itself numbers the refresh (step / K would repeat: a target with a phase
+  // refreshes at step 0 and again at its phase, inside the first interval)
+  const int64_t refresh =
+      cfg_.projection.refresh_stagger ? step_ : step_ / cfg_.projection.update_interval;
+  how.seed = derive_seed(derive_seed(cfg_.projection.seed ^ 0x6a10, uint64_t(refresh)),
                          uint64_t(t.tensor_index));
   backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows, how, basis_workspace_,
                         refresh_status_);

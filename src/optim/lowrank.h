@@ -108,7 +108,8 @@ GaloreBasisMethod galore_basis_method(const ProjectionConfig& g, const Storage& 
 // GaLore (Zhao et al. 2024; galore_torch): P = the top-r singular vectors of the step's full
 // gradient at step 0 and every update_interval steps (its update_proj_gap), computed from the
 // first micro-batch's gradient at a refresh step; the moments and the step counter are kept
-// across refreshes, as galore_torch keeps them.
+// across refreshes, as galore_torch keeps them. With refresh_stagger, target k of n refreshes at
+// the steps ≡ k·K/n (mod K) after step 0 instead, so no step forms every SVD of the model.
 class GaLore final : public LowRankOptimizer {
  public:
   GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, Arena& arena,
@@ -130,6 +131,7 @@ class GaLore final : public LowRankOptimizer {
  private:
   std::vector<float*> P_;             // per target [side, r] fp32, in the optimizer's state
   std::vector<bool> needs_refresh_;   // set at a refresh step until the first backward
+  std::vector<int64_t> phase_;        // refresh_stagger: target k refreshes at steps ≡ phase_[k]
   GaloreBasisMethod method_;          // resolved; its seed is set per refresh and target
   void* basis_workspace_ = nullptr;   // galore_basis_workspace_bytes of the largest target
   // With the workspace (a randomized refresh on the GPU): the refresh's cuSOLVER statuses, int[4]

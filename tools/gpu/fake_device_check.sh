@@ -191,7 +191,7 @@ if [ -s "$fake/out/first_run_logs.tar.gz" ]; then echo "ok: logs packed"; else e
 if [ $rc = 0 ]; then echo "ok: exit 0"; else echo "FAIL: exit $rc"; fails=$((fails + 1)); fi
 # the call of its own (T12, T13): the link probe (skipped without CUDA), then the two 13B runs
 # (the shrunk model: offload auto has nothing to move) with equal losses and a ratio; then the
-# five 1B runs of issue 46 (shrunk), their ratios and GaLore's refresh step
+# six 1B runs of issue 46 (shrunk), their ratios, GaLore's refresh step and its staggered run
 rm -f "$fake/out/figures.csv"
 PATH="$fake/bin:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
   OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build --only T12,T13 --budget 600 >"$fake/run_t12.log" 2>&1
@@ -204,10 +204,11 @@ if [ "$(csv_rows '^T12,13b-16x256-[a-z]*,tokens_per_s,')" = 2 ] &&
 else
   echo "FAIL: T12's figures.csv rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
 fi
-expect "T13 times q8, wta-crs (side stream and inline) and GaLore's refresh" '^\| T13 \| pass \| 1B 16x256: plain [0-9.]+ tok/s; q8 [0-9.]+ \([0-9.]+x, target >= 0\.95x\); wta-crs [0-9.]+ \([0-9.]+x, target >= 0\.95x; on the compute stream [0-9.]+: side stream [0-9.]+x\); GaLore r=512: refresh step [0-9]+ [0-9.]+ ms \(target <= 1000 ms\), range finder [0-9.]+ ms'
-if [ "$(csv_rows '^T13,[a-z0-9-]*,tokens_per_s,')" = 5 ] &&
+expect "T13 times q8, wta-crs (side stream and inline) and GaLore's refresh" '^\| T13 \| pass \| 1B 16x256: plain [0-9.]+ tok/s; q8 [0-9.]+ \([0-9.]+x, target >= 0\.95x\); wta-crs [0-9.]+ \([0-9.]+x, target >= 0\.95x; on the compute stream [0-9.]+: side stream [0-9.]+x\); GaLore r=512: refresh step [0-9]+ [0-9.]+ ms \(target <= 1000 ms\), range finder [0-9.]+ ms; staggered, the slowest step after the first [0-9.]+ ms'
+if [ "$(csv_rows '^T13,[a-z0-9-]*,tokens_per_s,')" = 6 ] &&
    [ "$(csv_rows '^T13,[a-z0-9-]*-over-[a-z]*,tokens_per_s_ratio,[0-9.]*,x$')" = 3 ] &&
-   [ "$(csv_rows '^T13,galore-refresh,[a-z_]*,[0-9.]*,ms$')" = 2 ]; then
+   [ "$(csv_rows '^T13,galore-refresh,[a-z_]*,[0-9.]*,ms$')" = 2 ] &&
+   [ "$(csv_rows '^T13,galore-staggered,slowest_step_ms,[0-9.]*,ms$')" = 1 ]; then
   echo "ok: T13's figures.csv rows"
 else
   echo "FAIL: T13's figures.csv rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
