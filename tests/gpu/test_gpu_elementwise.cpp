@@ -102,6 +102,8 @@ TEST_CASE("gpu embedding backward sums repeated tokens into dtable, deterministi
     int C, V;
   };
   // Few tokens (long groups), many tokens (mostly singletons), and three tokens for 924 positions.
+// C = 768 and 64 take the kernel of 8-channel packs, 5461 the one-channel kernel; the packs give
+// the one-channel kernel's bits.
   for (const Shape s :
        {Shape{3 * 77, 5461, 37}, Shape{3 * 77, 768, 1000}, Shape{3 * 77 * 4, 64, 3}}) {
     for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
@@ -150,6 +152,21 @@ TEST_CASE("gpu embedding backward sums repeated tokens into dtable, deterministi
             changed_absent += got[size_t(v) * s.C + c] != dtable0[size_t(v) * s.C + c];
       CHECK(changed_absent == 0);
       CHECK(same_bits(run(), got));
+      if (s.C % 8 == 0) {
+        // dout one element off 16-byte alignment takes the one-channel kernel: the packed
+        // kernel's bits are its bits (each channel sums the same positions in the same order)
+        DeviceBuffer<bf16> d_shifted(dout.size() + 1);
+        std::vector<bf16> shifted(dout.size() + 1, __float2bfloat16(0.0f));
+        for (size_t i = 0; i < dout.size(); i++) shifted[i + 1] = __float2bfloat16(dout[i]);
+        d_shifted.upload(shifted);
+        if (f32)
+          d_dtable_f32.upload(dtable0);
+        else
+          put(d_dtable_bf16, dtable0);
+        cuda::embedding_backward(tc.ctx, d_dtable, gtype, d_shifted.ptr + 1, d_positions.ptr,
+                                 d_start.ptr, d_token.ptr, num_groups, s.C);
+        CHECK(same_bits(f32 ? d_dtable_f32.download() : get(d_dtable_bf16), got));
+      }
     }
   }
 }
