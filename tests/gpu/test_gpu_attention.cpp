@@ -348,8 +348,9 @@ TEST_CASE("cuda attention mma forward matches the CPU reference and feeds the ol
 // lse, by both paths: A (one CTA per kv head and batch, dQ summed in shared memory) and B (a dK/dV
 // kernel per key block, a dQ kernel per query block). Both run on the shapes A takes: T off the
 // 64-row tiles (a diagonal block with rows past T, and key blocks before it), one token, GQA
-// groups of 1 and 2, HD 16, 32 and 64. B alone, as "auto" runs it, on HD 128 (groups of 1 and 4,
-// three key blocks) and on T over 256 (five blocks). dq, dk, dv match the CPU reference, repeat
+// groups of 1, 2 and 4, HD 16, 32 and 64. B alone, as "auto" runs it, on HD 128 (groups of 1, 2
+// and 4; one token; three key blocks) and on T over 256 (five blocks, the last of one row; a
+// group of 8). dq, dk, dv match the CPU reference, repeat
 // bit for bit, and "auto" gives the bits of the path it should take. On the emulator, whose
 // mma.sync sums an element's products in a stated order (the same for Sᵀ = K·Qᵀ as for S = Q·Kᵀ),
 // B gives A's bits: both form the same products and sum them in the same order. A GPU's order
@@ -359,7 +360,8 @@ TEST_CASE("cuda attention mma backward by both paths matches the CPU reference a
   using grass::cuda::MmaBackwardPath;
   const Shape shapes[] = {{1, 80, 2, 1, 64},  {2, 37, 2, 2, 32},  {1, 65, 2, 2, 16},
                           {2, 1, 2, 1, 64},   {1, 40, 1, 1, 128}, {1, 130, 4, 1, 128},
-                          {1, 300, 2, 2, 16}, {2, 70, 4, 2, 32}};
+                          {2, 1, 2, 2, 128},  {1, 300, 2, 2, 16}, {1, 257, 8, 1, 32},
+                          {2, 70, 4, 2, 32}};
   TestContext tc;
   for (const Shape& s : shapes) {
     const bool packed = s.NKV != s.NH;
