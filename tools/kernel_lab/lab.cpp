@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "src/core/bf16.h"
@@ -307,12 +308,16 @@ double Lab::time_ms(const std::function<void()>& op) {
 }
 
 void Lab::print_header() const {
+  // the mma backward's path: forced by GRASS_MMA_BACKWARD (the backend reads it), else per shape
+  const char* path = std::getenv("GRASS_MMA_BACKWARD");
+  const std::string mma = std::string("the engine's FA2-style kernels (RoPE on copies; backward ") +
+                          (path ? std::string("path ") + path + ", GRASS_MMA_BACKWARD"
+                                : std::string("path A where it takes the shape, else B")) +
+                          ")";
   std::printf("kernel_bench: %s; attention: %s\n", gpu.describe().c_str(),
-              options.attention == AttentionKernel::Cudnn
-                  ? "cuDNN's fused flash attention (RoPE on copies)"
-              : options.attention == AttentionKernel::Mma
-                  ? "the engine's FA2-style kernels (RoPE on copies)"
-                  : "the engine's kernels (RoPE in their loads)");
+              options.attention == AttentionKernel::Cudnn ? "cuDNN's fused flash attention (RoPE on copies)"
+              : options.attention == AttentionKernel::Mma ? mma.c_str()
+                                                          : "the engine's kernels (RoPE in their loads)");
   std::printf("batch %d x %d tokens; median of %d calls after %d warm-ups, L2 flushed before each; "
               "timer floor %.4f ms; seed %llu\n",
               options.B, options.T, options.repeat, options.warmup, timer_floor_ms_,
