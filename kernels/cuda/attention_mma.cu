@@ -75,6 +75,78 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t pi
   }
 }
 
+// Two m16n8 fp32 accumulator tiles side by side (16 columns of a C) as the bf16 A fragment of an
+// m16n8k16 whose k runs over those columns: elements 0, 1 of a tile are row g's, 2, 3 row g + 8's
+// (mma_ptx.cuh), and a0..a3 are rows g, g + 8 of k 0-7, then of k 8-15.
+__device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float (&lo)[4],
+                                                  const float (&hi)[4]) {
+  a[0] = pack_bf16x2(lo[0], lo[1]);
+  a[1] = pack_bf16x2(lo[2], lo[3]);
+  a[2] = pack_bf16x2(hi[0], hi[1]);
+  a[3] = pack_bf16x2(hi[2], hi[3]);
+}
+
+// The backward's k step kk of Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for a warp's 16 keys (kf, vf: their K and V
+// as A fragments) and the NQ queries from row q of the stage: Q and dO stored [query][hd] are B
+// as [n][k].
+template <int HD, int NQ>
+__device__ __forceinline__ void add_st_dpt(float (&st)[NQ / 8][4], float (&dpt)[NQ / 8][4],
+                                           const uint32_t (&kf)[4], const uint32_t (&vf)[4],
+                                           const bf16* q_s, const bf16* do_s, int q, int kk,
+                                           int lane) {
+#pragma unroll
+  for (int n0 = 0; n0 < NQ; n0 += 16) {
+    const int at = (q + n0 + lane % 8 + 8 * (lane / 16)) * kRowElements<HD> + 16 * kk +
+                   8 * (lane / 8 % 2);
+    uint32_t qb[4], ob[4];
+    ldmatrix_x4(qb, q_s + at);
+    ldmatrix_x4(ob, do_s + at);
+    mma_m16n8k16_bf16(st[n0 / 8], kf, qb);
+    mma_m16n8k16_bf16(st[n0 / 8 + 1], kf, qb + 2);
+    mma_m16n8k16_bf16(dpt[n0 / 8], vf, ob);
+    mma_m16n8k16_bf16(dpt[n0 / 8 + 1], vf, ob + 2);
+  }
+}
+
+// dV += Pᵀ·dO and dK += dSᵀ·Q over the 16 queries from row q of the stage (Pᵀ and dSᵀ as the A
+// fragments pa, sa); dO and Q stored [query][hd] are B as [k][n]: ldmatrix.trans.
+template <int HD>
+__device__ __forceinline__ void add_dv_dk(float (&dv)[HD / 8][4], float (&dk)[HD / 8][4],
+                                          const uint32_t (&pa)[4], const uint32_t (&sa)[4],
+                                          const bf16* q_s, const bf16* do_s, int q, int lane) {
+#pragma unroll
+  for (int n0 = 0; n0 < HD; n0 += 16) {
+    const int at = (q + lane % 8 + 8 * (lane / 8 % 2)) * kRowElements<HD> + n0 + 8 * (lane / 16);
+    uint32_t ob[4], qb[4];
+    ldmatrix_x4_trans(ob, do_s + at);
+    ldmatrix_x4_trans(qb, q_s + at);
+    mma_m16n8k16_bf16(dv[n0 / 8], pa, ob);
+    mma_m16n8k16_bf16(dv[n0 / 8 + 1], pa, ob + 2);
+    mma_m16n8k16_bf16(dk[n0 / 8], sa, qb);
+    mma_m16n8k16_bf16(dk[n0 / 8 + 1], sa, qb + 2);
+  }
+}
+
+// A warp's dK and dV rows straight from the accumulators: keys key0 + g and key0 + g + 8 of kv
+// head kvh, those before T.
+template <int HD>
+__device__ __forceinline__ void store_dk_dv(QkvRows<bf16*> dqkv, const float (&dk)[HD / 8][4],
+                                            const float (&dv)[HD / 8][4], int64_t row0, int key0,
+                                            int kvh, int T, int g, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int key = key0 + g + 8 * r;
+    if (key >= T) continue;
+#pragma unroll
+    for (int c = 0; c < HD / 8; c++) {
+      *reinterpret_cast<uint32_t*>(dqkv.k + (row0 + key) * dqkv.ldk + kvh * HD + 8 * c + 2 * t) =
+          pack_bf16x2(dk[c][2 * r], dk[c][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dqkv.v + (row0 + key) * dqkv.ldv + kvh * HD + 8 * c + 2 * t) =
+          pack_bf16x2(dv[c][2 * r], dv[c][2 * r + 1]);
+    }
+  }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_mma_kernel(bf16* out, float* lse, QkvRows<const bf16*> qkv, int T, int NH,
@@ -187,10 +259,8 @@ __global__ void __launch_bounds__(kThreads)
     // O += P·V, 16 keys a step: S tiles 2kk and 2kk + 1 are the A fragment of keys 16kk .. +15.
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; kk++) {
-      const uint32_t pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]),
-                              pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[4];
+      accumulators_as_a(pa, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
       for (int n0 = 0; n0 < HD; n0 += 16) {
         uint32_t vb[4];
@@ -375,7 +445,7 @@ __global__ void __launch_bounds__(kThreads)
       const bf16* q_s = stages + 2 * (n % 2) * kBr * kLd;
       const bf16* do_s = q_s + kBr * kLd;
 
-      // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: 16 keys x 64 queries; Q and dO stored [query][hd] are B as [n][k]
+      // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: 16 keys x 64 queries, K and V as A fragments in registers
       float st[kBr / 8][4], dpt[kBr / 8][4];
 #pragma unroll
       for (int c = 0; c < kBr / 8; c++)
@@ -383,17 +453,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; e++) st[c][e] = dpt[c][e] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kKSteps; kk++)
-#pragma unroll
-        for (int n0 = 0; n0 < kBr; n0 += 16) {
-          const int at = (n0 + lane % 8 + 8 * (lane / 16)) * kLd + 16 * kk + 8 * (lane / 8 % 2);
-          uint32_t qb[4], ob[4];
-          ldmatrix_x4(qb, q_s + at);
-          ldmatrix_x4(ob, do_s + at);
-          mma_m16n8k16_bf16(st[n0 / 8], kf[kk], qb);
-          mma_m16n8k16_bf16(st[n0 / 8 + 1], kf[kk], qb + 2);
-          mma_m16n8k16_bf16(dpt[n0 / 8], vf[kk], ob);
-          mma_m16n8k16_bf16(dpt[n0 / 8 + 1], vf[kk], ob + 2);
-        }
+        add_st_dpt<HD, kBr>(st, dpt, kf[kk], vf[kk], q_s, do_s, 0, kk, lane);
       // Pᵀ over Sᵀ, dSᵀ over dPᵀ: element e of tile c is key 16w + g + 8(e/2), query 8c + 2t + e%2
 #pragma unroll
       for (int c = 0; c < kBr / 8; c++)
@@ -406,29 +466,13 @@ __global__ void __launch_bounds__(kThreads)
           st[c][e] = p;
           dpt[c][e] = p * (dpt[c][e] - d_s[at]) * scale;
         }
-      // dV += Pᵀ·dO, dK += dSᵀ·Q, 16 queries a step (tiles 2kk, 2kk + 1 are one A fragment);
-      // dO and Q stored [query][hd] are B as [k][n]: ldmatrix.trans
+      // dV += Pᵀ·dO, dK += dSᵀ·Q, 16 queries a step (tiles 2kk, 2kk + 1 are one A fragment)
 #pragma unroll
       for (int kk = 0; kk < kBr / 16; kk++) {
-        const uint32_t pa[4] = {pack_bf16x2(st[2 * kk][0], st[2 * kk][1]),
-                                pack_bf16x2(st[2 * kk][2], st[2 * kk][3]),
-                                pack_bf16x2(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                                pack_bf16x2(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-        const uint32_t sa[4] = {pack_bf16x2(dpt[2 * kk][0], dpt[2 * kk][1]),
-                                pack_bf16x2(dpt[2 * kk][2], dpt[2 * kk][3]),
-                                pack_bf16x2(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                                pack_bf16x2(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
-#pragma unroll
-        for (int n0 = 0; n0 < HD; n0 += 16) {
-          const int at = (16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * kLd + n0 + 8 * (lane / 16);
-          uint32_t ob[4], qb[4];
-          ldmatrix_x4_trans(ob, do_s + at);
-          ldmatrix_x4_trans(qb, q_s + at);
-          mma_m16n8k16_bf16(dv[n0 / 8], pa, ob);
-          mma_m16n8k16_bf16(dv[n0 / 8 + 1], pa, ob + 2);
-          mma_m16n8k16_bf16(dk[n0 / 8], sa, qb);
-          mma_m16n8k16_bf16(dk[n0 / 8 + 1], sa, qb + 2);
-        }
+        uint32_t pa[4], sa[4];
+        accumulators_as_a(pa, st[2 * kk], st[2 * kk + 1]);
+        accumulators_as_a(sa, dpt[2 * kk], dpt[2 * kk + 1]);
+        add_dv_dk<HD>(dv, dk, pa, sa, q_s, do_s, 16 * kk, lane);
         // this warp's rows of dSᵀ, as the A fragment holds them
 #pragma unroll
         for (int r = 0; r < 2; r++)
@@ -472,19 +516,7 @@ __global__ void __launch_bounds__(kThreads)
           *reinterpret_cast<float2*>(dq_rows + 8 * r * L.ld_dq + 8 * c + 2 * t) =
               make_float2(dq[c][2 * r], dq[c][2 * r + 1]);
     }
-    // dK_j, dV_j: this warp's keys, straight from the accumulators
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int key = k0 + 16 * warp + g + 8 * r;
-      if (key >= T) continue;
-#pragma unroll
-      for (int c = 0; c < kTiles; c++) {
-        *reinterpret_cast<uint32_t*>(dqkv.k + (row0 + key) * dqkv.ldk + kvh * HD + 8 * c + 2 * t) =
-            pack_bf16x2(dk[c][2 * r], dk[c][2 * r + 1]);
-        *reinterpret_cast<uint32_t*>(dqkv.v + (row0 + key) * dqkv.ldv + kvh * HD + 8 * c + 2 * t) =
-            pack_bf16x2(dv[c][2 * r], dv[c][2 * r + 1]);
-      }
-    }
+    store_dk_dv<HD>(dqkv, dk, dv, row0, k0 + 16 * warp, kvh, T, g, t);  // dK_j, dV_j
   }
   __syncthreads();  // every warp's dQ adds are in
   // dQ of the group's heads, 8 elements (16 bytes) a thread a step
@@ -624,8 +656,7 @@ __global__ void __launch_bounds__(kThreads)
     const float* d_s = lse2_s + kBr;
 
     for (int qp = 0; qp < kBr; qp += kQ) {  // a pass over queries qp .. qp + kQ - 1 of the item
-      // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: 16 keys x kQ queries; K and V as A fragments from shared memory,
-      // Q and dO stored [query][hd] are B as [n][k]
+      // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: 16 keys x kQ queries, K and V as A fragments from shared memory
       float st[kQ / 8][4], dpt[kQ / 8][4];
 #pragma unroll
       for (int c = 0; c < kQ / 8; c++)
@@ -637,18 +668,7 @@ __global__ void __launch_bounds__(kThreads)
         const int a_at = (16 * warp + lane % 16) * kLd + 16 * kk + 8 * (lane / 16);
         ldmatrix_x4(kf, k_s + a_at);
         ldmatrix_x4(vf, v_s + a_at);
-#pragma unroll
-        for (int n0 = 0; n0 < kQ; n0 += 16) {
-          const int at =
-              (qp + n0 + lane % 8 + 8 * (lane / 16)) * kLd + 16 * kk + 8 * (lane / 8 % 2);
-          uint32_t qb[4], ob[4];
-          ldmatrix_x4(qb, q_s + at);
-          ldmatrix_x4(ob, do_s + at);
-          mma_m16n8k16_bf16(st[n0 / 8], kf, qb);
-          mma_m16n8k16_bf16(st[n0 / 8 + 1], kf, qb + 2);
-          mma_m16n8k16_bf16(dpt[n0 / 8], vf, ob);
-          mma_m16n8k16_bf16(dpt[n0 / 8 + 1], vf, ob + 2);
-        }
+        add_st_dpt<HD, kQ>(st, dpt, kf, vf, q_s, do_s, qp, kk, lane);
       }
       // Pᵀ over Sᵀ, dSᵀ over dPᵀ: element e of tile c is key k0 + 16w + g + 8(e/2), query
       // q0 + qp + 8c + 2t + e%2; a key after its query is masked
@@ -662,45 +682,17 @@ __global__ void __launch_bounds__(kThreads)
           st[c][e] = p;
           dpt[c][e] = p * (dpt[c][e] - d_s[row]) * scale;
         }
-      // dV += Pᵀ·dO, dK += dSᵀ·Q, 16 queries a step (tiles 2kk, 2kk + 1 are one A fragment);
-      // dO and Q stored [query][hd] are B as [k][n]: ldmatrix.trans
+      // dV += Pᵀ·dO, dK += dSᵀ·Q, 16 queries a step (tiles 2kk, 2kk + 1 are one A fragment)
 #pragma unroll
       for (int kk = 0; kk < kQ / 16; kk++) {
-        const uint32_t pa[4] = {pack_bf16x2(st[2 * kk][0], st[2 * kk][1]),
-                                pack_bf16x2(st[2 * kk][2], st[2 * kk][3]),
-                                pack_bf16x2(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                                pack_bf16x2(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-        const uint32_t sa[4] = {pack_bf16x2(dpt[2 * kk][0], dpt[2 * kk][1]),
-                                pack_bf16x2(dpt[2 * kk][2], dpt[2 * kk][3]),
-                                pack_bf16x2(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                                pack_bf16x2(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
-#pragma unroll
-        for (int n0 = 0; n0 < HD; n0 += 16) {
-          const int at = (qp + 16 * kk + lane % 8 + 8 * (lane / 8 % 2)) * kLd + n0 + 8 * (lane / 16);
-          uint32_t ob[4], qb[4];
-          ldmatrix_x4_trans(ob, do_s + at);
-          ldmatrix_x4_trans(qb, q_s + at);
-          mma_m16n8k16_bf16(dv[n0 / 8], pa, ob);
-          mma_m16n8k16_bf16(dv[n0 / 8 + 1], pa, ob + 2);
-          mma_m16n8k16_bf16(dk[n0 / 8], sa, qb);
-          mma_m16n8k16_bf16(dk[n0 / 8 + 1], sa, qb + 2);
-        }
+        uint32_t pa[4], sa[4];
+        accumulators_as_a(pa, st[2 * kk], st[2 * kk + 1]);
+        accumulators_as_a(sa, dpt[2 * kk], dpt[2 * kk + 1]);
+        add_dv_dk<HD>(dv, dk, pa, sa, q_s, do_s, qp + 16 * kk, lane);
       }
     }
   }
-  // dK_j, dV_j: this warp's keys, straight from the accumulators
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int key = k0 + 16 * warp + g + 8 * r;
-    if (key >= T) continue;
-#pragma unroll
-    for (int c = 0; c < kTiles; c++) {
-      *reinterpret_cast<uint32_t*>(dqkv.k + (row0 + key) * dqkv.ldk + kvh * HD + 8 * c + 2 * t) =
-          pack_bf16x2(dk[c][2 * r], dk[c][2 * r + 1]);
-      *reinterpret_cast<uint32_t*>(dqkv.v + (row0 + key) * dqkv.ldv + kvh * HD + 8 * c + 2 * t) =
-          pack_bf16x2(dv[c][2 * r], dv[c][2 * r + 1]);
-    }
-  }
+  store_dk_dv<HD>(dqkv, dk, dv, row0, k0 + 16 * warp, kvh, T, g, t);  // dK_j, dV_j
 }
 
 template <int HD>
@@ -797,10 +789,8 @@ __global__ void __launch_bounds__(kThreads)
     // [key][hd] is B as [k][n]: ldmatrix.trans
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; kk++) {
-      const uint32_t da[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]),
-                              pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t da[4];
+      accumulators_as_a(da, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
       for (int n0 = 0; n0 < HD; n0 += 16) {
         uint32_t kb[4];
