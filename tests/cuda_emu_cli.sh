@@ -143,6 +143,13 @@ GRASS_MMA_BACKWARD=c "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/mma_c" -
   >"$tmp/mma_c.log" 2>&1
 check "GRASS_MMA_BACKWARD=c: exit 2, one line naming it, nothing written" \
   sh -c "[ $? = 2 ] && [ \"\$(grep -c . '$tmp/mma_c.log')\" = 1 ] && grep -q '^error: GRASS_MMA_BACKWARD: \"c\" is neither a nor b' '$tmp/mma_c.log' && [ ! -e '$tmp/mma_c' ]"
+# path A at a sequence it does not take (T 300, over its 256: llama_tiny with room for it)
+sed 's/"max_position_embeddings": 256/"max_position_embeddings": 512/' configs/models/llama_tiny.json \
+  >"$tmp/tiny_512.json"
+GRASS_MMA_BACKWARD=a "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/mma_a300" --set attention=mma \
+  --set model="$tmp/tiny_512.json" --set seq_len=300 >"$tmp/mma_a300.log" 2>&1
+check "GRASS_MMA_BACKWARD=a at T 300: exit 2, one line, nothing written" \
+  sh -c "[ $? = 2 ] && [ \"\$(grep -c . '$tmp/mma_a300.log')\" = 1 ] && grep -q '^error: GRASS_MMA_BACKWARD=a: path A of the mma backward does not take HD 16, T 300' '$tmp/mma_a300.log' && [ ! -e '$tmp/mma_a300' ]"
 fi
 
 for optimizer in galore flora; do

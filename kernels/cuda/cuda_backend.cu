@@ -57,7 +57,7 @@ bool side_stream_wanted() {
 
 // GRASS_MMA_BACKWARD=a|b forces a path of `attention: "mma"`'s backward (attention_mma.cu) for
 // A/B timing; unset, each shape takes path A where it can. Path A on a shape it does not take
-// stops the run at its first backward, with one line.
+// stops the run with one line before it writes anything.
 cuda::MmaBackwardPath mma_backward_path() {
   const char* text = std::getenv("GRASS_MMA_BACKWARD");
   if (!text) return cuda::MmaBackwardPath::Auto;
@@ -317,6 +317,8 @@ class CudaBackend final : public Backend {
     GRASS_CHECK(cuda::sum_squares_scratch_doubles(int64_t(1) << 40) * 8 <= sizes.reduce_bytes,
                 "reduction scratch smaller than the kernel needs");
     GRASS_CHECK(s.attention == attention_, "a workspace planned for other attention kernels");
+    if (attention_ == AttentionKernel::Mma && !s.forward_only)
+      check_mma_backward_path(s.T, s.NH, s.NKV, s.HD);
     // The head's chunk: the model sized its logits with head_rows() from this shape's, and
     // scratch_covers serves no model whose logits hold fewer rows. One chunk is one GEMM's rows
     // and one launch of the cross-entropy's blocks: within their int dimensions.
@@ -434,11 +436,7 @@ class CudaBackend final : public Backend {
                           double theta) override {
     const QkvRows<bf16*> grads{b(d.q), b(d.k), b(d.v), d.ldq, d.ldk, d.ldv};
     if (attention_ == AttentionKernel::Mma) {
-      if (mma_backward_ == cuda::MmaBackwardPath::A &&
-          !cuda::attention_backward_mma_path_a_takes(T, NH, NKV, HD))
-        throw UserError("GRASS_MMA_BACKWARD=a: path A of the mma backward does not take HD " +
-                        std::to_string(HD) + ", T " + std::to_string(T) + ", " +
-                        std::to_string(NH / NKV) + " query heads a kv head (unset it, or b)");
+      check_mma_backward_path(T, NH, NKV, HD);
       cuda::attention_backward_mma(ctx_, grads, static_cast<float*>(scratch_.attention), b(dout),
                                    b(out), static_cast<const float*>(saved), bf16_rows(qkv), B, T,
                                    NH, NKV, HD, mma_backward_);
@@ -718,6 +716,15 @@ class CudaBackend final : public Backend {
   // engine's), and why they were not taken.
   bool try_cudnn_;
   cuda::MmaBackwardPath mma_backward_;  // GRASS_MMA_BACKWARD (mma_backward_path())
+  // Path A forced on a shape it does not take: one line, from use_scratch before the run writes
+  // anything (and again at each backward, for a caller that never leased scratch)
+  void check_mma_backward_path(int T, int NH, int NKV, int HD) const {
+    if (mma_backward_ == cuda::MmaBackwardPath::A &&
+        !cuda::attention_backward_mma_path_a_takes(T, NH, NKV, HD))
+      throw UserError("GRASS_MMA_BACKWARD=a: path A of the mma backward does not take HD " +
+                      std::to_string(HD) + ", T " + std::to_string(T) + ", " +
+                      std::to_string(NH / NKV) + " query heads a kv head (unset it, or b)");
+  }
   std::string why_not_cudnn_;
   void take_cudnn_if_it_builds(int B, int T, int NH, int NKV, int HD, bool grads_packed) {
 #ifdef GRASS_HAVE_CUDNN
