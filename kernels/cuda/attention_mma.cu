@@ -86,25 +86,26 @@ __device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float 
   a[3] = pack_bf16x2(hi[2], hi[3]);
 }
 
-// The backward's k step kk of Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for a warp's 16 keys (kf, vf: their K and V
-// as A fragments) and the NQ queries from row q of the stage: Q and dO stored [query][hd] are B
-// as [n][k].
-template <int HD, int NQ>
-__device__ __forceinline__ void add_st_dpt(float (&st)[NQ / 8][4], float (&dpt)[NQ / 8][4],
-                                           const uint32_t (&kf)[4], const uint32_t (&vf)[4],
-                                           const bf16* q_s, const bf16* do_s, int q, int kk,
-                                           int lane) {
+// k step kk of two products of a warp's 16 rows, C1 += A1·B1ᵀ and C2 += A2·B2ᵀ (A1, A2 its A
+// fragments), over the N rows of B1 and B2 from row `row` of their shared-memory tiles, stored
+// [n][k]: the backward's Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (path A, path B's dK/dV), and S = Q·Kᵀ and
+// dP = dO·Vᵀ (path B's dQ).
+template <int HD, int N>
+__device__ __forceinline__ void add_two_products_nk(float (&c1)[N / 8][4], float (&c2)[N / 8][4],
+                                                    const uint32_t (&a1)[4],
+                                                    const uint32_t (&a2)[4], const bf16* b1_s,
+                                                    const bf16* b2_s, int row, int kk, int lane) {
 #pragma unroll
-  for (int n0 = 0; n0 < NQ; n0 += 16) {
-    const int at = (q + n0 + lane % 8 + 8 * (lane / 16)) * kRowElements<HD> + 16 * kk +
+  for (int n0 = 0; n0 < N; n0 += 16) {
+    const int at = (row + n0 + lane % 8 + 8 * (lane / 16)) * kRowElements<HD> + 16 * kk +
                    8 * (lane / 8 % 2);
-    uint32_t qb[4], ob[4];
-    ldmatrix_x4(qb, q_s + at);
-    ldmatrix_x4(ob, do_s + at);
-    mma_m16n8k16_bf16(st[n0 / 8], kf, qb);
-    mma_m16n8k16_bf16(st[n0 / 8 + 1], kf, qb + 2);
-    mma_m16n8k16_bf16(dpt[n0 / 8], vf, ob);
-    mma_m16n8k16_bf16(dpt[n0 / 8 + 1], vf, ob + 2);
+    uint32_t b1[4], b2[4];
+    ldmatrix_x4(b1, b1_s + at);
+    ldmatrix_x4(b2, b2_s + at);
+    mma_m16n8k16_bf16(c1[n0 / 8], a1, b1);
+    mma_m16n8k16_bf16(c1[n0 / 8 + 1], a1, b1 + 2);
+    mma_m16n8k16_bf16(c2[n0 / 8], a2, b2);
+    mma_m16n8k16_bf16(c2[n0 / 8 + 1], a2, b2 + 2);
   }
 }
 
@@ -453,7 +454,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; e++) st[c][e] = dpt[c][e] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kKSteps; kk++)
-        add_st_dpt<HD, kBr>(st, dpt, kf[kk], vf[kk], q_s, do_s, 0, kk, lane);
+        add_two_products_nk<HD, kBr>(st, dpt, kf[kk], vf[kk], q_s, do_s, 0, kk, lane);
       // Pᵀ over Sᵀ, dSᵀ over dPᵀ: element e of tile c is key 16w + g + 8(e/2), query 8c + 2t + e%2
 #pragma unroll
       for (int c = 0; c < kBr / 8; c++)
@@ -668,7 +669,7 @@ __global__ void __launch_bounds__(kThreads)
         const int a_at = (16 * warp + lane % 16) * kLd + 16 * kk + 8 * (lane / 16);
         ldmatrix_x4(kf, k_s + a_at);
         ldmatrix_x4(vf, v_s + a_at);
-        add_st_dpt<HD, kQ>(st, dpt, kf, vf, q_s, do_s, qp, kk, lane);
+        add_two_products_nk<HD, kQ>(st, dpt, kf, vf, q_s, do_s, qp, kk, lane);
       }
       // Pᵀ over Sᵀ, dSᵀ over dPᵀ: element e of tile c is key k0 + 16w + g + 8(e/2), query
       // q0 + qp + 8c + 2t + e%2; a key after its query is masked
@@ -763,17 +764,7 @@ __global__ void __launch_bounds__(kThreads)
       const int a_at = (16 * warp + lane % 16) * kLd + 16 * kk + 8 * (lane / 16);
       ldmatrix_x4(qa, q_s + a_at);
       ldmatrix_x4(oa, do_s + a_at);
-#pragma unroll
-      for (int n0 = 0; n0 < kBc; n0 += 16) {
-        const int at = (n0 + lane % 8 + 8 * (lane / 16)) * kLd + 16 * kk + 8 * (lane / 8 % 2);
-        uint32_t kb[4], vb[4];
-        ldmatrix_x4(kb, ks + at);
-        ldmatrix_x4(vb, vs + at);
-        mma_m16n8k16_bf16(s[n0 / 8], qa, kb);
-        mma_m16n8k16_bf16(s[n0 / 8 + 1], qa, kb + 2);
-        mma_m16n8k16_bf16(dp[n0 / 8], oa, vb);
-        mma_m16n8k16_bf16(dp[n0 / 8 + 1], oa, vb + 2);
-      }
+      add_two_products_nk<HD, kBc>(s, dp, qa, oa, ks, vs, 0, kk, lane);
     }
     // P over S, dS over dP: element e of tile c is query q0 + 16w + g + 8(e/2), key
     // k0 + 8c + 2t + e%2; a key after its query is masked
