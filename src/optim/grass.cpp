@@ -67,7 +67,7 @@ Grass::Grass(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens, 
   GRASS_CHECK(!targets_.empty(), "the GRASS optimizer has no target tensors");
   if (cfg.projection.refresh_stagger)  // spread over the K steps of an interval
     for (size_t k = 0; k < targets_.size(); k++)
-      targets_[k].phase = int64_t(k) * cfg.projection.update_interval / int64_t(targets_.size());
+      targets_[k].phase = refresh_phase(k, targets_.size(), cfg.projection.update_interval);
   // Stacks of targets that select the same dimension; rows stacks gather count·r columns at once.
   int gathered = 1;
   for (const LlamaModel::TensorStack& s : model.projected_stacks()) {
@@ -125,7 +125,7 @@ void Grass::begin_step(int64_t step) {
   step_ = step;
   const int64_t K = cfg_.projection.update_interval;
   for (Target& t : targets_)
-    if (step >= t.phase && (step - t.phase) % K == 0) t.needs_selection = true;
+    if (refresh_due(step, t.phase, K)) t.needs_selection = true;
 }
 
 bool Grass::needs_exact_activations() const {

@@ -178,7 +178,7 @@ GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens
       method_(galore_basis_method(cfg.projection, backend_.storage())) {
   if (cfg.projection.refresh_stagger)  // spread over the K steps of an interval, as GRASS's
     for (size_t k = 0; k < targets_.size(); k++)
-      phase_[k] = int64_t(k) * cfg.projection.update_interval / int64_t(targets_.size());
+      phase_[k] = refresh_phase(k, targets_.size(), cfg.projection.update_interval);
   int64_t workspace = 0;
   for (const Target& t : targets_) {
     P_.push_back(arena.alloc<float>(MemCategory::Optimizer,
@@ -208,7 +208,7 @@ void GaLore::begin_step(int64_t step) {
   const int64_t K = cfg_.projection.update_interval;
   bool any = false;
   for (size_t k = 0; k < targets_.size(); k++)
-    if (step == 0 || (step >= phase_[k] && (step - phase_[k]) % K == 0)) {
+    if (step == 0 || refresh_due(step, phase_[k], K)) {  // every target's first P at step 0
       needs_refresh_[k] = true;
       any = true;
     }

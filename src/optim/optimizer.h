@@ -179,6 +179,13 @@ class Optimizer {
   const StateSlots* slots_ = nullptr;
 };
 
+// refresh_stagger (GRASS's re-selections, GaLore's SVDs): target k of n refreshes at the steps
+// ≡ phase (mod K) from its phase on, phase = k·K/n; without it every phase is 0.
+inline int64_t refresh_phase(size_t k, size_t n, int64_t K) { return int64_t(k) * K / int64_t(n); }
+inline bool refresh_due(int64_t step, int64_t phase, int64_t K) {
+  return step >= phase && (step - phase) % K == 0;
+}
+
 // The run table's words for a projected optimizer's settings: "rank 4, <refresh> every 10 steps,
 // scale 0.25<extra>, targets q,k (the rest: dense AdamW)".
 std::string describe_projection(const ProjectionConfig& g, const char* refresh,
