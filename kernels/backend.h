@@ -92,6 +92,29 @@ int64_t galore_basis_workspace_bytes(const Storage& storage, int out, int in, in
 // The floats of cuSOLVER work space planned for an orthonormalisation of m x k and a k x k
 // eigenproblem; the GPU backend checks it against cuSOLVER's own figure before the reservation.
 int64_t galore_solver_work_floats(int64_t m, int64_t k);
+// Where Backend::galore_sketch keeps `slots` targets' Q [side, k] and S [k, k] for one
+// galore_finish (GaLore's optimizer.svd_batch "layer"), byte offsets in one buffer, regions
+// 256-byte aligned: S of slot i at s + 4·i·k'² for the batch's k' ≤ k (the slots' eigenproblems lie
+// next to each other, as a batched eigensolver reads them), its eigenvalues at lambda + 4·i·k', Q
+// at q + 4·i·k·max_side, cuSOLVER's info at info + 4·i, and on the GPU the batched eigensolver's
+// work space (work, work_bytes: slots times galore_solver_work_floats(k, k) floats; the backend
+// checks it against cuSOLVER's figure before the reservation).
+struct GaloreBatchLayout {
+  int64_t s = 0, lambda = 0, q = 0, info = 0, work = 0, work_bytes = 0, bytes = 0;
+  int64_t q_stride = 0;  // floats from one slot's Q to the next's: k·max_side
+};
+GaloreBatchLayout galore_batch_layout(const Storage& storage, int64_t max_side, int64_t k,
+                                      int slots);
+// Slot i's Q and S in a batch whose eigenproblems are k x k.
+struct GaloreSlot {
+  float* Q;
+  float* S;
+};
+inline GaloreSlot galore_slot(void* batch, const GaloreBatchLayout& layout, int slot, int64_t k) {
+  char* b = static_cast<char*>(batch);
+  return {reinterpret_cast<float*>(b + layout.q) + int64_t(slot) * layout.q_stride,
+          reinterpret_cast<float*>(b + layout.s) + int64_t(slot) * k * k};
+}
 // Bytes of the workspace the low-rank ops of a target of this shape need (0 on the CPU; the GPU
 // keeps a bf16 copy of P and the bf16 direction there, and in pure bf16 the fp32
 // back-projection of a chunk of rows; kernels/cuda/cuda_ops.h has the layout).
@@ -246,6 +269,11 @@ class Backend : public MemoryResource {
   // (cuSOLVER's handle), for targets of up to max_side rows or columns and k = r + oversample
   // columns; the GPU also checks cuSOLVER's work space against galore_solver_work_floats.
   virtual void prepare_galore_basis(int max_side, int k) { (void)max_side, (void)k; }
+  // The same for galore_finish's batches of up to `slots` k x k eigenproblems: the GPU checks
+  // cuSOLVER's work space for cusolverDnXsyevBatched against the layout's.
+  virtual void prepare_galore_batch(int k, int slots, const GaloreBatchLayout& layout) {
+    (void)k, (void)slots, (void)layout;
+  }
   // upload and download wait for the transfer (the host buffer is free, or filled, on return).
   virtual void upload(void* dst, const void* host, size_t bytes) = 0;
   virtual void download(void* host, const void* src, size_t bytes) = 0;
@@ -473,6 +501,22 @@ class Backend : public MemoryResource {
   // LAPACK throws at once.
   virtual void galore_basis(float* P, const float* g, int out, int in, int r, bool rows,
                             const GaloreBasisMethod& how, void* workspace, int* status) = 0;
+  // The randomized refresh of several targets with one batched eigensolver call (GaLore's
+  // optimizer.svd_batch "layer"), in two halves. galore_sketch runs the range finder of one target
+  // (`how` randomized) up to its eigenproblem, k = ops::galore_sketch_columns, and keeps Q and S in
+  // slot `slot` of `batch` (backend memory laid out as `layout`; the slots of one finish share k).
+  // galore_finish solves slots 0 .. count-1 at once (cuSOLVER's cusolverDnXsyevBatched on a GPU,
+  // LAPACK's syevd for each on the CPU) and writes P[i] [sides[i], r], sign-normalised. A sketch
+  // then a finish of one slot is galore_basis's randomized refresh, bit for bit on the CPU and the
+  // emulator, whose batched eigensolver is syevd for each. workspace and status as galore_basis's
+  // (the eigensolver's first non-zero info over the slots in status[2]).
+  virtual void galore_sketch(const float* g, int out, int in, int r, bool rows,
+                             const GaloreBasisMethod& how, void* batch,
+                             const GaloreBatchLayout& layout, int slot, void* workspace,
+                             int* status) = 0;
+  virtual void galore_finish(float* const* P, const int* sides, int count, int k, int r,
+                             void* batch, const GaloreBatchLayout& layout, void* workspace,
+                             int* status) = 0;
   // The randomized refresh's phase times since the last call (GRASS_GALORE_TIMERS=1, else none),
   // then reset; a GPU waits for the last timed refresh's events.
   virtual ops::GaloreRefreshTimes take_galore_refresh_times() {

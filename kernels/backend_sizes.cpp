@@ -68,6 +68,20 @@ int64_t galore_basis_workspace_bytes(const Storage& storage, int out, int in, in
          2 * region(4 * k) + region(4) + region(4 * galore_solver_work_floats(m, k));
 }
 
+GaloreBatchLayout galore_batch_layout(const Storage& storage, int64_t max_side, int64_t k,
+                                      int slots) {
+  const auto region = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  GaloreBatchLayout l;
+  l.lambda = region(4 * slots * k * k);
+  l.q = l.lambda + region(4 * slots * k);
+  l.q_stride = k * max_side;
+  l.info = l.q + region(4 * slots * k * max_side);
+  l.work = l.info + region(4 * int64_t(slots));
+  l.work_bytes = storage.cuda ? 4 * slots * galore_solver_work_floats(k, k) : 0;
+  l.bytes = l.work + region(l.work_bytes);
+  return l;
+}
+
 int64_t draw_rows_workspace_bytes(const Storage& storage, int64_t N) {
   if (!storage.cuda) return 0;
   // kernels/cuda/sampling.cu (draw_workspace): w and cum [N] uint64, rank and top [N] int32, the

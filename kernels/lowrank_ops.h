@@ -9,6 +9,7 @@
 // P is always stored [side, r] row-major. Same conventions as ops.h: explicit shapes, row-major,
 // instantiated for float and double, implemented on the CPU in kernels/cpu/lowrank.cpp.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/adam_args.h"
@@ -70,6 +71,18 @@ constexpr double kGalorePotrfShift = 1;
 template <typename T>
 void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows, uint64_t seed,
                              int power_iters, int oversample);
+// Its two halves, so that several targets' eigenproblems can be solved in one batched call (GaLore's
+// optimizer.svd_batch "layer"): galore_sketch runs it up to Rayleigh-Ritz, Q[side, k] (orthonormal)
+// and S = B·Bᵀ [k, k]; galore_finish solves S's eigenproblem (S is overwritten) and writes P[side, r]
+// = Q·W[:, :r], sign-normalised. galore_basis_randomized is the one after the other.
+inline int galore_sketch_columns(int out, int in, int r, int oversample) {
+  return std::min({r + oversample, out, in});
+}
+template <typename T>
+void galore_sketch(T* Q, T* S, const T* G, int out, int in, int r, bool rows, uint64_t seed,
+                   int power_iters, int oversample);
+template <typename T>
+void galore_finish(T* P, const T* Q, T* S, int side, int k, int r);
 
 // FLORA's projection number `refresh` of tensor `tensor`: P[side, r] with i.i.d. N(0, 1/r)
 // entries, P[i] = normal(derive_seed(derive_seed(seed, refresh), tensor), i) / sqrt(r)

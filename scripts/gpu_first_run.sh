@@ -57,9 +57,11 @@
 #          the engine's attention; a call of its own with T12: --only build,T12,T13): AdamW plain,
 #          with 8-bit states, with wta-crs sampled activations drawn beside the compute and on the
 #          compute stream (GRASS_SIDE_STREAM=0), and GaLore r=512 refreshing every 3 steps with its
-#          phase timers (GRASS_GALORE_TIMERS=1), all at once and staggered (refresh_stagger): each
-#          run's median tok/s, the ratios against plain (targets: q8 and wta-crs >= 0.95x), GaLore's
-#          last refresh step (target <= 1 s) and the staggered run's slowest step after the first
+#          phase timers (GRASS_GALORE_TIMERS=1), all at once, staggered (refresh_stagger) and with
+#          each layer's eigenproblems in one batched call (svd_batch "layer"): each run's median
+#          tok/s, the ratios against plain (targets: q8 and wta-crs >= 0.95x), GaLore's last
+#          refresh step (target <= 1 s) per target and batched, and the staggered run's slowest
+#          step after the first
 #   bench  the kernel lab (build-gpu/kernel_bench --model 60m,1b,13b --csv $OUT/kernel_bench.csv,
 #          then its attention rows with --attention mma at 1B and 13B, B 16 and 64:
 #          logs/kernel_bench_mma_b16.csv, _b64.csv, and at 1B B 64 with the backward's path B
@@ -965,18 +967,19 @@ step_t13() {
   local -A extra=([plain]="" [q8]="--set optimizer.state_dtype=q8" [wta-crs]="${sample[*]}"
                   [wta-crs-inline]="${sample[*]}"
                   [galore]="--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=3"
-                  [galore-staggered]="--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=3 --set optimizer.refresh_stagger=true")
+                  [galore-staggered]="--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=3 --set optimizer.refresh_stagger=true"
+                  [galore-batched]="--set optimizer.name=galore --set optimizer.rank=512 --set optimizer.update_interval=3 --set optimizer.svd_batch=layer")
   local -A envs=([wta-crs-inline]=GRASS_SIDE_STREAM=0 [galore]=GRASS_GALORE_TIMERS=1
-                 [galore-staggered]=GRASS_GALORE_TIMERS=1)
+                 [galore-staggered]=GRASS_GALORE_TIMERS=1 [galore-batched]=GRASS_GALORE_TIMERS=1)
   local run figure="" ok=1
-  for run in plain q8 wta-crs wta-crs-inline galore galore-staggered; do
+  for run in plain q8 wta-crs wta-crs-inline galore galore-staggered galore-batched; do
     rm -rf "$work/t13_$run"
     # shellcheck disable=SC2086
     training_run T13 "$run" "$run" "$logs/t13_$run.log" 60 30 \
       env ${envs[$run]:-} "$BUILD"/grass train "${base[@]}" ${extra[$run]} --set "out_dir=$work/t13_$run" || ok=0
     figure+=$RUN_NOTE
   done
-  [ $dry = 1 ] && { record T13 dry-run "plain, q8, wta-crs (side stream and inline) and GaLore r=512 (all at once and staggered) at 1B 16x256, printed"; return; }
+  [ $dry = 1 ] && { record T13 dry-run "plain, q8, wta-crs (side stream and inline) and GaLore r=512 (all at once, staggered and batched per layer) at 1B 16x256, printed"; return; }
   local -A tps
   for run in plain q8 wta-crs wta-crs-inline; do tps[$run]=$(done_field "$logs/t13_$run.log"); done
   t13_ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
@@ -989,20 +992,30 @@ step_t13() {
   figure_row T13 side-stream-over-inline tokens_per_s_ratio "$side" x
   figure+="1B 16x256: plain ${tps[plain]:-?} tok/s; q8 ${tps[q8]:-?} (${q:-?}x, target >= 0.95x); "
   figure+="wta-crs ${tps[wta-crs]:-?} (${w:-?}x, target >= 0.95x; on the compute stream ${tps[wta-crs-inline]:-?}: side stream ${side:-?}x)"
-  # GaLore: its last refresh step's time (metrics.jsonl) and range finder (the phase timers)
-  local at ms finder
-  at=$(sed -n 's/^galore refresh at step \([0-9]*\):.*/\1/p' "$logs/t13_galore.log" | tail -1)
-  finder=$(sed -n 's/^galore refresh at step [0-9]*: .*, \([0-9.]*\) ms in the range finder/\1/p' "$logs/t13_galore.log" | tail -1)
-  if [ -n "$at" ] && [ -s "$work/t13_galore/metrics.jsonl" ]; then
-    ms=$(python3 -c 'import json, sys
+  # GaLore: its last refresh step's time (metrics.jsonl) and range finder (the phase timers), per
+  # target and batched per layer (svd_batch "layer": the step includes its refresh pass)
+  t13_refresh() {  # run -> "step ms finder_ms" of its last refresh
+    local at finder ms=""
+    at=$(sed -n 's/^galore refresh at step \([0-9]*\):.*/\1/p' "$logs/t13_$1.log" | tail -1)
+    finder=$(sed -n 's/^galore refresh at step [0-9]*: .*, \([0-9.]*\) ms in the range finder/\1/p' "$logs/t13_$1.log" | tail -1)
+    if [ -n "$at" ] && [ -s "$work/t13_$1/metrics.jsonl" ]; then
+      ms=$(python3 -c 'import json, sys
 for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("step") == int(sys.argv[2]) and "step_ms" in m: print("%.1f" % m["step_ms"])' \
-      "$work/t13_galore/metrics.jsonl" "$at" | tail -1)
-  fi
+        "$work/t13_$1/metrics.jsonl" "$at" | tail -1)
+    fi
+    echo "${at:-?} ${ms:-} ${finder:-}"
+  }
+  local at ms finder b_at b_ms b_finder
+  read -r at ms finder <<<"$(t13_refresh galore)"
+  read -r b_at b_ms b_finder <<<"$(t13_refresh galore-batched)"
   figure_row T13 galore-refresh step_ms "${ms:-}" ms
-  figure_row T13 galore-refresh range_finder_ms "$finder" ms
+  figure_row T13 galore-refresh range_finder_ms "${finder:-}" ms
+  figure_row T13 galore-batched step_ms "${b_ms:-}" ms
+  figure_row T13 galore-batched range_finder_ms "${b_finder:-}" ms
   figure+="; GaLore r=512: refresh step $at ${ms:-?} ms (target <= 1000 ms), range finder ${finder:-?} ms"
+  figure+="; batched per layer (svd_batch \"layer\"): refresh step $b_at ${b_ms:-?} ms, range finder ${b_finder:-?} ms"
   # refresh_stagger: after step 1 (every target) each step refreshes a third of them; its slowest
   local worst=""
   if [ -s "$work/t13_galore-staggered/metrics.jsonl" ]; then
@@ -1012,7 +1025,7 @@ print("%.1f" % max(ms) if ms else "")' "$work/t13_galore-staggered/metrics.jsonl
   fi
   figure_row T13 galore-staggered slowest_step_ms "$worst" ms
   figure+="; staggered, the slowest step after the first ${worst:-?} ms"
-  [ -n "$q" ] && [ -n "$w" ] && [ -n "$side" ] && [ -n "${ms:-}" ] && [ -n "$worst" ] || ok=0
+  [ -n "$q" ] && [ -n "$w" ] && [ -n "$side" ] && [ -n "${ms:-}" ] && [ -n "${b_ms:-}" ] && [ -n "$worst" ] || ok=0
   record T13 "$([ $ok = 1 ] && echo pass || echo fail)" "${figure%; }"
 }
 

@@ -175,6 +175,17 @@ if variant_plain; then
 check "staggered GaLore exits 0" test $? = 0
 check "staggered GaLore trains 6 finite steps" test "$(grep -c '"loss":[0-9]' "$tmp/galore-staggered/metrics.jsonl")" = 6
 check "and says it staggers" grep -q "randomized SVD every 3 steps.*each target at its own step of the interval" "$tmp/galore-staggered.log"
+# svd_batch "layer": each layer's eigenproblems in one cusolverDnXsyevBatched call (the
+# emulator's: syevd for each matrix), in a refresh pass before the step's backward; the same
+# projections, so the same losses as galore-bf16's per-target refreshes
+"$GRASS" train "$tmp/run.json" --set out_dir="$tmp/galore-batched" --set precision=bf16 \
+  --set optimizer='{"name": "galore", "rank": 8, "update_interval": 3, "lr": 3e-3, "svd_batch": "layer"}' \
+  --set steps=6 --set total_batch_size=4 --set checkpoint_every=0 --set eval_every=0 \
+  >"$tmp/galore-batched.log" 2>&1
+check "batched GaLore exits 0" test $? = 0
+check "and says it batches" grep -q "randomized SVD every 3 steps.*each layer's eigenproblems in one batched call" "$tmp/galore-batched.log"
+check "batched GaLore's losses are the per-target refreshes'" \
+  sh -c "[ \"\$(grep -o '\"loss\":[^,]*' '$tmp/galore-batched/metrics.jsonl')\" = \"\$(grep -o '\"loss\":[^,]*' '$tmp/galore-bf16/metrics.jsonl')\" ] && [ \"\$(grep -c '\"loss\":[0-9]' '$tmp/galore-batched/metrics.jsonl')\" = 6 ]"
 fi
 
 echo "cuda_emu_cli: $passes passed, $failures failed"

@@ -949,6 +949,30 @@ TEST_CASE("grass optimizer keys are read and checked against the model", "[confi
         "run.json: optimizer.svd: unknown svd \"qr\" (supported: \"auto\", \"exact\", \"randomized\")");
   run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"svd", "exact"}};
   CHECK(run_error(run) == "run.json: optimizer.svd: only the galore optimizer uses this key");
+  // svd_batch: "none" by default, "layer" round-trips; not with the exact SVD, nor with streamed
+  // layers (its refresh pass would fetch them once more)
+  CHECK(randomized.optimizer.projection.svd_batch == grass::GaloreSvdBatch::None);
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"svd_batch", "layer"}};
+  const grass::RunConfig batched = grass::parse_run_config(run, "run.json");
+  CHECK(batched.optimizer.projection.svd_batch == grass::GaloreSvdBatch::Layer);
+  CHECK(grass::parse_run_config(grass::to_json(batched), "").optimizer == batched.optimizer);
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"svd_batch", "all"}};
+  CHECK(run_error(run) ==
+        "run.json: optimizer.svd_batch: unknown svd_batch \"all\" (supported: \"none\", \"layer\")");
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"svd", "exact"}, {"svd_batch", "layer"}};
+  CHECK(run_error(run) == "run.json: optimizer.svd_batch: \"layer\" batches the randomized "
+                          "refresh's eigenproblems, and optimizer.svd \"exact\" has none: use "
+                          "\"none\"");
+  run["optimizer"] = {{"name", "galore"}, {"rank", 8}, {"svd_batch", "layer"}};
+  run["precision"] = "bf16";
+  run["offload"] = {{"layers", 1}};
+  CHECK(run_error(run) == "run.json: offload.layers: does not stream with GaLore's "
+                          "optimizer.svd_batch \"layer\" yet (its refresh pass would fetch every "
+                          "streamed layer once more): use \"none\"");
+  run.erase("precision");
+  run.erase("offload");
+  run["optimizer"] = {{"name", "grass"}, {"rank", 8}, {"svd_batch", "layer"}};
+  CHECK(run_error(run) == "run.json: optimizer.svd_batch: only the galore optimizer uses this key");
 
   // refresh_stagger: GRASS's and GaLore's, round trip; FLORA and AdamW refuse it
   for (const char* name : {"grass", "galore"}) {

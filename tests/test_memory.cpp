@@ -15,6 +15,7 @@
 #include "src/config/config.h"
 #include "src/core/arena.h"
 #include "src/optim/grass.h"
+#include "src/optim/lowrank.h"
 #include "src/train/memory_plan.h"
 #include "src/train/run_resolution.h"
 #include "src/train/training_state.h"
@@ -80,6 +81,7 @@ struct RunRecord {
   std::vector<double> losses, norms, clip_coefs;
   std::vector<int64_t> from_columns;  // per step: projected gradients formed from kept columns
   std::vector<int> clipped;
+  std::vector<std::vector<int>> galore_batches;  // per step: GaLore::refresh_batches()
   std::vector<std::vector<char>> state;  // the weights and optimizer blocks, in order
   std::vector<std::string> state_names;
 };
@@ -107,6 +109,8 @@ RunRecord train(const RunConfig& cfg, int steps) {
     record.from_columns.push_back(std::exchange(sink.from_columns, 0));
     record.clipped.push_back(s.step->clipped_tensors());
     record.clip_coefs.push_back(out.clip_coef);
+    if (const GaLore* galore = s.optimizers->find<GaLore>())
+      record.galore_batches.push_back(galore->refresh_batches());
   }
   for (const Arena::Block& b : arena.blocks())
     if (b.cat == MemCategory::Weights || b.cat == MemCategory::Optimizer) {
@@ -145,6 +149,45 @@ TEST_CASE("activation checkpointing, elementwise or per layer, gives identical l
         CHECK(a.norms == b.norms);
         require_same_state(a, b);
         CHECK(a.losses.back() < a.losses.front());  // it trained
+      }
+}
+
+// GaLore's optimizer.svd_batch "layer": at a step where every target refreshes, a pass of its
+// own over the first micro-batch sketches each target and solves each layer's eigenproblems in
+// one batched call, before the step's backward. On the CPU (LAPACK's syevd for each matrix of a
+// batch) its projections, and so the whole run, are the per-target refresh's bit for bit: fused
+// (bf16, one micro-batch) and deferred, one and two micro-batches (the pass's loss and dense
+// gradients dropped), staggered refreshes (the pass only at step 0, where every target
+// refreshes).
+TEST_CASE("GaLore's svd_batch layer: a refresh pass gives the per-target refreshes' bits",
+          "[memory][lowrank]") {
+  for (const std::string precision : {"fp32", "bf16"})
+    for (const int micro_batches : {1, 2})
+      for (const bool stagger : {false, true}) {
+        INFO(precision << ", " << micro_batches << " micro-batch(es)"
+                       << (stagger ? ", staggered refreshes" : ""));
+        RunConfig one = small_run("galore", precision);
+        one.optimizer.projection.svd = GaloreSvd::Randomized;
+        one.optimizer.projection.svd_power_iters = 1;
+        one.optimizer.projection.svd_oversample = 2;
+        one.optimizer.projection.refresh_stagger = stagger;
+        one.total_batch_size = one.micro_batch_size * micro_batches;
+        one.grad_clip = 1.0;
+        RunConfig batched = one;
+        batched.optimizer.projection.svd_batch = GaloreSvdBatch::Layer;
+        const RunRecord a = train(one, 5), b = train(batched, 5);
+        CHECK(a.losses == b.losses);
+        CHECK(a.norms == b.norms);
+        require_same_state(a, b);
+        CHECK(a.losses.back() < a.losses.front());  // it trained
+        // refreshes at steps 0 and 3 (interval 3): one call per layer for its 5 targets
+        REQUIRE(b.galore_batches.size() == 5);
+        for (size_t step = 0; step < 5; step++) {
+          INFO("step " << step);
+          const bool pass = step == 0 || (step == 3 && !stagger);
+          CHECK(b.galore_batches[step] == (pass ? std::vector<int>{5, 5, 5} : std::vector<int>{}));
+          CHECK(a.galore_batches[step].empty());
+        }
       }
 }
 

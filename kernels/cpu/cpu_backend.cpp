@@ -312,6 +312,22 @@ class CpuBackend final : public Backend {
     else
       ops::galore_basis(P, g, out, in, r, rows);
   }
+  void galore_sketch(const float* g, int out, int in, int r, bool rows, const GaloreBasisMethod& how,
+                     void* batch, const GaloreBatchLayout& layout, int slot, void*,
+                     int*) override {
+    GRASS_CHECK(how.randomized, "galore_sketch: the exact SVD has no eigenproblem to batch");
+    const int k = ops::galore_sketch_columns(out, in, r, how.oversample);
+    const GaloreSlot at = galore_slot(batch, layout, slot, k);
+    ops::galore_sketch(at.Q, at.S, g, out, in, r, rows, how.seed, how.power_iters, how.oversample);
+  }
+  // LAPACK has no batched eigensolver: syevd for each slot, in order
+  void galore_finish(float* const* P, const int* sides, int count, int k, int r, void* batch,
+                     const GaloreBatchLayout& layout, void*, int*) override {
+    for (int i = 0; i < count; i++) {
+      const GaloreSlot at = galore_slot(batch, layout, i, k);
+      ops::galore_finish(P[i], at.Q, at.S, sides[i], k, r);
+    }
+  }
   void flora_projection(float* P, uint64_t seed, int64_t tensor, int64_t refresh, int side,
                         int r) override {
     ops::flora_projection(P, seed, tensor, refresh, side, r);

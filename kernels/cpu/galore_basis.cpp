@@ -242,12 +242,12 @@ void galore_basis(T* P, const T* G, int out, int in, int r, bool rows) {
 }
 
 template <typename T>
-void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows, uint64_t seed,
-                             int power_iters, int oversample) {
+void galore_sketch(T* Q, T* S, const T* G, int out, int in, int r, bool rows, uint64_t seed,
+                   int power_iters, int oversample) {
   const int m = rows ? out : in, n = rows ? in : out;
   GRASS_CHECK(r >= 1 && r <= std::min(m, n), "galore_basis_randomized: rank outside [1, min(out, in)]");
   GRASS_CHECK(power_iters >= 0 && oversample >= 0, "galore_basis_randomized: negative parameters");
-  const int k = std::min({r + oversample, m, n});
+  const int k = galore_sketch_columns(out, in, r, oversample);
   // A·X for X[n, k] and Aᵀ·X for X[m, k], with A = G (rows) or Gᵀ (cols), G row-major [out, in]
   const auto times_a = [&](const std::vector<T>& X, std::vector<T>& Y) {  // Y[m, k]
     cpu::gemm(!rows, false, m, k, n, T(1), G, in, X.data(), k, T(0), Y.data(), k);
@@ -257,36 +257,42 @@ void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows
   };
   PhaseClock clock(galore_timers_enabled());
   clock.start(GalorePhase::TestMatrix);
-  std::vector<T> omega(size_t(n) * k), Q(size_t(m) * k), Z(size_t(n) * k);
+  std::vector<T> omega(size_t(n) * k), Y(size_t(m) * k), Z(size_t(n) * k);
   for (size_t i = 0; i < omega.size(); i++) omega[i] = T(normal(seed, i));
   // Householder QR for the basis the Rayleigh-Ritz step reads, CholeskyQR2 for those before it
   clock.start(GalorePhase::Gemm);
-  times_a(omega, Q);
+  times_a(omega, Y);
   for (int it = 0; it < power_iters; it++) {
     clock.start(GalorePhase::Qr);
-    cholesky_qr2(Q, m, k);
+    cholesky_qr2(Y, m, k);
     clock.start(GalorePhase::Gemm);
-    times_at(Q, Z);
+    times_at(Y, Z);
     clock.start(GalorePhase::Qr);
     cholesky_qr2(Z, n, k);
     clock.start(GalorePhase::Gemm);
-    times_a(Z, Q);
+    times_a(Z, Y);
   }
   clock.start(GalorePhase::Qr);
-  orthonormalise(Q, m, k);
-  // Rayleigh-Ritz: B = Qᵀ·A [k, n] (Bᵀ = Aᵀ·Q), S = B·Bᵀ [k, k], its top-r eigenvectors W
+  orthonormalise(Y, m, k);
+  std::copy(Y.begin(), Y.end(), Q);
+  // Rayleigh-Ritz: B = Qᵀ·A [k, n] (Bᵀ = Aᵀ·Q), S = B·Bᵀ [k, k]
   clock.start(GalorePhase::Gemm);
-  times_at(Q, Z);  // Z = Bᵀ
-  std::vector<T> S(size_t(k) * k), lambda(static_cast<size_t>(k));
-  cpu::gemm(true, false, k, k, n, T(1), Z.data(), k, Z.data(), k, T(0), S.data(), k);
+  times_at(Y, Z);  // Z = Bᵀ
+  cpu::gemm(true, false, k, k, n, T(1), Z.data(), k, Z.data(), k, T(0), S, k);
+  clock.stop();
+}
+
+template <typename T>
+void galore_finish(T* P, const T* Q, T* S, int side, int k, int r) {
+  PhaseClock clock(galore_timers_enabled());
   clock.start(GalorePhase::Eigensolver);
   int info = 0, iquery = 0;
   T query;
-  syevd(k, S.data(), lambda.data(), &query, -1, &iquery, -1, &info);
+  std::vector<T> lambda(static_cast<size_t>(k));
+  syevd(k, S, lambda.data(), &query, -1, &iquery, -1, &info);
   std::vector<T> work(size_t(query) + 1);
   std::vector<int> iwork(size_t(iquery) + 1);
-  syevd(k, S.data(), lambda.data(), work.data(), int(work.size()), iwork.data(), int(iwork.size()),
-        &info);
+  syevd(k, S, lambda.data(), work.data(), int(work.size()), iwork.data(), int(iwork.size()), &info);
   GRASS_CHECK(info == 0, "galore_basis_randomized: the eigensolver did not converge (non-finite "
                          "gradient?), info " + std::to_string(info));
   // syevd: ascending eigenvalues, eigenvector j in column j (S symmetric: S[i + j·k]); W_top[k, r]
@@ -294,15 +300,26 @@ void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows
   std::vector<T> w_top(size_t(k) * r);
   for (int c = 0; c < r; c++)
     for (int i = 0; i < k; i++) w_top[size_t(i) * r + c] = S[size_t(k - 1 - c) * k + i];
-  cpu::gemm(false, false, m, r, k, T(1), Q.data(), k, w_top.data(), r, T(0), P, r);
-  sign_normalise(P, m, r);
+  cpu::gemm(false, false, side, r, k, T(1), Q, k, w_top.data(), r, T(0), P, r);
+  sign_normalise(P, side, r);
   clock.stop();
   if (galore_timers_enabled()) cpu_times.targets++;
 }
 
+template <typename T>
+void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows, uint64_t seed,
+                             int power_iters, int oversample) {
+  const int side = rows ? out : in, k = galore_sketch_columns(out, in, r, oversample);
+  std::vector<T> Q(size_t(side) * k), S(size_t(k) * k);
+  galore_sketch(Q.data(), S.data(), G, out, in, r, rows, seed, power_iters, oversample);
+  galore_finish(P, Q.data(), S.data(), side, k, r);
+}
+
 #define INSTANTIATE(T)                                                                          \
   template void galore_basis<T>(T*, const T*, int, int, int, bool);                             \
-  template void galore_basis_randomized<T>(T*, const T*, int, int, int, bool, uint64_t, int, int);
+  template void galore_basis_randomized<T>(T*, const T*, int, int, int, bool, uint64_t, int, int); \
+  template void galore_sketch<T>(T*, T*, const T*, int, int, int, bool, uint64_t, int, int);    \
+  template void galore_finish<T>(T*, const T*, T*, int, int, int);
 INSTANTIATE(float)
 INSTANTIATE(double)
 

@@ -111,6 +111,7 @@ class CudaBackend final : public Backend {
       cudaEventDestroy(side_fork_);
       cudaStreamDestroy(side_);
     }
+    cuda::destroy_solver_params(solver_params_);
     cuda::destroy_solver_handle(solver_);
     if (pool_) cudaFree(pool_);
     cublasDestroy(ctx_.blas);
@@ -210,6 +211,11 @@ class CudaBackend final : public Backend {
                       ", the plan has " + format_bytes(4 * planned) +
                       " (galore_solver_work_floats, kernels/backend_sizes.cpp, is short: a bug); "
                       "optimizer.svd \"exact\" avoids it");
+  }
+  void prepare_galore_batch(int k, int slots, const GaloreBatchLayout& layout) override {
+    if (!solver_) solver_ = cuda::create_solver_handle(ctx_.stream);
+    if (!solver_params_) solver_params_ = cuda::create_solver_params();
+    cuda::check_batched_eig_work(solver_, solver_params_, k, slots, layout);
   }
   void* allocate_zeroed(size_t bytes) override {
     void* p = nullptr;
@@ -614,6 +620,31 @@ class CudaBackend final : public Backend {
     ops::galore_basis<float>(host_P.data(), host_g.data(), out, in, r, rows);
     upload_async(P, host_P.data(), host_P.size() * sizeof(float));
   }
+  void galore_sketch(const float* g, int out, int in, int r, bool rows, const GaloreBasisMethod& how,
+                     void* batch, const GaloreBatchLayout& layout, int slot, void* workspace,
+                     int* status) override {
+    GRASS_CHECK(how.randomized && status,
+                "galore_sketch: the randomized refresh, with its status ints");
+    if (!solver_) solver_ = cuda::create_solver_handle(ctx_.stream);  // tests: no prepare
+    cuda::galore_sketch(ctx_, solver_, g, out, in, r, rows, how.seed, how.power_iters,
+                        how.oversample, batch, layout, slot, workspace,
+                        galore_basis_workspace_bytes(storage_, out, in, r, how), status);
+  }
+  void galore_finish(float* const* P, const int* sides, int count, int k, int r, void* batch,
+                     const GaloreBatchLayout& layout, void* workspace, int* status) override {
+    GRASS_CHECK(status, "galore_finish: the randomized refresh needs its status ints");
+    if (!solver_) solver_ = cuda::create_solver_handle(ctx_.stream);
+    if (!solver_params_) solver_params_ = cuda::create_solver_params();
+    // the workspace was sized for the batch's largest target (out, in as large as its side)
+    int side = 0;
+    for (int i = 0; i < count; i++) side = std::max(side, sides[i]);
+    GaloreBasisMethod how;
+    how.randomized = true;
+    how.oversample = k - r;
+    cuda::galore_finish(ctx_, solver_, solver_params_, P, sides, count, k, r, batch, layout,
+                        solver_host_work_, workspace,
+                        galore_basis_workspace_bytes(storage_, side, side, r, how), status);
+  }
   ops::GaloreRefreshTimes take_galore_refresh_times() override {
     return cuda::refresh_phase_times();
   }
@@ -751,6 +782,8 @@ class CudaBackend final : public Backend {
 #endif
   }
   cusolverDnHandle_t solver_ = nullptr;  // GaLore's randomized refresh: prepare_galore_basis
+  cusolverDnParams_t solver_params_ = nullptr;  // its batched eigensolver: prepare_galore_batch
+  std::vector<char> solver_host_work_;          // the batched eigensolver's host work space
   int64_t attention_bytes_ = 0;
   cuda::RopeTable rope_table(int HD, double theta) const {
     GRASS_CHECK(rope_.table && HD == rope_HD_ && theta == rope_theta_,

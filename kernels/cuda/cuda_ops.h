@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/adam_args.h"
+#include "kernels/backend.h"
 #include "kernels/clip_rule.h"
 #include "kernels/lowrank_ops.h"
 #include "kernels/qkv_rows.h"
@@ -30,6 +31,8 @@
 
 struct cusolverDnContext;  // cuSOLVER's handle, as cusolverDn.h declares it
 using cusolverDnHandle_t = cusolverDnContext*;
+struct cusolverDnParams;  // the 64-bit API's parameters, likewise
+using cusolverDnParams_t = cusolverDnParams*;
 
 namespace grass::cuda {
 
@@ -383,6 +386,8 @@ void dequantize_layout(const Context& ctx, const Quant8Map& map, const uint8_t* 
 // handle before the reservation.
 cusolverDnHandle_t create_solver_handle(cudaStream_t stream);
 void destroy_solver_handle(cusolverDnHandle_t solver);
+cusolverDnParams_t create_solver_params();
+void destroy_solver_params(cusolverDnParams_t params);
 // The floats of work space cuSOLVER asks for to orthonormalise m x k and solve a k x k
 // eigenproblem (the largest of geqrf's, orgqr's, syevd's and the k x k potrf's).
 int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k);
@@ -395,6 +400,26 @@ void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, floa
                              const float* G, int out, int in, int r, bool rows, uint64_t seed,
                              int power_iters, int oversample, void* workspace,
                              int64_t workspace_bytes, int* status);
+// Backend::galore_sketch and galore_finish on the device: the range finder of one target into a
+// batch slot (the same steps as galore_basis_randomized, its Q and S kept in the slot), then one
+// cusolverDnXsyevBatched call over `count` slots and each P as galore_basis_randomized forms it.
+// params: a cusolverDnParams_t (the 64-bit API's); host_work grows to cuSOLVER's host work space.
+void galore_sketch(const Context& ctx, cusolverDnHandle_t solver, const float* G, int out, int in,
+                   int r, bool rows, uint64_t seed, int power_iters, int oversample, void* batch,
+                   const GaloreBatchLayout& layout, int slot, void* workspace,
+                   int64_t workspace_bytes, int* status);
+void galore_finish(const Context& ctx, cusolverDnHandle_t solver, cusolverDnParams_t params,
+                   float* const* P, const int* sides, int count, int k, int r, void* batch,
+                   const GaloreBatchLayout& layout, std::vector<char>& host_work, void* workspace,
+                   int64_t workspace_bytes, int* status);
+// The bytes of device work space cuSOLVER asks for to solve `count` k x k eigenproblems in one
+// cusolverDnXsyevBatched call (host_bytes, if not null: its host work space).
+int64_t batched_eig_work_bytes(cusolverDnHandle_t solver, cusolverDnParams_t params, int k,
+                               int count, size_t* host_bytes = nullptr);
+// Throws a UserError where cuSOLVER asks for more work space for batches of 1 .. slots k x k
+// eigenproblems than the layout plans.
+void check_batched_eig_work(cusolverDnHandle_t solver, cusolverDnParams_t params, int k,
+                            int slots, const GaloreBatchLayout& layout);
 // With GRASS_GALORE_TIMERS=1: the phases' event times of the galore_basis_randomized calls since
 // the last take (one wait for the last of them), then reset.
 ops::GaloreRefreshTimes refresh_phase_times();

@@ -36,6 +36,7 @@
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/lowrank_ops.h"
 #include "src/core/error.h"
+#include "src/core/format.h"
 #include "src/core/rng.h"
 
 #define GRASS_CUSOLVER_CHECK(call)                                                               \
@@ -224,6 +225,26 @@ void destroy_solver_handle(cusolverDnHandle_t solver) {
   if (solver) cusolverDnDestroy(solver);
 }
 
+int64_t batched_eig_work_bytes(cusolverDnHandle_t solver, cusolverDnParams_t params, int k,
+                               int count, size_t* host_bytes) {
+  size_t device = 0, host = 0;
+  GRASS_CUSOLVER_CHECK(cusolverDnXsyevBatched_bufferSize(
+      solver, params, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, k, CUDA_R_32F, nullptr, k,
+      CUDA_R_32F, nullptr, CUDA_R_32F, &device, &host, count));
+  if (host_bytes) *host_bytes = host;
+  return int64_t(device);
+}
+
+cusolverDnParams_t create_solver_params() {
+  cusolverDnParams_t params = nullptr;
+  GRASS_CUSOLVER_CHECK(cusolverDnCreateParams(&params));
+  return params;
+}
+
+void destroy_solver_params(cusolverDnParams_t params) {
+  if (params) cusolverDnDestroyParams(params);
+}
+
 int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k) {
   // The queries read only the shapes; cuSOLVER's documentation has them take the pointers too.
   int geqrf = 0, orgqr = 0, syevd = 0, potrf = 0;
@@ -237,15 +258,17 @@ int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k) {
   return std::max({int64_t(geqrf), int64_t(orgqr), int64_t(syevd), int64_t(potrf)});
 }
 
-void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
-                             const float* G, int out, int in, int r, bool rows, uint64_t seed,
-                             int power_iters, int oversample, void* workspace,
-                             int64_t workspace_bytes, int* status) {
+namespace {
+
+// The range finder of one target up to Rayleigh-Ritz: Qt[k, m] (orthonormal) into Qt and
+// S = B·Bᵀ [k, k] into S, the QRs' infos kept in status[0..1].
+void sketch(const Context& ctx, cusolverDnHandle_t solver, float* Qt, float* S, const float* G,
+            int out, int in, int r, bool rows, uint64_t seed, int power_iters, int oversample,
+            const Workspace& ws, int* status) {
   const int m = rows ? out : in, n = rows ? in : out;
   GRASS_CHECK(r >= 1 && r <= std::min(m, n), "galore_basis: rank outside [1, min(out, in)]");
   GRASS_CHECK(power_iters >= 0 && oversample >= 0, "galore_basis: negative parameters");
-  const int k = std::min({r + oversample, m, n});
-  const Workspace ws = carve(workspace, workspace_bytes, std::max(out, in), k, r);
+  const int k = ops::galore_sketch_columns(out, in, r, oversample);
   // both sides are orthonormalised: an m x k and an n x k QR
   GRASS_CHECK(std::max(solver_work_floats(solver, m, k), solver_work_floats(solver, n, k)) <=
                   ws.work_floats,
@@ -269,39 +292,123 @@ void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, floa
       ws.z, seed, n, k);
   GRASS_LAUNCH_CHECK();
   phase(ops::GalorePhase::Gemm);
-  times_at(ws.z, ws.q);
+  times_at(ws.z, Qt);
   for (int it = 0; it < power_iters; it++) {
     phase(ops::GalorePhase::Qr);
-    cholesky_qr2(ctx, solver, ws.q, m, k, ws, status);
+    cholesky_qr2(ctx, solver, Qt, m, k, ws, status);
     phase(ops::GalorePhase::Gemm);
-    times_a(ws.q, ws.z);
+    times_a(Qt, ws.z);
     phase(ops::GalorePhase::Qr);
     cholesky_qr2(ctx, solver, ws.z, n, k, ws, status);
     phase(ops::GalorePhase::Gemm);
-    times_at(ws.z, ws.q);
+    times_at(ws.z, Qt);
   }
   phase(ops::GalorePhase::Qr);
-  orthonormalise(solver, ws.q, m, k, ws);
-  // Rayleigh-Ritz: B = Zt = Qt·A, S = B·Bᵀ, its top-r eigenvectors
+  orthonormalise(solver, Qt, m, k, ws);
+  // Rayleigh-Ritz: B = Zt = Qt·A, S = B·Bᵀ
   phase(ops::GalorePhase::Gemm);
-  times_a(ws.q, ws.z);
-  gemm_f32(ctx, false, true, k, k, n, ws.z, n, ws.z, n, 0.0f, ws.s, k);
-  phase(ops::GalorePhase::Eigensolver);
+  times_a(Qt, ws.z);
+  gemm_f32(ctx, false, true, k, k, n, ws.z, n, ws.z, n, 0.0f, S, k);
+  keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status, ws.info, 2);
+  GRASS_LAUNCH_CHECK();
+}
+
+// P[m, r] from Qt[k, m] and S[k, k] holding the eigenvectors: W = the top r, P = Qtᵀ·W, signs
+void vectors_to_p(const Context& ctx, float* P, const float* Qt, const float* S, int m, int k,
+                  int r, const Workspace& ws) {
+  top_vectors_kernel<<<unsigned(ceil_div(int64_t(k) * r, kThreads)), kThreads, 0, ctx.stream>>>(
+      ws.w, S, k, r);
+  GRASS_LAUNCH_CHECK();
+  gemm_f32(ctx, true, false, m, r, k, Qt, m, ws.w, r, 0.0f, P, r);  // P[m, r] = Qtᵀ·W
+  sign_normalise_kernel<<<unsigned(r), kThreads, 0, ctx.stream>>>(P, m, r);
+  GRASS_LAUNCH_CHECK();
+}
+
+void mark(int phase, cudaStream_t stream) {
+  if (ops::galore_timers_enabled()) phase_timers().mark(stream, phase);
+}
+
+}  // namespace
+
+void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
+                             const float* G, int out, int in, int r, bool rows, uint64_t seed,
+                             int power_iters, int oversample, void* workspace,
+                             int64_t workspace_bytes, int* status) {
+  const int m = rows ? out : in, k = ops::galore_sketch_columns(out, in, r, oversample);
+  const Workspace ws = carve(workspace, workspace_bytes, std::max(out, in), k, r);
+  sketch(ctx, solver, ws.q, ws.s, G, out, in, r, rows, seed, power_iters, oversample, ws, status);
+  mark(int(ops::GalorePhase::Eigensolver), ctx.stream);
   GRASS_CUSOLVER_CHECK(cusolverDnSsyevd(solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER,
                                         k, ws.s, k, ws.lambda, ws.work, int(ws.work_floats),
                                         ws.info + 2));
-  phase(ops::GalorePhase::P);
-  top_vectors_kernel<<<unsigned(ceil_div(int64_t(k) * r, kThreads)), kThreads, 0, ctx.stream>>>(
-      ws.w, ws.s, k, r);
+  keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status + 2, ws.info + 2, 1);
   GRASS_LAUNCH_CHECK();
-  gemm_f32(ctx, true, false, m, r, k, ws.q, m, ws.w, r, 0.0f, P, r);  // P[m, r] = Qtᵀ·W
-  sign_normalise_kernel<<<unsigned(r), kThreads, 0, ctx.stream>>>(P, m, r);
-  GRASS_LAUNCH_CHECK();
-  keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status, ws.info, 3);
-  GRASS_LAUNCH_CHECK();
-  if (timed) {
-    timers.mark(ctx.stream, -1);
-    timers.targets++;
+  mark(int(ops::GalorePhase::P), ctx.stream);
+  vectors_to_p(ctx, P, ws.q, ws.s, m, k, r, ws);
+  if (ops::galore_timers_enabled()) {
+    phase_timers().mark(ctx.stream, -1);
+    phase_timers().targets++;
+  }
+}
+
+void galore_sketch(const Context& ctx, cusolverDnHandle_t solver, const float* G, int out, int in,
+                   int r, bool rows, uint64_t seed, int power_iters, int oversample, void* batch,
+                   const GaloreBatchLayout& layout, int slot, void* workspace,
+                   int64_t workspace_bytes, int* status) {
+  const int k = ops::galore_sketch_columns(out, in, r, oversample);
+  GRASS_CHECK(int64_t(k) * (rows ? out : in) <= layout.q_stride,
+              "galore_sketch: the batch's slots are smaller than this target's Q");
+  const Workspace ws = carve(workspace, workspace_bytes, std::max(out, in), k, r);
+  const GaloreSlot at = galore_slot(batch, layout, slot, k);
+  sketch(ctx, solver, at.Q, at.S, G, out, in, r, rows, seed, power_iters, oversample, ws, status);
+  mark(-1, ctx.stream);
+}
+
+void galore_finish(const Context& ctx, cusolverDnHandle_t solver, cusolverDnParams_t params,
+                   float* const* P, const int* sides, int count, int k, int r, void* batch,
+                   const GaloreBatchLayout& layout, std::vector<char>& host_work, void* workspace,
+                   int64_t workspace_bytes, int* status) {
+  char* b = static_cast<char*>(batch);
+  size_t host_bytes = 0;
+  const int64_t device_bytes = batched_eig_work_bytes(solver, params, k, count, &host_bytes);
+  GRASS_CHECK(device_bytes <= layout.work_bytes,
+              "galore_finish: cuSOLVER asks for more batched eigensolver work space than the "
+              "layout has (prepare_galore_batch checks it)");
+  if (host_work.size() < host_bytes) host_work.resize(host_bytes);
+  int max_side = 0;
+  for (int i = 0; i < count; i++) max_side = std::max(max_side, sides[i]);
+  const Workspace ws = carve(workspace, workspace_bytes, max_side, k, r);
+  mark(int(ops::GalorePhase::Eigensolver), ctx.stream);
+  int* info = reinterpret_cast<int*>(b + layout.info);
+  GRASS_CUSOLVER_CHECK(cusolverDnXsyevBatched(
+      solver, params, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, k, CUDA_R_32F,
+      b + layout.s, k, CUDA_R_32F, b + layout.lambda, CUDA_R_32F, b + layout.work,
+      size_t(layout.work_bytes), host_work.data(), host_bytes, info, count));
+  mark(int(ops::GalorePhase::P), ctx.stream);
+  for (int i = 0; i < count; i++) {
+    keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status + 2, info + i, 1);
+    GRASS_LAUNCH_CHECK();
+    const GaloreSlot at = galore_slot(batch, layout, i, k);
+    vectors_to_p(ctx, P[i], at.Q, at.S, sides[i], k, r, ws);
+  }
+  if (ops::galore_timers_enabled()) {
+    phase_timers().mark(ctx.stream, -1);
+    phase_timers().targets += count;
+  }
+}
+
+void check_batched_eig_work(cusolverDnHandle_t solver, cusolverDnParams_t params, int k,
+                            int slots, const GaloreBatchLayout& layout) {
+  size_t host_bytes = 0;
+  for (int count = 1; count <= slots; count++) {
+    const int64_t asked = batched_eig_work_bytes(solver, params, k, count, &host_bytes);
+    if (asked > layout.work_bytes)
+      throw UserError("GaLore's batched refresh: cuSOLVER asks for " + format_bytes(asked) +
+                      " of work space for " + std::to_string(count) + " eigenproblems of " +
+                      std::to_string(k) + " x " + std::to_string(k) + ", the plan has " +
+                      format_bytes(layout.work_bytes) +
+                      " (galore_batch_layout, kernels/backend_sizes.cpp, is short: a bug); "
+                      "optimizer.svd_batch \"none\" avoids it");
   }
 }
 

@@ -17,6 +17,8 @@ constexpr ChoiceName<SelectDim> kSelectDimNames[] = {
 constexpr ChoiceName<GaloreSvd> kGaloreSvdNames[] = {{GaloreSvd::Auto, "auto"},
                                                      {GaloreSvd::Exact, "exact"},
                                                      {GaloreSvd::Randomized, "randomized"}};
+constexpr ChoiceName<GaloreSvdBatch> kGaloreSvdBatchNames[] = {{GaloreSvdBatch::None, "none"},
+                                                               {GaloreSvdBatch::Layer, "layer"}};
 constexpr ChoiceName<StateDtype> kStateDtypeNames[] = {{StateDtype::Auto, "auto"},
                                                       {StateDtype::Fp32, "fp32"},
                                                       {StateDtype::Bf16, "bf16"},
@@ -61,6 +63,8 @@ template <>
 std::span<const ChoiceName<SelectDim>> choice_names() { return kSelectDimNames; }
 template <>
 std::span<const ChoiceName<GaloreSvd>> choice_names() { return kGaloreSvdNames; }
+template <>
+std::span<const ChoiceName<GaloreSvdBatch>> choice_names() { return kGaloreSvdBatchNames; }
 template <>
 std::span<const ChoiceName<StateDtype>> choice_names() { return kStateDtypeNames; }
 template <>

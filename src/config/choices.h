@@ -18,6 +18,10 @@ enum class SelectDim { Auto, Rows, Cols };
 // GaLore's refresh: "auto" (randomized on a GPU, exact on the CPU) | "exact" (LAPACK's SVD) |
 // "randomized" (a range finder: GEMMs, QRs and a small eigenproblem, on the run's device).
 enum class GaloreSvd { Auto, Exact, Randomized };
+// How the randomized refresh solves its targets' k x k eigenproblems: "none" (one call for each,
+// as the backward reaches the target) | "layer" (in a pass of its own over the first micro-batch
+// before the step's backward, one batched call for each layer's targets).
+enum class GaloreSvdBatch { None, Layer };
 // optimizer.state_dtype, how the moments are stored: "auto" (the precision's: bf16 in pure bf16,
 // else fp32) | "fp32" | "bf16" | "q8" (8-bit blockwise codes with an fp32 absmax per block,
 // kernels/quant8.h).
@@ -71,6 +75,8 @@ template <>
 std::span<const ChoiceName<SelectDim>> choice_names();
 template <>
 std::span<const ChoiceName<GaloreSvd>> choice_names();
+template <>
+std::span<const ChoiceName<GaloreSvdBatch>> choice_names();
 template <>
 std::span<const ChoiceName<StateDtype>> choice_names();
 template <>

@@ -220,7 +220,8 @@ const std::vector<std::string> kGrassKeys = {"selection", "select_dim", "rho_in_
 // regeneration from the seed: nothing to spread)
 const std::vector<std::string> kStaggerKeys = {"refresh_stagger"};
 const std::vector<std::string> kFloraKeys = {"max_update_rms"};
-const std::vector<std::string> kGaloreKeys = {"svd", "svd_power_iters", "svd_oversample"};
+const std::vector<std::string> kGaloreKeys = {"svd", "svd_power_iters", "svd_oversample",
+                                              "svd_batch"};
 constexpr int64_t kFloraUpdateInterval = 1000;  // flora-opt's kappa
 constexpr double kFloraMaxUpdateRms = 1.0;      // flora-opt's clip_threshold
 constexpr double kGaloreEps = 1e-6;             // galore_torch's AdamW
@@ -326,6 +327,10 @@ void read_projection(const ObjectReader& obj, OptimizerKind kind, ProjectionConf
     g.svd = read_enum(obj, "svd", "svd", g.svd);
     g.svd_power_iters = int(obj.integer("svd_power_iters", 0, 16).value_or(g.svd_power_iters));
     g.svd_oversample = int(obj.integer("svd_oversample", 0, 1024).value_or(g.svd_oversample));
+    g.svd_batch = read_enum(obj, "svd_batch", "svd_batch", g.svd_batch);
+    if (g.svd_batch == GaloreSvdBatch::Layer && g.svd == GaloreSvd::Exact)
+      obj.at("svd_batch").fail("\"layer\" batches the randomized refresh's eigenproblems, and "
+                               "optimizer.svd \"exact\" has none: use \"none\"");
   }
   g.seed = uint64_t(obj.integer("seed", 0, INT64_MAX).value_or(int64_t(g.seed)));
   if (const json* targets = obj.find("targets")) {
@@ -546,6 +551,9 @@ void read_offload(const ObjectReader& o, RunConfig& c) {
   if (c.precision == PrecisionChoice::Bf16Mixed)
     o.at("layers").fail("does not stream bf16-mixed's fp32 master copy yet: use precision "
                         "\"bf16\" (pure bf16, the 13B mode) or \"fp32\"");
+  if (galore_refresh_pass(c.optimizer))
+    o.at("layers").fail("does not stream with GaLore's optimizer.svd_batch \"layer\" yet (its "
+                        "refresh pass would fetch every streamed layer once more): use \"none\"");
 }
 
 void read_memory(const ObjectReader& run, RunConfig& c) {
@@ -823,6 +831,7 @@ json to_json(const RunConfig& c) {
       optimizer.update({{"svd", name_of(g.svd)},
                         {"svd_power_iters", g.svd_power_iters},
                         {"svd_oversample", g.svd_oversample},
+                        {"svd_batch", name_of(g.svd_batch)},
                         {"refresh_stagger", g.refresh_stagger}});
   }
   if (o.proximal.enabled())

@@ -61,6 +61,10 @@ struct ProjectionConfig {
   GaloreSvd svd = GaloreSvd::Auto;
   int svd_power_iters = 2;
   int svd_oversample = 8;
+  // GaLore with the randomized refresh: whether a refresh of every target solves each layer's
+  // eigenproblems in one batched call, in a pass of its own before the step's backward
+  // (GaloreSvdBatch; docs/lowrank.md).
+  GaloreSvdBatch svd_batch = GaloreSvdBatch::None;
   std::vector<ProjectionTarget> targets = {ProjectionTarget::Q,    ProjectionTarget::K,
                                            ProjectionTarget::V,    ProjectionTarget::O,
                                            ProjectionTarget::Gate, ProjectionTarget::Up,
@@ -125,6 +129,12 @@ struct OptimizerConfig {
   bool offload_states = false;
   bool operator==(const OptimizerConfig&) const = default;
 };
+
+// Whether GaLore forms its refreshes in a pass of their own before the step's backward
+// (optimizer.svd_batch "layer"; the pass runs only where the refresh is randomized).
+inline bool galore_refresh_pass(const OptimizerConfig& o) {
+  return o.kind == OptimizerKind::GaLore && o.projection.svd_batch == GaloreSvdBatch::Layer;
+}
 
 struct ScheduleConfig {
   ScheduleKind kind = ScheduleKind::Cosine;  // JSON "name": warmup + cosine to min_lr_ratio,

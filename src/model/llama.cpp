@@ -755,6 +755,12 @@ void LlamaModel::read_losses() {
   loss_valid_.clear();
 }
 
+void LlamaModel::discard_last_loss() {
+  // a forward's slot is always unread: next_loss_sum reads the others when every slot is taken
+  GRASS_CHECK(!loss_valid_.empty(), "discard_last_loss: no forward's loss to discard");
+  loss_valid_.pop_back();
+}
+
 std::vector<double> LlamaModel::take_losses() {
   if (!loss_valid_.empty()) read_losses();
   return std::exchange(losses_ready_, {});

@@ -163,6 +163,7 @@ class LlamaModel {
   // Where the backward hands projected tensors' dy and x and, with fused updates, each dense
   // gradient as it completes (model/gradient_sink.h).
   void set_gradient_sink(GradientSink* sink) { sink_ = sink; }
+  GradientSink* gradient_sink() const { return sink_; }
   // The projected tensors the backward can hand the sink together (GradientSink::stacks): per
   // layer, q, k and v when all three are projected, and gate and up when both are.
   struct TensorStack {
@@ -212,6 +213,8 @@ class LlamaModel {
   void forward_async(const int32_t* inputs, const int32_t* targets, int B);
   // The mean losses of the forwards since the last call, in order: one wait for all of them.
   std::vector<double> take_losses();
+  // Forgets the last forward's loss (a refresh pass's: train_step), without reading it.
+  void discard_last_loss();
   // forward_async() and its loss (nothing else may be queued): for evaluation and tests.
   double forward(const int32_t* inputs, const int32_t* targets, int B);
   // The logits of `rows` (b·T + t) of the last forward, fp32 on the host, rows.size() x V: each

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "src/core/error.h"
 #include "src/core/rng.h"
@@ -191,20 +192,44 @@ GaLore::GaLore(const OptimizerConfig& cfg, LlamaModel& model, int64_t max_tokens
     basis_workspace_ = arena.alloc_bytes(MemCategory::Workspace, "galore.refresh_basis", workspace);
     refresh_status_ = arena.alloc<int>(MemCategory::Workspace, "galore.refresh_status", 4);
   }
+  if (galore_refresh_pass(cfg) && method_.randomized) {
+    // one layer's targets at a time: the most any layer has, each side and k the largest's
+    std::vector<int> per_layer(size_t(model.config().num_hidden_layers) + 1, 0);
+    int max_side = 0, max_k = 0;
+    for (const Target& t : targets_) {
+      const int layer = model.tensors()[size_t(t.tensor_index)].layer;
+      batch_slots_ = std::max(batch_slots_, ++per_layer[size_t(layer + 1)]);
+      max_side = std::max(max_side, t.side);
+      max_k = std::max(max_k, ops::galore_sketch_columns(t.out, t.in, rank_, method_.oversample));
+    }
+    batch_layout_ = galore_batch_layout(backend_.storage(), max_side, max_k, batch_slots_);
+    batch_ = arena.alloc_bytes(MemCategory::Workspace, "galore.refresh_batch", batch_layout_.bytes);
+  }
 }
 
 std::string GaLore::describe() const {
   const std::string staggered =
       cfg_.projection.refresh_stagger ? ", each target at its own step of the interval" : "";
-  if (!method_.randomized) return describe_projection(cfg_.projection, "exact SVD", staggered);
+  if (!method_.randomized)
+    return describe_projection(cfg_.projection, "exact SVD",
+                               staggered + (galore_refresh_pass(cfg_)
+                                                ? " (svd_batch \"layer\": the exact SVD has no "
+                                                  "eigenproblem to batch)"
+                                                : ""));
+  const std::string batched =
+      batch_ ? ", each layer's eigenproblems in one batched call, in a refresh pass of its own "
+               "before the step's backward (svd_batch \"layer\")"
+             : "";
   return describe_projection(cfg_.projection, "randomized SVD",
                              " (" + std::to_string(method_.power_iters) + " power iterations, " +
                                  std::to_string(method_.oversample) + " extra columns, on the " +
-                                 (backend_.storage().cuda ? "GPU" : "CPU") + ")" + staggered);
+                                 (backend_.storage().cuda ? "GPU" : "CPU") + ")" + batched +
+                                 staggered);
 }
 
 void GaLore::begin_step(int64_t step) {
   step_ = step;
+  refresh_batches_.clear();
   const int64_t K = cfg_.projection.update_interval;
   bool any = false;
   for (size_t k = 0; k < targets_.size(); k++)
@@ -219,17 +244,68 @@ bool GaLore::needs_exact_activations() const {
   return std::find(needs_refresh_.begin(), needs_refresh_.end(), true) != needs_refresh_.end();
 }
 
-void GaLore::refresh_from(size_t k, const float* g) {
-  const Target& t = targets_[k];
+GaloreBasisMethod GaLore::method_for(size_t k) const {
   GaloreBasisMethod how = method_;  // the test matrix: a stream per refresh and target
   // staggered, the step itself numbers the refresh (step / K would repeat: a target with a phase
   // refreshes at step 0 and again at its phase, inside the first interval)
   const int64_t refresh =
       cfg_.projection.refresh_stagger ? step_ : step_ / cfg_.projection.update_interval;
   how.seed = derive_seed(derive_seed(cfg_.projection.seed ^ 0x6a10, uint64_t(refresh)),
-                         uint64_t(t.tensor_index));
-  backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows, how, basis_workspace_,
+                         uint64_t(targets_[k].tensor_index));
+  return how;
+}
+
+void GaLore::refresh_from(size_t k, const float* g) {
+  const Target& t = targets_[k];
+  backend_.galore_basis(P_[k], g, t.out, t.in, rank_, t.rows, method_for(k), basis_workspace_,
                         refresh_status_);
+  refreshed(k);
+}
+
+bool GaLore::wants_refresh_pass() const {
+  return batch_ && std::all_of(needs_refresh_.begin(), needs_refresh_.end(),
+                               [](bool refresh) { return refresh; });
+}
+
+void GaLore::refresh_pass_projected(int tensor, const void* dy, const void* x, int64_t N) {
+  const size_t k = index_of(tensor);
+  const Target& t = targets_[k];
+  GRASS_CHECK(batch_ && needs_refresh_[k], "a refresh pass reached a target it does not refresh");
+  const int layer = model_.tensors()[size_t(t.tensor_index)].layer;
+  const int sketch_k = ops::galore_sketch_columns(t.out, t.in, rank_, method_.oversample);
+  if (!pending_.empty() && (layer != pending_layer_ || sketch_k != pending_k_ ||
+                            int(pending_.size()) == batch_slots_))
+    finish_batch();
+  backend_.full_weight_grad(full_grad_, dy, x, N, t.in, t.out, 0, t.out);
+  comm_.all_reduce_sum(full_grad_, int64_t(t.out) * t.in, Element::F32);
+  backend_.galore_sketch(full_grad_, t.out, t.in, rank_, t.rows, method_for(k), batch_,
+                         batch_layout_, int(pending_.size()), basis_workspace_, refresh_status_);
+  pending_.push_back(k);
+  pending_layer_ = layer;
+  pending_k_ = sketch_k;
+}
+
+void GaLore::finish_batch() {
+  std::vector<float*> P;
+  std::vector<int> sides;
+  for (const size_t k : pending_) {
+    P.push_back(P_[k]);
+    sides.push_back(targets_[k].side);
+  }
+  backend_.galore_finish(P.data(), sides.data(), int(pending_.size()), pending_k_, rank_, batch_,
+                         batch_layout_, basis_workspace_, refresh_status_);
+  refresh_batches_.push_back(int(pending_.size()));
+  const std::vector<size_t> done = std::exchange(pending_, {});
+  for (const size_t k : done) refreshed(k);
+}
+
+void GaLore::end_refresh_pass() {
+  if (!pending_.empty()) finish_batch();
+  GRASS_CHECK(!needs_exact_activations(), "GaLore's refresh pass left a target without its new P");
+}
+
+void GaLore::refreshed(size_t k) {
+  const Target& t = targets_[k];
   zero_pad_rows(P_[k], t);
   if (comm_.world() > 1) {  // the same summed gradient, but an SVD that differs in the last bit
                             // (another thread count, another library) would split the replicas

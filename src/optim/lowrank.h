@@ -119,6 +119,17 @@ class GaLore final : public LowRankOptimizer {
   bool refresh_sums_full_gradients() const override { return true; }  // the SVD's input
   void begin_step(int64_t step) override;
   bool needs_exact_activations() const override;  // a refresh step
+  // optimizer.svd_batch "layer": at a step where every target refreshes (randomized), the
+  // refresh pass sketches each target as the pass's backward reaches it (ops::galore_sketch,
+  // from the full gradient) and solves each layer's eigenproblems in one batched call
+  // (galore_finish) once the backward leaves the layer. The projections are galore_basis's,
+  // bit for bit where the batched eigensolver is syevd for each (the CPU, the emulator).
+  bool wants_refresh_pass() const override;
+  void refresh_pass_projected(int tensor, const void* dy, const void* x, int64_t N) override;
+  void end_refresh_pass() override;
+  // The targets of each batched eigensolver call this step's refresh pass made, in order (empty
+  // at a step without one).
+  const std::vector<int>& refresh_batches() const { return refresh_batches_; }
   const char* state_key() const override { return "galore_targets"; }
   // The projection of a target tensor (backend memory, fp32 [side, r]).
   const float* basis(int tensor) const { return P_[index_of(tensor)]; }
@@ -137,6 +148,16 @@ class GaLore final : public LowRankOptimizer {
   // With the workspace (a randomized refresh on the GPU): the refresh's cuSOLVER statuses, int[4]
   // backend memory, zeroed when a refresh begins and read when its last target is done
   int* refresh_status_ = nullptr;
+  // svd_batch "layer" (randomized): the slots of one layer's sketches, and the targets in them
+  void* batch_ = nullptr;
+  GaloreBatchLayout batch_layout_;
+  int batch_slots_ = 0;
+  std::vector<size_t> pending_;       // the targets sketched into the batch, in slot order
+  int pending_layer_ = -1, pending_k_ = 0;
+  std::vector<int> refresh_batches_;
+  GaloreBasisMethod method_for(size_t k) const;  // method_ with target k's seed this step
+  void refreshed(size_t k);           // P_[k] is formed
+  void finish_batch();
   void check_refresh_status() const;
   // GRASS_GALORE_TIMERS=1: the refresh's phase times on stderr, one line a phase
   void print_refresh_times() const;

@@ -119,6 +119,12 @@ double OptimizerSet::flops_saved_per_token() const {
   return saved;
 }
 
+bool OptimizerSet::wants_refresh_pass() const {
+  for (const auto& o : all_)
+    if (o->wants_refresh_pass()) return true;
+  return false;
+}
+
 bool OptimizerSet::needs_exact_activations() const {
   for (const auto& o : all_)
     if (o->needs_exact_activations()) return true;

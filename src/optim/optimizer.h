@@ -135,6 +135,17 @@ class Optimizer {
   // After begin_step: whether this step's backward must hand it exact dy and x (a refresh that
   // selects from or decomposes the full gradient); sampled activations then draw nothing.
   virtual bool needs_exact_activations() const { return false; }
+  // After begin_step: whether this step's refreshes are formed in a pass of their own before the
+  // step's backward (GaLore's optimizer.svd_batch "layer"): a forward and a backward of the first
+  // micro-batch whose backward hands each projected tensor's exact dy and x to
+  // refresh_pass_projected (RefreshPass), then end_refresh_pass. The step's own backward then
+  // finds every projection formed.
+  virtual bool wants_refresh_pass() const { return false; }
+  virtual void refresh_pass_projected(int tensor, const void* dy, const void* x, int64_t N) {
+    (void)tensor, (void)dy, (void)x, (void)N;
+    throw InternalError(std::string(name()) + " has no refresh pass");
+  }
+  virtual void end_refresh_pass() {}
 
   // The state tensor t's update uses beyond the weights (none by default), after begin_step.
   virtual std::vector<StateSpan> state_spans(int tensor) const { (void)tensor; return {}; }
@@ -208,6 +219,7 @@ class OptimizerSet {
   }
   double flops_saved_per_token() const;
   bool needs_exact_activations() const;  // any of them, this step
+  bool wants_refresh_pass() const;       // any of them, this step
 
  private:
   std::vector<std::unique_ptr<Optimizer>> all_;

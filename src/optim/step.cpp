@@ -276,4 +276,10 @@ void FusedStep::dense_ready(int tensor, void* grad) {
 
 double FusedStep::finish() { return read_norm(1); }
 
+void RefreshPass::projected(int tensor, const void* dy, const void* x, int64_t N,
+                            bool x_selected) {
+  GRASS_CHECK(!x_selected, "a refresh pass reads the inputs whole");
+  optimizers_.of(tensor).refresh_pass_projected(tensor, dy, x, N);
+}
+
 }  // namespace grass

@@ -154,4 +154,17 @@ class FusedStep final : public StepStrategy {
   void* projected_ = nullptr;  // one tensor's projected gradient at a time
 };
 
+// The model's GradientSink for a refresh pass (Optimizer::wants_refresh_pass): each projected
+// tensor's exact dy and x go to its optimizer's refresh_pass_projected, one tensor at a time;
+// dense gradients are dropped (the step's own backward forms them again). train_step runs it.
+class RefreshPass final : public GradientSink {
+ public:
+  explicit RefreshPass(const OptimizerSet& optimizers) : optimizers_(optimizers) {}
+  void projected(int tensor, const void* dy, const void* x, int64_t N, bool x_selected) override;
+  void dense_ready(int tensor, void* grad) override { (void)tensor, (void)grad; }
+
+ private:
+  const OptimizerSet& optimizers_;
+};
+
 }  // namespace grass

@@ -241,8 +241,15 @@ FitAdvice fit_advice(const RunConfig& cfg, const Storage& storage) {
   return a;
 }
 
-// Whether offload "auto" may stream layers: bf16-mixed's master copy does not stream.
-bool may_stream_layers(const Storage& storage) { return !storage.master; }
+// Why offload "auto" may not stream layers ("" where it may).
+std::string why_no_layer_streams(const RunConfig& cfg, const Storage& storage) {
+  if (storage.master)
+    return "bf16-mixed's fp32 master copy does not stream yet; precision \"bf16\" or \"fp32\" "
+           "streams";
+  if (galore_refresh_pass(cfg.optimizer))
+    return "GaLore's optimizer.svd_batch \"layer\" does not stream yet; \"none\" streams";
+  return "";
+}
 
 // choose_offload with `device_budget` for the plan on the device (the memory_limit less what a
 // card holds beyond the plan).
@@ -276,7 +283,8 @@ OffloadChoice choose_placement(const RunConfig& cfg, const Storage& storage, con
   };
   const int L = cfg.model.num_hidden_layers;
   const bool layers_free = cfg.offload.automatic || cfg.offload.layers_auto;
-  const bool may_stream = layers_free && may_stream_layers(storage);
+  const std::string no_stream_reason = why_no_layer_streams(cfg, storage);
+  const bool may_stream = layers_free && no_stream_reason.empty();
   // per placement of states and inputs, the fewest streamed layers that fit (each streamed
   // layer adds its fetches: fewer is less traffic), and the most, the least on the device
   std::vector<Candidate> fitting, least;
@@ -351,10 +359,7 @@ OffloadChoice choose_placement(const RunConfig& cfg, const Storage& storage, con
   for (const Candidate& c : least)
     if (c.plan.total < best->plan.total) best = &c;
   const std::string no_stream =
-      layers_free && !may_stream
-          ? " (no layer streams: bf16-mixed's fp32 master copy does not stream yet; precision "
-            "\"bf16\" or \"fp32\" streams)"
-          : "";
+      layers_free && !may_stream ? " (no layer streams: " + no_stream_reason + ")" : "";
   return {best->cfg, what + ": no placement fits " + limits + "; the least on the device is " +
                          placement(best->cfg.offload) + ": " + format_bytes(best->plan.total) +
                          ", " + format_bytes(best->plan.total - device_budget) + " over" +

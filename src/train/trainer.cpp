@@ -185,7 +185,13 @@ void Run::build_state() {
       galore_basis_method(g, backend_->storage()).randomized) {
     // every target's rows or columns, a padded ffn's included (up to 7 more)
     const int max_side = std::max(m.hidden_size, m.intermediate_size + 7);
-    backend_->prepare_galore_basis(max_side, std::min(g.rank + g.svd_oversample, max_side));
+    const int k = std::min(g.rank + g.svd_oversample, max_side);
+    backend_->prepare_galore_basis(max_side, k);
+    if (galore_refresh_pass(cfg.optimizer)) {  // one layer's targets a batch (GaLore's constructor)
+      const int slots = int(g.targets.size());
+      backend_->prepare_galore_batch(
+          k, slots, galore_batch_layout(backend_->storage(), max_side, k, slots));
+    }
   }
   backend_->reserve(plan.total, plan.buffers);
   device_at_reservation_ = backend_->device_memory();

@@ -66,8 +66,24 @@ StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, dou
   const size_t N = size_t(cfg.micro_batch_size) * cfg.seq_len;
   std::vector<int32_t> inputs(N), targets(N);
   StepOutcome out;
-  for (int micro = 0; micro < accum; micro++) {
+  // the first micro-batch's refresh pass (GaLore's svd_batch "layer"): its forward and backward
+  // only form the projections; its loss and dense gradients are dropped, and the micro-batch
+  // then trains as any other
+  const bool refresh_pass = s.optimizers->wants_refresh_pass();
+  if (refresh_pass) {
     next_batch(inputs.data(), targets.data());
+    RefreshPass pass(*s.optimizers);
+    GradientSink* const sink = model.gradient_sink();  // the step's (or a test's around it)
+    model.set_gradient_sink(&pass);
+    model.forward_backward(inputs.data(), targets.data(), cfg.micro_batch_size,
+                           1.0 / (double(accum) * world));
+    model.set_gradient_sink(sink);
+    model.discard_last_loss();
+    model.zero_grads();
+    for (const auto& o : s.optimizers->all()) o->end_refresh_pass();
+  }
+  for (int micro = 0; micro < accum; micro++) {
+    if (micro > 0 || !refresh_pass) next_batch(inputs.data(), targets.data());
     if (micro == accum - 1) s.step->last_micro_batch();
     // the step's loss is the mean over every rank's micro-batches: the ranks' gradients are summed
     model.forward_backward(inputs.data(), targets.data(), cfg.micro_batch_size,

@@ -3,6 +3,7 @@
 // what the matching _bufferSize answered; the factorisation is LAPACK's, run in the handle's
 // stream order (streams.h). The buffer sizes are LAPACK's workspace queries.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -178,6 +179,84 @@ cusolverStatus_t cusolverDnSpotrf(cusolverDnHandle_t handle, cublasFillMode_t up
   cuda_emu::enqueue(handle->stream, [=] {
     const char up = uplo == CUBLAS_FILL_MODE_UPPER ? 'U' : 'L';
     spotrf_(&up, &n, A, &lda, info, 1);
+  });
+  return CUSOLVER_STATUS_SUCCESS;
+}
+
+// The 64-bit API's batched eigensolver: the batch's matrices lie next to each other (matrix j at
+// A + j·lda·n), each solved by syevd in order, so its eigenvectors are Ssyevd's bit for bit. Its
+// work space: syevd's for each matrix on the device, and some on the host, as cuSOLVER asks for
+// both, so a caller that passes no host buffer is caught.
+struct cusolverDnParams {};
+cusolverStatus_t cusolverDnCreateParams(cusolverDnParams_t* params) {
+  *params = new cusolverDnParams{};
+  return CUSOLVER_STATUS_SUCCESS;
+}
+cusolverStatus_t cusolverDnDestroyParams(cusolverDnParams_t params) {
+  delete params;
+  return CUSOLVER_STATUS_SUCCESS;
+}
+
+namespace {
+constexpr size_t kBatchedEigHostBytes = 64;  // per matrix
+bool batched_eig_args_valid(cusolverDnHandle_t handle, cusolverDnParams_t params,
+                            cusolverEigMode_t jobz, int64_t n, cudaDataType a, int64_t lda,
+                            cudaDataType w, cudaDataType compute, int64_t batch,
+                            std::string* why) {
+  if (!handle || !params) *why = "XsyevBatched: no handle or params";
+  else if (jobz != CUSOLVER_EIG_MODE_VECTOR) *why = "XsyevBatched: the emulation computes vectors only";
+  else if (a != CUDA_R_32F || w != CUDA_R_32F || compute != CUDA_R_32F)
+    *why = "XsyevBatched: the emulation takes single precision only";
+  else if (n < 0 || lda < std::max<int64_t>(1, n) || batch < 1 || n > INT32_MAX)
+    *why = "XsyevBatched: shape";
+  else return true;
+  return false;
+}
+}  // namespace
+
+cusolverStatus_t cusolverDnXsyevBatched_bufferSize(
+    cusolverDnHandle_t handle, cusolverDnParams_t params, cusolverEigMode_t jobz, cublasFillMode_t,
+    int64_t n, cudaDataType dataTypeA, const void*, int64_t lda, cudaDataType dataTypeW,
+    const void*, cudaDataType computeType, size_t* device_bytes, size_t* host_bytes,
+    int64_t batch) {
+  std::string why;
+  if (!batched_eig_args_valid(handle, params, jobz, n, dataTypeA, lda, dataTypeW, computeType,
+                              batch, &why))
+    return invalid(why);
+  *device_bytes = size_t(batch) * size_t(syevd_sizes(int(n)).lwork) * sizeof(float);
+  *host_bytes = size_t(batch) * kBatchedEigHostBytes;
+  return CUSOLVER_STATUS_SUCCESS;
+}
+cusolverStatus_t cusolverDnXsyevBatched(cusolverDnHandle_t handle, cusolverDnParams_t params,
+                                        cusolverEigMode_t jobz, cublasFillMode_t uplo, int64_t n64,
+                                        cudaDataType dataTypeA, void* A, int64_t lda64,
+                                        cudaDataType dataTypeW, void* W, cudaDataType computeType,
+                                        void* device_work, size_t device_bytes, void* host_work,
+                                        size_t host_bytes, int* info, int64_t batch) {
+  std::string why;
+  if (!batched_eig_args_valid(handle, params, jobz, n64, dataTypeA, lda64, dataTypeW, computeType,
+                              batch, &why))
+    return invalid(why);
+  const int n = int(n64), lda = int(lda64);
+  const SyevdSizes sizes = syevd_sizes(n);
+  if (!on_device(A, n, n * batch, lda) || !on_device(W, n * batch, 1, n * batch) ||
+      !on_device(info, batch, 1, batch) ||
+      !cuda_emu::is_device_range(device_work, device_bytes))
+    return invalid("XsyevBatched: A, W, info or the device work space outside device memory");
+  if (device_bytes < size_t(batch) * size_t(sizes.lwork) * sizeof(float))
+    return invalid("XsyevBatched: device work space below XsyevBatched_bufferSize's");
+  if (!host_work || host_bytes < size_t(batch) * kBatchedEigHostBytes)
+    return invalid("XsyevBatched: host work space below XsyevBatched_bufferSize's");
+  cuda_emu::enqueue(handle->stream, [=] {
+    std::vector<int> iwork(size_t(sizes.liwork));
+    const char up = uplo == CUBLAS_FILL_MODE_UPPER ? 'U' : 'L';
+    for (int64_t j = 0; j < batch; j++) {
+      float* a = static_cast<float*>(A) + j * int64_t(lda) * n;
+      float* w = static_cast<float*>(W) + j * int64_t(n);
+      float* work = static_cast<float*>(device_work) + j * int64_t(sizes.lwork);
+      ssyevd_("V", &up, &n, a, &lda, w, work, &sizes.lwork, iwork.data(), &sizes.liwork, info + j,
+              1, 1);
+    }
   });
   return CUSOLVER_STATUS_SUCCESS;
 }

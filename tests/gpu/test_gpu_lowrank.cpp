@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <string>
@@ -259,6 +260,129 @@ TEST_CASE("lowrank: the randomized galore_basis on the device spans the CPU's su
     }
 }
 
+// GaLore's svd_batch "layer": targets of three shapes that share k (each side projected, both
+// orientations) sketched into the slots of one batch, then one galore_finish. Each P is the
+// target's galore_basis: bit for bit on the CPU backend and on the emulator (whose batched
+// eigensolver is syevd for each matrix), and on a GPU (cuSOLVER's batched eigensolver, another
+// algorithm) to within the subspace test above. A NaN gradient in the middle slot leaves its
+// statuses (the Cholesky factorisation's and the eigensolver's info) for the one read.
+TEST_CASE("lowrank: galore_finish solves a batch of sketches in one call, each P as "
+          "galore_basis's", "[gpu][lowrank]") {
+  Backends be(PrecisionChoice::Bf16Mixed);
+  struct Target {
+    int out, in;
+    bool rows;
+  };
+  const Target targets[] = {{40, 72, true}, {43, 70, false}, {72, 40, true}};
+  const int r = 6, oversample = 4, k = r + oversample, count = 3;
+  int max_side = 0;
+  int64_t workspace_bytes = 0;
+  GaloreBasisMethod how;
+  how.randomized = true;
+  how.power_iters = 1;
+  how.oversample = oversample;
+  for (const Target& t : targets) {
+    REQUIRE(ops::galore_sketch_columns(t.out, t.in, r, oversample) == k);
+    max_side = std::max(max_side, t.rows ? t.out : t.in);
+    workspace_bytes = std::max(workspace_bytes,
+                               galore_basis_workspace_bytes(be.gpu_storage, t.out, t.in, r, how));
+  }
+  const GaloreBatchLayout layout = galore_batch_layout(be.gpu_storage, max_side, k, count);
+  const GaloreBatchLayout cpu_layout = galore_batch_layout(be.cpu_storage, max_side, k, count);
+  be.gpu->prepare_galore_batch(k, count, layout);  // cuSOLVER's work space fits the plan
+  GaloreBatchLayout short_layout = layout;
+  short_layout.work_bytes = 16;
+  CHECK_THROWS_AS(be.gpu->prepare_galore_batch(k, count, short_layout), UserError);
+  std::vector<std::vector<float>> g(count);
+  for (int i = 0; i < count; i++) {  // a gap after the r-th singular value, as above
+    const Target& t = targets[i];
+    const std::vector<float> A = randn(size_t(t.out) * r), B = randn(size_t(r) * t.in);
+    g[size_t(i)] = randn(size_t(t.out) * t.in, 0.01);
+    for (int a = 0; a < t.out; a++)
+      for (int b = 0; b < t.in; b++)
+        for (int c = 0; c < r; c++)
+          g[size_t(i)][size_t(a) * t.in + b] += A[size_t(a) * r + c] * B[size_t(c) * t.in + b];
+  }
+  const auto seeded = [&](int i) {
+    GaloreBasisMethod h = how;
+    h.seed = 700 + uint64_t(i);
+    return h;
+  };
+  DeviceBuffer<char> batch{size_t(layout.bytes)}, workspace{size_t(workspace_bytes)};
+  DeviceBuffer<int> status(4);
+  std::deque<DeviceBuffer<float>> d_g, d_P;  // not movable: a deque never moves them
+  std::vector<float*> P;
+  std::vector<int> sides;
+  for (int i = 0; i < count; i++) {
+    const Target& t = targets[i];
+    d_g.emplace_back(g[size_t(i)].size());
+    d_g.back().upload(g[size_t(i)]);
+    sides.push_back(t.rows ? t.out : t.in);
+    d_P.emplace_back(size_t(sides.back()) * r);
+    d_P.back().poison();
+    P.push_back(d_P.back().ptr);
+  }
+  const auto run_batch = [&] {
+    batch.poison();
+    status.upload({0, 0, 0, 0});
+    for (int i = 0; i < count; i++) {
+      const Target& t = targets[i];
+      be.gpu->galore_sketch(d_g[size_t(i)].ptr, t.out, t.in, r, t.rows, seeded(i), batch.ptr,
+                            layout, i, workspace.ptr, status.ptr);
+    }
+    be.gpu->galore_finish(P.data(), sides.data(), count, k, r, batch.ptr, layout, workspace.ptr,
+                          status.ptr);
+  };
+  run_batch();
+  CHECK(status.download() == std::vector<int>{0, 0, 0, 0});
+  std::vector<char> cpu_batch(size_t(cpu_layout.bytes));
+  std::vector<std::vector<float>> cpu_P(count);
+  std::vector<float*> cpu_ptrs;
+  for (int i = 0; i < count; i++) {
+    const Target& t = targets[i];
+    cpu_P[size_t(i)].assign(size_t(sides[size_t(i)]) * r, std::nanf(""));
+    cpu_ptrs.push_back(cpu_P[size_t(i)].data());
+    be.cpu->galore_sketch(g[size_t(i)].data(), t.out, t.in, r, t.rows, seeded(i), cpu_batch.data(),
+                          cpu_layout, i, nullptr, nullptr);
+  }
+  be.cpu->galore_finish(cpu_ptrs.data(), sides.data(), count, k, r, cpu_batch.data(), cpu_layout,
+                        nullptr, nullptr);
+  for (int i = 0; i < count; i++) {
+    const Target& t = targets[i];
+    INFO("target " << i << ": " << t.out << " x " << t.in << (t.rows ? ", rows" : ", columns"));
+    // the one-target refresh on each backend
+    std::vector<float> cpu_one(cpu_P[size_t(i)].size());
+    be.cpu->galore_basis(cpu_one.data(), g[size_t(i)].data(), t.out, t.in, r, t.rows, seeded(i),
+                         nullptr, nullptr);
+    CHECK(same_bits(cpu_P[size_t(i)], cpu_one));
+    DeviceBuffer<float> one(cpu_one.size());
+    one.poison();
+    be.gpu->galore_basis(one.ptr, d_g[size_t(i)].ptr, t.out, t.in, r, t.rows, seeded(i),
+                         workspace.ptr, status.ptr);
+    const std::vector<float> got = d_P[size_t(i)].download(), want = one.download();
+#ifdef GRASS_TEST_CUDA_EMU
+    CHECK(same_bits(got, want));
+#else
+    CHECK(test::subspace_sine(want, r, got, sides[size_t(i)], r) <= 1e-4);
+    CHECK(rel_error(got, want) <= 1e-3);
+#endif
+    CHECK(test::subspace_sine(cpu_one, r, got, sides[size_t(i)], r) <= 1e-4);
+  }
+  CHECK(status.download() == std::vector<int>{0, 0, 0, 0});
+  // a function of (G, seed): the same bits again
+  std::vector<std::vector<float>> first;
+  for (const auto& d : d_P) first.push_back(d.download());
+  run_batch();
+  for (int i = 0; i < count; i++) CHECK(same_bits(d_P[size_t(i)].download(), first[size_t(i)]));
+  // a non-finite gradient in slot 1: its potrf fails on the first column, its eigensolver too
+  g[1][5] = std::numeric_limits<float>::quiet_NaN();
+  d_g[1].upload(g[1]);
+  run_batch();
+  const std::vector<int> failed = status.download();
+  CHECK(failed[2] != 0);
+  CHECK(failed[3] == 1);
+}
+
 TEST_CASE("lowrank: the randomized galore_basis keeps a failed eigensolver's status",
           "[gpu][lowrank]") {
   // A non-finite gradient: the first CholeskyQR2 pass's Gram has a non-finite trace, which the
@@ -410,6 +534,22 @@ TEST_CASE("lowrank: cuSOLVER's work space fits the plan", "[gpu][lowrank]") {
     }
     std::printf("%s\n", line.c_str());
   }
+  // the batched eigensolver of svd_batch "layer": a layer's 7 targets (and fewer) at each k
+  const cusolverDnParams_t params = cuda::create_solver_params();
+  const Storage storage = storage_for(PrecisionChoice::Bf16, true);
+  for (const int k : ks) {
+    std::string line = "cuSOLVER batched eigensolver bytes at k " + std::to_string(k) + ":";
+    for (const int count : {1, 3, 7}) {
+      const int64_t asked = cuda::batched_eig_work_bytes(solver, params, k, count);
+      const int64_t planned = galore_batch_layout(storage, k, k, count).work_bytes;
+      line += " " + std::to_string(count) + " asks " + std::to_string(asked) + ";";
+      INFO("k " << k << ", " << count << " matrices: cuSOLVER asks " << asked
+                << " bytes, the plan has " << planned);
+      CHECK(asked <= planned);
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  cuda::destroy_solver_params(params);
   cuda::destroy_solver_handle(solver);
 }
 

@@ -1,6 +1,7 @@
 // cuda_emu: the part of cuSOLVER's dense API that GaLore's refresh uses (kernels/cuda/
 // galore_basis.cu): single-precision QR (geqrf, orgqr), Cholesky (potrf) and the symmetric
-// eigensolver (syevd),
+// eigensolver (syevd, and the 64-bit API's batched XsyevBatched on single precision, which runs
+// syevd on each matrix in turn),
 // column-major as cuSOLVER's, computed by the host's LAPACK in the handle's stream order.
 #pragma once
 #include "cublas_v2.h"
@@ -37,3 +38,20 @@ cusolverStatus_t cusolverDnSpotrf_bufferSize(cusolverDnHandle_t handle, cublasFi
                                              int n, float* A, int lda, int* lwork);
 cusolverStatus_t cusolverDnSpotrf(cusolverDnHandle_t handle, cublasFillMode_t uplo, int n,
                                   float* A, int lda, float* work, int lwork, int* info);
+
+struct cusolverDnParams;
+using cusolverDnParams_t = cusolverDnParams*;
+cusolverStatus_t cusolverDnCreateParams(cusolverDnParams_t* params);
+cusolverStatus_t cusolverDnDestroyParams(cusolverDnParams_t params);
+cusolverStatus_t cusolverDnXsyevBatched_bufferSize(
+    cusolverDnHandle_t handle, cusolverDnParams_t params, cusolverEigMode_t jobz,
+    cublasFillMode_t uplo, int64_t n, cudaDataType dataTypeA, const void* A, int64_t lda,
+    cudaDataType dataTypeW, const void* W, cudaDataType computeType,
+    size_t* workspaceInBytesOnDevice, size_t* workspaceInBytesOnHost, int64_t batchSize);
+cusolverStatus_t cusolverDnXsyevBatched(cusolverDnHandle_t handle, cusolverDnParams_t params,
+                                        cusolverEigMode_t jobz, cublasFillMode_t uplo, int64_t n,
+                                        cudaDataType dataTypeA, void* A, int64_t lda,
+                                        cudaDataType dataTypeW, void* W, cudaDataType computeType,
+                                        void* bufferOnDevice, size_t workspaceInBytesOnDevice,
+                                        void* bufferOnHost, size_t workspaceInBytesOnHost,
+                                        int* info, int64_t batchSize);
