@@ -80,6 +80,9 @@ case_run grass2 2 4 "${grass[@]}"
 case_run grass4_multinomial 4 2 "${grass[@]}" --set optimizer.selection=multinomial
 case_run galore2 2 2 --set optimizer.name=galore "${lowrank[@]}"
 case_run flora2 2 2 --set optimizer.name=flora "${lowrank[@]}"
+# GaLore's refresh pass (svd_batch "layer"): each rank's pass sums the full gradients it sketches
+batched=(--set optimizer.name=galore --set optimizer.svd=randomized --set optimizer.svd_batch=layer)
+case_run galore2_batched 2 2 "${batched[@]}" "${lowrank[@]}"
 # fused updates: one micro-batch per rank and step
 case_run fused_adamw2 2 8 --set fused_update=on
 case_run fused_grass2 2 8 --set fused_update=on "${grass[@]}"
@@ -135,6 +138,7 @@ bytes_match adamw2
 bytes_match grass2 "${grass[@]}"
 bytes_match galore2 --set optimizer.name=galore "${lowrank[@]}"
 bytes_match flora2 --set optimizer.name=flora "${lowrank[@]}"
+bytes_match galore2_batched "${batched[@]}" "${lowrank[@]}"
 
 # The same bits on a rerun.
 "${mpi[@]}" -np 2 "$GRASS" train "$tmp/run.json" --set out_dir="$tmp/grass2.again" --set micro_batch_size=4 \
@@ -228,4 +232,4 @@ grep -q "error (rank 0 of 2): .* has waited [0-9]* s for the other ranks (GRASS_
 unset GRASS_TIMEOUT_S
 
 if [ $failures -gt 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "data parallel: 11 rank/optimizer cases (3 on the emulated GPU, one with deferred streams) match one process; bytes as planned; rerun, resume, refusals, a killed and a stopped rank checked"
+echo "data parallel: 12 rank/optimizer cases (3 on the emulated GPU, one with deferred streams) match one process; bytes as planned; rerun, resume, refusals, a killed and a stopped rank checked"

@@ -158,15 +158,25 @@ TEST_CASE("activation checkpointing, elementwise or per layer, gives identical l
 // batch) its projections, and so the whole run, are the per-target refresh's bit for bit: fused
 // (bf16, one micro-batch) and deferred, one and two micro-batches (the pass's loss and dense
 // gradients dropped), staggered refreshes (the pass only at step 0, where every target
-// refreshes).
+// refreshes), and with the states or the layer inputs in the host tier.
 TEST_CASE("GaLore's svd_batch layer: a refresh pass gives the per-target refreshes' bits",
           "[memory][lowrank]") {
+  enum Offload { None, States, Inputs };
   for (const std::string precision : {"fp32", "bf16"})
     for (const int micro_batches : {1, 2})
-      for (const bool stagger : {false, true}) {
+      for (const bool stagger : {false, true})
+      for (const Offload offload : {None, States, Inputs}) {
+        if (offload != None && (stagger || micro_batches == 2)) continue;
         INFO(precision << ", " << micro_batches << " micro-batch(es)"
-                       << (stagger ? ", staggered refreshes" : ""));
+                       << (stagger ? ", staggered refreshes" : "")
+                       << (offload == States ? ", states in the host tier" : "")
+                       << (offload == Inputs ? ", layer inputs in the host tier" : ""));
         RunConfig one = small_run("galore", precision);
+        one.offload.optimizer_states = offload == States;
+        if (offload == Inputs) {
+          one.activation_checkpointing = Checkpointing::Layer;
+          one.offload.activations = ActivationOffload::Host;
+        }
         one.optimizer.projection.svd = GaloreSvd::Randomized;
         one.optimizer.projection.svd_power_iters = 1;
         one.optimizer.projection.svd_oversample = 2;
