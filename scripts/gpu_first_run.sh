@@ -994,10 +994,11 @@ step_t13() {
   figure+="wta-crs ${tps[wta-crs]:-?} (${w:-?}x, target >= 0.95x; on the compute stream ${tps[wta-crs-inline]:-?}: side stream ${side:-?}x)"
   # GaLore: its last refresh step's time (metrics.jsonl) and range finder (the phase timers), per
   # target and batched per layer (svd_batch "layer": the step includes its refresh pass)
-  t13_refresh() {  # run -> "step ms finder_ms" of its last refresh
-    local at finder ms=""
+  t13_refresh() {  # run -> "step ms finder_ms eigensolver_ms" of its last refresh
+    local at finder eig ms=""
     at=$(sed -n 's/^galore refresh at step \([0-9]*\):.*/\1/p' "$logs/t13_$1.log" | tail -1)
     finder=$(sed -n 's/^galore refresh at step [0-9]*: .*, \([0-9.]*\) ms in the range finder/\1/p' "$logs/t13_$1.log" | tail -1)
+    eig=$(sed -n 's/^galore refresh phase eigensolver *\([0-9.]*\) ms/\1/p' "$logs/t13_$1.log" | tail -1)
     if [ -n "$at" ] && [ -s "$work/t13_$1/metrics.jsonl" ]; then
       ms=$(python3 -c 'import json, sys
 for line in open(sys.argv[1]):
@@ -1005,17 +1006,21 @@ for line in open(sys.argv[1]):
     if m.get("step") == int(sys.argv[2]) and "step_ms" in m: print("%.1f" % m["step_ms"])' \
         "$work/t13_$1/metrics.jsonl" "$at" | tail -1)
     fi
-    echo "${at:-?} ${ms:-} ${finder:-}"
+    echo "${at:-?} ${ms:--} ${finder:--} ${eig:--}"
   }
-  local at ms finder b_at b_ms b_finder
-  read -r at ms finder <<<"$(t13_refresh galore)"
-  read -r b_at b_ms b_finder <<<"$(t13_refresh galore-batched)"
-  figure_row T13 galore-refresh step_ms "${ms:-}" ms
-  figure_row T13 galore-refresh range_finder_ms "${finder:-}" ms
-  figure_row T13 galore-batched step_ms "${b_ms:-}" ms
-  figure_row T13 galore-batched range_finder_ms "${b_finder:-}" ms
-  figure+="; GaLore r=512: refresh step $at ${ms:-?} ms (target <= 1000 ms), range finder ${finder:-?} ms"
-  figure+="; batched per layer (svd_batch \"layer\"): refresh step $b_at ${b_ms:-?} ms, range finder ${b_finder:-?} ms"
+  local at ms finder eig b_at b_ms b_finder b_eig
+  read -r at ms finder eig <<<"$(t13_refresh galore)"
+  read -r b_at b_ms b_finder b_eig <<<"$(t13_refresh galore-batched)"
+  local run_name v
+  for run_name in galore-refresh galore-batched; do  # "-": not found
+    [ "$run_name" = galore-refresh ] && v=("$ms" "$finder" "$eig") || v=("$b_ms" "$b_finder" "$b_eig")
+    figure_row T13 "$run_name" step_ms "${v[0]#-}" ms
+    figure_row T13 "$run_name" range_finder_ms "${v[1]#-}" ms
+    figure_row T13 "$run_name" eigensolver_ms "${v[2]#-}" ms
+  done
+  ms=${ms#-} b_ms=${b_ms#-}
+  figure+="; GaLore r=512: refresh step $at ${ms:-?} ms (target <= 1000 ms), range finder ${finder#-} ms, eigensolver ${eig#-} ms"
+  figure+="; batched per layer (svd_batch \"layer\"): refresh step $b_at ${b_ms:-?} ms, range finder ${b_finder#-} ms, eigensolver ${b_eig#-} ms"
   # refresh_stagger: after step 1 (every target) each step refreshes a third of them; its slowest
   local worst=""
   if [ -s "$work/t13_galore-staggered/metrics.jsonl" ]; then
