@@ -327,8 +327,12 @@ void GaLore::print_refresh_times() const {
   if (times.targets == 0) return;  // the exact SVD: no phases
   double total = 0;
   for (const double ms : times.ms) total += ms;
-  std::fprintf(stderr, "galore refresh at step %lld: %d targets, %.3f ms in the range finder\n",
-               static_cast<long long>(step_ + 1), times.targets, total);
+  const std::string batched =  // svd_batch "layer": the eigensolver's calls
+      refresh_batches_.empty() ? ""
+                               : " in " + std::to_string(refresh_batches_.size()) +
+                                     " batched eigensolver calls";
+  std::fprintf(stderr, "galore refresh at step %lld: %d targets%s, %.3f ms in the range finder\n",
+               static_cast<long long>(step_ + 1), times.targets, batched.c_str(), total);
   for (int p = 0; p < ops::kGalorePhases; p++)
     std::fprintf(stderr, "galore refresh phase %-12s %10.3f ms\n",
                  ops::name_of(ops::GalorePhase(p)), times.ms[p]);

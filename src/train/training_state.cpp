@@ -73,11 +73,17 @@ StepOutcome train_step(TrainingState& s, const RunConfig& cfg, int64_t step, dou
   if (refresh_pass) {
     next_batch(inputs.data(), targets.data());
     RefreshPass pass(*s.optimizers);
-    GradientSink* const sink = model.gradient_sink();  // the step's (or a test's around it)
-    model.set_gradient_sink(&pass);
-    model.forward_backward(inputs.data(), targets.data(), cfg.micro_batch_size,
-                           1.0 / (double(accum) * world));
-    model.set_gradient_sink(sink);
+    {
+      // the step's sink (or a test's around it) back when the pass ends, thrown out of or not
+      struct SinkBack {
+        LlamaModel& model;
+        GradientSink* sink;
+        ~SinkBack() { model.set_gradient_sink(sink); }
+      } back{model, model.gradient_sink()};
+      model.set_gradient_sink(&pass);
+      model.forward_backward(inputs.data(), targets.data(), cfg.micro_batch_size,
+                             1.0 / (double(accum) * world));
+    }
     model.discard_last_loss();
     model.zero_grads();
     for (const auto& o : s.optimizers->all()) o->end_refresh_pass();
