@@ -49,6 +49,12 @@ out_lacks "data-parallel"
 # in bf16-mixed no layer streams: the weights are the floor
 mem 3 "$big" --memory-limit 24GiB --set precision=bf16-mixed
 first_has "the bf16 weights alone take 24.24 GiB: no placement trains this model under 24.00 GiB with every weight on the device: stream some layers' (offload.layers, with precision \"bf16\" or \"fp32\")"
+# nor with GaLore's refresh pass (svd_batch "layer"), which the verdict and offload "auto" name
+mem 3 "$big" --memory-limit 24GiB --set offload=auto \
+  --set optimizer='{"name": "galore", "rank": 256, "svd_batch": "layer"}'
+first_has "no placement trains this model under 24.00 GiB with every weight on the device: stream some layers' (offload.layers, with precision \"bf16\" or \"fp32\" and GaLore's optimizer.svd_batch \"none\")"
+out_has 'offload auto: no placement fits memory_limit 24.00 GiB'
+out_has "(no layer streams: GaLore's optimizer.svd_batch \"layer\" does not stream yet; \"none\" streams)"
 
 # one that fits: the largest micro-batch, counted with the allowance
 mem 0 "$big" --memory-limit 40GiB

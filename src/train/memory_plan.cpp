@@ -758,9 +758,12 @@ MemoryVerdict memory_verdict(const RunConfig& given, const Storage& storage) {
     if (advice.any) return out + advice.text;
     const int64_t weights = plan.bytes[int(MemCategory::Weights)];
     const std::string dtype = storage.weight_bytes == 2 ? "bf16" : "fp32";
-    const std::string no_placement = ": no placement trains this model under " + limit_name +
-                                     " with every weight on the device: stream some layers' "
-                                     "(offload.layers, with precision \"bf16\" or \"fp32\")";
+    const std::string no_placement =
+        ": no placement trains this model under " + limit_name +
+        " with every weight on the device: stream some layers' (offload.layers, with precision "
+        "\"bf16\" or \"fp32\"" +
+        (galore_refresh_pass(cfg.optimizer) ? " and GaLore's optimizer.svd_batch \"none\"" : "") +
+        ")";
     if (beyond >= limit)
       return out + "a card holds " + format_bytes(beyond) +
              " beyond any plan (the CUDA context and libraries, the reservation's free memory): "
