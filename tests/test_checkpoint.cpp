@@ -54,6 +54,7 @@ std::vector<json> read_rows(const std::string& path) {
 // "-q8": 8-bit moments in blocks of 64 on a model of width 64, so the embedding, lm_head and
 // every GRASS target but k and v (32 x 64) are quantized (GRASS's per feature when lean); the
 // smaller tensors keep the precision's moments. "-sampled": sampled activations at keep 0.4.
+// "-batched": GaLore's randomized refresh with its refresh pass (svd_batch "layer").
 json small_run(const test::TempDir& dir, const std::string& out, std::string optimizer) {
   const auto suffix = [&](const std::string& tail) {
     if (!optimizer.ends_with(tail)) return false;
@@ -64,6 +65,7 @@ json small_run(const test::TempDir& dir, const std::string& out, std::string opt
   const bool sampled = suffix("-sampled");
   const bool proximal = suffix("-proximal");
   const bool padded = suffix("-padded");
+  const bool batched = suffix("-batched");  // GaLore's refresh pass (svd_batch "layer")
   const bool lean = optimizer == "grass-lean";
   if (lean) optimizer = "grass";
   const std::string shard = dir.file("train.bin");
@@ -100,6 +102,7 @@ json small_run(const test::TempDir& dir, const std::string& out, std::string opt
     run["model"]["intermediate_size"] = 44;
     run["pad_ffn"] = "on";
   }
+  if (batched) run["optimizer"].update({{"svd", "randomized"}, {"svd_batch", "layer"}});
   return run;
 }
 
@@ -118,7 +121,7 @@ TEST_CASE("a resumed run continues bit for bit and so does metrics.jsonl", "[che
                "adamw-padded", "grass-lean-padded", "adamw-proximal", "grass-proximal",
                "grass-lean-proximal", "adamw-q8", "adamw-proximal-q8", "grass-q8",
                "grass-lean-q8", "grass-proximal-q8", "galore-q8", "flora-q8", "adamw-sampled",
-               "grass-sampled");
+               "grass-sampled", "galore-batched");
   const test::TempDir dir("grass_test_checkpoint");
   const RunConfig whole = parse(small_run(dir, "whole", optimizer));
   CHECK(model_memory_options(whole, storage_for(whole.precision, false)).fused_update ==
