@@ -44,9 +44,12 @@
 #   T11    GRASS against AdamW (issue 45 item 3): T5's 1B run with AdamW and with GRASS r=512
 #          (its refresh at step 0, outside the median), in alternating rounds A B A B on the one
 #          GPU; each run's median tok/s and MFU, and GRASS's tok/s over AdamW's (target >= 1.2x)
-#   T10    one 8-bit Adam step against bitsandbytes' CUDA kernel (tools/peers/bitsandbytes_check.py
-#          with build-gpu/quant8_codes; bitsandbytes from build-deps/python, which
-#          scripts/gpu_deps.sh copies out of tools/peers' torch2 environment)
+#   T10    the engine's 8-bit AdamW step at 1B's C x C and V x C tensors (the kernel lab's
+#          adamw_update_q8 rows, target <= 40 us for 2048²) and one ncu profile of its kernel;
+#          then one 8-bit Adam step against bitsandbytes' CUDA kernel, code for code, and
+#          bitsandbytes' step timed on the same tensors (tools/peers/bitsandbytes_check.py with
+#          build-gpu/quant8_codes; bitsandbytes from build-deps/python, which scripts/gpu_deps.sh
+#          copies out of tools/peers' torch2 environment)
 #   T12    weight streaming (issue 47, ../shared/WEIGHT_STREAMING.md §6; a call of its own:
 #          --only build,T12): the pinned link both ways, alone and at once (PyTorch,
 #          tools/gpu/link_probe.py), then 13B GRASS at 16 x 256 tokens resident and with
@@ -525,28 +528,69 @@ step_t9() {
 }
 
 # ---- T10 -----------------------------------------------------------------------------------------
+# Issue 46 item 1: the engine's 8-bit AdamW step on LLaMA-1B's tensors (the kernel lab's
+# adamw_update_q8 rows: C x C = 4,194,304 and V x C = 65,536,000 elements; target <= 40 us for
+# the first) and one ncu profile of its kernel (its time, DRAM and SM throughput); then one step
+# against bitsandbytes' CUDA kernel, code for code, and bitsandbytes' own step timed on the same
+# tensors (the engine's must be no slower).
 step_t10() {
-  local log=$logs/t10_bitsandbytes.log rc
-  begin T10 90 20 || return
+  local log=$logs/t10_bitsandbytes.log rc figure="" ok=1
+  begin T10 150 30 || return
   need_build T10 || return
+  local n_small="" eng_small="" n_large="" eng_large="" ncu_fig=""
+  if [ -x "$BUILD"/kernel_bench ] || [ $dry = 1 ]; then
+    run_cmd "$(cap $((LIM / 3)))" "$logs/t10_kernel_bench_q8.log" "$BUILD"/kernel_bench --model 1b \
+      --ops adamw --state-dtype q8 --csv "$logs/t10_q8.csv" || ok=0
+    if command -v ncu >/dev/null || [ $dry = 1 ]; then
+      run_cmd "$(cap $((LIM / 3)))" "$logs/t10_ncu.log" ncu --kernel-name regex:adamw_q8 --launch-count 1 \
+        --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+        --csv --log-file "$logs/t10_ncu.csv" "$BUILD"/kernel_bench --model 1b --ops adamw --state-dtype q8 --repeat 1
+    fi
+    if [ $dry = 0 ] && [ -s "$logs/t10_q8.csv" ]; then
+      # "n=4194304 (C x C), blocks of 256": each tensor's elements and microseconds
+      read -r n_small eng_small n_large eng_large < <(python3 -c 'import csv, sys
+rows = {r["shape"].split(" (")[1].split(")")[0]: (r["shape"].split(" ")[0][2:], float(r["ms"]) * 1000)
+        for r in csv.DictReader(open(sys.argv[1])) if r["op"] == "adamw_update_q8"}
+print(" ".join("%s %.1f" % rows[k] if k in rows else "? -" for k in ("C x C", "V x C")))' "$logs/t10_q8.csv")
+      eng_small=${eng_small#-} eng_large=${eng_large#-}
+    fi
+    if [ $dry = 0 ] && [ -s "$logs/t10_ncu.csv" ]; then
+      ncu_fig=$(python3 -c 'import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 14 and "adamw_q8" in r[4]]
+m = {r[12]: (r[14], r[13]) for r in rows}
+names = (("gpu__time_duration.sum", "time"), ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM"),
+         ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM"))
+print(", ".join("%s %s %s" % (label, *m[k]) for k, label in names if k in m))' "$logs/t10_ncu.csv")
+    fi
+    figure_row T10 engine adamw_q8_us_CxC "$eng_small" us
+    figure_row T10 engine adamw_q8_us_VxC "$eng_large" us
+    figure+="engine 8-bit AdamW step (kernel lab, 1B): ${n_small:-?} elements ${eng_small:-?} us (target <= 40 us at 4194304), ${n_large:-?} elements ${eng_large:-?} us; ncu: ${ncu_fig:-none}; "
+  fi
   if [ ! -d build-deps/python/bitsandbytes ]; then
-    record T10 "skipped (no bitsandbytes)" "scripts/gpu_deps.sh copies it into build-deps/python from tools/peers/setup_venv.sh torch2's environment"
+    [ -n "$eng_small" ] && { record T10 "$([ $ok = 1 ] && echo pass || echo fail)" "${figure}bitsandbytes: not here (scripts/gpu_deps.sh copies it into build-deps/python)"; return; }
+    record T10 "skipped (no bitsandbytes)" "${figure}scripts/gpu_deps.sh copies it into build-deps/python from tools/peers/setup_venv.sh torch2's environment"
     return
   fi
-  run_cmd "$LIM" "$log" env PYTHONPATH="$PWD/build-deps/python${PYTHONPATH:+:$PYTHONPATH}" \
+  run_cmd "$(cap $((LIM / 3)))" "$log" env PYTHONPATH="$PWD/build-deps/python${PYTHONPATH:+:$PYTHONPATH}" \
     "$PY" tools/peers/bitsandbytes_check.py --tool "$BUILD"/quant8_codes
   rc=$?
-  [ $dry = 1 ] && { record T10 dry-run "the bitsandbytes check printed"; return; }
+  [ $dry = 1 ] && { record T10 dry-run "the kernel lab's 8-bit rows, ncu, the bitsandbytes check and timing printed"; return; }
   if [ $rc = 77 ]; then
-    record T10 "skipped (no bitsandbytes)" "$(tail -1 "$log")"; return
+    record T10 "skipped (no bitsandbytes)" "${figure}$(tail -1 "$log")"; return
   fi
-  local cuda_line
-  cuda_line=$(grep 'adam step on cuda' "$log" | cut -c1-400)
+  local cuda_line bnb_small bnb_large
+  cuda_line=$(grep 'adam step on cuda' "$log" | head -1 | cut -c1-400)
   if [ $rc = 0 ] && [ -z "$cuda_line" ]; then
-    record T10 "skipped (torch saw no GPU)" "the CPU kernel's step passed; logs/t10_bitsandbytes.log"
+    record T10 "skipped (torch saw no GPU)" "${figure}the CPU kernel's step passed; logs/t10_bitsandbytes.log"
     return
   fi
-  record T10 "$(status_of $rc)" "${cuda_line:-see logs/t10_bitsandbytes.log}"
+  bnb_small=$(sed -n 's/^bitsandbytes 8-bit adam step on cuda: 4194304 elements \([0-9.]*\) us.*/\1/p' "$log")
+  bnb_large=$(sed -n 's/^bitsandbytes 8-bit adam step on cuda: .*, 65536000 elements \([0-9.]*\) us.*/\1/p' "$log")
+  figure_row T10 bitsandbytes adamw_q8_us_CxC "$bnb_small" us
+  figure_row T10 bitsandbytes adamw_q8_us_VxC "$bnb_large" us
+  figure+="bitsandbytes' step: 4194304 elements ${bnb_small:-?} us, 65536000 elements ${bnb_large:-?} us; ${cuda_line:-see logs/t10_bitsandbytes.log}"
+  [ $ok = 1 ] || rc=1
+  record T10 "$(status_of $rc)" "$figure"
 }
 
 # ---- bench ---------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@
 #                                                 tests/grass_gpu_emu_tests, make_synthetic_shard)
 # Then a second call, --only T12,T13 (weight streaming; issue 46's features), as a lease would
 # make it, and a third, --only T5 with nsys on the path: the profile through nsys, with the GPU's
-# idle time in a step.
+# idle time in a step; and a fourth, --only T10 with the emulator's kernel lab (--smoke) as
+# kernel_bench: the 8-bit AdamW rows and the ncu profile it reads.
 # Takes 4-6 minutes on 2 cores. Exit status 0 when the run's summary says what it should.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -52,7 +53,7 @@ log=/dev/stdout
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
     --log-file) log=$2; shift 2 ;;
-    --metrics|--clock-control|--target-processes) shift 2 ;;
+    --metrics|--clock-control|--target-processes|--kernel-name|--launch-count) shift 2 ;;
     *) shift ;;
   esac
 done
@@ -229,5 +230,25 @@ else
   echo "FAIL: T5's idle row in figures.csv"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
 fi
 if [ $rc = 0 ]; then echo "ok: T5 with nsys exits 0"; else echo "FAIL: T5 with nsys exits $rc"; fails=$((fails + 1)); fi
+# the fourth call: T10 with a kernel lab (the emulator's, at --smoke shapes), whose 8-bit AdamW
+# rows and ncu profile it reads; still no bitsandbytes here
+if [ -x "$emu/kernel_bench_emu" ]; then
+  printf '#!/bin/bash\nexec %q --smoke "$@"\n' "$emu/kernel_bench_emu" >"$fake/build/kernel_bench"
+  chmod +x "$fake/build/kernel_bench"
+  rm -f "$fake/out/figures.csv"
+  PATH="$fake/bin:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
+    OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build --only T10 --budget 300 >"$fake/run_t10.log" 2>&1
+  rc=$?
+  cat "$fake/run_t10.log"
+  expect "T10 reads the kernel lab's 8-bit AdamW rows" '^\| T10 \| pass \| engine 8-bit AdamW step \(kernel lab, 1B\): [0-9]+ elements [0-9.]+ us \(target <= 40 us at 4194304\), [0-9]+ elements [0-9.]+ us; ncu: [^;]*; bitsandbytes: not here'
+  if [ "$(csv_rows '^T10,engine,adamw_q8_us_[CV]xC,[0-9.]*,us$')" = 2 ]; then
+    echo "ok: T10's figures.csv rows"
+  else
+    echo "FAIL: T10's figures.csv rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
+  fi
+  if [ $rc = 0 ]; then echo "ok: T10 exits 0"; else echo "FAIL: T10 exits $rc"; fails=$((fails + 1)); fi
+else
+  echo "FAIL: $emu/kernel_bench_emu missing (cmake --build $emu --target kernel_bench_emu)"; fails=$((fails + 1))
+fi
 echo "fake_device_check: $fails failure(s)"
 [ $fails = 0 ]

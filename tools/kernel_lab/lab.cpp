@@ -17,6 +17,14 @@
 namespace grass::lab {
 
 namespace {
+// A CSV field as RFC 4180 writes it: quoted, its quotes doubled, where it holds a comma or a
+// quote (a shape such as "n=4194304 (C x C), blocks of 256").
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (const char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr int kSampleRows = 8;  // rows the CPU reference computes where a whole output is too slow
@@ -354,8 +362,8 @@ void Lab::report(const Model& m, const Row& row) {
   std::fflush(stdout);
   if (csv_)
     std::fprintf(csv_, "%s,%s,%s,%.6f,%.6f,%s,%s,%.3e,%.1e,%d,%d\n", row.op.c_str(),
-                 m.name.c_str(), row.shape.c_str(), row.ms, rate, unit, percent_text, row.err,
-                 row.tol, ok, row.derived);
+                 m.name.c_str(), csv_field(row.shape).c_str(), row.ms, rate, unit, percent_text,
+                 row.err, row.tol, ok, row.derived);
 }
 
 }  // namespace grass::lab

@@ -21,6 +21,11 @@ moment (up to rounding), or its zero-point rule moved a nonzero value off 0 or t
 The CUDA kernel decays the weight after the update (the engine and torch before it), so its step
 runs without weight decay.
 
+Where torch sees a GPU it then times bitsandbytes' CUDA step, the same call, on the tensors the
+kernel lab's adamw_update_q8 rows time for LLaMA-1B (C x C = 4,194,304 and V x C = 65,536,000
+elements, blocks of 256; fp32 weights and gradients): the median of 20 calls by CUDA events,
+after 3 warm-ups (issue 46: the engine's step must be no slower).
+
 Usage:  build/torch2-venv/bin/python tools/peers/bitsandbytes_check.py --tool build/quant8_codes
 """
 import argparse
@@ -159,6 +164,41 @@ def adam_step_check(tool, rng, device, weight_decay, tmp):
     return weight_bad > 0 or absmax_bad > 0 or farther > 0
 
 
+def time_adam_steps(block=256, reps=20):
+    """bitsandbytes' CUDA 8-bit Adam step on 1B's C x C and V x C tensors: median microseconds."""
+    dev = "cuda"
+    qmap1 = F.create_dynamic_map(signed=True).to(dev)
+    qmap2 = F.create_dynamic_map(signed=False).to(dev)
+    timed = []
+    for n in (2048 * 2048, 32000 * 2048):
+        blocks = (n + block - 1) // block
+        p = torch.randn(n, device=dev) * 0.02
+        g = torch.randn(n, device=dev) * 1e-3
+        m = torch.randint(0, 256, (n,), dtype=torch.uint8, device=dev)
+        v = torch.randint(128, 256, (n,), dtype=torch.uint8, device=dev)
+        m_absmax = torch.rand(blocks, device=dev) * 1e-3 + 1e-4
+        v_absmax = torch.rand(blocks, device=dev) * 1e-6 + 1e-7
+
+        def step():
+            torch.ops.bitsandbytes.optimizer_update_8bit_blockwise(
+                "adam", g, p, m, v, 0.9, 0.999, 0.0, 0.0, 1e-8, 7, 1e-3, qmap1, qmap2,
+                m_absmax, v_absmax, 0.0, 1.0, False)
+        for _ in range(3):
+            step()
+        us = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            us.append(start.elapsed_time(end) * 1000.0)
+        timed.append((n, sorted(us)[reps // 2]))
+    print("bitsandbytes 8-bit adam step on cuda: " +
+          ", ".join("%d elements %.1f us" % t for t in timed) +
+          " (median of %d, blocks of %d)" % (reps, block))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tool", required=True, help="the quant8_codes binary")
@@ -196,6 +236,7 @@ def main():
             failed = adam_step_check(args.tool, rng, "cpu", weight_decay, tmp) or failed
         if torch.cuda.is_available():
             failed = adam_step_check(args.tool, rng, "cuda", 0.0, tmp) or failed
+            time_adam_steps(args.block)
     print("FAILED" if failed else "passed")
     return 1 if failed else 0
 
