@@ -178,75 +178,67 @@ expect "a history row" '^\| [0-9-]+ \| [^|]+ \| FAKE H100 .* \| \*\*gpu_first_ru
 # figures.csv: a header, then one row per figure (T5's three runs, T11's four and their ratio,
 # T7's three runs)
 csv_rows() { grep -c "$1" "$fake/out/figures.csv" 2>/dev/null || echo 0; }
-if [ "$(head -1 "$fake/out/figures.csv" 2>/dev/null)" = "step,run,figure,value,unit" ] &&
-   [ "$(csv_rows '^T5,adamw,tokens_per_s,[0-9.]*,tok/s$')" = 1 ] &&
-   [ "$(csv_rows '^T5,adamw-auto,tokens_per_s,[0-9.]*,tok/s$')" = 1 ] &&
-   [ "$(csv_rows '^T11,[a-z]*-round[12],tokens_per_s,')" = 4 ] &&
-   [ "$(csv_rows '^T11,grass-over-adamw,tokens_per_s_ratio,[0-9.]*,x$')" = 1 ] &&
-   [ "$(csv_rows '^T7,13b-[0-9x]*,device_peak_gib,[0-9.]*,GiB$')" = 3 ]; then
-  echo "ok: figures.csv"
-else
-  echo "FAIL: figures.csv lacks rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
-fi
+rows_result() {  # rows_result DESCRIPTION STATUS: the rows' test passed (0), or FAIL and the file
+  if [ "$2" = 0 ]; then echo "ok: $1"; else
+    echo "FAIL: $1"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
+  fi
+}
+exit_result() {  # exit_result WHAT: the last call's exit status ($rc) was 0
+  if [ $rc = 0 ]; then echo "ok: $1: exit 0"; else echo "FAIL: $1: exit $rc"; fails=$((fails + 1)); fi
+}
+# further_call LOG BIN_DIR ARGS...: the script again with these arguments and BIN_DIR's stand-ins
+# first on the path, figures.csv afresh; its output shown, its status in rc
+further_call() {
+  local log=$1 bins=$2
+  shift 2
+  rm -f "$fake/out/figures.csv"
+  PATH="$bins:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
+    OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build "$@" >"$log" 2>&1
+  rc=$?
+  cat "$log"
+}
+[ "$(head -1 "$fake/out/figures.csv" 2>/dev/null)" = "step,run,figure,value,unit" ] &&
+  [ "$(csv_rows '^T5,adamw,tokens_per_s,[0-9.]*,tok/s$')" = 1 ] &&
+  [ "$(csv_rows '^T5,adamw-auto,tokens_per_s,[0-9.]*,tok/s$')" = 1 ] &&
+  [ "$(csv_rows '^T11,[a-z]*-round[12],tokens_per_s,')" = 4 ] &&
+  [ "$(csv_rows '^T11,grass-over-adamw,tokens_per_s_ratio,[0-9.]*,x$')" = 1 ] &&
+  [ "$(csv_rows '^T7,13b-[0-9x]*,device_peak_gib,[0-9.]*,GiB$')" = 3 ]
+rows_result "figures.csv" $?
 if [ -s "$fake/out/first_run_logs.tar.gz" ]; then echo "ok: logs packed"; else echo "FAIL: no logs tarball"; fails=$((fails + 1)); fi
-if [ $rc = 0 ]; then echo "ok: exit 0"; else echo "FAIL: exit $rc"; fails=$((fails + 1)); fi
+exit_result "the first call"
 # the call of its own (T12, T13): the link probe (skipped without CUDA), then the two 13B runs
 # (the shrunk model: offload auto has nothing to move) with equal losses and a ratio; then the
-# six 1B runs of issue 46 (shrunk), their ratios, GaLore's refresh step and its staggered run
-rm -f "$fake/out/figures.csv"
-PATH="$fake/bin:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
-  OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build --only T12,T13 --budget 600 >"$fake/run_t12.log" 2>&1
-rc=$?
-cat "$fake/run_t12.log"
+# seven 1B runs of issue 46 (shrunk), their ratios, GaLore's refresh steps and its staggered run
+further_call "$fake/run_t12.log" "$fake/bin" --only T12,T13 --budget 600
 expect "T12 runs 13B resident against streamed, losses equal" '^\| T12 \| pass \| link: (skipped \(no (torch|CUDA)\)|[0-9]+ MiB H2D).*13B GRASS 16x256: resident [0-9.]+ tok/s, streamed \(.*\) [0-9.]+ tok/s: [0-9.]+x \(target >= 0\.8x\); losses equal: yes'
-if [ "$(csv_rows '^T12,13b-16x256-[a-z]*,tokens_per_s,')" = 2 ] &&
-   [ "$(csv_rows '^T12,streamed-over-resident,tokens_per_s_ratio,[0-9.]*,x$')" = 1 ]; then
-  echo "ok: T12's figures.csv rows"
-else
-  echo "FAIL: T12's figures.csv rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
-fi
+[ "$(csv_rows '^T12,13b-16x256-[a-z]*,tokens_per_s,')" = 2 ] &&
+  [ "$(csv_rows '^T12,streamed-over-resident,tokens_per_s_ratio,[0-9.]*,x$')" = 1 ]
+rows_result "T12's figures.csv rows" $?
 expect "T13 times q8, wta-crs (side stream and inline) and GaLore's refresh" '^\| T13 \| pass \| 1B 16x256: plain [0-9.]+ tok/s; q8 [0-9.]+ \([0-9.]+x, target >= 0\.95x\); wta-crs [0-9.]+ \([0-9.]+x, target >= 0\.95x; on the compute stream [0-9.]+: side stream [0-9.]+x\); GaLore r=512: refresh step [0-9]+ [0-9.]+ ms \(target <= 1000 ms\), range finder [0-9.]+ ms, eigensolver [0-9.]+ ms; batched per layer \(svd_batch "layer"\): refresh step [0-9]+ [0-9.]+ ms, range finder [0-9.]+ ms, eigensolver [0-9.]+ ms; staggered, the slowest step after the first [0-9.]+ ms'
-if [ "$(csv_rows '^T13,[a-z0-9-]*,tokens_per_s,')" = 7 ] &&
-   [ "$(csv_rows '^T13,[a-z0-9-]*-over-[a-z]*,tokens_per_s_ratio,[0-9.]*,x$')" = 3 ] &&
-   [ "$(csv_rows '^T13,galore-refresh,[a-z_]*,[0-9.]*,ms$')" = 3 ] &&
-   [ "$(csv_rows '^T13,galore-batched,[a-z_]*,[0-9.]*,ms$')" = 3 ] &&
-   [ "$(csv_rows '^T13,galore-staggered,slowest_step_ms,[0-9.]*,ms$')" = 1 ]; then
-  echo "ok: T13's figures.csv rows"
-else
-  echo "FAIL: T13's figures.csv rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
-fi
-if [ $rc = 0 ]; then echo "ok: T12 and T13 exit 0"; else echo "FAIL: T12 and T13 exit $rc"; fails=$((fails + 1)); fi
+[ "$(csv_rows '^T13,[a-z0-9-]*,tokens_per_s,')" = 7 ] &&
+  [ "$(csv_rows '^T13,[a-z0-9-]*-over-[a-z]*,tokens_per_s_ratio,[0-9.]*,x$')" = 3 ] &&
+  [ "$(csv_rows '^T13,galore-refresh,[a-z_]*,[0-9.]*,ms$')" = 3 ] &&
+  [ "$(csv_rows '^T13,galore-batched,[a-z_]*,[0-9.]*,ms$')" = 3 ] &&
+  [ "$(csv_rows '^T13,galore-staggered,slowest_step_ms,[0-9.]*,ms$')" = 1 ]
+rows_result "T13's figures.csv rows" $?
+exit_result "T12 and T13"
 # the third call: T5 with nsys, whose tables give the shares and the last step's idle time (1 ms
 # of wall, 0.8 ms of kernels, one 0.1 ms gap between them)
-rm -f "$fake/out/figures.csv"
-PATH="$fake/nsys_bin:$fake/bin:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
-  OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build --only T5 --budget 400 >"$fake/run_t5.log" 2>&1
-rc=$?
-cat "$fake/run_t5.log"
+further_call "$fake/run_t5.log" "$fake/nsys_bin:$fake/bin" --only T5 --budget 400
 expect "T5 profiles with nsys and says how long the GPU idles" '^\| T5 \| pass \| .*nsys: GEMM 60\.0%, attention 30\.0%, other 10\.0%.*; GPU idle in the last step: wall 1\.00 ms, GPU busy 0\.80 ms, idle 0\.20 ms \(20\.0%\), 0\.10 ms of it between kernels \(gaps: 1\)'
-if [ "$(csv_rows '^T5,adamw,gpu_idle_last_step,20\.0,%$')" = 1 ]; then
-  echo "ok: T5's idle row in figures.csv"
-else
-  echo "FAIL: T5's idle row in figures.csv"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
-fi
-if [ $rc = 0 ]; then echo "ok: T5 with nsys exits 0"; else echo "FAIL: T5 with nsys exits $rc"; fails=$((fails + 1)); fi
+[ "$(csv_rows '^T5,adamw,gpu_idle_last_step,20\.0,%$')" = 1 ]
+rows_result "T5's idle row in figures.csv" $?
+exit_result "T5 with nsys"
 # the fourth call: T10 with a kernel lab (the emulator's, at --smoke shapes), whose 8-bit AdamW
 # rows and ncu profile it reads; still no bitsandbytes here
 if [ -x "$emu/kernel_bench_emu" ]; then
   printf '#!/bin/bash\nexec %q --smoke "$@"\n' "$emu/kernel_bench_emu" >"$fake/build/kernel_bench"
   chmod +x "$fake/build/kernel_bench"
-  rm -f "$fake/out/figures.csv"
-  PATH="$fake/bin:$PATH" OUT="$fake/out" GRASS_BUILD_DIR="$fake/build" PYTHON="$fake/python" \
-    OMP_NUM_THREADS=2 scripts/gpu_first_run.sh --skip-build --only T10 --budget 300 >"$fake/run_t10.log" 2>&1
-  rc=$?
-  cat "$fake/run_t10.log"
+  further_call "$fake/run_t10.log" "$fake/bin" --only T10 --budget 300
   expect "T10 reads the kernel lab's 8-bit AdamW rows" '^\| T10 \| pass \| engine 8-bit AdamW step \(kernel lab, 1B\): [0-9]+ elements [0-9.]+ us \(target <= 40 us at 4194304\), [0-9]+ elements [0-9.]+ us; ncu: [^;]*; bitsandbytes: not here'
-  if [ "$(csv_rows '^T10,engine,adamw_q8_us_[CV]xC,[0-9.]*,us$')" = 2 ]; then
-    echo "ok: T10's figures.csv rows"
-  else
-    echo "FAIL: T10's figures.csv rows"; cat "$fake/out/figures.csv" 2>/dev/null; fails=$((fails + 1))
-  fi
-  if [ $rc = 0 ]; then echo "ok: T10 exits 0"; else echo "FAIL: T10 exits $rc"; fails=$((fails + 1)); fi
+  [ "$(csv_rows '^T10,engine,adamw_q8_us_[CV]xC,[0-9.]*,us$')" = 2 ]
+  rows_result "T10's figures.csv rows" $?
+  exit_result "T10"
 else
   echo "FAIL: $emu/kernel_bench_emu missing (cmake --build $emu --target kernel_bench_emu)"; fails=$((fails + 1))
 fi
