@@ -260,6 +260,16 @@ int64_t solver_work_floats(cusolverDnHandle_t solver, int m, int k) {
 
 namespace {
 
+// GRASS_GALORE_TIMERS=1: the start of a phase (an end: -1), and a refresh's end for `targets`
+void mark(cudaStream_t stream, int phase) {
+  if (ops::galore_timers_enabled()) phase_timers().mark(stream, phase);
+}
+void mark_end(cudaStream_t stream, int targets) {
+  if (!ops::galore_timers_enabled()) return;
+  phase_timers().mark(stream, -1);
+  phase_timers().targets += targets;
+}
+
 // The range finder of one target up to Rayleigh-Ritz: Qt[k, m] (orthonormal) into Qt and
 // S = B·Bᵀ [k, k] into S, the QRs' infos kept in status[0..1].
 void sketch(const Context& ctx, cusolverDnHandle_t solver, float* Qt, float* S, const float* G,
@@ -282,11 +292,7 @@ void sketch(const Context& ctx, cusolverDnHandle_t solver, float* Qt, float* S, 
   const auto times_at = [&](const float* Zt, float* Qt) {  // Qt[k, m] = Zt[k, n]·Aᵀ[n, m]
     gemm_f32(ctx, false, rows, k, m, n, Zt, n, G, in, 0.0f, Qt, m);
   };
-  const bool timed = ops::galore_timers_enabled();
-  PhaseTimers& timers = phase_timers();
-  const auto phase = [&](ops::GalorePhase p) {
-    if (timed) timers.mark(ctx.stream, int(p));
-  };
+  const auto phase = [&](ops::GalorePhase p) { mark(ctx.stream, int(p)); };
   phase(ops::GalorePhase::TestMatrix);
   test_matrix_kernel<<<unsigned(ceil_div(int64_t(n) * k, kThreads)), kThreads, 0, ctx.stream>>>(
       ws.z, seed, n, k);
@@ -324,10 +330,6 @@ void vectors_to_p(const Context& ctx, float* P, const float* Qt, const float* S,
   GRASS_LAUNCH_CHECK();
 }
 
-void mark(int phase, cudaStream_t stream) {
-  if (ops::galore_timers_enabled()) phase_timers().mark(stream, phase);
-}
-
 }  // namespace
 
 void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, float* P,
@@ -337,18 +339,15 @@ void galore_basis_randomized(const Context& ctx, cusolverDnHandle_t solver, floa
   const int m = rows ? out : in, k = ops::galore_sketch_columns(out, in, r, oversample);
   const Workspace ws = carve(workspace, workspace_bytes, std::max(out, in), k, r);
   sketch(ctx, solver, ws.q, ws.s, G, out, in, r, rows, seed, power_iters, oversample, ws, status);
-  mark(int(ops::GalorePhase::Eigensolver), ctx.stream);
+  mark(ctx.stream, int(ops::GalorePhase::Eigensolver));
   GRASS_CUSOLVER_CHECK(cusolverDnSsyevd(solver, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER,
                                         k, ws.s, k, ws.lambda, ws.work, int(ws.work_floats),
                                         ws.info + 2));
   keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status + 2, ws.info + 2, 1);
   GRASS_LAUNCH_CHECK();
-  mark(int(ops::GalorePhase::P), ctx.stream);
+  mark(ctx.stream, int(ops::GalorePhase::P));
   vectors_to_p(ctx, P, ws.q, ws.s, m, k, r, ws);
-  if (ops::galore_timers_enabled()) {
-    phase_timers().mark(ctx.stream, -1);
-    phase_timers().targets++;
-  }
+  mark_end(ctx.stream, 1);
 }
 
 void galore_sketch(const Context& ctx, cusolverDnHandle_t solver, const float* G, int out, int in,
@@ -361,7 +360,7 @@ void galore_sketch(const Context& ctx, cusolverDnHandle_t solver, const float* G
   const Workspace ws = carve(workspace, workspace_bytes, std::max(out, in), k, r);
   const GaloreSlot at = galore_slot(batch, layout, slot, k);
   sketch(ctx, solver, at.Q, at.S, G, out, in, r, rows, seed, power_iters, oversample, ws, status);
-  mark(-1, ctx.stream);
+  mark(ctx.stream, -1);
 }
 
 void galore_finish(const Context& ctx, cusolverDnHandle_t solver, cusolverDnParams_t params,
@@ -378,30 +377,26 @@ void galore_finish(const Context& ctx, cusolverDnHandle_t solver, cusolverDnPara
   int max_side = 0;
   for (int i = 0; i < count; i++) max_side = std::max(max_side, sides[i]);
   const Workspace ws = carve(workspace, workspace_bytes, max_side, k, r);
-  mark(int(ops::GalorePhase::Eigensolver), ctx.stream);
+  mark(ctx.stream, int(ops::GalorePhase::Eigensolver));
   int* info = reinterpret_cast<int*>(b + layout.info);
   GRASS_CUSOLVER_CHECK(cusolverDnXsyevBatched(
       solver, params, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, k, CUDA_R_32F,
       b + layout.s, k, CUDA_R_32F, b + layout.lambda, CUDA_R_32F, b + layout.work,
       size_t(layout.work_bytes), host_work.data(), host_bytes, info, count));
-  mark(int(ops::GalorePhase::P), ctx.stream);
+  mark(ctx.stream, int(ops::GalorePhase::P));
   for (int i = 0; i < count; i++) {
     keep_status_kernel<<<1, 32, 0, ctx.stream>>>(status + 2, info + i, 1);
     GRASS_LAUNCH_CHECK();
     const GaloreSlot at = galore_slot(batch, layout, i, k);
     vectors_to_p(ctx, P[i], at.Q, at.S, sides[i], k, r, ws);
   }
-  if (ops::galore_timers_enabled()) {
-    phase_timers().mark(ctx.stream, -1);
-    phase_timers().targets += count;
-  }
+  mark_end(ctx.stream, count);
 }
 
 void check_batched_eig_work(cusolverDnHandle_t solver, cusolverDnParams_t params, int k,
                             int slots, const GaloreBatchLayout& layout) {
-  size_t host_bytes = 0;
   for (int count = 1; count <= slots; count++) {
-    const int64_t asked = batched_eig_work_bytes(solver, params, k, count, &host_bytes);
+    const int64_t asked = batched_eig_work_bytes(solver, params, k, count);
     if (asked > layout.work_bytes)
       throw UserError("GaLore's batched refresh: cuSOLVER asks for " + format_bytes(asked) +
                       " of work space for " + std::to_string(count) + " eigenproblems of " +

@@ -69,6 +69,13 @@ LowRankOptimizer::LowRankOptimizer(const OptimizerConfig& cfg, LlamaModel& model
     full_grad_ = arena.alloc<float>(MemCategory::Workspace, name + ".refresh_gradient", largest);
 }
 
+const float* LowRankOptimizer::full_gradient(size_t k, const void* dy, const void* x, int64_t N) {
+  const Target& t = targets_[k];
+  backend_.full_weight_grad(full_grad_, dy, x, N, t.in, t.out, 0, t.out);
+  comm_.all_reduce_sum(full_grad_, int64_t(t.out) * t.in, Element::F32);
+  return full_grad_;
+}
+
 size_t LowRankOptimizer::index_of(int tensor) const {
   const int k = target_of_tensor_.at(size_t(tensor));
   GRASS_CHECK(k >= 0, std::string("a tensor that is not a ") + name() + " target");
@@ -83,12 +90,7 @@ void LowRankOptimizer::accumulate(int tensor, void* R, const void* dy, const voi
                                   bool x_selected) {
   GRASS_CHECK(!x_selected, "GaLore and FLORA read their targets' inputs whole");
   const size_t k = index_of(tensor);
-  const Target& t = targets_[k];
-  if (needs_full_gradient(k)) {  // the refresh's transient full gradient, one weight at a time
-    backend_.full_weight_grad(full_grad_, dy, x, N, t.in, t.out, 0, t.out);
-    comm_.all_reduce_sum(full_grad_, int64_t(t.out) * t.in, Element::F32);
-    refresh_from(k, full_grad_);
-  }
+  if (needs_full_gradient(k)) refresh_from(k, full_gradient(k, dy, x, N));
   // R from the activations with this step's projection, refresh steps included: the same as
   // projecting the full gradient (R is linear in it), on one code path.
   backend_.lowrank_compressed_grad(R, scratch_, workspace_, dy, x, N, view(k, projection(k)));
@@ -276,10 +278,9 @@ void GaLore::refresh_pass_projected(int tensor, const void* dy, const void* x, i
   if (!pending_.empty() && (layer != pending_layer_ || sketch_k != pending_k_ ||
                             int(pending_.size()) == batch_slots_))
     finish_batch();
-  backend_.full_weight_grad(full_grad_, dy, x, N, t.in, t.out, 0, t.out);
-  comm_.all_reduce_sum(full_grad_, int64_t(t.out) * t.in, Element::F32);
-  backend_.galore_sketch(full_grad_, t.out, t.in, rank_, t.rows, method_for(k), batch_,
-                         batch_layout_, int(pending_.size()), basis_workspace_, refresh_status_);
+  backend_.galore_sketch(full_gradient(k, dy, x, N), t.out, t.in, rank_, t.rows, method_for(k),
+                         batch_, batch_layout_, int(pending_.size()), basis_workspace_,
+                         refresh_status_);
   pending_.push_back(k);
   pending_layer_ = layer;
   pending_k_ = sketch_k;

@@ -72,6 +72,8 @@ class LowRankOptimizer : public Optimizer {
   // refresh), and doing so from g [out, in].
   virtual bool needs_full_gradient(size_t k) const { (void)k; return false; }
   virtual void refresh_from(size_t k, const float* g) { (void)k; (void)g; }
+  // Target k's full gradient dyᵀ·x, summed over the ranks, in the transient buffer (fp32 [out, in]).
+  const float* full_gradient(size_t k, const void* dy, const void* x, int64_t N);
   // At the start of target k's update, its moments held (FLORA's transfer).
   virtual void before_update(size_t k) { (void)k; }
   // The bound on the RMS of an update (ops::lowrank_adam_update's max_rms); 0: none.
