@@ -68,9 +68,15 @@ constexpr double kGalorePotrfShift = 1;
 // same, the orthonormality only approximate). Each column of P is then sign-normalised as
 // galore_basis's. Its subspace is the exact one's to within a principal angle that shrinks as
 // (σ_{k+1}/σ_r)^(2·power_iters+1) (tests/test_lowrank.cpp measures it).
+// warm_start (the CPU only, for tools/galore_warm_start.cpp's study; no run uses it): P holds the
+// target's previous projection [side, r] on entry, and the range finder starts from it instead of
+// from A·Ω: Y = [P_prev | G_rest] with G_rest[side, k - r] = normal(seed, i) / √side, then the
+// power iterations (at least one). It saves the product A·Ω and no factorisation, and on a 60M
+// run's gradients one warm power iteration is further from the exact subspace than two fresh
+// ones (docs/lowrank.md, "A warm-started refresh, measured on real gradients").
 template <typename T>
 void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows, uint64_t seed,
-                             int power_iters, int oversample);
+                             int power_iters, int oversample, bool warm_start = false);
 // Its two halves, so that several targets' eigenproblems can be solved in one batched call (GaLore's
 // optimizer.svd_batch "layer"): galore_sketch runs it up to Rayleigh-Ritz, Q[side, k] (orthonormal)
 // and S = B·Bᵀ [k, k]; galore_finish solves S's eigenproblem (S is overwritten) and writes P[side, r]
@@ -80,7 +86,7 @@ inline int galore_sketch_columns(int out, int in, int r, int oversample) {
 }
 template <typename T>
 void galore_sketch(T* Q, T* S, const T* G, int out, int in, int r, bool rows, uint64_t seed,
-                   int power_iters, int oversample);
+                   int power_iters, int oversample, const T* warm = nullptr);
 template <typename T>
 void galore_finish(T* P, const T* Q, T* S, int side, int k, int r);
 

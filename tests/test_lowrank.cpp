@@ -519,6 +519,51 @@ TEST_CASE("galore_basis_randomized spans the top-r singular subspace", "[lowrank
   }
 }
 
+TEST_CASE("galore_basis_randomized's warm start keeps the subspace it starts from", "[lowrank]") {
+  // Started from a P that spans the top-r subspace exactly, one power iteration keeps it exactly
+  // (the Rayleigh-Ritz step sees U_r inside its basis, and U_r's Ritz values are the top ones) on
+  // a spectrum with no gap (0.9^j), where a fresh start at one power iteration is far off. The
+  // study this serves: tools/galore_warm_start.cpp, docs/lowrank.md ("Warm start").
+  const int out = 96, in = 64, r = 8, k = std::min(out, in);
+  std::vector<double> spectrum(static_cast<size_t>(k));
+  for (int j = 0; j < k; j++) spectrum[size_t(j)] = std::pow(0.9, j);
+  std::vector<double> U, V;
+  const std::vector<double> Gd = with_spectrum<double>(out, in, spectrum, &U, &V);
+  const std::vector<float> Gf(Gd.begin(), Gd.end());
+  for (const bool rows : {true, false}) {
+    INFO("rows " << rows);
+    const int side = rows ? out : in;
+    const std::vector<double>& E = rows ? U : V;
+    // another basis of the exact subspace, E_r·(I + C/2) with C the cyclic shift (invertible:
+    // its eigenvalues 1 + ω/2 are never 0): the warm start must not need the vectors themselves
+    std::vector<double> start(size_t(side) * r, 0.0);
+    for (int i = 0; i < side; i++)
+      for (int j = 0; j < r; j++)
+        start[size_t(i) * r + j] = E[size_t(i) * k + j] + 0.5 * E[size_t(i) * k + (j + 1) % r];
+    std::vector<double> warm = start, fresh(start.size());
+    std::vector<float> warm_f(start.begin(), start.end());
+    ops::galore_basis_randomized(warm.data(), Gd.data(), out, in, r, rows, 77, 1, 8, true);
+    ops::galore_basis_randomized(warm_f.data(), Gf.data(), out, in, r, rows, 77, 1, 8, true);
+    ops::galore_basis_randomized(fresh.data(), Gd.data(), out, in, r, rows, 77, 1, 8);
+    const double sine_warm = test::subspace_sine(E, k, warm, side, r),
+                 sine_fresh = test::subspace_sine(E, k, fresh, side, r);
+    INFO("sin(largest principal angle): warm " << sine_warm << ", fresh " << sine_fresh);
+    CHECK(orthonormality_error(warm, side, r) < 1e-12);
+    CHECK(orthonormality_error(warm_f, side, r) < 1e-5);
+    CHECK(sine_warm < 1e-10);
+    CHECK(test::subspace_sine(E, k, warm_f, side, r) < 1e-4);
+    CHECK(sine_fresh > 1e-3);
+    CHECK(rel_err(warm, sign_normalised(E, side, k, r)) < 1e-8);  // the exact vectors, signs too
+    // a function of (G, P_prev, seed)
+    std::vector<double> again = start;
+    ops::galore_basis_randomized(again.data(), Gd.data(), out, in, r, rows, 77, 1, 8, true);
+    CHECK(again == warm);
+  }
+  std::vector<float> P(size_t(out) * r, 0.5f);
+  CHECK_THROWS_WITH(ops::galore_basis_randomized(P.data(), Gf.data(), out, in, r, true, 77, 0, 8, true),
+                    Catch::Contains("a warm start needs a power iteration"));
+}
+
 TEST_CASE("galore_basis_randomized takes a rank-deficient or zero gradient", "[lowrank]") {
   // A gradient of rank 6 < k = r + 8: the power iterations' Grams YᵀY are singular, which plain
   // CholeskyQR cannot factor; the shift keeps them positive definite and the span exact, so P is

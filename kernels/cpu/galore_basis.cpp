@@ -243,10 +243,11 @@ void galore_basis(T* P, const T* G, int out, int in, int r, bool rows) {
 
 template <typename T>
 void galore_sketch(T* Q, T* S, const T* G, int out, int in, int r, bool rows, uint64_t seed,
-                   int power_iters, int oversample) {
+                   int power_iters, int oversample, const T* warm) {
   const int m = rows ? out : in, n = rows ? in : out;
   GRASS_CHECK(r >= 1 && r <= std::min(m, n), "galore_basis_randomized: rank outside [1, min(out, in)]");
   GRASS_CHECK(power_iters >= 0 && oversample >= 0, "galore_basis_randomized: negative parameters");
+  GRASS_CHECK(!warm || power_iters >= 1, "galore_basis_randomized: a warm start needs a power iteration");
   const int k = galore_sketch_columns(out, in, r, oversample);
   // A·X for X[n, k] and Aᵀ·X for X[m, k], with A = G (rows) or Gᵀ (cols), G row-major [out, in]
   const auto times_a = [&](const std::vector<T>& X, std::vector<T>& Y) {  // Y[m, k]
@@ -257,11 +258,20 @@ void galore_sketch(T* Q, T* S, const T* G, int out, int in, int r, bool rows, ui
   };
   PhaseClock clock(galore_timers_enabled());
   clock.start(GalorePhase::TestMatrix);
-  std::vector<T> omega(size_t(n) * k), Y(size_t(m) * k), Z(size_t(n) * k);
-  for (size_t i = 0; i < omega.size(); i++) omega[i] = T(normal(seed, i));
+  std::vector<T> Y(size_t(m) * k), Z(size_t(n) * k);
+  if (warm) {  // Y = [P_prev | Gaussian columns scaled to about unit norm], in place of A·Ω
+    const T scale = T(1) / std::sqrt(T(m));
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < k; j++)
+        Y[size_t(i) * k + j] = j < r ? warm[size_t(i) * r + j]
+                                     : T(normal(seed, size_t(i) * (k - r) + (j - r))) * scale;
+  } else {
+    std::vector<T> omega(size_t(n) * k);
+    for (size_t i = 0; i < omega.size(); i++) omega[i] = T(normal(seed, i));
+    clock.start(GalorePhase::Gemm);
+    times_a(omega, Y);
+  }
   // Householder QR for the basis the Rayleigh-Ritz step reads, CholeskyQR2 for those before it
-  clock.start(GalorePhase::Gemm);
-  times_a(omega, Y);
   for (int it = 0; it < power_iters; it++) {
     clock.start(GalorePhase::Qr);
     cholesky_qr2(Y, m, k);
@@ -308,17 +318,20 @@ void galore_finish(T* P, const T* Q, T* S, int side, int k, int r) {
 
 template <typename T>
 void galore_basis_randomized(T* P, const T* G, int out, int in, int r, bool rows, uint64_t seed,
-                             int power_iters, int oversample) {
+                             int power_iters, int oversample, bool warm_start) {
   const int side = rows ? out : in, k = galore_sketch_columns(out, in, r, oversample);
   std::vector<T> Q(size_t(side) * k), S(size_t(k) * k);
-  galore_sketch(Q.data(), S.data(), G, out, in, r, rows, seed, power_iters, oversample);
+  galore_sketch(Q.data(), S.data(), G, out, in, r, rows, seed, power_iters, oversample,
+                warm_start ? P : nullptr);
   galore_finish(P, Q.data(), S.data(), side, k, r);
 }
 
 #define INSTANTIATE(T)                                                                          \
   template void galore_basis<T>(T*, const T*, int, int, int, bool);                             \
-  template void galore_basis_randomized<T>(T*, const T*, int, int, int, bool, uint64_t, int, int); \
-  template void galore_sketch<T>(T*, T*, const T*, int, int, int, bool, uint64_t, int, int);    \
+  template void galore_basis_randomized<T>(T*, const T*, int, int, int, bool, uint64_t, int, int, \
+                                           bool);                                               \
+  template void galore_sketch<T>(T*, T*, const T*, int, int, int, bool, uint64_t, int, int,     \
+                                 const T*);                                                     \
   template void galore_finish<T>(T*, const T*, T*, int, int, int);
 INSTANTIATE(float)
 INSTANTIATE(double)
