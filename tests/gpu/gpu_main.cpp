@@ -1,13 +1,11 @@
 // Runner for the GPU tests: exits 77 (ctest's SKIP_RETURN_CODE) when no GPU is usable, so a
 // machine without one reports these tests as skipped, never as passed. Both lines go to stderr:
 // stdout is Catch's (ctest lists the test names from it).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <cstdio>
 
 #include "kernels/cpu/blas_kernels.h"
 #include "kernels/cuda/device.h"
+#include "tests/catch_session.h"
 
 int main(int argc, char** argv) {
   grass::reload_with_supported_openblas_kernels(argv);  // the CPU references' GEMMs
@@ -17,5 +15,5 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::fprintf(stderr, "GPU: %s\n", probe.description.c_str());
-  return Catch::Session().run(argc, argv);
+  return grass::testing::run_catch_session(argc, argv);
 }
