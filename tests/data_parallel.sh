@@ -94,11 +94,13 @@ case_run fused_grass2 2 8 --set fused_update=on "${grass[@]}"
 # bf16 gradients, each rank's rounded before the sum (1e-2).
 # GRASS_BUCKET_MB=0: each gradient's sum starts the moment the step hands it over, so a sum started
 # before its gradient is complete would miss a part.
+# Four steps (GRASS refreshes at steps 1 and 4): the emulator takes about a second a step.
 export GRASS_BUCKET_MB=0
-emu=(--set device=cuda --set precision=bf16-mixed "${grass[@]}")
+emu=(--set device=cuda --set precision=bf16-mixed --set steps=4 "${grass[@]}")
 bin=$GRASS_EMU tol=1e-3 case_run emu_grass2 2 2 "${emu[@]}"
 grep -q "gradients through NCCL" "$tmp/emu_grass2.dp.log" || fail "emu_grass2: the gradients did not go through NCCL"
-bin=$GRASS_EMU tol=1e-2 case_run emu_bf16_fused2 2 8 --set device=cuda --set precision=bf16 "${grass[@]}"
+bin=$GRASS_EMU tol=1e-2 case_run emu_bf16_fused2 2 8 --set device=cuda --set precision=bf16 --set steps=4 \
+  "${grass[@]}"
 grep -q "updates fused into the backward" "$tmp/emu_bf16_fused2.dp.log" || fail "emu_bf16_fused2: not fused"
 # And once more with deferred, adversarial streams (tests/cuda_emu/streams.h): each rank's sums
 # run when their stream gets to them, so they must wait for the backward's kernels through the
