@@ -22,6 +22,7 @@ INFRASTRUCTURE = {
         "blas_kernels.cpp": "which OpenBLAS kernels run, and the reload with supported ones",
         "blas_kernels.h": "which OpenBLAS kernels run, and the reload with supported ones",
         "quant8_step.h": "the 8-bit optimizer steps' dequantize-step-requantize loop",
+        "parallel.h": "the work below which an op's loop runs on one thread",
         "copy_queue.cpp": "the copy thread behind copy_async (offload), and its lazy test mode",
         "copy_queue.h": "the copy thread behind copy_async (offload), and its lazy test mode",
     },

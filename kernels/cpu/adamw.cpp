@@ -1,6 +1,7 @@
 // Decoupled AdamW, exactly torch.optim.AdamW's arithmetic order (so the PyTorch fixture matches).
 #include <cmath>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/quant8_step.h"
 #include "kernels/ops.h"
 
@@ -21,7 +22,7 @@ void adamw_loop(T* p, const T* g, T* m, T* v, int64_t n, const AdamArgs& a) {
   const T e = T(s.eps), gs = T(host_grad_scale(a));
   T* const anchor = static_cast<T*>(a.anchor);
   const T pc = T(a.proximal_coef);
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (n >= kParallelWork)
   for (int64_t i = 0; i < n; i++) {
     T gi = g[i] * gs;
     if constexpr (kProximal == Proximal::Reset) anchor[i] = p[i];

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 
 namespace grass::ops {
@@ -24,7 +25,8 @@ void attention_forward(T* out, T* probs, QkvRows<const T*> qkv, int B, int T_, i
   const int group = NH / NKV;  // query heads per kv head
   const T scale = T(1.0 / std::sqrt(double(HD)));
   const int ldq = int(qkv.ldq), ldk = int(qkv.ldk), ldv = int(qkv.ldv), ldo = NH * HD;
-#pragma omp parallel for collapse(2) schedule(dynamic)
+#pragma omp parallel for collapse(2) schedule(dynamic) \
+    if (int64_t(B) * NH * T_ * T_ * HD >= kParallelWork)
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
       const int g = h / group;
@@ -63,7 +65,8 @@ void attention_backward(QkvRows<T*> d, T* scratch, const T* dout, QkvRows<const 
   const int ldq = int(qkv.ldq), ldk = int(qkv.ldk), ldv = int(qkv.ldv), ldo = NH * HD;
   const int lddq = int(d.ldq), lddk = int(d.ldk), lddv = int(d.ldv);
   // One task per (batch, kv head): the query heads of a group all add into the same dk, dv.
-#pragma omp parallel for collapse(2) schedule(dynamic)
+#pragma omp parallel for collapse(2) schedule(dynamic) \
+    if (int64_t(B) * NH * T_ * T_ * HD >= kParallelWork)
   for (int b = 0; b < B; b++)
     for (int g = 0; g < NKV; g++) {
       const int64_t row0 = int64_t(b) * T_;  // the batch's first row

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 
 namespace grass::ops {
@@ -14,7 +15,7 @@ double cross_entropy_forward(T* lse, int64_t* valid, const T* logits, const int3
   // thread count nor the threads' timing (an omp reduction adds the threads' partial sums in the
   // order they finish, which differs from run to run once there are three threads or more).
   std::vector<double> row_loss(size_t(N), 0.0);
-#pragma omp parallel for
+#pragma omp parallel for if (N * V >= kParallelWork)
   for (int64_t n = 0; n < N; n++) {
     const T* row = logits + n * V;
     T mx = row[0];
@@ -40,7 +41,7 @@ template <typename T>
 void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets,
                             int64_t N, int V, double dloss_scale) {
   const T scale = T(dloss_scale);
-#pragma omp parallel for
+#pragma omp parallel for if (N * V >= kParallelWork)
   for (int64_t n = 0; n < N; n++) {
     const T* row = logits + n * V;
     T* drow = dlogits + n * V;

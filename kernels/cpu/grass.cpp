@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/quant8_step.h"
 #include "kernels/ops.h"
 
@@ -14,7 +15,7 @@ namespace grass::ops {
 template <typename T>
 void grass_gather_columns(T* dst, const T* source, const int32_t* sigma, const T* rho, int64_t N,
                           int width, int r) {
-#pragma omp parallel for
+#pragma omp parallel for if (N * r >= kParallelWork)
   for (int64_t n = 0; n < N; n++)
     for (int j = 0; j < r; j++) dst[n * r + j] = source[n * width + sigma[j]] * rho[j];
 }
@@ -65,7 +66,7 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* s
   T* const anchor = static_cast<T*>(a.anchor);
   if (anchor) {
     const T pc = T(a.proximal_coef);
-#pragma omp parallel for
+#pragma omp parallel for if (n >= kParallelWork)
     for (int64_t i = 0; i < n; i++) {
       const int64_t j = rows ? i / in : i % r, e = rows ? i % in : i / r;
       const T wi = w[rows ? sigma[j] * int64_t(in) + e : e * in + sigma[j]];
@@ -76,7 +77,7 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* s
     }
   }
   const T gs_read = anchor && !a.anchor_reset ? T(1) : gs;  // the term's pass applied gs
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (n >= kParallelWork)
   for (int64_t i = 0; i < n; i++) {
     const T g = gc[i] * gs_read;
     const T mi = b1 * m[i] + c1 * g;
@@ -106,7 +107,7 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* s
   const T step_size = T(s.lr * alpha);
   if (rows) {
     constexpr int kBlock = 256;  // columns per task: contiguous runs of each selected row
-#pragma omp parallel for
+#pragma omp parallel for if (int64_t(r) * in >= kParallelWork)
     for (int c0 = 0; c0 < in; c0 += kBlock) {
       const int c1 = std::min(in, c0 + kBlock);
       for (int j = 0; j < r; j++) {
@@ -117,7 +118,7 @@ void grass_adam_update(T* w, T* gc, T* m, T* v, const int32_t* sigma, const T* s
       }
     }
   } else {
-#pragma omp parallel for
+#pragma omp parallel for if (int64_t(out) * r >= kParallelWork)
     for (int i = 0; i < out; i++)
       for (int j = 0; j < r; j++) w[int64_t(i) * in + sigma[j]] -= step_size * scale[j] * gc[int64_t(i) * r + j];
   }

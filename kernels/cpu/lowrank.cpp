@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/quant8_step.h"
 #include "kernels/lowrank_ops.h"
 #include "src/core/error.h"
@@ -103,7 +104,7 @@ void lowrank_adam_update(T* w, T* R, T* m, T* v, const T* P, int out, int in, in
   const AdamScalars s = adam_scalars(a);
   const T b1 = T(s.beta1), b2 = T(s.beta2), c1 = T(s.one_minus_beta1), c2 = T(s.one_minus_beta2);
   const T gs = T(host_grad_scale(a)), e = T(s.eps);
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (n >= kParallelWork)
   for (int64_t i = 0; i < n; i++) {
     const T g = R[i] * gs;
     const T mi = b1 * m[i] + c1 * g;

@@ -1,11 +1,12 @@
 // Residual add on the hidden stream.
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 
 namespace grass::ops {
 
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (n >= kParallelWork)
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 

@@ -5,13 +5,14 @@
 
 #include <omp.h>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 
 namespace grass::ops {
 
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t N, int C, double eps) {
-#pragma omp parallel for
+#pragma omp parallel for if (N * C >= kParallelWork)
   for (int64_t n = 0; n < N; n++) {
     const T* xr = x + n * C;
     double ss = 0;
@@ -35,10 +36,10 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
                       int C) {
   // With xhat = x·rstd and g = dout·w:  dx = rstd · (g - xhat · mean(g·xhat)),  dw = Σ_n dout·xhat.
   // dw is summed per thread, then the partial sums are added in thread order (deterministic for a
-  // fixed thread count).
+  // fixed thread count; under kParallelWork, thread 0's alone, the others' partials zero).
   const int nthreads = omp_get_max_threads();
   std::vector<double> dw_partial(size_t(nthreads) * C, 0.0);
-#pragma omp parallel
+#pragma omp parallel if (N * C >= kParallelWork)
   {
     double* dw_mine = dw_partial.data() + size_t(omp_get_thread_num()) * C;
 #pragma omp for schedule(static)

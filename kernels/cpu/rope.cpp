@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 
 namespace grass::ops {
@@ -33,7 +34,7 @@ void rotate(T* out, const T* x, int B, int T_, int H, int HD, double theta, T si
   const int half = HD / 2;
   if (ld_out == 0) ld_out = int64_t(H) * HD;
   if (ld_x == 0) ld_x = int64_t(H) * HD;
-#pragma omp parallel for collapse(2)
+#pragma omp parallel for collapse(2) if (int64_t(B) * T_ * H * HD >= kParallelWork)
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T_; t++) {
       const T* c = cos_t.data() + size_t(t) * half;

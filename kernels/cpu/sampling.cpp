@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 #include "kernels/row_draw.h"
 
@@ -13,7 +14,7 @@ namespace grass::ops {
 
 template <typename T>
 void gather_rows(T* out, const T* x, const int32_t* rows, const float* scale, int64_t k, int D) {
-#pragma omp parallel for
+#pragma omp parallel for if (k * D >= kParallelWork)
   for (int64_t j = 0; j < k; j++) {
     const T s = scale ? T(scale[j]) : T(1);
     const T* src = x + int64_t(rows[j]) * D;
@@ -23,7 +24,7 @@ void gather_rows(T* out, const T* x, const int32_t* rows, const float* scale, in
 
 template <typename T>
 void row_norms(float* norms, const T* x, int64_t N, int D) {
-#pragma omp parallel for
+#pragma omp parallel for if (N * D >= kParallelWork)
   for (int64_t n = 0; n < N; n++) {
     double sum = 0;
     for (int c = 0; c < D; c++) sum += double(x[n * D + c]) * double(x[n * D + c]);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/ops.h"
 
 namespace grass::ops {
@@ -43,7 +44,7 @@ template <typename T>
 
 template <typename T>
 void swiglu_forward(T* out, const T* gu, int64_t N, int F) {
-#pragma omp parallel for
+#pragma omp parallel for if (N * F >= kParallelWork)
   for (int64_t r = 0; r < N; r++) {
     const T* gate = gu + r * 2 * F;
     const T* up = gate + F;
@@ -62,7 +63,7 @@ void swiglu_forward(T* out, const T* gu, int64_t N, int F) {
 
 template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gu, int64_t N, int F, int64_t ld) {
-#pragma omp parallel for
+#pragma omp parallel for if (N * F >= kParallelWork)
   for (int64_t r = 0; r < N; r++) {
     const T* gate = gu + r * 2 * F;
     const T* up = gate + F;
