@@ -164,7 +164,7 @@ expect "T0 reads the device and calls it SXM" '^\| T0 \| pass \| FAKE H100 80GB 
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   expect "T1 prints the alignment verdict" '^\| T1 \| pass \| 5461/5504 slowdown .*row-pitch padding'
 else  # python3-torch is not installed here: T1 must say so, not fail
-  expect "T1 is skipped without torch" '^\| T1 \| skipped \(no torch/CUDA\): gemm_align_probe: torch is not importable'
+  expect "T1 is skipped without torch" '^\| T1 \| skipped \(no torch/CUDA\) \| gemm_align_probe: torch is not importable'
 fi
 expect "T4 is skipped without SDPA/CUDA" '^\| T4 \| skipped \(no torch/CUDA\)'
 expect "T2 runs the sanitizers" '^\| T2 \| pass \| racecheck 0 reports; racecheck_reduce 0 reports; synccheck 0 reports; memcheck 0 reports; memcheck over 2 training steps clean'
