@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cuda_emu.h"
 #include "cuda_runtime.h"
 #include "streams.h"
@@ -39,6 +41,7 @@ constexpr int kDevices = 8;
 constexpr int kMaxSharedOptin = 232448;             // sm_90: 227 KiB of shared memory per block
 constexpr int kMultiProcessors = 132;                // an H100 SXM's
 constexpr int kDefaultMaxShared = 48 << 10;
+constexpr uint64_t kRegistersPerBlock = 65536;        // sm_90: a block's share of the register file
 
 // The current device is the calling thread's, as CUDA's: a new thread starts on device 0. Events,
 // streams and allocations belong to the device current when they were made; a call that uses one
@@ -327,6 +330,7 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotReady: return "device not ready";
   }
@@ -965,7 +969,54 @@ float bf16_high(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
 
 }  // namespace
 
+namespace {
+
+// Registers a thread, by kernel name. ptxas decides them, which g++ cannot: they come from
+// tools/ptxas_budget.json (CUDA_EMU_PTXAS_BUDGET, sm_90, recorded by tools/ptxas_budget.py), so a
+// launch the hardware refuses for its registers is refused here too.
+std::mutex registers_mutex;
+std::map<std::string, int>* registers_by_name = nullptr;
+
+// "void grass::cuda::k<float>(float*, long)", "grass::cuda::k" and "k<HD>" are all "k".
+std::string kernel_base_name(std::string name) {
+  name = name.substr(0, name.find('('));
+  name = name.substr(0, name.find('<'));
+  if (const size_t space = name.rfind(' '); space != std::string::npos) name.erase(0, space + 1);
+  if (const size_t scope = name.rfind("::"); scope != std::string::npos) name.erase(0, scope + 2);
+  return name;
+}
+
+std::map<std::string, int>& registers_table() {  // under registers_mutex
+  if (registers_by_name) return *registers_by_name;
+  registers_by_name = new std::map<std::string, int>;
+  std::FILE* f = std::fopen(CUDA_EMU_PTXAS_BUDGET, "rb");
+  if (!f) return *registers_by_name;  // kernel_registers' test then finds none
+  const nlohmann::json budget = nlohmann::json::parse(f, nullptr, false);
+  std::fclose(f);
+  if (budget.is_discarded() || !budget.contains("kernels")) return *registers_by_name;
+  for (const auto& [key, usage] : budget["kernels"].items()) {
+    const size_t colon = key.find(": ");  // "kernels/cuda/file.cu: signature"
+    int& regs = (*registers_by_name)[kernel_base_name(key.substr(colon + 2))];
+    regs = std::max(regs, usage.value("registers", 0));
+  }
+  return *registers_by_name;
+}
+
+}  // namespace
+
 namespace cuda_emu {
+
+int kernel_registers(const std::string& name) {
+  std::lock_guard<std::mutex> lock(registers_mutex);
+  const auto& table = registers_table();
+  const auto it = table.find(kernel_base_name(name));
+  return it == table.end() ? 0 : it->second;
+}
+
+void set_kernel_registers(const std::string& name, int registers) {
+  std::lock_guard<std::mutex> lock(registers_mutex);
+  registers_table()[kernel_base_name(name)] = registers;
+}
 
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
   if (bytes < 0 || bytes > kMaxSharedOptin) return cudaErrorInvalidValue;
@@ -1150,6 +1201,15 @@ void run_grid(const LaunchConfig& cfg, cudaStream_t stream, std::function<void()
     return reject(cudaErrorInvalidValue, std::to_string(cfg.shared_bytes) +
                                              " bytes of dynamic shared memory, the kernel may use " +
                                              std::to_string(shared_limit));
+  // Registers go to whole warps, a thread's count rounded up to a multiple of 8.
+  if (const int regs = cuda_emu::kernel_registers(cfg.name); regs > 0) {
+    const uint64_t need = (threads + 31) / 32 * 32 * ((uint64_t(regs) + 7) / 8 * 8);
+    if (need > kRegistersPerBlock)
+      return reject(cudaErrorLaunchOutOfResources,
+                    std::to_string(threads) + " threads of " + std::to_string(regs) +
+                        " registers (tools/ptxas_budget.json, sm_90) need " + std::to_string(need) +
+                        " of a block's " + std::to_string(kRegistersPerBlock));
+  }
   enqueue(stream, [cfg, body = std::move(body)] { execute_grid(cfg, body); });
 }
 

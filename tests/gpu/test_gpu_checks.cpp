@@ -272,6 +272,38 @@ TEST_CASE("checks: the emulator stops a use of another device's stream, event or
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
 }
 
+// A launch whose warps need more registers than a block may hold fails on the GPU
+// (cudaErrorLaunchOutOfResources), which the emulator, running g++'s code, cannot see by itself: it
+// takes each kernel's sm_90 count from tools/ptxas_budget.json. A thread's count is rounded up to a
+// multiple of 8 and the threads to whole warps; each case below is refused or not by one of those.
+TEST_CASE("checks: the emulator refuses a launch over a block's 65,536 registers, as a GPU does",
+          "[gpu][checks]") {
+  // the budget is read, by the names launches use (a template's parameters, not its arguments)
+  CHECK(cuda_emu::kernel_registers("rmsnorm_forward_warp_kernel<kPacks, kResidual>") > 64);
+  CHECK(cuda_emu::kernel_registers("void grass::cuda::attention_dkdv_mma_kernel<128>(long)") ==
+        cuda_emu::kernel_registers("attention_dkdv_mma_kernel<HD>"));
+  CHECK(cuda_emu::kernel_registers("not_a_kernel_of_the_budget") == 0);
+  const struct {
+    int registers, threads;
+    bool refused;
+  } cases[] = {
+      {128, 512, false},  // 128 x 512 = 65,536: the whole file
+      {128, 544, true},
+      {145, 448, true},   // 152 x 448 = 68,096 (145 x 448 = 64,960 would fit)
+      {144, 448, false},  // 144 x 448 = 64,512
+      {144, 449, true},   // 144 x 480 = 69,120 (144 x 449 = 64,656 would fit)
+  };
+  for (const auto& c : cases) {
+    INFO(c.registers << " registers x " << c.threads << " threads");
+    cuda_emu::set_kernel_registers("register_probe_kernel", c.registers);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    cuda_emu::launch("register_probe_kernel", nullptr,
+                     cuda_emu::LaunchDims(dim3(1), dim3(unsigned(c.threads))), [] {});
+    CHECK(cudaGetLastError() == (c.refused ? cudaErrorLaunchOutOfResources : cudaSuccess));
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  }
+}
+
 // On a GPU an illegal address is sticky (the context is lost), so this runs on the emulator only,
 // whose fault is reported once, like a GPU's, at the next synchronising call.
 TEST_CASE("checks: GRASS_CUDA_SYNC=1 names a faulting kernel's launcher at its launch",

@@ -31,5 +31,12 @@ bool set_cp_async_late(bool late);
 // The bytes of the pinned region (a cudaHostAlloc's, or a cudaHostRegister's) that holds p; 0
 // when none does.
 size_t pinned_region_bytes(const void* p);
+// The registers a thread of the kernel named `name` takes on sm_90 (as a launch or
+// tools/ptxas_budget.json names it: namespace, template arguments and parameters ignored, the
+// most over its instantiations); 0 for a kernel the budget does not list. A launch whose warps
+// need more than a block's 65,536 registers fails with cudaErrorLaunchOutOfResources.
+int kernel_registers(const std::string& name);
+// Gives the kernel `name` (the tests' own kernels are not in the budget) `registers` a thread.
+void set_kernel_registers(const std::string& name, int registers);
 
 }  // namespace cuda_emu

@@ -76,6 +76,7 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchOutOfResources = 701,
   cudaErrorLaunchFailure = 719,
 };
 using cudaError = cudaError_t;
