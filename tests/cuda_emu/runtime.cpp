@@ -974,8 +974,7 @@ namespace {
 // Registers a thread, by kernel name. ptxas decides them, which g++ cannot: they come from
 // tools/ptxas_budget.json (CUDA_EMU_PTXAS_BUDGET, sm_90, recorded by tools/ptxas_budget.py), so a
 // launch the hardware refuses for its registers is refused here too.
-std::mutex registers_mutex;
-std::map<std::string, int>* registers_by_name = nullptr;
+std::mutex registers_mutex;  // set_kernel_registers writes the table
 
 // "void grass::cuda::k<float>(float*, long)", "grass::cuda::k" and "k<HD>" are all "k".
 std::string kernel_base_name(std::string name) {
@@ -986,20 +985,27 @@ std::string kernel_base_name(std::string name) {
   return name;
 }
 
-std::map<std::string, int>& registers_table() {  // under registers_mutex
-  if (registers_by_name) return *registers_by_name;
-  registers_by_name = new std::map<std::string, int>;
+// The budget's counts by base name; empty when the file cannot be read (kernel_registers' test
+// then finds none).
+std::map<std::string, int> load_registers() {
+  std::map<std::string, int> table;
   std::FILE* f = std::fopen(CUDA_EMU_PTXAS_BUDGET, "rb");
-  if (!f) return *registers_by_name;  // kernel_registers' test then finds none
+  if (!f) return table;
   const nlohmann::json budget = nlohmann::json::parse(f, nullptr, false);
   std::fclose(f);
-  if (budget.is_discarded() || !budget.contains("kernels")) return *registers_by_name;
+  if (budget.is_discarded() || !budget.contains("kernels")) return table;
   for (const auto& [key, usage] : budget["kernels"].items()) {
     const size_t colon = key.find(": ");  // "kernels/cuda/file.cu: signature"
-    int& regs = (*registers_by_name)[kernel_base_name(key.substr(colon + 2))];
+    int& regs = table[kernel_base_name(key.substr(colon + 2))];
     regs = std::max(regs, usage.value("registers", 0));
   }
-  return *registers_by_name;
+  return table;
+}
+
+// Never destroyed: a launch may come from another static's destructor at exit.
+std::map<std::string, int>& registers_table() {  // under registers_mutex
+  static auto* const table = new std::map<std::string, int>(load_registers());
+  return *table;
 }
 
 }  // namespace
