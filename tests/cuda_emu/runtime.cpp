@@ -331,6 +331,7 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorMisalignedAddress: return "misaligned address";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotReady: return "device not ready";
   }
@@ -1167,6 +1168,16 @@ void cp_async_wait(int pending) {
     for (const AsyncCopy& c : me.copy_groups.front()) std::memcpy(c.dst, c.bytes, 16);
     me.copy_groups.pop_front();
   }
+}
+
+bool in_kernel() { return running != nullptr; }
+
+void misaligned_pointer(const void* p, size_t alignment, size_t bytes) {
+  fail_fiber("misaligned address: " + describe_thread(running->fibers[size_t(running->current)]) +
+                 " made a pointer to " + std::to_string(bytes) + "-byte elements at " +
+                 pointer_text(p) + ", not a multiple of their alignment, " +
+                 std::to_string(alignment),
+             cudaErrorMisalignedAddress);
 }
 
 std::string last_kernel_fault() {

@@ -1,6 +1,9 @@
 # cuda_emu: turns one kernels/cuda/*.cu file into C++ that g++ compiles against the emulator's
-# headers (include/). Three rewrites, nothing else changes (a #line keeps the original file and line
+# headers (include/). Four rewrites, nothing else changes (a #line keeps the original file and line
 # numbers in messages):
+#   reinterpret_cast<T>(x)  ->  ::cuda_emu::device_cast<T>(x)
+#     (the same cast, but a pointer made in a kernel must be aligned for its element type, as a
+#     GPU's vector loads and stores need: include/cuda_runtime.h)
 #   kernel<<<grid, block, smem, stream>>>(args);
 #     ->  ::cuda_emu::launch("kernel", &kernel, ::cuda_emu::LaunchDims(grid, block, smem, stream), [=] { kernel(args); });
 #     (the address only where the launch names the instantiation: kernel<8>; a template kernel
@@ -13,8 +16,16 @@
 #     (one copy per host thread, as the emulator runs a block on one; the first thread of each
 #     block to reach it fills it with NaN bytes, as the dynamic shared memory is, so a read of
 #     what no thread of this block wrote does not see the previous block's values)
-# Usage: cmake -DIN=file.cu -DOUT=file.cpp -P translate.cmake
+# A header (kernels/cuda/*.cuh, HEADER=1) takes the first rewrite only: its static shared memory
+# goes through common.cuh's GRASS_SHARED_DECLARED hook, and it launches nothing.
+# Usage: cmake -DIN=file.cu -DOUT=file.cpp [-DHEADER=1] -P translate.cmake
 file(READ "${IN}" text)
+string(REPLACE "reinterpret_cast<" "::cuda_emu::device_cast<" text "${text}")
+if(HEADER)
+  file(WRITE "${OUT}.tmp" "#line 1 \"${IN}\"\n${text}")
+  file(RENAME "${OUT}.tmp" "${OUT}")
+  return()
+endif()
 set(ws "[ \t\r\n]*")
 string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*<[^<>;]*>)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
        "::cuda_emu::launch(\"\\1\", reinterpret_cast<const void*>(&\\1), ::cuda_emu::LaunchDims(\\2), [=] { \\1(\\3); });"

@@ -34,6 +34,8 @@
 #include <cuda_emu.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "kernels/cuda/quant8.cuh"  // its translation: load8, a header's vector loads
 #define GRASS_TEST_CUDA_EMU 1
 #endif
 
@@ -302,6 +304,59 @@ TEST_CASE("checks: the emulator refuses a launch over a block's 65,536 registers
     CHECK(cudaGetLastError() == (c.refused ? cudaErrorLaunchOutOfResources : cudaSuccess));
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
   }
+}
+
+// A GPU loads and stores a T only at a multiple of T's alignment, else the kernel fails with
+// "misaligned address"; x86 loads it anyway (or, for some 16-byte loads, faults as if the address
+// were illegal). So the emulator checks every pointer a kernel casts (translate.cmake turns
+// reinterpret_cast into cuda_emu::device_cast), in the kernels' sources and in their headers.
+TEST_CASE("checks: the emulator stops a kernel's misaligned vector access as a GPU does",
+          "[gpu][checks]") {
+  DeviceBuffer<float> in(64), out(64);
+  in.upload(randn(in.n));
+  const char* base = reinterpret_cast<const char*>(in.ptr);  // cudaMalloc's: 256-byte aligned
+  float* sink = out.ptr;
+  const struct {
+    int bytes;  // of the access: float4, uint64_t, __nv_bfloat162
+    size_t offset;
+    bool misaligned;
+  } cases[] = {{16, 16, false}, {16, 8, true}, {8, 8, false},
+               {8, 4, true},    {4, 4, false}, {4, 2, true}};
+  for (const auto& c : cases) {
+    INFO("a " << c.bytes << "-byte load " << c.offset << " bytes into an allocation");
+    cuda_emu::launch("misaligned_probe_kernel", nullptr,
+                     cuda_emu::LaunchDims(dim3(1), dim3(32)), [c, base, sink] {
+      const char* p = base + c.offset;
+      float x = 0;
+      if (c.bytes == 16) x = cuda_emu::device_cast<const float4*>(p)->y;
+      if (c.bytes == 8) x = float(*cuda_emu::device_cast<const uint64_t*>(p) & 0xFF);
+      if (c.bytes == 4) x = __bfloat162float(cuda_emu::device_cast<const __nv_bfloat162*>(p)->x);
+      sink[threadIdx.x] = x;
+    });
+    CHECK(cudaGetLastError() == cudaSuccess);  // the launch itself is fine
+    CHECK(cudaDeviceSynchronize() == (c.misaligned ? cudaErrorMisalignedAddress : cudaSuccess));
+    if (c.misaligned) {
+      const std::string fault = cuda_emu::last_kernel_fault();  // the first thread to run
+      CHECK_THAT(fault, Catch::Contains("misaligned_probe_kernel: block (0,0,0): misaligned "
+                                        "address: thread ("));
+      CHECK_THAT(fault, Catch::Contains(") made a pointer to " + std::to_string(c.bytes) +
+                                        "-byte elements"));
+    }
+  }
+  // A header's device code is checked too: quant8.cuh's load8 reads 8 floats as two float4.
+  for (const size_t offset : {size_t(0), size_t(4)}) {
+    INFO("load8 " << offset << " bytes into an allocation");
+    cuda_emu::launch("load8_probe_kernel", nullptr, cuda_emu::LaunchDims(dim3(1), dim3(32)),
+                     [offset, base, sink] {
+      float x[8];
+      cuda::load8(reinterpret_cast<const float*>(base + offset), x);
+      sink[threadIdx.x] = x[1];
+    });
+    CHECK(cudaDeviceSynchronize() == (offset ? cudaErrorMisalignedAddress : cudaSuccess));
+  }
+  // Outside a kernel a cast checks nothing: a launcher may form a pointer it never reads.
+  CHECK(cuda_emu::device_cast<const float4*>(base + 4) != nullptr);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
 }
 
 // On a GPU an illegal address is sticky (the context is lost), so this runs on the emulator only,

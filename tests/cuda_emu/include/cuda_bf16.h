@@ -22,7 +22,7 @@ struct __nv_bfloat16 {
     return f;
   }
 };
-struct __nv_bfloat162 {
+struct alignas(4) __nv_bfloat162 {  // CUDA aligns the pair to 4 bytes (__CUDA_ALIGN__(4))
   __nv_bfloat16 x, y;
 };
 

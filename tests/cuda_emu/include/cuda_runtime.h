@@ -7,7 +7,8 @@
 // __syncwarp, warp shuffles and the warp-collective matrix instructions (mma.sync, ldmatrix). __shared__ variables become static thread_local: one copy per
 // block at a time, which is what a block sees on the GPU. The emulator checks what it can see:
 // launch limits, a __syncthreads or warp operation that not every thread reaches (a deadlock or
-// an early return on the GPU), and device buffers are fenced by guard pages.
+// an early return on the GPU), a kernel's misaligned vector pointer (device_cast, below), and
+// device buffers are fenced by guard pages.
 //
 // Errors come when a GPU gives them: a bad launch configuration at once (cudaGetLastError), a
 // fault while a kernel runs (an access past a buffer, which hits a guard page: illegal address; a
@@ -18,9 +19,10 @@
 // its first launch, eager takes none after that first call. tests/cuda_emu/include/cuda_emu.h
 // lets tests see what the emulator counts.
 //
-// Kernel launches are rewritten at build time (tests/cuda_emu/translate.cmake):
+// Kernel launches and casts are rewritten at build time (tests/cuda_emu/translate.cmake):
 //   kernel<<<grid, block, smem, stream>>>(args);
 //     ->  ::cuda_emu::launch("kernel", &kernel or nullptr, {grid, block, smem, stream}, [&] { kernel(args); });
+//   reinterpret_cast<T>(x)  ->  ::cuda_emu::device_cast<T>(x)
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -28,6 +30,7 @@
 #include <cstring>
 #include <functional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 // ---- qualifiers -------------------------------------------------------------------------------
@@ -77,6 +80,7 @@ enum cudaError_t {
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchOutOfResources = 701,
+  cudaErrorMisalignedAddress = 716,
   cudaErrorLaunchFailure = 719,
 };
 using cudaError = cudaError_t;
@@ -218,6 +222,27 @@ void cp_async_wait(int pending);
 
 // Stops the program, naming both devices, when `stream` is not the current device's (runtime.cpp).
 void check_stream_device(cudaStream_t stream, const char* call);
+
+// A GPU reads and writes a T only at an address that is a multiple of T's alignment: a 16-byte
+// load (uint4, float4, BF16Pack<8>) from an address 8 past one faults with "misaligned address",
+// where x86 loads it anyway. translate.cmake turns every reinterpret_cast of the kernels' sources
+// and headers into device_cast, which checks a pointer it makes while a kernel runs: a misaligned
+// one fails the launch (cudaErrorMisalignedAddress) naming the thread. A kernel that makes such a
+// pointer and never uses it is refused too; none of the engine's does.
+bool in_kernel();
+[[noreturn]] void misaligned_pointer(const void* p, size_t alignment, size_t bytes);
+template <typename To, typename From>
+inline To device_cast(From from) {
+  static_assert(!std::is_reference_v<To>, "cuda_emu: device_cast of a reference");
+  if constexpr (std::is_pointer_v<To> && std::is_pointer_v<From>) {
+    using Element = std::remove_cv_t<std::remove_pointer_t<To>>;
+    if constexpr (std::is_object_v<Element>) {
+      if (reinterpret_cast<uintptr_t>(from) % alignof(Element) != 0 && in_kernel())
+        misaligned_pointer(from, alignof(Element), sizeof(Element));
+    }
+  }
+  return reinterpret_cast<To>(from);
+}
 
 struct LaunchDims {
   dim3 grid, block;
