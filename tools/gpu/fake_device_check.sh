@@ -216,7 +216,9 @@ exit_result "the first call"
 # seven 1B runs of issue 46 (shrunk), their ratios, GaLore's refresh steps and its staggered run
 further_call "$fake/run_t12.log" "$fake/bin" --only T12,T13 --budget 600
 expect "T12 runs 13B resident against streamed, losses equal" '^\| T12 \| pass \| link: (skipped \(no (torch|CUDA)\)|[0-9]+ MiB H2D).*13B GRASS 16x256: resident [0-9.]+ tok/s, streamed \(.*\) [0-9.]+ tok/s: [0-9.]+x \(target >= 0\.8x\); losses equal: yes'
+expect "T12 states what the device holds beside each plan" '^\| T12 \| pass \| .*resident: plan [0-9.]+, device peak [0-9.]+, beside the plan -?[0-9.]+ GiB; streamed: plan [0-9.]+, device peak [0-9.]+, beside the plan -?[0-9.]+ GiB; 13B GRASS'
 [ "$(csv_rows '^T12,13b-16x256-[a-z]*,tokens_per_s,')" = 2 ] &&
+  [ "$(csv_rows '^T12,13b-16x256-[a-z]*,device_beside_plan_gib,-*[0-9.]*,GiB$')" = 2 ] &&
   [ "$(csv_rows '^T12,streamed-over-resident,tokens_per_s_ratio,[0-9.]*,x$')" = 1 ]
 rows_result "T12's figures.csv rows" $?
 expect "T13 times q8, wta-crs (side stream and inline) and GaLore's refresh" '^\| T13 \| pass \| 1B 16x256: plain [0-9.]+ tok/s; q8 [0-9.]+ \([0-9.]+x, target >= 0\.95x\); wta-crs [0-9.]+ \([0-9.]+x, target >= 0\.95x; on the compute stream [0-9.]+: side stream [0-9.]+x\); GaLore r=512: refresh step [0-9]+ [0-9.]+ ms \(target <= 1000 ms\), range finder [0-9.]+ ms, eigensolver [0-9.]+ ms; batched per layer \(svd_batch "layer"\): refresh step [0-9]+ [0-9.]+ ms, range finder [0-9.]+ ms, eigensolver [0-9.]+ ms; staggered, the slowest step after the first [0-9.]+ ms'
