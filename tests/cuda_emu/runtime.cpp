@@ -332,6 +332,7 @@ const char* cudaGetErrorString(cudaError_t err) {
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorMisalignedAddress: return "misaligned address";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotReady: return "device not ready";
   }
@@ -512,8 +513,9 @@ void check_event_device(cudaEvent_t event, const char* call) {
   if (event->device != current_device) wrong_device(call, "an event", event->device);
 }
 }  // namespace
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  *event = new CUevent_st{current_device, std::this_thread::get_id(), {0}, {0}};
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+  *event = new CUevent_st{current_device, std::this_thread::get_id(), {0}, {0}, {0},
+                          (flags & cudaEventDisableTiming) == 0};
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
@@ -539,10 +541,14 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!cuda_emu::reached(event)) return cudaErrorNotReady;
   return take_fault();
 }
-// The host's time between the two events' streams reaching them (work runs on the host here).
+// The host's time between the two events' streams reaching them (work runs on the host here). As
+// CUDA documents it: an event never recorded, or made with cudaEventDisableTiming, is an invalid
+// handle here (the engine's copy and phase timers make theirs with cudaEventDefault).
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   check_event_device(start, "cudaEventElapsedTime");
   check_event_device(end, "cudaEventElapsedTime");
+  for (const cudaEvent_t e : {start, end})
+    if (!e->timing || e->recorded.load() == 0) return cudaErrorInvalidResourceHandle;
   if (!cuda_emu::reached(start) || !cuda_emu::reached(end)) return cudaErrorNotReady;
   *ms = float(double(end->reached_ns.load() - start->reached_ns.load()) / 1e6);
   return cudaSuccess;

@@ -38,6 +38,7 @@ struct CUevent_st {  // the type CUDA leaves opaque
   std::atomic<uint64_t> recorded{0};   // the latest cudaEventRecord's number
   std::atomic<uint64_t> completed{0};  // the latest one the stream has reached
   std::atomic<int64_t> reached_ns{0};  // steady-clock time it was reached (cudaEventElapsedTime)
+  bool timing = true;                  // made without cudaEventDisableTiming
 };
 struct CUstream_st {  // the type CUDA leaves opaque
   int device;

@@ -208,6 +208,29 @@ TEST_CASE("checks: a reservation that leaves less than the stated headroom free 
   CHECK_THAT(message, Catch::Contains("are free on"));
 }
 
+// The engine times its copies and GaLore's refresh phases with event pairs (copy_stream.cu,
+// galore_basis.cu). CUDA gives a time only between two recorded events made with timing; the
+// emulator holds kernels/cuda to the same rule.
+TEST_CASE("checks: an event pair gives a time only when both were recorded and made with timing",
+          "[gpu][checks]") {
+  cudaEvent_t start, end, untimed;
+  REQUIRE(cudaEventCreateWithFlags(&start, cudaEventDefault) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&end, cudaEventDefault) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming) == cudaSuccess);
+  float ms = -1;
+  CHECK(cudaEventElapsedTime(&ms, start, end) == cudaErrorInvalidResourceHandle);  // unrecorded
+  (void)cudaGetLastError();
+  for (const cudaEvent_t e : {start, untimed, end}) REQUIRE(cudaEventRecord(e, nullptr) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(cudaEventElapsedTime(&ms, start, untimed) == cudaErrorInvalidResourceHandle);
+  CHECK(cudaEventElapsedTime(&ms, untimed, end) == cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+  CHECK(ms == -1);
+  REQUIRE(cudaEventElapsedTime(&ms, start, end) == cudaSuccess);
+  CHECK(ms >= 0);
+  for (const cudaEvent_t e : {start, end, untimed}) CHECK(cudaEventDestroy(e) == cudaSuccess);
+}
+
 #ifdef GRASS_TEST_CUDA_EMU
 namespace {
 // Runs `use` in a forked child, after `make` made its objects on device 1, on a fresh thread
