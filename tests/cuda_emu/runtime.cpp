@@ -978,10 +978,15 @@ float bf16_high(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
 
 namespace {
 
-// Registers a thread, by kernel name. ptxas decides them, which g++ cannot: they come from
-// tools/ptxas_budget.json (CUDA_EMU_PTXAS_BUDGET, sm_90, recorded by tools/ptxas_budget.py), so a
-// launch the hardware refuses for its registers is refused here too.
-std::mutex registers_mutex;  // set_kernel_registers writes the table
+// Registers a thread and static shared memory, by kernel name. ptxas decides them, which g++
+// cannot: they come from tools/ptxas_budget.json (CUDA_EMU_PTXAS_BUDGET, sm_90, recorded by
+// tools/ptxas_budget.py), so a launch the hardware refuses for either is refused here too.
+std::mutex usage_mutex;  // set_kernel_registers and set_kernel_static_shared write the table
+
+struct KernelUsage {
+  int registers = 0;
+  int static_shared = 0;  // bytes
+};
 
 // "void grass::cuda::k<float>(float*, long)", "grass::cuda::k" and "k<HD>" are all "k".
 std::string kernel_base_name(std::string name) {
@@ -992,10 +997,10 @@ std::string kernel_base_name(std::string name) {
   return name;
 }
 
-// The budget's counts by base name; empty when the file cannot be read (kernel_registers' test
-// then finds none).
-std::map<std::string, int> load_registers() {
-  std::map<std::string, int> table;
+// The budget's figures by base name, the most over a kernel's instantiations; empty when the file
+// cannot be read (kernel_registers' test then finds none).
+std::map<std::string, KernelUsage> load_usage() {
+  std::map<std::string, KernelUsage> table;
   std::FILE* f = std::fopen(CUDA_EMU_PTXAS_BUDGET, "rb");
   if (!f) return table;
   const nlohmann::json budget = nlohmann::json::parse(f, nullptr, false);
@@ -1003,32 +1008,40 @@ std::map<std::string, int> load_registers() {
   if (budget.is_discarded() || !budget.contains("kernels")) return table;
   for (const auto& [key, usage] : budget["kernels"].items()) {
     const size_t colon = key.find(": ");  // "kernels/cuda/file.cu: signature"
-    int& regs = table[kernel_base_name(key.substr(colon + 2))];
-    regs = std::max(regs, usage.value("registers", 0));
+    KernelUsage& k = table[kernel_base_name(key.substr(colon + 2))];
+    k.registers = std::max(k.registers, usage.value("registers", 0));
+    k.static_shared = std::max(k.static_shared, usage.value("smem", 0));
   }
   return table;
 }
 
 // Never destroyed: a launch may come from another static's destructor at exit.
-std::map<std::string, int>& registers_table() {  // under registers_mutex
-  static auto* const table = new std::map<std::string, int>(load_registers());
+std::map<std::string, KernelUsage>& usage_table() {  // under usage_mutex
+  static auto* const table = new std::map<std::string, KernelUsage>(load_usage());
   return *table;
+}
+
+KernelUsage kernel_usage(const std::string& name) {
+  std::lock_guard<std::mutex> lock(usage_mutex);
+  const auto& table = usage_table();
+  const auto it = table.find(kernel_base_name(name));
+  return it == table.end() ? KernelUsage{} : it->second;
 }
 
 }  // namespace
 
 namespace cuda_emu {
 
-int kernel_registers(const std::string& name) {
-  std::lock_guard<std::mutex> lock(registers_mutex);
-  const auto& table = registers_table();
-  const auto it = table.find(kernel_base_name(name));
-  return it == table.end() ? 0 : it->second;
-}
+int kernel_registers(const std::string& name) { return kernel_usage(name).registers; }
+int kernel_static_shared(const std::string& name) { return kernel_usage(name).static_shared; }
 
 void set_kernel_registers(const std::string& name, int registers) {
-  std::lock_guard<std::mutex> lock(registers_mutex);
-  registers_table()[kernel_base_name(name)] = registers;
+  std::lock_guard<std::mutex> lock(usage_mutex);
+  usage_table()[kernel_base_name(name)].registers = registers;
+}
+void set_kernel_static_shared(const std::string& name, int bytes) {
+  std::lock_guard<std::mutex> lock(usage_mutex);
+  usage_table()[kernel_base_name(name)].static_shared = bytes;
 }
 
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
@@ -1214,18 +1227,26 @@ void run_grid(const LaunchConfig& cfg, cudaStream_t stream, std::function<void()
                   "grid (" + std::to_string(g.x) + "," + std::to_string(g.y) + "," +
                       std::to_string(g.z) + ") block (" + std::to_string(bd.x) + "," +
                       std::to_string(bd.y) + "," + std::to_string(bd.z) + ")");
-  int shared_limit = kDefaultMaxShared;
+  // Dynamic shared memory: up to the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize, which
+  // starts at 48 KiB less its static shared memory; static and dynamic together never over the
+  // opt-in maximum (a GPU refuses that attribute at cudaFuncSetAttribute, keyed by the kernel's
+  // address; here the launch knows the kernel's static bytes by name, so it refuses the launch).
+  const KernelUsage usage = kernel_usage(cfg.name);
+  int shared_limit = kDefaultMaxShared - usage.static_shared;
   {
     std::lock_guard<std::mutex> lock(attribute_mutex);
     auto it = max_dynamic_shared.find(cfg.kernel);
-    if (it != max_dynamic_shared.end()) shared_limit = std::max(shared_limit, it->second);
+    if (it != max_dynamic_shared.end()) shared_limit = it->second;
   }
-  if (cfg.shared_bytes > size_t(shared_limit))
-    return reject(cudaErrorInvalidValue, std::to_string(cfg.shared_bytes) +
-                                             " bytes of dynamic shared memory, the kernel may use " +
-                                             std::to_string(shared_limit));
+  shared_limit = std::min(shared_limit, kMaxSharedOptin - usage.static_shared);
+  if (cfg.shared_bytes > size_t(std::max(shared_limit, 0)))
+    return reject(cudaErrorInvalidValue,
+                  std::to_string(cfg.shared_bytes) + " bytes of dynamic shared memory, the kernel " +
+                      "may use " + std::to_string(std::max(shared_limit, 0)) + " beside its " +
+                      std::to_string(usage.static_shared) +
+                      " static (tools/ptxas_budget.json, sm_90)");
   // Registers go to whole warps, a thread's count rounded up to a multiple of 8.
-  if (const int regs = cuda_emu::kernel_registers(cfg.name); regs > 0) {
+  if (const int regs = usage.registers; regs > 0) {
     const uint64_t need = (threads + 31) / 32 * 32 * ((uint64_t(regs) + 7) / 8 * 8);
     if (need > kRegistersPerBlock)
       return reject(cudaErrorLaunchOutOfResources,

@@ -329,6 +329,36 @@ TEST_CASE("checks: the emulator refuses a launch over a block's 65,536 registers
   }
 }
 
+// A kernel's static shared memory (ptxas', from tools/ptxas_budget.json) and a launch's dynamic
+// shared memory share one budget: 48 KiB without cudaFuncSetAttribute, the attribute's value with
+// it, and never past 227 KiB together (sm_90). Each case below is refused or not by one byte.
+void shared_probe_kernel() {}
+TEST_CASE("checks: the emulator counts a kernel's static shared memory beside a launch's dynamic",
+          "[gpu][checks]") {
+  CHECK(cuda_emu::kernel_static_shared("void grass::cuda::adamw_q8_kernel<float>(long)") > 0);
+  CHECK(cuda_emu::kernel_static_shared("not_a_kernel_of_the_budget") == 0);
+  const void* kernel = reinterpret_cast<const void*>(&shared_probe_kernel);
+  cuda_emu::set_kernel_static_shared("shared_probe_kernel", 16 << 10);
+  const auto launch = [&](size_t dynamic) {
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    cuda_emu::launch("shared_probe_kernel", kernel,
+                     cuda_emu::LaunchDims(dim3(1), dim3(32), dynamic), [] {});
+    const cudaError_t err = cudaGetLastError();
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    return err;
+  };
+  CHECK(launch(32 << 10) == cudaSuccess);  // 16 + 32 KiB: the 48 a launch may take unasked
+  CHECK(launch((32 << 10) + 1) == cudaErrorInvalidValue);
+  REQUIRE(cudaFuncSetAttribute(shared_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               100 << 10) == cudaSuccess);
+  CHECK(launch(100 << 10) == cudaSuccess);
+  CHECK(launch((100 << 10) + 1) == cudaErrorInvalidValue);
+  REQUIRE(cudaFuncSetAttribute(shared_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               220 << 10) == cudaSuccess);
+  CHECK(launch(232448 - (16 << 10)) == cudaSuccess);  // 227 KiB with the static 16
+  CHECK(launch(232448 - (16 << 10) + 1) == cudaErrorInvalidValue);
+}
+
 // A GPU loads and stores a T only at a multiple of T's alignment, else the kernel fails with
 // "misaligned address"; x86 loads it anyway (or, for some 16-byte loads, faults as if the address
 // were illegal). So the emulator checks every pointer a kernel casts (translate.cmake turns

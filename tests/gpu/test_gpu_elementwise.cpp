@@ -220,9 +220,12 @@ TEST_CASE("gpu rmsnorm backward accumulates into dx and dw, deterministically", 
   // Past 1024 rows the backward's row blocks own several rows each, which a warp-per-row block
   // shares among its warps: at C = 64 and 7202 rows 8 rows and 8 warps a block, the last block 2
   // rows; at 136 and 1617 rows, and at 5120 (where the partials' shared memory fits 2 warps) and
-  // 1025 rows, 2 rows on 2 warps, the last block 1 row.
-  const NormShape shapes[] = {{7202, 64}, {1617, 136}, {231, 2048},    {45, 4096},
-                              {1025, 5120}, {77, 8192}, {3 * 77, 5461}, {13, 8200}};
+  // 1025 rows, 2 rows on 2 warps, the last block 1 row. At 12,256 (the largest C it takes) a
+  // row kernel's partials and its 128 static bytes fill the 48 KiB of shared memory a launch may
+  // take unasked.
+  const NormShape shapes[] = {{7202, 64},   {1617, 136}, {231, 2048},    {45, 4096},
+                              {1025, 5120}, {77, 8192},  {3 * 77, 5461}, {13, 8200},
+                              {3, 12256}};
   for (const auto& [N, C] : shapes) {
     for (const cuda::GradType gtype : {cuda::GradType::F32, cuda::GradType::BF16}) {
       const bool f32 = gtype == cuda::GradType::F32;

@@ -38,5 +38,11 @@ size_t pinned_region_bytes(const void* p);
 int kernel_registers(const std::string& name);
 // Gives the kernel `name` (the tests' own kernels are not in the budget) `registers` a thread.
 void set_kernel_registers(const std::string& name, int registers);
+// The static shared memory of the kernel `name` on sm_90, from the same budget (0 where it lists
+// none). A launch may add dynamic shared memory up to the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize, which starts at 48 KiB less the static bytes, and
+// never past 227 KiB with them; over it, the launch fails with cudaErrorInvalidValue.
+int kernel_static_shared(const std::string& name);
+void set_kernel_static_shared(const std::string& name, int bytes);
 
 }  // namespace cuda_emu
