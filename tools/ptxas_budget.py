@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The kernels' register, spill, stack and shared-memory budget on sm_90, against recorded values.
+"""The kernels' register, spill, stack, shared-memory and launch-bound budget on sm_90.
 
 Register pressure decides occupancy, and a spill turns a kernel's inner loop into local-memory
 traffic; neither shows in a test's numbers, and the emulator cannot see them. An edit that pushed
@@ -7,6 +7,9 @@ attention's dQ kernel from 100 to 116 registers went unnoticed (issue 25). This 
 kernels/cuda/*.cu for sm_90 with `ptxas -v`, as the build does, and compares each kernel with
 tools/ptxas_budget.json: more registers, spills, stack or static shared memory than recorded, a
 kernel not recorded, or a recorded one gone, fails with one line each. Fewer passes with a note.
+A kernel's launch bound (`__launch_bounds__`: the PTX's .maxntid, as max_threads; 0 for none)
+must equal the recorded one. The CUDA emulator reads the registers, the static shared memory and
+the bound from the budget, and refuses a launch a GPU would refuse for them.
 
   tools/ptxas_budget.py [--nvcc PATH] [--jobs N]     check (exit 77: no nvcc, or another version)
   tools/ptxas_budget.py --record                     rewrite the budget after a deliberate change
@@ -19,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = os.path.join(ROOT, "tools", "ptxas_budget.json")
@@ -26,6 +30,9 @@ ARCH = "sm_90"
 ENTRY = re.compile(r"Compiling entry function '([^']+)' for '" + ARCH + "'")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"Used (\d+) registers(?:.*?, (\d+) bytes smem)?")
+# a PTX entry, its parameters, then its directives up to the body: .maxntid X[, Y[, Z]]
+PTX_ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\([^)]*\)([^{]*)\{")
+MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
 
 
 def nvcc_version(nvcc):
@@ -34,18 +41,36 @@ def nvcc_version(nvcc):
     return m.group(2) if m else out.strip().splitlines()[-1]
 
 
+def launch_bounds(ptx):
+    """{mangled kernel name: the threads its .maxntid allows a block (0: no bound)}."""
+    bounds = {}
+    for m in PTX_ENTRY.finditer(ptx):
+        n = MAXNTID.search(m.group(2))
+        bounds[m.group(1)] = 0 if not n else int(n.group(1)) * int(n.group(2) or 1) * int(n.group(3) or 1)
+    return bounds
+
+
 def compile_usage(nvcc, source):
-    """{mangled kernel name: {registers, smem, stack, spill_stores, spill_loads}} of one file."""
-    cmd = [nvcc, "-DGRASS_HAVE_CUDA=1", "-I" + ROOT, "-O3", "-DNDEBUG", "-arch=" + ARCH,
-           "-std=c++17", "-Xptxas", "-v", "-x", "cu", "-c", source, "-o", os.devnull]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"{os.path.relpath(source, ROOT)} does not compile:\n{run.stderr}")
+    """{mangled kernel name: {registers, smem, stack, spill_stores, spill_loads, max_threads}} of
+    one file (the PTX kept from the same compile gives the launch bounds)."""
+    with tempfile.TemporaryDirectory() as keep:
+        cmd = [nvcc, "-DGRASS_HAVE_CUDA=1", "-I" + ROOT, "-O3", "-DNDEBUG", "-arch=" + ARCH,
+               "-std=c++17", "-Xptxas", "-v", "-keep", "-keep-dir", keep, "-x", "cu", "-c", source,
+               "-o", os.devnull]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"{os.path.relpath(source, ROOT)} does not compile:\n{run.stderr}")
+        bounds = {}
+        for f in os.listdir(keep):
+            if f.endswith(".ptx"):
+                with open(os.path.join(keep, f)) as ptx:
+                    bounds.update(launch_bounds(ptx.read()))
     usage, name = {}, None
     for line in run.stderr.splitlines():
         if m := ENTRY.search(line):
             name = m.group(1)
-            usage[name] = {"registers": 0, "smem": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0}
+            usage[name] = {"registers": 0, "smem": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0,
+                           "max_threads": bounds.get(name, 0)}
         elif name and (m := FRAME.search(line)):
             usage[name].update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
                                spill_loads=int(m.group(3)))
@@ -106,6 +131,9 @@ def main():
                 failures.append(f"{key}: {now[field]} {field.replace('_', ' ')}, recorded {was[field]}")
             elif now[field] < was[field]:
                 notes.append(f"{key}: {now[field]} {field.replace('_', ' ')}, recorded {was[field]} (fewer)")
+        if now["max_threads"] != was.get("max_threads"):
+            failures.append(f"{key}: a launch bound of {now['max_threads']} threads (0: none), "
+                            f"recorded {was.get('max_threads', 'none')}")
     for key in sorted(set(budget["kernels"]) - set(kernels)):
         failures.append(f"{key}: recorded but no longer compiled")
     for line in notes + failures:
@@ -115,7 +143,7 @@ def main():
               "recorded with tools/ptxas_budget.py --record (and said in the commit)")
         return 1
     print(f"ptxas budget: {len(kernels)} kernels within their recorded registers, spills, stack "
-          f"and shared memory (nvcc {version}, {ARCH})")
+          f"and shared memory, with their recorded launch bounds (nvcc {version}, {ARCH})")
     return 0
 
 

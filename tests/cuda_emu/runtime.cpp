@@ -978,14 +978,16 @@ float bf16_high(uint32_t pair) { return __uint_as_float(pair & 0xFFFF0000u); }
 
 namespace {
 
-// Registers a thread and static shared memory, by kernel name. ptxas decides them, which g++
-// cannot: they come from tools/ptxas_budget.json (CUDA_EMU_PTXAS_BUDGET, sm_90, recorded by
-// tools/ptxas_budget.py), so a launch the hardware refuses for either is refused here too.
-std::mutex usage_mutex;  // set_kernel_registers and set_kernel_static_shared write the table
+// Registers a thread, static shared memory and the launch bound, by kernel name. nvcc decides
+// them, which g++ cannot see (__launch_bounds__ is nvcc's): they come from
+// tools/ptxas_budget.json (CUDA_EMU_PTXAS_BUDGET, sm_90, recorded by tools/ptxas_budget.py), so a
+// launch the hardware refuses for any of them is refused here too.
+std::mutex usage_mutex;  // the set_kernel_* calls write the table
 
 struct KernelUsage {
   int registers = 0;
   int static_shared = 0;  // bytes
+  int max_threads = 0;    // __launch_bounds__' (the PTX's .maxntid); 0: none
 };
 
 // "void grass::cuda::k<float>(float*, long)", "grass::cuda::k" and "k<HD>" are all "k".
@@ -1011,6 +1013,9 @@ std::map<std::string, KernelUsage> load_usage() {
     KernelUsage& k = table[kernel_base_name(key.substr(colon + 2))];
     k.registers = std::max(k.registers, usage.value("registers", 0));
     k.static_shared = std::max(k.static_shared, usage.value("smem", 0));
+    // the tightest bound over the instantiations (0 where none has one)
+    const int bound = usage.value("max_threads", 0);
+    if (bound > 0) k.max_threads = k.max_threads > 0 ? std::min(k.max_threads, bound) : bound;
   }
   return table;
 }
@@ -1034,6 +1039,7 @@ namespace cuda_emu {
 
 int kernel_registers(const std::string& name) { return kernel_usage(name).registers; }
 int kernel_static_shared(const std::string& name) { return kernel_usage(name).static_shared; }
+int kernel_max_threads(const std::string& name) { return kernel_usage(name).max_threads; }
 
 void set_kernel_registers(const std::string& name, int registers) {
   std::lock_guard<std::mutex> lock(usage_mutex);
@@ -1042,6 +1048,10 @@ void set_kernel_registers(const std::string& name, int registers) {
 void set_kernel_static_shared(const std::string& name, int bytes) {
   std::lock_guard<std::mutex> lock(usage_mutex);
   usage_table()[kernel_base_name(name)].static_shared = bytes;
+}
+void set_kernel_max_threads(const std::string& name, int threads) {
+  std::lock_guard<std::mutex> lock(usage_mutex);
+  usage_table()[kernel_base_name(name)].max_threads = threads;
 }
 
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
@@ -1245,6 +1255,13 @@ void run_grid(const LaunchConfig& cfg, cudaStream_t stream, std::function<void()
                       "may use " + std::to_string(std::max(shared_limit, 0)) + " beside its " +
                       std::to_string(usage.static_shared) +
                       " static (tools/ptxas_budget.json, sm_90)");
+  // A block over the kernel's __launch_bounds__ fails to launch (the CUDA programming guide;
+  // cudaFuncGetAttributes' maxThreadsPerBlock is the bound). The error code is the emulator's
+  // choice: the one a block over the registers gets.
+  if (usage.max_threads > 0 && threads > uint64_t(usage.max_threads))
+    return reject(cudaErrorLaunchOutOfResources,
+                  std::to_string(threads) + " threads, over the kernel's __launch_bounds__ of " +
+                      std::to_string(usage.max_threads) + " (tools/ptxas_budget.json, sm_90)");
   // Registers go to whole warps, a thread's count rounded up to a multiple of 8.
   if (const int regs = usage.registers; regs > 0) {
     const uint64_t need = (threads + 31) / 32 * 32 * ((uint64_t(regs) + 7) / 8 * 8);

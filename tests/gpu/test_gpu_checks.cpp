@@ -329,6 +329,22 @@ TEST_CASE("checks: the emulator refuses a launch over a block's 65,536 registers
   }
 }
 
+// __launch_bounds__(N) is nvcc's: g++ drops it, and a GPU refuses a block of more than N threads.
+// The emulator takes each kernel's bound from the budget (the PTX's .maxntid).
+TEST_CASE("checks: the emulator refuses a block over a kernel's launch bound", "[gpu][checks]") {
+  CHECK(cuda_emu::kernel_max_threads("adamw_q8_kernel<S>") == 256);  // kQuant8Threads, bound
+  CHECK(cuda_emu::kernel_max_threads("adamw_mixed_kernel") == 0);     // no bound
+  cuda_emu::set_kernel_max_threads("bound_probe_kernel", 256);
+  for (const unsigned threads : {256u, 257u}) {
+    INFO(threads << " threads");
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    cuda_emu::launch("bound_probe_kernel", nullptr, cuda_emu::LaunchDims(dim3(1), dim3(threads)),
+                     [] {});
+    CHECK(cudaGetLastError() == (threads > 256 ? cudaErrorLaunchOutOfResources : cudaSuccess));
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  }
+}
+
 // A kernel's static shared memory (ptxas', from tools/ptxas_budget.json) and a launch's dynamic
 // shared memory share one budget: 48 KiB without cudaFuncSetAttribute, the attribute's value with
 // it, and never past 227 KiB together (sm_90). Each case below is refused or not by one byte.

@@ -44,5 +44,10 @@ void set_kernel_registers(const std::string& name, int registers);
 // never past 227 KiB with them; over it, the launch fails with cudaErrorInvalidValue.
 int kernel_static_shared(const std::string& name);
 void set_kernel_static_shared(const std::string& name, int bytes);
+// The threads a block of the kernel `name` may have under its __launch_bounds__ (the budget's
+// max_threads, the tightest over its instantiations; 0: no bound). A launch of more fails, here
+// with cudaErrorLaunchOutOfResources (the code is the emulator's choice).
+int kernel_max_threads(const std::string& name);
+void set_kernel_max_threads(const std::string& name, int threads);
 
 }  // namespace cuda_emu
