@@ -197,6 +197,13 @@ class ScratchLease {
 // What attention_forward keeps for the backward (CPU: probabilities [B,NH,T,T]; GPU:
 // logsumexp [B,NH,T]), in bytes.
 int64_t attention_saved_bytes(const Storage& storage, int B, int T, int NH);
+// The head dims the CUDA backend's attention takes: a multiple of 8 from 8 to 256, the engine's
+// kernels' (kernels/cuda/attention.cu), which cuDNN's and the mma kernels fall back to. The CPU
+// backend takes any even head dim; a GPU run of another is refused at start-up.
+constexpr int kCudaMaxHeadDim = 256;
+constexpr bool cuda_attention_takes_head_dim(int HD) {
+  return HD >= 8 && HD <= kCudaMaxHeadDim && HD % 8 == 0;
+}
 // cuDNN's SDPA workspace planned for a micro-batch of B x T tokens, NH heads of HD: its
 // deterministic backward on sm90 (kernels/backend_sizes.cpp has the terms). Grows as T².
 int64_t cudnn_attention_workspace_bytes(int B, int T, int NH, int HD);

@@ -698,6 +698,39 @@ TEST_CASE("optimizer.state_dtype and state_block: read, printed back, checked ag
              Contains("a bf16 run keeps bf16 moments"));
 }
 
+TEST_CASE("a GPU run with a head dim its attention does not take stops before it starts",
+          "[config]") {
+  CHECK(grass::cuda_attention_takes_head_dim(8));
+  CHECK(grass::cuda_attention_takes_head_dim(128));
+  CHECK(grass::cuda_attention_takes_head_dim(256));
+  CHECK_FALSE(grass::cuda_attention_takes_head_dim(36));  // even: the CPU takes it
+  CHECK_FALSE(grass::cuda_attention_takes_head_dim(4));
+  CHECK_FALSE(grass::cuda_attention_takes_head_dim(264));
+  json run = tiny_run();
+  run["model"]["hidden_size"] = 144;  // 4 heads of 36
+  run["model"]["num_attention_heads"] = 4;
+  run["model"]["num_key_value_heads"] = 2;
+  run["precision"] = "bf16-mixed";
+  grass::RunConfig c = grass::parse_run_config(run, "run.json");
+  REQUIRE(c.model.head_dim() == 36);
+  c.device = grass::DeviceChoice::Cuda;
+  CHECK(user_error([&] { grass::resolve(c, true); }) ==
+        "run.json: model.num_attention_heads: head_dim = hidden_size / num_attention_heads = 144 "
+        "/ 4 = 36; the CUDA backend's attention takes a multiple of 8 from 8 to 256 (the CPU "
+        "backend any even one): change the heads, or run on the CPU (device \"cpu\")");
+  c.model_path = "m.json";  // a model file: its own key named
+  CHECK_THAT(user_error([&] { grass::resolve(c, true); }),
+             Contains("m.json: num_attention_heads: head_dim = "));
+  c.device = grass::DeviceChoice::Auto;  // a usable GPU takes bf16-mixed: refused the same way
+  CHECK_THAT(user_error([&] { grass::resolve(c, true); }), Contains("= 36; the CUDA backend"));
+  c.device = grass::DeviceChoice::Cpu;
+  CHECK_FALSE(grass::resolve(c, true).storage.cuda);
+  run["model"]["hidden_size"] = 128;  // 4 heads of 32
+  c = grass::parse_run_config(run, "run.json");
+  c.device = grass::DeviceChoice::Cuda;
+  CHECK(grass::resolve(c, true).storage.cuda);
+}
+
 TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[config][memory]") {
   json run = tiny_run();
   grass::RunConfig c = grass::parse_run_config(run, "");

@@ -54,7 +54,6 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 16;        // WMMA tile: 16x16 outputs, 16 deep
 constexpr int kMaxAccTiles = 4;  // WMMA accumulator tiles a warp keeps in registers (backward)
-constexpr int kMaxHeadDim = 256;
 constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2 = 0.6931471805599453;
 
@@ -533,10 +532,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // HD padded to the WMMA depth; throws unless the shapes are ones the kernels handle.
 int padded_head_dim(int B, int T, int NH, int NKV, int HD) {
-  if (HD < 8 || HD > kMaxHeadDim || HD % 8 != 0)
+  if (!cuda_attention_takes_head_dim(HD))  // resolve() refuses such a run before it starts
     throw InternalError("attention (CUDA): head dim HD = " + std::to_string(HD) +
                         " unsupported; it must be a multiple of 8 in [8, " +
-                        std::to_string(kMaxHeadDim) + "]");
+                        std::to_string(kCudaMaxHeadDim) + "]");
   GRASS_CHECK(
       B >= 1 && B <= 65535 && T >= 1 && NKV >= 1 && NH >= NKV && NH % NKV == 0 && NH <= 65535,
       "attention (CUDA): bad shape B=" + std::to_string(B) + " T=" + std::to_string(T) +

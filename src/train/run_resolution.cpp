@@ -49,6 +49,23 @@ void check_selected_columns(const RunConfig& cfg, const ModelMemoryOptions& memo
                   "\"auto\" where the input side is the smaller)");
 }
 
+// The GPU's attention takes fewer head dims than the CPU's: refused before anything is written,
+// not at the first forward.
+void check_head_dim(const RunConfig& cfg, const Storage& storage) {
+  const ModelConfig& m = cfg.model;
+  if (!storage.cuda || cuda_attention_takes_head_dim(m.head_dim())) return;
+  const std::string where = !cfg.model_path.empty() ? cfg.model_path + ": num_attention_heads"
+                            : (cfg.source.empty() ? std::string("run config") : cfg.source) +
+                                  ": model.num_attention_heads";
+  throw UserError(where + ": head_dim = hidden_size / num_attention_heads = " +
+                  std::to_string(m.hidden_size) + " / " + std::to_string(m.num_attention_heads) +
+                  " = " + std::to_string(m.head_dim()) +
+                  "; the CUDA backend's attention takes a multiple of 8 from 8 to " +
+                  std::to_string(kCudaMaxHeadDim) +
+                  " (the CPU backend any even one): change the heads, or run on the CPU (device "
+                  "\"cpu\")");
+}
+
 }  // namespace
 
 ResolvedRun resolve(const RunConfig& cfg, bool gpu_usable) {
@@ -58,6 +75,7 @@ ResolvedRun resolve(const RunConfig& cfg, bool gpu_usable) {
   const Storage storage = storage_for(cfg.precision, cuda);
   check_state_dtype(cfg, storage);
   check_streamed_layers(cfg, storage);
+  check_head_dim(cfg, storage);
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   check_selected_columns(cfg, memory);
   return {storage, memory, attention_request(cfg, storage)};
