@@ -204,6 +204,10 @@ constexpr int kCudaMaxHeadDim = 256;
 constexpr bool cuda_attention_takes_head_dim(int HD) {
   return HD >= 8 && HD <= kCudaMaxHeadDim && HD % 8 == 0;
 }
+// The widest hidden size the CUDA backend takes: its RMSNorm backward keeps a row's C fp32
+// partials and 32 floats of its own in the 48 KiB of shared memory a launch may take unasked
+// (kernels/cuda/rmsnorm.cu, kMaxC).
+constexpr int kCudaMaxHiddenSize = (48 * 1024 - 32 * 4) / 4;  // 12,256
 // cuDNN's SDPA workspace planned for a micro-batch of B x T tokens, NH heads of HD: its
 // deterministic backward on sm90 (kernels/backend_sizes.cpp has the terms). Grows as T².
 int64_t cudnn_attention_workspace_bytes(int B, int T, int NH, int HD);

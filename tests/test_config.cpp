@@ -698,8 +698,7 @@ TEST_CASE("optimizer.state_dtype and state_block: read, printed back, checked ag
              Contains("a bf16 run keeps bf16 moments"));
 }
 
-TEST_CASE("a GPU run with a head dim its attention does not take stops before it starts",
-          "[config]") {
+TEST_CASE("a GPU run with a shape its kernels do not take stops before it starts", "[config]") {
   CHECK(grass::cuda_attention_takes_head_dim(8));
   CHECK(grass::cuda_attention_takes_head_dim(128));
   CHECK(grass::cuda_attention_takes_head_dim(256));
@@ -729,6 +728,23 @@ TEST_CASE("a GPU run with a head dim its attention does not take stops before it
   c = grass::parse_run_config(run, "run.json");
   c.device = grass::DeviceChoice::Cuda;
   CHECK(grass::resolve(c, true).storage.cuda);
+  // the RMSNorm backward's widest row: 70B's 8192 is taken, 12,288 (96 heads of 128) is not
+  run["model"]["num_attention_heads"] = 64;
+  run["model"]["num_key_value_heads"] = 8;
+  run["model"]["hidden_size"] = 8192;
+  c = grass::parse_run_config(run, "run.json");
+  c.device = grass::DeviceChoice::Cuda;
+  CHECK(grass::resolve(c, true).storage.cuda);
+  run["model"]["num_attention_heads"] = 96;
+  run["model"]["hidden_size"] = 12288;
+  c = grass::parse_run_config(run, "run.json");
+  c.device = grass::DeviceChoice::Cuda;
+  CHECK(user_error([&] { grass::resolve(c, true); }) ==
+        "run.json: model.hidden_size: 12288 is wider than the 12256 the CUDA backend's RMSNorm "
+        "backward takes (a row's partials in 48 KiB of shared memory): use a narrower model, or "
+        "run on the CPU (device \"cpu\")");
+  c.device = grass::DeviceChoice::Cpu;
+  CHECK_FALSE(grass::resolve(c, true).storage.cuda);
 }
 
 TEST_CASE("memory keys: checkpointing, fused updates and the memory limit", "[config][memory]") {

@@ -49,21 +49,30 @@ void check_selected_columns(const RunConfig& cfg, const ModelMemoryOptions& memo
                   "\"auto\" where the input side is the smaller)");
 }
 
-// The GPU's attention takes fewer head dims than the CPU's: refused before anything is written,
-// not at the first forward.
-void check_head_dim(const RunConfig& cfg, const Storage& storage) {
+// The GPU's kernels take fewer shapes than the CPU's (its attention's head dims, its RMSNorm
+// backward's widest row): refused before anything is written, not at the first step.
+void check_gpu_shapes(const RunConfig& cfg, const Storage& storage) {
+  if (!storage.cuda) return;
   const ModelConfig& m = cfg.model;
-  if (!storage.cuda || cuda_attention_takes_head_dim(m.head_dim())) return;
-  const std::string where = !cfg.model_path.empty() ? cfg.model_path + ": num_attention_heads"
-                            : (cfg.source.empty() ? std::string("run config") : cfg.source) +
-                                  ": model.num_attention_heads";
-  throw UserError(where + ": head_dim = hidden_size / num_attention_heads = " +
-                  std::to_string(m.hidden_size) + " / " + std::to_string(m.num_attention_heads) +
-                  " = " + std::to_string(m.head_dim()) +
-                  "; the CUDA backend's attention takes a multiple of 8 from 8 to " +
-                  std::to_string(kCudaMaxHeadDim) +
-                  " (the CPU backend any even one): change the heads, or run on the CPU (device "
-                  "\"cpu\")");
+  const auto where = [&](const std::string& key) {
+    return !cfg.model_path.empty()
+               ? cfg.model_path + ": " + key
+               : (cfg.source.empty() ? std::string("run config") : cfg.source) + ": model." + key;
+  };
+  const std::string or_cpu = ", or run on the CPU (device \"cpu\")";
+  if (!cuda_attention_takes_head_dim(m.head_dim()))
+    throw UserError(where("num_attention_heads") +
+                    ": head_dim = hidden_size / num_attention_heads = " +
+                    std::to_string(m.hidden_size) + " / " + std::to_string(m.num_attention_heads) +
+                    " = " + std::to_string(m.head_dim()) +
+                    "; the CUDA backend's attention takes a multiple of 8 from 8 to " +
+                    std::to_string(kCudaMaxHeadDim) +
+                    " (the CPU backend any even one): change the heads" + or_cpu);
+  if (m.hidden_size > kCudaMaxHiddenSize)
+    throw UserError(where("hidden_size") + ": " + std::to_string(m.hidden_size) +
+                    " is wider than the " + std::to_string(kCudaMaxHiddenSize) +
+                    " the CUDA backend's RMSNorm backward takes (a row's partials in 48 KiB of "
+                    "shared memory): use a narrower model" + or_cpu);
 }
 
 }  // namespace
@@ -75,7 +84,7 @@ ResolvedRun resolve(const RunConfig& cfg, bool gpu_usable) {
   const Storage storage = storage_for(cfg.precision, cuda);
   check_state_dtype(cfg, storage);
   check_streamed_layers(cfg, storage);
-  check_head_dim(cfg, storage);
+  check_gpu_shapes(cfg, storage);
   const ModelMemoryOptions memory = model_memory_options(cfg, storage);
   check_selected_columns(cfg, memory);
   return {storage, memory, attention_request(cfg, storage)};
