@@ -33,9 +33,9 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 constexpr int64_t kRowBlocks = 1024;  // backward: at most this many chunks of rows
-// Backward: C fp32 partials plus block_sum's 32 floats fit in the default 48 KiB of shared memory.
-constexpr int kMaxC = (48 * 1024 - 32 * int(sizeof(float))) / int(sizeof(float));
-static_assert(kMaxC == kCudaMaxHiddenSize, "kernels/backend.h states the backward's widest row");
+// Backward: C fp32 partials plus block_sum's 32 floats fit in the default 48 KiB of shared memory
+// (kernels/backend.h states it, for resolve() to refuse a wider GPU run).
+constexpr int kMaxC = kCudaMaxHiddenSize;
 // The dw column reduction: a tile of kReduceCols channels, kReduceLanes threads per channel.
 constexpr int kReduceCols = 32;
 constexpr int kReduceLanes = 16;

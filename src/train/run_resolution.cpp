@@ -13,6 +13,11 @@ namespace grass {
 
 namespace {
 
+// The file a run's error line names.
+std::string source_of(const RunConfig& cfg) {
+  return cfg.source.empty() ? std::string("run config") : cfg.source;
+}
+
 // fp32 and bf16 moments are the precisions' own (bf16 in pure bf16, else fp32); asking for the
 // other is refused rather than ignored.
 void check_state_dtype(const RunConfig& cfg, const Storage& storage) {
@@ -20,7 +25,7 @@ void check_state_dtype(const RunConfig& cfg, const Storage& storage) {
   if (dtype == StateDtype::Auto || dtype == StateDtype::Q8) return;
   const StateDtype own = storage.pure_bf16() ? StateDtype::Bf16 : StateDtype::Fp32;
   if (dtype == own) return;
-  throw UserError((cfg.source.empty() ? std::string("run config") : cfg.source) +
+  throw UserError(source_of(cfg) +
                   ": optimizer.state_dtype \"" + name_of(dtype) + "\": a " +
                   (storage.pure_bf16() ? "bf16" : storage.master ? "bf16-mixed" : "fp32") +
                   " run keeps " + name_of(own) + " moments; use \"auto\", \"" + name_of(own) +
@@ -30,7 +35,7 @@ void check_state_dtype(const RunConfig& cfg, const Storage& storage) {
 // precision "auto" is bf16-mixed on a GPU: its master copy does not stream.
 void check_streamed_layers(const RunConfig& cfg, const Storage& storage) {
   if ((cfg.offload.layers == 0 && !cfg.offload.layers_auto) || !storage.master) return;
-  throw UserError((cfg.source.empty() ? std::string("run config") : cfg.source) +
+  throw UserError(source_of(cfg) +
                   ": offload.layers: precision \"auto\" is bf16-mixed on the GPU, whose fp32 "
                   "master copy does not stream yet; set precision \"bf16\" (pure bf16, the 13B "
                   "mode)");
@@ -41,7 +46,7 @@ void check_selected_columns(const RunConfig& cfg, const ModelMemoryOptions& memo
   if (cfg.activations.selected_columns != Switch::On) return;
   const std::array<bool, 3> kept = inputs_kept_as_columns(cfg.model, memory);
   if (kept[0] || kept[1] || kept[2]) return;
-  throw UserError((cfg.source.empty() ? std::string("run config") : cfg.source) +
+  throw UserError(source_of(cfg) +
                   ": activations.selected_columns \"on\": no layer input of this run is read "
                   "only by GRASS targets that select columns, fewer together than its width (it "
                   "needs optimizer \"grass\", activation_checkpointing \"none\", no sampling, "
@@ -55,9 +60,8 @@ void check_gpu_shapes(const RunConfig& cfg, const Storage& storage) {
   if (!storage.cuda) return;
   const ModelConfig& m = cfg.model;
   const auto where = [&](const std::string& key) {
-    return !cfg.model_path.empty()
-               ? cfg.model_path + ": " + key
-               : (cfg.source.empty() ? std::string("run config") : cfg.source) + ": model." + key;
+    return cfg.model_path.empty() ? source_of(cfg) + ": model." + key
+                                  : cfg.model_path + ": " + key;
   };
   const std::string or_cpu = ", or run on the CPU (device \"cpu\")";
   if (!cuda_attention_takes_head_dim(m.head_dim()))

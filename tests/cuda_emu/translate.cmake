@@ -21,23 +21,20 @@
 # Usage: cmake -DIN=file.cu -DOUT=file.cpp [-DHEADER=1] -P translate.cmake
 file(READ "${IN}" text)
 string(REPLACE "reinterpret_cast<" "::cuda_emu::device_cast<" text "${text}")
-if(HEADER)
-  file(WRITE "${OUT}.tmp" "#line 1 \"${IN}\"\n${text}")
-  file(RENAME "${OUT}.tmp" "${OUT}")
-  return()
-endif()
-set(ws "[ \t\r\n]*")
-string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*<[^<>;]*>)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
-       "::cuda_emu::launch(\"\\1\", reinterpret_cast<const void*>(&\\1), ::cuda_emu::LaunchDims(\\2), [=] { \\1(\\3); });"
-       text "${text}")
-string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
-       "::cuda_emu::launch(\"\\1\", nullptr, ::cuda_emu::LaunchDims(\\2), [=] { \\1(\\3); });" text "${text}")
-string(REGEX REPLACE "extern __shared__ (__align__\\([0-9]+\\) )?([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_]) ([A-Za-z_][A-Za-z0-9_]*)\\[\\];"
-       "\\2* \\3 = reinterpret_cast<\\2*>(::cuda_emu::dynamic_shared_memory());" text "${text}")
-string(REGEX REPLACE "__shared__ ([A-Za-z_][A-Za-z0-9_:]*) ([A-Za-z_][A-Za-z0-9_]*)((\\[[^;]*\\])?);"
-       "static thread_local \\1 \\2\\3; ::cuda_emu::shared_declared(&\\2, sizeof \\2);" text "${text}")
-if(text MATCHES "<<<|>>>|extern __shared__|__shared__")
-  message(FATAL_ERROR "cuda_emu: ${IN} has a launch or a __shared__ declaration the translation does not know")
+if(NOT HEADER)  # a header takes the cast rewrite alone
+  set(ws "[ \t\r\n]*")
+  string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*<[^<>;]*>)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
+         "::cuda_emu::launch(\"\\1\", reinterpret_cast<const void*>(&\\1), ::cuda_emu::LaunchDims(\\2), [=] { \\1(\\3); });"
+         text "${text}")
+  string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*)${ws}<<<([^;]*)>>>\\(([^;]*)\\);"
+         "::cuda_emu::launch(\"\\1\", nullptr, ::cuda_emu::LaunchDims(\\2), [=] { \\1(\\3); });" text "${text}")
+  string(REGEX REPLACE "extern __shared__ (__align__\\([0-9]+\\) )?([A-Za-z_][A-Za-z0-9_ ]*[A-Za-z0-9_]) ([A-Za-z_][A-Za-z0-9_]*)\\[\\];"
+         "\\2* \\3 = reinterpret_cast<\\2*>(::cuda_emu::dynamic_shared_memory());" text "${text}")
+  string(REGEX REPLACE "__shared__ ([A-Za-z_][A-Za-z0-9_:]*) ([A-Za-z_][A-Za-z0-9_]*)((\\[[^;]*\\])?);"
+         "static thread_local \\1 \\2\\3; ::cuda_emu::shared_declared(&\\2, sizeof \\2);" text "${text}")
+  if(text MATCHES "<<<|>>>|extern __shared__|__shared__")
+    message(FATAL_ERROR "cuda_emu: ${IN} has a launch or a __shared__ declaration the translation does not know")
+  endif()
 endif()
 file(WRITE "${OUT}.tmp" "#line 1 \"${IN}\"\n${text}")
 file(RENAME "${OUT}.tmp" "${OUT}")
