@@ -553,6 +553,24 @@ TEST_CASE("grass mem names the weights as the floor when nothing fits: 13B under
   CHECK_THAT(capped.details, Contains("grass train's memory_limit caps the plan alone, 28.41 GiB"));
 }
 
+TEST_CASE("a sampled run's verdict offers no checkpointing mode sampling cannot take",
+          "[memory][verdict]") {
+  // sampled activations need checkpointing "none": the advice must not plan "elementwise" or
+  // "layer" with them (it stopped at an internal check before), with a limit and without one
+  for (const char* limit : {"memory_limit=40GiB", "memory_limit=24GiB"}) {
+    CAPTURE(limit);
+    const RunConfig cfg = run_13b({"activation_checkpointing=none", "activations.sample=wta-crs",
+                                   "activations.keep=0.3", limit});
+    const Storage storage = planned_storage(cfg);
+    const MemoryVerdict v = memory_verdict(cfg, storage);
+    CHECK_THAT(v.line, !Contains("activation_checkpointing"));
+    CHECK(v.fits == (cfg.memory_limit == 40 * GiB));
+  }
+  const RunConfig unlimited = run_13b({"activation_checkpointing=none",
+                                       "activations.sample=wta-crs", "activations.keep=0.5"});
+  CHECK(memory_verdict(unlimited, planned_storage(unlimited)).exit_code() == 0);
+}
+
 TEST_CASE("without a limit grass mem names the card sizes a GPU run fits, and exits 0",
           "[memory][verdict]") {
   const RunConfig grass = run_13b();

@@ -225,6 +225,7 @@ FitAdvice fit_advice(const RunConfig& cfg, const Storage& storage) {
   a.text = a.largest_text;
   for (const Checkpointing more : {Checkpointing::Elementwise, Checkpointing::Layer}) {
     if (more <= cfg.activation_checkpointing) continue;  // recomputes no more than the run does
+    if (cfg.activations.on()) break;  // sampled activations need checkpointing "none"
     RunConfig other = cfg;
     other.activation_checkpointing = more;
     const int with_more = largest_micro_batch(other, storage, cfg.memory_limit);
