@@ -20,8 +20,7 @@
 //   op                                     file (kernels/cpu/*.cpp, kernels/cuda/*.cu)      test (tests/gpu)
 //   linear_*, full_weight_grad             linear (OpenBLAS; cuBLASLt through gemm.cu)      test_gpu_gemm
 //   embedding_*                            embedding                                        test_gpu_elementwise
-//   rmsnorm_*, residual_rmsnorm_forward    rmsnorm (the GPU's one kernel, the CPU's two)    test_gpu_elementwise
-//   residual_forward                       residual                                         test_gpu_elementwise
+//   rmsnorm_*                              rmsnorm                                          test_gpu_elementwise
 //   gather_rows, row_norms, draw_rows      sampling                                         test_gpu_elementwise
 //   swiglu_*                               swiglu                                           test_gpu_elementwise
 //   attention_* (RoPE inside)              attention, rope                                  test_gpu_attention
@@ -358,6 +357,10 @@ class Backend : public MemoryResource {
 
   // ---- model ops --------------------------------------------------------------------------------
   virtual void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) = 0;
+  // y = r + x·wᵀ, r[N,out] not overlapping y: o_proj's and down's output added to the residual
+  // stream, the GPU's add in the GEMM's epilogue (one bf16 rounding of the fp32 product plus r)
+  virtual void linear_residual_forward(void* y, const void* x, const void* w, const void* r,
+                                       int64_t N, int in, int out) = 0;
   // dx = dy·w (+= when accumulate_dx) unless dx is null; dw += dyᵀ·x unless dw is null
   virtual void linear_backward(void* dx, void* dw, const void* dy, const void* x, const void* w,
                                int64_t N, int in, int out, bool accumulate_dx) = 0;
@@ -368,11 +371,6 @@ class Backend : public MemoryResource {
                                   const int32_t* host_tokens, int64_t N, int C) = 0;
   virtual void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int64_t N,
                                int C, double eps) = 0;
-  // sum[N,C] = a + b, then out, rstd = rmsnorm(sum): residual_forward then rmsnorm_forward, the
-  // same bits, in one op (on the GPU one kernel: no second one reading the sum straight back).
-  virtual void residual_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a,
-                                        const void* b, const void* w, int64_t N, int C,
-                                        double eps) = 0;
   virtual void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
                                 const float* rstd, int64_t N, int C) = 0;
   // Causal attention with RoPE: q[B,T,NH,HD] and k[B,T,NKV,HD] as the projections give them,
@@ -396,7 +394,6 @@ class Backend : public MemoryResource {
   virtual void swiglu_forward(void* out, const void* gu, int64_t N, int F) = 0;
   virtual void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N,
                                int F, int64_t ld) = 0;
-  virtual void residual_forward(void* out, const void* a, const void* b, int64_t n) = 0;
   // A sampled weight gradient's rows (model/row_sampling.h): out[k, D] = scale[j] · x[rows[j], :]
   // (act-typed; rows int32 and scale fp32 [k] in backend memory, scale null: 1), and the
   // sampling weights norms[N] (fp32) = ‖x[n, :]‖₂ of x [N, D].

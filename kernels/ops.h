@@ -25,6 +25,12 @@ namespace grass::ops {
 // y[N,out] = x[N,in] · w[out,in]ᵀ
 template <typename T>
 void linear_forward(T* y, const T* x, const T* w, int64_t N, int in, int out);
+// y[N,out] = r[N,out] + x[N,in] · w[out,in]ᵀ: o_proj's and down's output added to the residual
+// stream r (not overlapping y). The product is rounded to T, then the add: in fp32 (the CPU
+// backend) the GPU's epilogue, which adds r to the fp32 product and rounds once, gives these bits.
+// The backward of the add is the identity on both sides: linear_backward's.
+template <typename T>
+void linear_residual_forward(T* y, const T* x, const T* w, const T* r, int64_t N, int in, int out);
 // dx[N,in] = dy·w (or += when accumulate_dx);  dw[out,in] += dyᵀ·x (skipped when dw is null)
 template <typename T>
 void linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t N, int in, int out,
@@ -47,11 +53,6 @@ void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t
 // out[N,C] = w[C] * x * rstd,  rstd[N] = 1/sqrt(mean(x²) + eps)   (HF LlamaRMSNorm)
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t N, int C, double eps);
-// sum[N,C] = a + b, then out, rstd = rmsnorm(sum): residual_forward then rmsnorm_forward (the
-// residual add before a norm, which the GPU fuses into the norm's kernel with the same bits).
-template <typename T>
-void residual_rmsnorm_forward(T* sum, T* out, T* rstd, const T* a, const T* b, const T* w,
-                              int64_t N, int C, double eps);
 // dx[N,C] += ∂/∂x;  dw[C] += ∂/∂w.  dx accumulates because RMSNorm sits on the residual stream.
 template <typename T>
 void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd, int64_t N,
@@ -94,11 +95,6 @@ void swiglu_forward(T* out, const T* gu, int64_t N, int F);
 // backward as one GEMM), from dout[N,F] and gu[N,2F]
 template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gu, int64_t N, int F, int64_t ld);
-
-// ---- residual (kernels/cpu/residual.cpp) -----------------------------------------------------
-// out = a + b   (out may alias a). The backward of a residual add is the identity on both sides.
-template <typename T>
-void residual_forward(T* out, const T* a, const T* b, int64_t n);
 
 // ---- row sampling (kernels/cpu/sampling.cpp; src/model/row_sampling.h draws the rows) ---------
 // A sampled weight gradient's stored rows: out[j, :] = scale[j] · x[rows[j], :] for j < k

@@ -33,7 +33,7 @@ first_has() { grep -qF -- "$1" "$tmp/first" && pass || fail "first line lacks \"
 out_has() { grep -qF -- "$1" "$tmp/out" && pass || { fail "output lacks \"$1\":"; cat "$tmp/out"; }; }
 out_lacks() { grep -qF -- "$1" "$tmp/out" && { fail "output should not have \"$1\":"; cat "$tmp/out"; } || pass; }
 
-# GRASS r=256, pure bf16, 1 x 256 tokens: 28.41 GiB planned (attention "auto": with cuDNN's
+# GRASS r=256, pure bf16, 1 x 256 tokens: 28.40 GiB planned (attention "auto": with cuDNN's
 # workspace, 14.0 MiB; 28.39 GiB with the engine's kernels)
 big=configs/runs/llama_13b_grass.json
 
@@ -41,9 +41,9 @@ big=configs/runs/llama_13b_grass.json
 # would fit it
 mem 3 "$big" --memory-limit 24GiB
 first_starts "does not fit memory_limit 24.00 GiB: LLaMA 13.016B, grass r=256, pure bf16, 1 x 256 tokens"
-first_has "needs 29.67 GiB (5.67 GiB over)"
-first_has 'not even micro_batch_size 1 fits; offload "auto" fits it with optimizer states in the host tier, 7 layers'"'"' weights streamed from the host tier: 22.58 GiB on the device'
-out_has "  29.67 GiB = 28.41 GiB planned + 1.01 GiB the CUDA context and libraries take outside the plan (measured on an H200) + 256.0 MiB the reservation leaves free beside it"
+first_has "needs 29.66 GiB (5.66 GiB over)"
+first_has 'not even micro_batch_size 1 fits; offload "auto" fits it with optimizer states in the host tier, 7 layers'"'"' weights streamed from the host tier: 22.57 GiB on the device'
+out_has "  29.66 GiB = 28.40 GiB planned + 1.01 GiB the CUDA context and libraries take outside the plan (measured on an H200) + 256.0 MiB the reservation leaves free beside it"
 out_lacks "data-parallel"
 [ -s "$tmp/err" ] && fail "a run that does not fit is an answer, not an error: $(cat "$tmp/err")" || pass
 # in bf16-mixed no layer streams: the weights are the floor
@@ -60,11 +60,11 @@ out_has "(no layer streams: GaLore's optimizer.svd_batch \"layer\" does not stre
 mem 0 "$big" --memory-limit 40GiB
 first_starts "fits memory_limit 40.00 GiB: LLaMA 13.016B, grass r=256"
 # (62 sequences would fit a 40 GiB cap on the plan alone: 56 leave room for the 1.26 GiB beyond it)
-first_has "needs 29.67 GiB (10.33 GiB to spare); the largest micro_batch_size that fits is 56 (14336 tokens)"
+first_has "needs 29.66 GiB (10.34 GiB to spare); the largest micro_batch_size that fits is 56 (14336 tokens)"
 out_has 'attention "auto": cuDNN'"'"'s where it loads on the GPU, planned with its workspace, the larger: 14.0 MiB (grows as seq_len²)'
 # the engine's kernels alone: their smaller workspace, and no cuDNN line
 mem 0 "$big" --memory-limit 40GiB --set attention=grass
-first_has "needs 29.65 GiB (10.35 GiB to spare); the largest micro_batch_size that fits is 59 (15104 tokens)"
+first_has "needs 29.65 GiB (10.35 GiB to spare); the largest micro_batch_size that fits is 60 (15360 tokens)"
 out_lacks "cuDNN"
 
 # not fitting, with a way out: offload "auto" is named, not the floor

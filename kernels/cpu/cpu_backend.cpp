@@ -111,6 +111,10 @@ class CpuBackend final : public Backend {
   void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) override {
     ops::linear_forward(f(y), f(x), f(w), N, in, out);
   }
+  void linear_residual_forward(void* y, const void* x, const void* w, const void* r, int64_t N,
+                               int in, int out) override {
+    ops::linear_residual_forward(f(y), f(x), f(w), f(r), N, in, out);
+  }
   void linear_backward(void* dx, void* dw, const void* dy, const void* x, const void* w, int64_t N,
                        int in, int out, bool accumulate_dx) override {
     ops::linear_backward(f(dx), f(dw), f(dy), f(x), f(w), N, in, out, accumulate_dx);
@@ -126,10 +130,6 @@ class CpuBackend final : public Backend {
   void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int64_t N, int C,
                        double eps) override {
     ops::rmsnorm_forward(f(out), rstd, f(x), f(w), N, C, eps);
-  }
-  void residual_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* b,
-                                const void* w, int64_t N, int C, double eps) override {
-    ops::residual_rmsnorm_forward(f(sum), f(out), rstd, f(a), f(b), f(w), N, C, eps);
   }
   void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
                         const float* rstd, int64_t N, int C) override {
@@ -163,9 +163,6 @@ class CpuBackend final : public Backend {
     ops::swiglu_backward(f(dgate), f(dup), f(dout), f(gu), N, F, ld);
   }
 
-  void residual_forward(void* out, const void* a, const void* b, int64_t n) override {
-    ops::residual_forward(f(out), f(a), f(b), n);
-  }
   void gather_rows(void* out, const void* x, const int32_t* rows, const float* scale, int64_t k,
                    int D) override {
     ops::gather_rows(f(out), f(x), rows, scale, k, D);

@@ -1,5 +1,4 @@
-// RMSNorm as in HF LlamaRMSNorm: out = w * x / sqrt(mean(x²) + eps), statistics in double; and the
-// residual add before a norm with the norm (the GPU fuses the two in one kernel).
+// RMSNorm as in HF LlamaRMSNorm: out = w * x / sqrt(mean(x²) + eps), statistics in double.
 #include <cmath>
 #include <vector>
 
@@ -22,13 +21,6 @@ void rmsnorm_forward(T* out, T* rstd, const T* x, const T* w, int64_t N, int C, 
     T* o = out + n * C;
     for (int c = 0; c < C; c++) o[c] = w[c] * (xr[c] * r);
   }
-}
-
-template <typename T>
-void residual_rmsnorm_forward(T* sum, T* out, T* rstd, const T* a, const T* b, const T* w,
-                              int64_t N, int C, double eps) {
-  residual_forward(sum, a, b, N * C);
-  rmsnorm_forward(out, rstd, sum, w, N, C, eps);
 }
 
 template <typename T>
@@ -64,8 +56,6 @@ void rmsnorm_backward(T* dx, T* dw, const T* dout, const T* x, const T* w, const
 
 #define INSTANTIATE(T)                                                                        \
   template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int, double);        \
-  template void residual_rmsnorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, \
-                                            int, double);                                    \
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, \
                                     int);
 INSTANTIATE(float)

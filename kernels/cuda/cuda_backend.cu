@@ -364,6 +364,10 @@ class CudaBackend final : public Backend {
   void linear_forward(void* y, const void* x, const void* w, int64_t N, int in, int out) override {
     cuda::linear_forward(ctx_, b(y), b(x), b(w), N, in, out);
   }
+  void linear_residual_forward(void* y, const void* x, const void* w, const void* r, int64_t N,
+                               int in, int out) override {
+    cuda::linear_residual_forward(ctx_, b(y), b(x), b(w), b(r), N, in, out);
+  }
   void linear_backward(void* dx, void* dw, const void* dy, const void* x, const void* w, int64_t N,
                        int in, int out, bool accumulate_dx) override {
     if (dx) cuda::linear_backward_dx(ctx_, b(dx), b(dy), b(w), N, in, out, accumulate_dx);
@@ -402,10 +406,6 @@ class CudaBackend final : public Backend {
   void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int64_t N, int C,
                        double eps) override {
     cuda::rmsnorm_forward(ctx_, b(out), rstd, b(x), b(w), N, C, float(eps));
-  }
-  void residual_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* c,
-                                const void* w, int64_t N, int C, double eps) override {
-    cuda::residual_rmsnorm_forward(ctx_, b(sum), b(out), rstd, b(a), b(c), b(w), N, C, float(eps));
   }
   void rmsnorm_backward(void* dx, void* dw, const void* dout, const void* x, const void* w,
                         const float* rstd, int64_t N, int C) override {
@@ -470,10 +470,6 @@ class CudaBackend final : public Backend {
   void swiglu_backward(void* dgate, void* dup, const void* dout, const void* gu, int64_t N, int F,
                        int64_t ld) override {
     cuda::swiglu_backward(ctx_, b(dgate), b(dup), b(dout), b(gu), N, F, ld);
-  }
-
-  void residual_forward(void* out, const void* a, const void* c, int64_t n) override {
-    cuda::residual_forward(ctx_, b(out), b(a), b(c), n);
   }
   void gather_rows(void* out, const void* x, const int32_t* rows, const float* scale, int64_t k,
                    int D) override {

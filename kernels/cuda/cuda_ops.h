@@ -57,6 +57,11 @@ cublasHandle_t create_gemm_fallback_handle();
 // y[N,out] = x[N,in] · w[out,in]ᵀ
 void linear_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w, int64_t N, int in,
                     int out);
+// y[N,out] = r[N,out] + x[N,in] · w[out,in]ᵀ, the add in the GEMM's epilogue: the product's fp32
+// sum plus r, rounded to bf16 once. r is read only and must not overlap y (o_proj's and down's
+// output on the residual stream: r the stream before the block, y the stream after it).
+void linear_residual_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w,
+                             const bf16* r, int64_t N, int in, int out);
 // dx[N,in] = dy[N,out] · w[out,in]   (dx += ... when accumulate_dx)
 void linear_backward_dx(const Context& ctx, bf16* dx, const bf16* dy, const bf16* w, int64_t N,
                         int in, int out, bool accumulate_dx);
@@ -89,10 +94,6 @@ void embedding_backward(const Context& ctx, void* dtable, GradType gtype, const 
 // out[N,C] = w[C] * x * rstd,  rstd[N] = 1/sqrt(mean(x²) + eps)
 void rmsnorm_forward(const Context& ctx, bf16* out, float* rstd, const bf16* x, const bf16* w,
                      int64_t N, int C, float eps);
-// sum[N,C] = a + b, then out, rstd = rmsnorm(sum) in one kernel: the bits of residual_forward
-// followed by rmsnorm_forward.
-void residual_rmsnorm_forward(const Context& ctx, bf16* sum, bf16* out, float* rstd, const bf16* a,
-                              const bf16* b, const bf16* w, int64_t N, int C, float eps);
 // dx[N,C] += ∂/∂x (the residual stream accumulates);  dw[C] += ∂/∂w.
 // dw's column sums go through scratch[rmsnorm_scratch_floats(N, C)] in a fixed order.
 int64_t rmsnorm_scratch_floats(int64_t N, int C);
@@ -100,7 +101,7 @@ void rmsnorm_backward(const Context& ctx, bf16* dx, void* dw, GradType gtype, co
                       const bf16* x, const bf16* w, const float* rstd, float* scratch, int64_t N,
                       int C);
 // For the kernel lab alone, which times the block-per-row kernels beside the warp-per-row ones
-// (issue 45): true sends every row of the three calls above to the block-per-row kernels.
+// (issue 45): true sends every row of the two calls above to the block-per-row kernels.
 void rmsnorm_force_block_kernels(bool on);
 
 // ---- RoPE (kernels/cuda/rope.cu), HF rotate-half on x[B,T,H,HD], in place ----------------------
@@ -122,10 +123,6 @@ void rope_table(const Context& ctx, float* table, int T, int HD, float theta);
 void swiglu_forward(const Context& ctx, bf16* out, const bf16* gu, int64_t N, int F);
 void swiglu_backward(const Context& ctx, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gu,
                      int64_t N, int F, int64_t ld);
-
-// ---- residual (kernels/cuda/residual.cu) -----------------------------------------------------
-// out = a + b (out may alias a)
-void residual_forward(const Context& ctx, bf16* out, const bf16* a, const bf16* b, int64_t n);
 
 // ---- row sampling (kernels/cuda/sampling.cu) -------------------------------------------------
 // out[j, :] = scale[j] · x[rows[j], :] for j < k (scale null: 1), rounded once; out [k, D]

@@ -16,6 +16,10 @@
 // handle is the Context's (create_gemm_fallback_handle), made with the backend, before the run's
 // memory is reserved: cublasCreate takes device memory of its own.
 //
+// Out of place (D = A·B + C with C ≠ D: the residual stream's add in o_proj's and down's
+// epilogue): cuBLASLt reads C and writes D in the same epilogue; cublasGemmEx takes only C = D,
+// so its path copies C to D first, the same sums.
+//
 // Plans: each distinct problem (device, shape, leading dimensions, output type, alignments,
 // workspace) builds its descriptors and asks the heuristic once; the plan is kept for the life of
 // the process, because the query costs more than a small GEMM.
@@ -30,6 +34,7 @@
 // a bf16 output's split-K partials in bf16.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdio>
@@ -50,7 +55,8 @@ struct Problem {
   cublasOperation_t op_a, op_b;
   int64_t m, n, k, lda, ldb, ldc;
   cudaDataType_t c_type;
-  uint32_t align_a, align_b, align_c;  // bytes: what every row start of the operand is aligned to
+  // bytes: what every row start of the operand is aligned to (align_c: of C and D both)
+  uint32_t align_a, align_b, align_c;
 };
 
 struct Plan {
@@ -107,7 +113,7 @@ Plan make_plan(const Context& ctx, const Problem& p) {
   set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.align_a);
   set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_b);
   set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c);
-  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);  // D is C
+  set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c);  // C's layout
   // Split-K only with a separate reduction pass over a workspace: an in-place reduction adds the
   // partial sums into the output in an order that need not repeat (determinism), and in bf16
   // outputs it would add them in bf16, so bf16 keeps fp32 partials alone (OUTPUT_TYPE would
@@ -217,8 +223,8 @@ void gemm_f32(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t
 }
 
 void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, void* C,
-               cudaDataType_t c_type, int64_t ldc) {
+               const bf16* A, int64_t lda, const bf16* B, int64_t ldb, float beta, const void* C,
+               void* D, cudaDataType_t c_type, int64_t ldc) {
   GRASS_CHECK(c_type == CUDA_R_32F || c_type == CUDA_R_16BF,
               "gemm_bf16: output must be fp32 or bf16");
   GRASS_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative dimension");
@@ -226,32 +232,48 @@ void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_
               "gemm_bf16: leading dimension shorter than a row");
   if (M == 0 || N == 0) return;  // nothing to write
   const int64_t c_bytes = c_type == CUDA_R_32F ? 4 : 2;
-  if (K == 0) {  // an empty sum (no tokens): C = beta·C, without asking cuBLASLt about k = 0
+  const size_t row_bytes = size_t(N * c_bytes), pitch_bytes = size_t(ldc * c_bytes);
+  if (C != D) {  // cuBLASLt reads C and writes D tile by tile: an overlap would read written tiles
+    const auto c0 = reinterpret_cast<uintptr_t>(C), d0 = reinterpret_cast<uintptr_t>(D);
+    const uintptr_t extent = (M - 1) * pitch_bytes + row_bytes;
+    GRASS_CHECK(c0 + extent <= d0 || d0 + extent <= c0, "gemm_bf16: C overlaps D without being D");
+  }
+  // D = C before an in-place product: cublasGemmEx and an empty sum know only C = D
+  auto copy_c_to_d = [&] {
+    GRASS_CUDA_CHECK(cudaMemcpy2DAsync(D, pitch_bytes, C, pitch_bytes, row_bytes, size_t(M),
+                                       cudaMemcpyDeviceToDevice, ctx.stream));
+  };
+  if (K == 0) {  // an empty sum (no tokens): D = beta·C, without asking cuBLASLt about k = 0
     GRASS_CHECK(beta == 0.0f || beta == 1.0f, "gemm_bf16: k = 0 with a beta other than 0 or 1");
     if (beta == 0.0f)
-      GRASS_CUDA_CHECK(cudaMemset2DAsync(C, size_t(ldc * c_bytes), 0, size_t(N * c_bytes),
-                                         size_t(M), ctx.stream));
+      GRASS_CUDA_CHECK(cudaMemset2DAsync(D, pitch_bytes, 0, row_bytes, size_t(M), ctx.stream));
+    else if (C != D)
+      copy_c_to_d();
     return;
   }
   Problem p = column_major(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_type);
   p.align_a = alignment_bytes(B, ldb, 2);
   p.align_b = alignment_bytes(A, lda, 2);
-  p.align_c = alignment_bytes(C, ldc, c_bytes);
+  p.align_c = std::min(alignment_bytes(C, ldc, c_bytes), alignment_bytes(D, ldc, c_bytes));
   const Plan& plan = cached_plan(ctx, p);
   const float alpha = 1.0f;
+  auto fallback = [&] {
+    if (C != D && beta != 0.0f) copy_c_to_d();
+    run_fallback(ctx, p, B, A, &alpha, &beta, D);
+  };
   if (!plan.lt_has_algo) {
-    run_fallback(ctx, p, B, A, &alpha, &beta, C);
+    fallback();
     return;
   }
   const cublasStatus_t status =
-      cublasLtMatmul(ctx.lt, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c,
+      cublasLtMatmul(ctx.lt, plan.op, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, D, plan.c,
                      &plan.algo, ctx.lt_workspace, ctx.lt_workspace_bytes, ctx.stream);
-  if (status != CUBLAS_STATUS_SUCCESS) {  // refused at launch: nothing ran, C is as it was
+  if (status != CUBLAS_STATUS_SUCCESS) {  // refused at launch: nothing ran, D is as it was
     std::fprintf(stderr, "grass: cuBLASLt's kernel for %s failed to launch (%s); using "
                  "cublasGemmEx for it from now on\n", describe(p).c_str(),
                  cublasGetStatusString(status));
     plan.lt_has_algo = false;
-    run_fallback(ctx, p, B, A, &alpha, &beta, C);
+    fallback();
     return;
   }
   debug_sync("cublasLtMatmul", __FILE__, __LINE__);

@@ -1,7 +1,8 @@
-// The linear layer y = x·wᵀ on the GPU (the CPU reference: kernels/cpu/linear.cpp): the forward,
-// the backward's two products, and rows of the transient full weight gradient a projected target's
-// refresh reads. Each is one bf16 GEMM with fp32 accumulation through gemm_bf16 (gemm.cuh;
-// kernels/cuda/gemm.cu has the cuBLASLt machinery: plans, alignment, the fallback, determinism).
+// The linear layer y = x·wᵀ on the GPU (the CPU reference: kernels/cpu/linear.cpp): the forward
+// (for o_proj and down with the residual stream added in the epilogue), the backward's two
+// products, and rows of the transient full weight gradient a projected target's refresh reads.
+// Each is one bf16 GEMM with fp32 accumulation through gemm_bf16 (gemm.cuh; kernels/cuda/gemm.cu
+// has the cuBLASLt machinery: plans, alignment, the fallback, determinism).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.cuh"
 #include "src/core/error.h"
@@ -12,6 +13,12 @@ void linear_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w, i
                     int out) {
   // y[N,out] = x[N,in] · w[out,in]ᵀ
   gemm_bf16(ctx, false, true, N, out, in, x, in, w, in, 0.0f, y, CUDA_R_16BF, out);
+}
+
+void linear_residual_forward(const Context& ctx, bf16* y, const bf16* x, const bf16* w,
+                             const bf16* r, int64_t N, int in, int out) {
+  // y[N,out] = r + x[N,in] · w[out,in]ᵀ: cuBLASLt's D = A·B + β·C with C = r, β = 1
+  gemm_bf16(ctx, false, true, N, out, in, x, in, w, in, 1.0f, r, y, CUDA_R_16BF, out);
 }
 
 void linear_backward_dx(const Context& ctx, bf16* dx, const bf16* dy, const bf16* w, int64_t N,

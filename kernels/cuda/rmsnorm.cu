@@ -6,8 +6,8 @@
 // in order) then an xor butterfly across the warp, with no block barrier. Otherwise (C % 8 != 0,
 // misaligned pointers, larger C) one block per row, the sum of squares a fixed-shape block
 // reduction; both orders are functions of C alone, so the bits never depend on the launch.
-// The same kernels also do the residual add before a norm (x = a + b, stored as the residual
-// stream), so that x is not written by one kernel and read straight back by the next.
+// (The residual add before a norm is not here: the GEMM that makes o_proj's or down's output adds
+// the stream in its epilogue, linear_residual_forward in kernels/cuda/linear.cu.)
 // Backward: dx is per row, but dw[c] = Σ_n dout[n,c]·xhat[n,c] sums over every row. Instead of
 // atomics, the rows are cut into at most kRowBlocks contiguous chunks (a function of N only, so
 // the scratch size is known up front and the sum order never depends on the device): each block
@@ -61,13 +61,10 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // out[N, C], rstd[N], x[N, C], w[C]; warp = one row, lane l = packs l, l + 32, ... With KP > 0
 // the lane holds its (at most KP) packs in registers between the two passes; with KP = 0 (C
-// above kHeldMaxC) its second pass reads them again, from L1 or L2. With ADD
-// (residual_rmsnorm_forward) the row normalised is x + b[N, C], rounded to bf16 and stored to
-// sum[N, C] as residual_forward stores it: the same values in the same order as without ADD.
-template <int KP, bool ADD>
-__global__ void rmsnorm_forward_warp_kernel(bf16* out, float* rstd, bf16* sum, const bf16* x,
-                                            const bf16* b, const bf16* w, int64_t N, int C,
-                                            float eps) {
+// above kHeldMaxC) its second pass reads them again, from L1 or L2.
+template <int KP>
+__global__ void rmsnorm_forward_warp_kernel(bf16* out, float* rstd, const bf16* x, const bf16* w,
+                                            int64_t N, int C, float eps) {
   using Pack = BF16Pack<8>;
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -81,14 +78,7 @@ __global__ void rmsnorm_forward_warp_kernel(bf16* out, float* rstd, bf16* sum, c
 
   float sum_sq = 0.0f;  // the lane's packs in order, then the butterfly: a function of C alone
   auto first_pass = [&](int k) {
-    Pack xp = x_lane[32 * k];
-    if constexpr (ADD) {
-      const Pack bp = reinterpret_cast<const Pack*>(b + lane_at)[32 * k];
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        xp.v[j] = __float2bfloat16_rn(__bfloat162float(xp.v[j]) + __bfloat162float(bp.v[j]));
-      reinterpret_cast<Pack*>(sum + lane_at)[32 * k] = xp;
-    }
+    const Pack xp = x_lane[32 * k];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
       const float xv = __bfloat162float(xp.v[j]);
@@ -119,9 +109,7 @@ __global__ void rmsnorm_forward_warp_kernel(bf16* out, float* rstd, bf16* sum, c
     for (int k = 0; k < lane_packs; k++) first_pass(k);
     const float r = 1.0f / sqrtf(warp_sum(sum_sq) / float(C) + eps);
     if (lane == 0) rstd[row] = r;
-    // With ADD, the sum this lane just stored.
-    const Pack* normed_lane = reinterpret_cast<const Pack*>((ADD ? sum : x) + lane_at);
-    for (int k = 0; k < lane_packs; k++) second_pass(k, normed_lane[32 * k], r);
+    for (int k = 0; k < lane_packs; k++) second_pass(k, x_lane[32 * k], r);
   }
 }
 
@@ -193,12 +181,9 @@ __global__ void rmsnorm_backward_warp_kernel(bf16* dx, float* dw_partial, const 
 
 
 // out[N, C], rstd[N], x[N, C], w[C]; block = one row, thread t = packs t, t + blockDim, ...
-// With ADD (residual_rmsnorm_forward) the row normalised is x + b[N, C], rounded to bf16 and
-// stored to sum[N, C] as residual_forward stores it, then read in the same order as without ADD:
-// the bits of residual_forward followed by rmsnorm_forward, without a second kernel reading sum.
-template <int VEC, bool ADD>
-__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* sum, const bf16* x,
-                                       const bf16* b, const bf16* w, int C, float eps) {
+template <int VEC>
+__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* x, const bf16* w, int C,
+                                       float eps) {
   using Pack = BF16Pack<VEC>;
   const int64_t row = blockIdx.x;
   const Pack* x_row = reinterpret_cast<const Pack*>(x + row * C);
@@ -208,14 +193,7 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* sum, const 
 
   float sum_sq = 0.0f;
   for (int p = threadIdx.x; p < packs; p += blockDim.x) {
-    Pack xp = x_row[p];
-    if constexpr (ADD) {
-      const Pack bp = reinterpret_cast<const Pack*>(b + row * C)[p];
-#pragma unroll
-      for (int j = 0; j < VEC; j++)
-        xp.v[j] = __float2bfloat16_rn(__bfloat162float(xp.v[j]) + __bfloat162float(bp.v[j]));
-      reinterpret_cast<Pack*>(sum + row * C)[p] = xp;
-    }
+    const Pack xp = x_row[p];
 #pragma unroll
     for (int j = 0; j < VEC; j++) {
       const float xv = __bfloat162float(xp.v[j]);
@@ -225,11 +203,9 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* sum, const 
   const float r = 1.0f / sqrtf(block_sum(sum_sq) / float(C) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
 
-  // Second pass over the row: it was just read (or, with ADD, written: each thread reads back its
-  // own packs) by this block, so it comes from L1/L2.
-  const Pack* normed_row = reinterpret_cast<const Pack*>((ADD ? sum : x) + row * C);
+  // Second pass over the row: it was just read by this block, so it comes from L1/L2.
   for (int p = threadIdx.x; p < packs; p += blockDim.x) {
-    const Pack xp = normed_row[p], wp = w_packs[p];
+    const Pack xp = x_row[p], wp = w_packs[p];
     Pack op;
 #pragma unroll
     for (int j = 0; j < VEC; j++)
@@ -329,17 +305,16 @@ bool warp_per_row(bool packed, int C) { return packed && C <= kWarpMaxC && !forc
 
 // The warp-per-row forward: the row held in the fewest registers that take a lane's packs, or,
 // above kHeldMaxC, read twice.
-template <bool ADD>
-void launch_forward_warp(const Context& ctx, bf16* out, float* rstd, bf16* sum, const bf16* x,
-                         const bf16* b, const bf16* w, int64_t N, int C, float eps) {
+void launch_forward_warp(const Context& ctx, bf16* out, float* rstd, const bf16* x, const bf16* w,
+                         int64_t N, int C, float eps) {
   const unsigned grid = unsigned(ceil_div(N, kWarps));
   const int lane_packs = int(ceil_div(C / 8, 32));
-  auto kernel = C > kHeldMaxC        ? rmsnorm_forward_warp_kernel<0, ADD>
-                : lane_packs <= 4  ? rmsnorm_forward_warp_kernel<4, ADD>
-                : lane_packs <= 8  ? rmsnorm_forward_warp_kernel<8, ADD>
-                : lane_packs <= 16 ? rmsnorm_forward_warp_kernel<16, ADD>
-                                   : rmsnorm_forward_warp_kernel<24, ADD>;
-  kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(out, rstd, sum, x, b, w, N, C, eps);
+  auto kernel = C > kHeldMaxC        ? rmsnorm_forward_warp_kernel<0>
+                : lane_packs <= 4  ? rmsnorm_forward_warp_kernel<4>
+                : lane_packs <= 8  ? rmsnorm_forward_warp_kernel<8>
+                : lane_packs <= 16 ? rmsnorm_forward_warp_kernel<16>
+                                   : rmsnorm_forward_warp_kernel<24>;
+  kernel<<<grid, kWarps * 32, 0, ctx.stream>>>(out, rstd, x, w, N, C, eps);
 }
 
 }  // namespace
@@ -352,36 +327,13 @@ void rmsnorm_forward(const Context& ctx, bf16* out, float* rstd, const bf16* x, 
   if (N == 0) return;
   const bool packed = C % 8 == 0 && aligned16(out) && aligned16(x) && aligned16(w);
   if (warp_per_row(packed, C))
-    launch_forward_warp<false>(ctx, out, rstd, nullptr, x, nullptr, w, N, C, eps);
+    launch_forward_warp(ctx, out, rstd, x, w, N, C, eps);
   else if (packed)
-    rmsnorm_forward_kernel<8, false><<<unsigned(N), row_threads(C / 8), 0, ctx.stream>>>(
-        out, rstd, nullptr, x, nullptr, w, C, eps);
+    rmsnorm_forward_kernel<8><<<unsigned(N), row_threads(C / 8), 0, ctx.stream>>>(out, rstd, x, w,
+                                                                                   C, eps);
   else
-    rmsnorm_forward_kernel<1, false><<<unsigned(N), row_threads(C), 0, ctx.stream>>>(
-        out, rstd, nullptr, x, nullptr, w, C, eps);
-  GRASS_LAUNCH_CHECK();
-}
-
-void residual_rmsnorm_forward(const Context& ctx, bf16* sum, bf16* out, float* rstd, const bf16* a,
-                              const bf16* b, const bf16* w, int64_t N, int C, float eps) {
-  GRASS_CHECK(N >= 0 && N <= INT32_MAX && C > 0, "residual_rmsnorm_forward: bad shape");
-  if (N == 0) return;
-  // The kernel decides the order of the sums of squares: rmsnorm_forward's choice for x = sum.
-  const bool packed = C % 8 == 0 && aligned16(out) && aligned16(sum) && aligned16(w);
-  if (packed && !(aligned16(a) && aligned16(b))) {
-    // a or b cannot be read in packs where the norm must be: the two kernels, the same bits.
-    residual_forward(ctx, sum, a, b, N * C);
-    rmsnorm_forward(ctx, out, rstd, sum, w, N, C, eps);
-    return;
-  }
-  if (warp_per_row(packed, C))
-    launch_forward_warp<true>(ctx, out, rstd, sum, a, b, w, N, C, eps);
-  else if (packed)
-    rmsnorm_forward_kernel<8, true><<<unsigned(N), row_threads(C / 8), 0, ctx.stream>>>(
-        out, rstd, sum, a, b, w, C, eps);
-  else
-    rmsnorm_forward_kernel<1, true><<<unsigned(N), row_threads(C), 0, ctx.stream>>>(
-        out, rstd, sum, a, b, w, C, eps);
+    rmsnorm_forward_kernel<1><<<unsigned(N), row_threads(C), 0, ctx.stream>>>(out, rstd, x, w, C,
+                                                                              eps);
   GRASS_LAUNCH_CHECK();
 }
 

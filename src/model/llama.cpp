@@ -247,7 +247,6 @@ void LlamaModel::build(Arena& arena, const std::vector<std::string>& projected,
   auto wsp = [&](const std::string& name, int64_t count) {
     return arena.alloc_bytes(MemCategory::Workspace, prefix + name, count * storage.act_bytes);
   };
-  ws_.proj = wsp("proj", N * C);
   WorkspaceShape shape{max_batch, seq_len, int(C), int(Fs), int(V), int(NH),
                        cfg.num_key_value_heads, int(HD), cfg.rope_theta, memory.attention};
   shape.forward_only = memory.forward_only;
@@ -662,13 +661,14 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   if (keep_cols && columns_inputs_[SampledInputs::N1])
     keep_columns(l, SampledInputs::N1, a.n1, N, C);
   be.attention_forward(a.att, a.saved, qkv_rows(a), B, T, NH, NKV, HD, theta);  // RoPE inside
-  be.linear_forward(ws_.proj, a.att, w.wo, N, NH * HD, C);
-  // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h); h and n2 in one op
-  // (the previous layer's draw from the shared n2 done first: it runs beside the compute)
-  if (sampled_pass_) sampled_->before_write(SampledInputs::N2);
-  be.residual_rmsnorm_forward(a.h, a.n2, a.rstd2, a.x_in, ws_.proj, w.mlp_norm, N, C, eps);
+  // h = x + o_proj(att): the residual add in the GEMM (on the GPU its epilogue)
+  be.linear_residual_forward(a.h, a.att, w.wo, a.x_in, N, NH * HD, C);
   if (x_in_ring_ && to_output)  // the forward's last read of x_in
     x_in_ring_->after_forward(l, N * C * storage().act_bytes);
+  // MLP block: x_next = h + down(silu(gate(n2)) * up(n2)) on n2 = rmsnorm(h) (the previous
+  // layer's draw from the shared n2 done first: it runs beside the compute)
+  if (sampled_pass_) sampled_->before_write(SampledInputs::N2);
+  be.rmsnorm_forward(a.n2, a.rstd2, a.h, w.mlp_norm, N, C, eps);
   // gate_proj and up_proj as one GEMM: their weights are adjacent, one [2F, C] matrix
   be.linear_forward(a.gu, a.n2, w.wgate, N, C, 2 * F);
   if (keep) sampled_->keep(l, SampledInputs::N2, a.n2, N);
@@ -680,12 +680,13 @@ void LlamaModel::layer_forward(int l, int B, bool to_output) {
   if (keep_cols && columns_inputs_[SampledInputs::Act])
     keep_columns(l, SampledInputs::Act, a.act, N, F);
   if (!to_output) return;
-  be.linear_forward(ws_.proj, a.act, w.wdown, N, F, C);
-  // x_next and its norm: the next layer's n1, or after the last layer the final norm
+  // x_next = h + down(act), and its norm: the next layer's n1, or after the last layer the final
+  // norm
   if (x_in_ring_ && l + 1 < cfg_.num_hidden_layers) x_in_ring_->before_write(l + 1);
   const StreamNorm next = stream_norm(l + 1);
+  be.linear_residual_forward(next.x, a.act, w.wdown, a.h, N, F, C);
   if (sampled_pass_) sampled_->before_write(SampledInputs::N1);  // next.out: the shared n1
-  be.residual_rmsnorm_forward(next.x, next.out, next.rstd, a.h, ws_.proj, next.w, N, C, eps);
+  be.rmsnorm_forward(next.out, next.rstd, next.x, next.w, N, C, eps);
 }
 
 LlamaModel::StreamNorm LlamaModel::stream_norm(int l) {

@@ -392,7 +392,6 @@ class LlamaModel {
   void read_losses();
 
   struct Workspace {  // backward scratch, reused by every layer (act-typed)
-    void *proj;       // [N, C] o_proj / down_proj output before the residual add
     void *dres;       // [N, C] gradient of the residual stream
     void *dnorm;      // [N, C] gradient of a norm's output
     void *datt;       // [N, NH*HD]

@@ -141,6 +141,8 @@ cublasStatus_t gemm(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, i
     if (cublasStatus_t s = check_operand(b)) return s;
   }
   if (cublasStatus_t s = check_operand(c)) return s;
+  if (d != c.ptr)
+    if (cublasStatus_t s = check_operand({d, c.type, c.rows, c.cols, c.ld, "D"})) return s;
   cuda_emu::enqueue(stream, [=] { compute(ta, tb, m, n, k, alpha, a, b, beta, c, d, order); });
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -297,9 +299,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     lt_matmul_failures--;
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
-  if (c != d || cl->rows != dl->rows || cl->cols != dl->cols || cl->ld != dl->ld ||
-      cl->type != dl->type)
-    return invalid("cublasLtMatmul: the emulation takes D = C only");
+  if (cl->rows != dl->rows || cl->cols != dl->cols || cl->ld != dl->ld || cl->type != dl->type)
+    return invalid("cublasLtMatmul: the emulation takes C and D of one layout only");
+  if (c != d && cl->rows > 0 && cl->cols > 0) {  // out of place: a kernel would read tiles D wrote
+    const uint64_t extent = uint64_t((int64_t(cl->cols) - 1) * cl->ld + int64_t(cl->rows)) *
+                            uint64_t(element_bytes(cl->type));
+    const auto c0 = uint64_t(reinterpret_cast<uintptr_t>(c)), d0 = uint64_t(reinterpret_cast<uintptr_t>(d));
+    if (c0 < d0 + extent && d0 < c0 + extent)
+      return invalid("cublasLtMatmul: C overlaps D without being D");
+  }
   const void* ptrs[4] = {a, b, c, d};
   const int64_t lds[4] = {al->ld, bl->ld, cl->ld, dl->ld};
   const cudaDataType_t types[4] = {al->type, bl->type, cl->type, dl->type};

@@ -293,6 +293,24 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (cudaError_t e = take_fault()) return e;
   return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream) {
+  cuda_emu::check_stream_device(stream, "cudaMemcpy2DAsync");
+  if (kind != cudaMemcpyDeviceToDevice) return cudaErrorInvalidValue;
+  if (height == 0 || width == 0) return cudaSuccess;
+  if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+  if (cudaError_t e = check_device(dst, dpitch * (height - 1) + width, "cudaMemcpy2D destination"))
+    return e;
+  if (cudaError_t e = check_device(src, spitch * (height - 1) + width, "cudaMemcpy2D source"))
+    return e;
+  cuda_emu::enqueue(stream, [=] {
+    for (size_t r = 0; r < height; r++)
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                   width);
+  });
+  return cudaSuccess;
+}
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
   cuda_emu::check_stream_device(stream, "cudaMemsetAsync");
   if (cudaError_t e = check_device(dst, bytes, "cudaMemset")) return e;

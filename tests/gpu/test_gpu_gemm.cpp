@@ -1,6 +1,6 @@
 // The linear layer's GEMMs (kernels/cuda/linear.cu, through kernels/cuda/gemm.cu's cuBLASLt)
-// against the CPU reference (kernels/cpu/linear.cpp) on the same bf16-rounded inputs: forward,
-// dx (overwrite and accumulate), dw (fp32 and bf16, always accumulating), the transient full
+// against the CPU reference (kernels/cpu/linear.cpp) on the same bf16-rounded inputs: forward
+// (and with the residual stream added in the epilogue), dx (overwrite and accumulate), dw (fp32 and bf16, always accumulating), the transient full
 // gradient; at the model's awkward widths (5461, token counts like 3·77, a single token) and with
 // operands that start at 2-byte boundaries.
 #include <catch2/catch.hpp>
@@ -134,6 +134,88 @@ TEST_CASE("gemm: linear_full_grad_f32 writes the whole gradient, or a chunk of i
       CHECK(rel_error(g.download(), chunk) <= 1e-2);
     }
   }
+}
+
+// o_proj's and down's output added to the residual stream in the GEMM's epilogue, against the
+// exact sum in double. The stream r is made to cancel most of the product (r ≈ -x·wᵀ), so that a
+// product rounded to bf16 before the add would be off by up to half a bf16 spacing of the product,
+// far outside the bound of one rounding: 2⁻⁸ of |e| plus the fp32 sum's error (K + 2)·2⁻²⁴ of
+// Σ|x·w| + |r|, in any summation order. Shift 1 puts every operand 2 bytes into its buffer, which
+// cuBLASLt takes no kernel for: cublasGemmEx's path (C copied to D, then added in place).
+TEST_CASE("gemm: linear_residual_forward adds the stream to the fp32 product and rounds once",
+          "[gpu]") {
+  TestContext tc;
+  struct Case {
+    Shape s;
+    int shift;
+  };
+  for (const auto& [s, shift] : {Case{{3 * 77, 64, 96}, 0}, Case{{3 * 77, 64, 96}, 1},
+                                 Case{{64, 40, 5461}, 0}, Case{{5, 7, 3}, 0}}) {
+    INFO("N=" << s.N << " in=" << s.in << " out=" << s.out << " shift=" << shift);
+    const size_t ny = size_t(s.N) * s.out;
+    const std::vector<float> x = bf16_rounded(randn(s.N * s.in));
+    const std::vector<float> w = bf16_rounded(randn(size_t(s.out) * s.in));
+    std::vector<double> product(ny), magnitude(ny);  // Σ x·w and Σ |x·w|, exact in double
+    for (int64_t n = 0; n < s.N; n++)
+      for (int o = 0; o < s.out; o++)
+        for (int k = 0; k < s.in; k++) {
+          const double t = double(x[size_t(n * s.in + k)]) * w[size_t(o) * s.in + k];
+          product[size_t(n * s.out + o)] += t;
+          magnitude[size_t(n * s.out + o)] += std::fabs(t);
+        }
+    std::vector<float> r(ny);
+    const std::vector<float> noise = randn(ny, 0.25);
+    for (size_t i = 0; i < ny; i++) r[i] = float(-product[i] + noise[i]);
+    r = bf16_rounded(r);
+
+    auto padded = [&](const std::vector<float>& v) {
+      std::vector<float> out(size_t(shift), 1.0f);
+      out.insert(out.end(), v.begin(), v.end());
+      return out;
+    };
+    DeviceBuffer<bf16> d_x(shift + x.size()), d_w(shift + w.size()), d_r(shift + ny),
+        d_y(shift + ny);
+    upload_bf16(d_x, padded(x));
+    upload_bf16(d_w, padded(w));
+    upload_bf16(d_r, padded(r));
+    const std::vector<bf16> r_before = d_r.download();
+    std::vector<std::vector<bf16>> y(2);
+    for (int run = 0; run < 2; run++) {
+      d_y.poison();
+      cuda::linear_residual_forward(tc.ctx, d_y.ptr + shift, d_x.ptr + shift, d_w.ptr + shift,
+                                    d_r.ptr + shift, s.N, s.in, s.out);
+      y[run] = d_y.download();
+    }
+    CHECK(same_bits(y[0], y[1]));
+    CHECK(same_bits(d_r.download(), r_before));  // C is read only
+
+    std::vector<float> cpu(ny);
+    ops::linear_residual_forward(cpu.data(), x.data(), w.data(), r.data(), s.N, s.in, s.out);
+    const std::vector<float> got = to_f32(y[0]);
+    int64_t gpu_misses = 0, cpu_misses = 0;
+    double cancelled = 0;  // how far the stream cancels the product: |e| / |x·wᵀ|, the median
+    for (size_t i = 0; i < ny; i++) {
+      const double e = product[i] + r[i];
+      const double fp32_sum = (s.in + 2) * std::ldexp(magnitude[i] + std::fabs(r[i]), -24);
+      if (!(std::fabs(got[shift + i] - e) <= std::ldexp(std::fabs(e) + fp32_sum, -8) + fp32_sum))
+        gpu_misses++;
+      if (!(std::fabs(cpu[i] - e) <= std::ldexp(std::fabs(e), -24) + fp32_sum)) cpu_misses++;
+      if (std::fabs(e) < 0.25 * std::fabs(product[i])) cancelled++;
+    }
+    CHECK(gpu_misses == 0);
+    CHECK(cpu_misses == 0);
+    if (s.in >= 40) CHECK(cancelled >= 0.5 * double(ny));  // the case the test is for
+  }
+}
+
+TEST_CASE("gemm: linear_residual_forward refuses a stream that overlaps its output", "[gpu]") {
+  TestContext tc;
+  const Shape s{4, 16, 8};
+  DeviceBuffer<bf16> d_x(s.N * s.in), d_w(size_t(s.out) * s.in), d_y(s.N * s.out + 1);
+  upload_bf16(d_x, bf16_rounded(randn(d_x.n)));
+  upload_bf16(d_w, bf16_rounded(randn(d_w.n)));
+  CHECK_THROWS(cuda::linear_residual_forward(tc.ctx, d_y.ptr + 1, d_x.ptr, d_w.ptr, d_y.ptr, s.N,
+                                             s.in, s.out));
 }
 
 TEST_CASE("gemm: operands at 2-byte boundaries, as views into a buffer are", "[gpu]") {

@@ -1,7 +1,8 @@
-// The model's ops in the kernel lab (lab.h): linear, RMSNorm, attention (with RoPE), SwiGLU, residual,
-// embedding and the head, forward and backward. Shapes as in kernels/ops.h: N = B·T rows, C
-// hidden, F ffn width, V vocab, NH query heads, NKV key/value heads, HD head dim; A, W, G the
-// bytes of an activation, a weight and a gradient element in the GPU's storage.
+// The model's ops in the kernel lab (lab.h): linear, RMSNorm, attention (with RoPE), SwiGLU, the
+// residual add (o_proj's and down's epilogue), embedding and the head, forward and backward.
+// Shapes as in kernels/ops.h: N = B·T rows, C hidden, F ffn width, V vocab, NH query heads, NKV
+// key/value heads, HD head dim; A, W, G the bytes of an activation, a weight and a gradient
+// element in the GPU's storage.
 //
 // Every input is fresh random values; an output the op overwrites is poisoned first; an output it
 // accumulates into (parameter gradients, RMSNorm's dx) starts from random values. FLOPs count a
@@ -299,50 +300,36 @@ void bench_swiglu(Lab& lab, const Model& m) {
 }
 
 // ---- residual -----------------------------------------------------------------------------------
-// out[N,C] = a + b (its backward is the identity: no op). Bytes: reads a and b, writes out
-// (3·N·C·A). The CPU reference runs on every element.
-// Fused with the RMSNorm that reads the sum (the model's call): sum = a + b, out, rstd =
-// rmsnorm(sum) with w[C]. Bytes: reads a and b, writes sum and out (4·N·C·A), writes rstd (4·N);
-// w is noise.
+// The residual add is o_proj's and down's GEMM epilogue: y[N,C] = r + x[N,in]·w[C,in]ᵀ
+// (linear_residual_forward), at every linear shape with out = C. Its time beside linear.fwd's at
+// the same shape is what the add costs: the epilogue reads r, N·C·A bytes. FLOPs 2·N·in·C; the
+// CPU reference runs on sampled rows.
 void bench_residual(Lab& lab, const Model& m) {
   Backend &gpu = lab.gpu, &cpu = lab.cpu;
-  const int A = gpu.storage().act_bytes, C = m.C();
-  const int64_t N = m.N(), n = N * C;
-  const std::string shape = dims({{"N", N}, {"C", C}});
-  const std::vector<float> a = lab.uniform(n, -1, 1, A), b = lab.uniform(n, -1, 1, A);
-  Buffer ga(gpu, a, A), gb(gpu, b, A), gout(gpu, n, A);
-  auto forward = [&] { gpu.residual_forward(gout.ptr(), ga.ptr(), gb.ptr(), n); };
-  gout.poison();
-  forward();
-  std::vector<float> want(static_cast<size_t>(n));
-  cpu.residual_forward(want.data(), a.data(), b.data(), n);
-  const double err = max_row_error(gout.get(), want, C);
-  lab.report(m, {.op = "residual.fwd", .shape = shape, .ms = lab.time_ms(forward),
-                 .bytes = 3.0 * A * n, .err = err, .tol = kTolBf16});
-
-  const std::vector<float> w = lab.uniform(C, 0.9, 1.1, gpu.storage().weight_bytes);  // [C]
-  Buffer gw(gpu, w, gpu.storage().weight_bytes), gsum(gpu, n, A), grstd(gpu, N, 4);
-  auto fused = [&] {
-    gpu.residual_rmsnorm_forward(gsum.ptr(), gout.ptr(), grstd.f32(), ga.ptr(), gb.ptr(), gw.ptr(),
-                                 N, C, m.config.rms_norm_eps);
-  };
-  std::vector<float> sum_ref(static_cast<size_t>(n)), out_ref(static_cast<size_t>(n)),
-      rstd_ref(static_cast<size_t>(N));
-  cpu.residual_rmsnorm_forward(sum_ref.data(), out_ref.data(), rstd_ref.data(), a.data(), b.data(),
-                               w.data(), N, C, m.config.rms_norm_eps);
-  auto check_and_time_fused = [&](const std::string& op) {
-    for (Buffer* out : {&gsum, &gout, &grstd}) out->poison();
-    fused();
-    const double fused_err = worst({max_row_error(gsum.get(), sum_ref, C),
-                                    max_row_error(gout.get(), out_ref, C),
-                                    max_row_error(grstd.get(), rstd_ref, 1)});
-    lab.report(m, {.op = op, .shape = shape, .ms = lab.time_ms(fused),
-                   .bytes = 4.0 * A * n + 4.0 * N, .err = fused_err, .tol = kTolBf16});
-  };
-  check_and_time_fused("residual_rmsnorm.fwd");
-  {
-    const BlockPerRowRmsnorm old;  // the block-per-row kernel it replaced (bench_rmsnorm)
-    check_and_time_fused("residual_rmsnorm.fwd_block");
+  const Storage& s = gpu.storage();
+  const int64_t N = m.N();
+  for (const LinearShape& l : linear_shapes(m, /*model_gemms=*/true)) {
+    if (l.out != m.C()) continue;
+    const std::string shape = dims({{"N", N}, {"in", l.in}, {"out", l.out}}) + " " + l.layers;
+    const double a = 1 / std::sqrt(double(l.in));  // HF's init scale: y = O(1)
+    const std::vector<float> x = lab.uniform(N * l.in, -1, 1, s.act_bytes);          // [N, in]
+    const std::vector<float> w = lab.uniform(int64_t(l.out) * l.in, -a, a, s.weight_bytes);
+    const std::vector<float> r = lab.uniform(N * l.out, -1, 1, s.act_bytes);         // [N, C]
+    Buffer gx(gpu, x, s.act_bytes), gw(gpu, w, s.weight_bytes), gr(gpu, r, s.act_bytes),
+        gy(gpu, N * l.out, s.act_bytes);
+    const std::vector<int64_t> rows = lab.sample_rows(N);
+    const int64_t S = int64_t(rows.size());
+    auto forward = [&] {
+      gpu.linear_residual_forward(gy.ptr(), gx.ptr(), gw.ptr(), gr.ptr(), N, l.in, l.out);
+    };
+    gy.poison();
+    forward();
+    std::vector<float> y_ref(size_t(S * l.out));  // [S, C]
+    cpu.linear_residual_forward(y_ref.data(), rows_of(x, l.in, rows).data(), w.data(),
+                                rows_of(r, l.out, rows).data(), S, l.in, l.out);
+    lab.report(m, {.op = "linear_residual.fwd", .shape = shape, .ms = lab.time_ms(forward),
+                   .flops = 2.0 * double(N) * l.in * l.out,
+                   .err = max_row_error(gy.get(), y_ref, l.out, rows), .tol = kTolBf16});
   }
 }
 
