@@ -17,12 +17,14 @@
 // memory is reserved: cublasCreate takes device memory of its own.
 //
 // Out of place (D = A·B + C with C ≠ D: the residual stream's add in o_proj's and down's
-// epilogue): cuBLASLt reads C and writes D in the same epilogue; cublasGemmEx takes only C = D,
-// so its path copies C to D first, the same sums.
+// epilogue): cuBLASLt reads C and writes D in the same epilogue, with an algorithm that says it
+// can (CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT: the plan takes the heuristic's best of up
+// to 8 that does, and such a problem has a plan of its own); cublasGemmEx takes only C = D, so its
+// path copies C to D first, the same sums.
 //
 // Plans: each distinct problem (device, shape, leading dimensions, output type, alignments,
-// workspace) builds its descriptors and asks the heuristic once; the plan is kept for the life of
-// the process, because the query costs more than a small GEMM.
+// in place or not, workspace) builds its descriptors and asks the heuristic once; the plan is
+// kept for the life of the process, because the query costs more than a small GEMM.
 //
 // Determinism: for one problem the plan fixes the algorithm, and cuBLAS(Lt) gives the same bits
 // for the same algorithm and inputs on one GPU model.
@@ -57,6 +59,7 @@ struct Problem {
   cudaDataType_t c_type;
   // bytes: what every row start of the operand is aligned to (align_c: of C and D both)
   uint32_t align_a, align_b, align_c;
+  bool out_of_place = false;  // D != C: the algorithm must take it
 };
 
 struct Plan {
@@ -70,12 +73,22 @@ struct Plan {
 
 // "m=.. n=.. k=.. lda=.. ldb=.. ldc=.. (alignments a/b/c bytes)": a problem in a warning line.
 std::string describe(const Problem& p) {
-  char text[160];
+  char text[180];
   std::snprintf(text, sizeof text,
-                "m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld (alignments %u/%u/%u bytes)",
+                "m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld (alignments %u/%u/%u bytes%s)",
                 (long long)p.m, (long long)p.n, (long long)p.k, (long long)p.lda, (long long)p.ldb,
-                (long long)p.ldc, p.align_a, p.align_b, p.align_c);
+                (long long)p.ldc, p.align_a, p.align_b, p.align_c,
+                p.out_of_place ? ", D apart from C" : "");
   return text;
+}
+
+// Whether cuBLASLt's algorithm writes D apart from C (not every one does).
+bool takes_out_of_place(const cublasLtMatmulAlgo_t& algo) {
+  int32_t supported = 0;
+  size_t written = 0;
+  GRASS_CUBLAS_CHECK(cublasLtMatmulAlgoCapGetAttribute(
+      &algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT, &supported, sizeof supported, &written));
+  return supported != 0;
 }
 
 // The largest power of two (at most 256, cuBLASLt's default assumption) dividing the pointer and
@@ -125,19 +138,25 @@ Plan make_plan(const Context& ctx, const Problem& p) {
                      : uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
                                 CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE));
 
-  cublasLtMatmulHeuristicResult_t result{};
+  // The heuristic's best, or for D apart from C its best that takes it (the heuristic sees only
+  // layouts, the same for both).
+  constexpr int kCandidates = 8;
+  cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   int count = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      ctx.lt, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &count);
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(ctx.lt, plan.op, plan.a, plan.b, plan.c, plan.c, pref,
+                                     p.out_of_place ? kCandidates : 1, results, &count);
   GRASS_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
   // NOT_SUPPORTED means "no kernel for this configuration": the fallback's case, not a bug.
   if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
     fail_cuda("cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__, cublasGetStatusString(status));
-  plan.lt_has_algo =
-      status == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-  if (plan.lt_has_algo) {
-    plan.algo = result.algo;
-  } else {
+  for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < count && !plan.lt_has_algo; i++)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS &&
+        (!p.out_of_place || takes_out_of_place(results[i].algo))) {
+      plan.algo = results[i].algo;
+      plan.lt_has_algo = true;
+    }
+  if (!plan.lt_has_algo) {
     std::fprintf(stderr, "grass: cuBLASLt has no kernel for %s; using cublasGemmEx\n",
                  describe(p).c_str());
   }
@@ -147,13 +166,13 @@ Plan make_plan(const Context& ctx, const Problem& p) {
 // The plan of p, built on first use. Plans are never freed: a run has a few dozen distinct
 // problems. std::map nodes do not move, so the reference stays valid after the lock is released.
 const Plan& cached_plan(const Context& ctx, const Problem& p) {
-  using Key = std::array<int64_t, 14>;
+  using Key = std::array<int64_t, 15>;
   static std::mutex mutex;
   static std::map<Key, Plan> plans;
   int device = 0;
   GRASS_CUDA_CHECK(cudaGetDevice(&device));
   const Key key{device, p.op_a, p.op_b, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.c_type, p.align_a,
-                p.align_b, p.align_c, int64_t(ctx.lt_workspace_bytes)};
+                p.align_b, p.align_c, p.out_of_place, int64_t(ctx.lt_workspace_bytes)};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, make_plan(ctx, p)).first;
@@ -255,6 +274,7 @@ void gemm_bf16(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_
   p.align_a = alignment_bytes(B, ldb, 2);
   p.align_b = alignment_bytes(A, lda, 2);
   p.align_c = std::min(alignment_bytes(C, ldc, c_bytes), alignment_bytes(D, ldc, c_bytes));
+  p.out_of_place = C != D;
   const Plan& plan = cached_plan(ctx, p);
   const float alpha = 1.0f;
   auto fallback = [&] {

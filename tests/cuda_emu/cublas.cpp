@@ -46,6 +46,10 @@ namespace {
 int last_math_mode = -1;
 uint64_t gemm_ex_call_count = 0;
 int lt_matmul_failures = 0;  // fail_next_lt_matmuls
+int lt_in_place_only = 0;    // lt_in_place_only_algorithms
+// An emulated algorithm's data: [0..3] the alignments of A, B, C and D it was chosen for (bytes),
+// [4] whether it takes D != C.
+constexpr int kOutOfPlaceSlot = 4;
 std::map<cudaDataType_t, int64_t> last_masks;  // by the output's type
 
 cublasStatus_t invalid(const std::string& why) {
@@ -186,6 +190,7 @@ namespace cuda_emu {
 int last_gemm_ex_math_mode() { return last_math_mode; }
 uint64_t gemm_ex_calls() { return gemm_ex_call_count; }
 void fail_next_lt_matmuls(int count) { lt_matmul_failures = count; }
+void lt_in_place_only_algorithms(int count) { lt_in_place_only = count; }
 int64_t last_reduction_scheme_mask(cudaDataType_t output) {
   const auto it = last_masks.find(output);
   return it == last_masks.end() ? -1 : it->second;
@@ -282,10 +287,24 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   *returned = 0;
   for (uint32_t a : pref->align)
     if (a < 16) return CUBLAS_STATUS_NOT_SUPPORTED;
-  results[0] = {};
-  for (int i = 0; i < 4; i++) results[0].algo.data[i] = pref->align[i];
-  results[0].state = CUBLAS_STATUS_SUCCESS;
-  *returned = 1;
+  const int offered = std::min(requested, lt_in_place_only + 1);
+  for (int r = 0; r < offered; r++) {
+    results[r] = {};
+    for (int i = 0; i < 4; i++) results[r].algo.data[i] = pref->align[i];
+    results[r].algo.data[kOutOfPlaceSlot] = r >= lt_in_place_only;
+    results[r].state = CUBLAS_STATUS_SUCCESS;
+  }
+  *returned = offered;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoCapGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                 cublasLtMatmulAlgoCapAttributes_t attr, void* buf,
+                                                 size_t size, size_t* written) {
+  if (!algo || attr != CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT) return invalid("algo capability");
+  if (written) *written = sizeof(int32_t);
+  if (size != sizeof(int32_t) || !buf) return invalid("algo capability size");
+  const int32_t supported = algo->data[kOutOfPlaceSlot] != 0;
+  std::memcpy(buf, &supported, sizeof supported);
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
@@ -301,6 +320,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   }
   if (cl->rows != dl->rows || cl->cols != dl->cols || cl->ld != dl->ld || cl->type != dl->type)
     return invalid("cublasLtMatmul: the emulation takes C and D of one layout only");
+  if (c != d && algo->data[kOutOfPlaceSlot] == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (c != d && cl->rows > 0 && cl->cols > 0) {  // out of place: a kernel would read tiles D wrote
     const uint64_t extent = uint64_t((int64_t(cl->cols) - 1) * cl->ld + int64_t(cl->rows)) *
                             uint64_t(element_bytes(cl->type));

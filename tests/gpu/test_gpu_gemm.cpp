@@ -269,6 +269,34 @@ TEST_CASE("gemm: the same call twice gives the same bits", "[gpu]") {
 }
 
 #ifdef GRASS_TEST_CUDA_EMU
+TEST_CASE("gemm: D apart from C takes the heuristic's best algorithm that writes it so", "[gpu]") {
+  // Not every cuBLASLt algorithm writes D apart from C, and the heuristic sees only layouts. With
+  // the first 3 offered taking C = D only, the plan must take the 4th (no cublasGemmEx); with all
+  // 8 it asks for taking C = D only, cublasGemmEx runs it. The sums are right either way.
+  TestContext tc;
+  for (const int in_place_only : {3, 8}) {
+    INFO(in_place_only << " in-place-only algorithms first");
+    const Shape s{7, 24, 16 + 8 * in_place_only};  // shapes no other test plans
+    const std::vector<float> x = bf16_rounded(randn(s.N * s.in));
+    const std::vector<float> w = bf16_rounded(randn(size_t(s.out) * s.in));
+    const std::vector<float> r = bf16_rounded(randn(s.N * s.out));
+    DeviceBuffer<bf16> d_x(x.size()), d_w(w.size()), d_r(r.size()), d_y(r.size());
+    upload_bf16(d_x, x);
+    upload_bf16(d_w, w);
+    upload_bf16(d_r, r);
+    d_y.poison();
+    cuda_emu::lt_in_place_only_algorithms(in_place_only);
+    const uint64_t before = cuda_emu::gemm_ex_calls();
+    cuda::linear_residual_forward(tc.ctx, d_y.ptr, d_x.ptr, d_w.ptr, d_r.ptr, s.N, s.in, s.out);
+    const uint64_t fallbacks = cuda_emu::gemm_ex_calls() - before;
+    cuda_emu::lt_in_place_only_algorithms(0);
+    CHECK(fallbacks == (in_place_only < 8 ? 0u : 1u));
+    std::vector<float> want(r.size());
+    ops::linear_residual_forward(want.data(), x.data(), w.data(), r.data(), s.N, s.in, s.out);
+    CHECK(rel_error(to_f32(d_y.download()), want) <= 1e-2);
+  }
+}
+
 TEST_CASE("gemm: a cuBLASLt launch that fails runs through cublasGemmEx, and keeps to it", "[gpu]") {
   // The heuristic offered a kernel (16-byte rows), whose launch then fails (the emulator's fault):
   // the product must still be right, added once to what dw held, and the shape's later calls go

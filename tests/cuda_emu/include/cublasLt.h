@@ -2,7 +2,8 @@
 // in a fixed order). Descriptors are checked the way cuBLASLt documents them: a layout must match
 // the product's shape under its operation, and a leading dimension must cover a column. The
 // heuristic refuses problems whose declared alignment is under 16 bytes, so that the
-// cublasGemmEx fallback runs in the emulated tests too. See cuda_runtime.h for the emulator.
+// cublasGemmEx fallback runs in the emulated tests too, and may offer algorithms that take C = D
+// only (cuda_emu.h: lt_in_place_only_algorithms), as a real heuristic may. See cuda_runtime.h for the emulator.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +30,7 @@ enum cublasLtMatmulPreferenceAttributes_t {
   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
 };
+enum cublasLtMatmulAlgoCapAttributes_t { CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT = 4 };
 enum cublasLtReductionScheme_t {
   CUBLASLT_REDUCTION_SCHEME_NONE = 0,
   CUBLASLT_REDUCTION_SCHEME_INPLACE = 1,
@@ -79,6 +81,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
                                               cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t* results,
                                               int* returned);
+// The emulator answers CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT alone (int32_t); an algorithm
+// without it refuses D != C at cublasLtMatmul (CUBLAS_STATUS_NOT_SUPPORTED).
+cublasStatus_t cublasLtMatmulAlgoCapGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                 cublasLtMatmulAlgoCapAttributes_t attr, void* buf,
+                                                 size_t size, size_t* written);
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
                               const void* a, cublasLtMatrixLayout_t a_layout, const void* b,
                               cublasLtMatrixLayout_t b_layout, const void* beta, const void* c,

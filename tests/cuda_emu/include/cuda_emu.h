@@ -19,6 +19,10 @@ uint64_t gemm_ex_calls();
 // The next `count` cublasLtMatmul calls fail at launch with CUBLAS_STATUS_EXECUTION_FAILED,
 // running nothing (a kernel the heuristic offered that then cannot run).
 void fail_next_lt_matmuls(int count);
+// From now on the cuBLASLt heuristic's first `count` results take C = D only
+// (CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT 0), followed by one that takes both, within the
+// results asked for; 0 (the default) offers one result that takes both.
+void lt_in_place_only_algorithms(int count);
 // The reduction-scheme mask of the last cuBLASLt heuristic query for an output (D) of type
 // `output`; -1 before any.
 int64_t last_reduction_scheme_mask(cudaDataType_t output);
