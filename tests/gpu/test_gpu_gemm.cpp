@@ -34,6 +34,14 @@ const Shape kShapes[] = {
 // A bf16 device copy of x (whose values are already bf16).
 void upload_bf16(DeviceBuffer<bf16>& d, const std::vector<float>& x) { d.upload(to_bf16(x)); }
 
+// v behind `shift` elements of 1: a pointer `shift` elements into a buffer of these holds v at
+// that many 2-byte steps off the buffer's alignment, as a view into a buffer may be.
+std::vector<float> behind(int shift, const std::vector<float>& v) {
+  std::vector<float> out(size_t(shift), 1.0f);
+  out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
 template <typename T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
@@ -168,16 +176,11 @@ TEST_CASE("gemm: linear_residual_forward adds the stream to the fp32 product and
     for (size_t i = 0; i < ny; i++) r[i] = float(-product[i] + noise[i]);
     r = bf16_rounded(r);
 
-    auto padded = [&](const std::vector<float>& v) {
-      std::vector<float> out(size_t(shift), 1.0f);
-      out.insert(out.end(), v.begin(), v.end());
-      return out;
-    };
     DeviceBuffer<bf16> d_x(shift + x.size()), d_w(shift + w.size()), d_r(shift + ny),
         d_y(shift + ny);
-    upload_bf16(d_x, padded(x));
-    upload_bf16(d_w, padded(w));
-    upload_bf16(d_r, padded(r));
+    upload_bf16(d_x, behind(shift, x));
+    upload_bf16(d_w, behind(shift, w));
+    upload_bf16(d_r, behind(shift, r));
     const std::vector<bf16> r_before = d_r.download();
     std::vector<std::vector<bf16>> y(2);
     for (int run = 0; run < 2; run++) {
@@ -225,12 +228,9 @@ TEST_CASE("gemm: operands at 2-byte boundaries, as views into a buffer are", "[g
     const std::vector<float> x = bf16_rounded(randn(s.N * s.in));
     const std::vector<float> w = bf16_rounded(randn(size_t(s.out) * s.in, 0.05));
     // One element in front of each: every pointer below is base + 2 bytes.
-    std::vector<float> x_padded{1.0f}, w_padded{1.0f};
-    x_padded.insert(x_padded.end(), x.begin(), x.end());
-    w_padded.insert(w_padded.end(), w.begin(), w.end());
-    DeviceBuffer<bf16> dx(x_padded.size()), dw(w_padded.size()), dy(1 + s.N * s.out);
-    upload_bf16(dx, x_padded);
-    upload_bf16(dw, w_padded);
+    DeviceBuffer<bf16> dx(1 + x.size()), dw(1 + w.size()), dy(1 + s.N * s.out);
+    upload_bf16(dx, behind(1, x));
+    upload_bf16(dw, behind(1, w));
     dy.poison();
     cuda::linear_forward(tc.ctx, dy.ptr + 1, dx.ptr + 1, dw.ptr + 1, s.N, s.in, s.out);
     std::vector<float> want(s.N * s.out);
